@@ -1,0 +1,3 @@
+from msrewrite.cli import main
+
+main()
