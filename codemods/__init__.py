@@ -1,0 +1,16 @@
+"""The cases: one module per case, each defining CASE (see msrewrite.cases.Case)."""
+
+from __future__ import annotations
+
+from msrewrite.cases import Case
+from msrewrite.codemods import moe_shared_expert
+
+_CASES = [moe_shared_expert.CASE]
+
+
+def all_cases() -> list[Case]:
+    return list(_CASES)
+
+
+def get_case(name: str) -> Case | None:
+    return next((c for c in _CASES if c.name == name), None)

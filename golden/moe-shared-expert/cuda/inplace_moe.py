@@ -1,0 +1,96 @@
+"""A Llama-4-style block: the shared MLP written after the routed path, joined by an in-place add."""
+
+import os
+import torch
+from torch import nn
+
+# msrewrite: multi-stream helpers (cuda mode). With the flag off, or without
+# the backend, each one falls back to the original single-stream behaviour.
+_MS_SIDE_STREAMS = {}  # tag -> stream, one per process, shared by every layer
+
+
+def _ms_env_flag(name, default):
+    """A boolean switch from the environment: 1/true/yes/on enable it, 0/false/no/off disable it."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    return value in ("1", "true", "yes", "on")
+
+
+def _ms_side_stream(tag, enabled=True):
+    """The side stream for `tag`, created on first use and shared by every layer; None when off."""
+    if not enabled or not torch.cuda.is_available():
+        return None
+    stream = _MS_SIDE_STREAMS.get(tag)
+    if stream is None:
+        stream = _MS_SIDE_STREAMS[tag] = torch.cuda.Stream()
+    return stream
+
+
+def _ms_record_stream(stream, *values):
+    """Mark tensors as in use on `stream`, so the caching allocator cannot hand their memory out early."""
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            value.record_stream(stream)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, hidden_size, intermediate_size):
+        super().__init__()
+        self.up = nn.Linear(hidden_size, intermediate_size)
+        self.down = nn.Linear(intermediate_size, hidden_size)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+class Router(nn.Module):
+    def __init__(self, hidden_size, num_experts):
+        super().__init__()
+        self.proj = nn.Linear(hidden_size, num_experts, bias=False)
+
+    def forward(self, x):
+        return torch.sigmoid(self.proj(x))
+
+
+class InplaceMoe(nn.Module):
+    def __init__(self, hidden_size=64, intermediate_size=48, num_experts=4):
+        super().__init__()
+        self.hidden_dim = hidden_size
+        self.router = Router(hidden_size, num_experts)
+        self.experts = nn.ModuleList(FeedForward(hidden_size, intermediate_size) for _ in range(num_experts))
+        self.shared_mlp = FeedForward(hidden_size, intermediate_size)
+        # msrewrite(moe-shared-expert): ENABLE_MOE_SHARED_EXPERT_STREAM=0 turns the side stream off.
+        self.enable_shared_expert_stream = _ms_env_flag("ENABLE_MOE_SHARED_EXPERT_STREAM", True)
+
+    def forward(self, hidden_states):
+        hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+        # msrewrite(moe-shared-expert): the shared expert runs on side stream "shared_expert" during the routed experts.
+        shared_expert_stream = _ms_side_stream("shared_expert", self.enable_shared_expert_stream)
+        if shared_expert_stream is not None:
+            current_stream = torch.cuda.current_stream()
+            shared_expert_stream.wait_stream(current_stream)
+            with torch.cuda.stream(shared_expert_stream):
+                out = self.shared_mlp(
+                    hidden_states,
+                )
+        router_scores = self.router(hidden_states)
+        routed_out = sum(
+            expert(hidden_states) * router_scores[:, i : i + 1] for i, expert in enumerate(self.experts)
+        )
+        # msrewrite(moe-shared-expert): join the side stream before the first use of out.
+        if shared_expert_stream is not None:
+            current_stream.wait_stream(shared_expert_stream)
+            # Allocated on the side stream, freed on this one: keep them from early reuse.
+            _ms_record_stream(current_stream, out)
+        else:
+            out = self.shared_mlp(
+                hidden_states,
+            )
+        out += routed_out  # in-place join
+        return out, router_scores
+
+
+def make():
+    torch.manual_seed(0)
+    return InplaceMoe().eval(), (torch.randn(3, 64),)

@@ -1,0 +1,81 @@
+"""A Llama-4-style block: the shared MLP written after the routed path, joined by an in-place add."""
+
+import os
+import torch
+from torch import nn
+
+# msrewrite: multi-stream helpers (ge-graph mode). With the flag off, or without
+# the backend, each one falls back to the original single-stream behaviour.
+try:
+    import torchair
+except ImportError:  # torchair ships with torch_npu; without it the side stream stays off
+    torchair = None
+
+
+def _ms_env_flag(name, default):
+    """A boolean switch from the environment: 1/true/yes/on enable it, 0/false/no/off disable it."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    return value in ("1", "true", "yes", "on")
+
+
+def _ms_graph_streams(enabled):
+    """GE multi-stream needs torchair; without it the original single-stream path runs."""
+    return bool(enabled) and torchair is not None
+
+
+class FeedForward(nn.Module):
+    def __init__(self, hidden_size, intermediate_size):
+        super().__init__()
+        self.up = nn.Linear(hidden_size, intermediate_size)
+        self.down = nn.Linear(intermediate_size, hidden_size)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+class Router(nn.Module):
+    def __init__(self, hidden_size, num_experts):
+        super().__init__()
+        self.proj = nn.Linear(hidden_size, num_experts, bias=False)
+
+    def forward(self, x):
+        return torch.sigmoid(self.proj(x))
+
+
+class InplaceMoe(nn.Module):
+    def __init__(self, hidden_size=64, intermediate_size=48, num_experts=4):
+        super().__init__()
+        self.hidden_dim = hidden_size
+        self.router = Router(hidden_size, num_experts)
+        self.experts = nn.ModuleList(FeedForward(hidden_size, intermediate_size) for _ in range(num_experts))
+        self.shared_mlp = FeedForward(hidden_size, intermediate_size)
+        # msrewrite(moe-shared-expert): ENABLE_MOE_SHARED_EXPERT_STREAM=0 turns the side stream off.
+        self.enable_shared_expert_stream = _ms_env_flag("ENABLE_MOE_SHARED_EXPERT_STREAM", True)
+
+    def forward(self, hidden_states):
+        hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+        # msrewrite(moe-shared-expert): the shared expert runs on side stream "shared_expert" during the routed experts.
+        use_shared_expert_stream = _ms_graph_streams(self.enable_shared_expert_stream)
+        if use_shared_expert_stream:
+            with torchair.scope.npu_stream_switch("shared_expert", 0):
+                out = self.shared_mlp(
+                    hidden_states,
+                )
+        router_scores = self.router(hidden_states)
+        routed_out = sum(
+            expert(hidden_states) * router_scores[:, i : i + 1] for i, expert in enumerate(self.experts)
+        )
+        # msrewrite(moe-shared-expert): with the flag off the shared expert runs here, as before.
+        if not use_shared_expert_stream:
+            out = self.shared_mlp(
+                hidden_states,
+            )
+        out += routed_out  # in-place join
+        return out, router_scores
+
+
+def make():
+    torch.manual_seed(0)
+    return InplaceMoe().eval(), (torch.randn(3, 64),)

@@ -1,0 +1,274 @@
+"""Find a side branch inside one function that can move onto a second stream.
+
+Given the seed calls a case cares about (say `self.shared_experts(...)`), decide which statements
+form the side branch, where it can fork (as early as its inputs allow) and where it must join
+(the first statement that consumes its outputs). A seed call sitting inside a statement that also
+needs the main path's result (`h = h + self.shared_experts(x)`) is hoisted into a temporary.
+
+The move is refused, with a reason, when it would change what the code computes:
+  - the side branch reads something the main path computes in the overlap window;
+  - the main path reads, rebinds or mutates in place (directly or through an alias) a side
+    input or output inside the window;
+  - the window can leave the function (return) before the join;
+  - nothing heavy runs on the main path inside the window, so there is nothing to overlap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import libcst as cst
+from libcst.metadata import CodeRange
+
+from msrewrite.analyze.defuse import (
+    StatementFacts,
+    dotted_name,
+    expression_loads,
+    function_names,
+    statement_facts,
+)
+
+
+@dataclass
+class Hoist:
+    call: cst.Call
+    temp: str
+    source: str
+    first_line: int
+    last_line: int
+
+
+@dataclass
+class SideBranch:
+    statements: list[StatementFacts]  # whole statements that move, in order
+    hoists: list[Hoist]  # seed calls lifted out of the join statement
+    fork: int  # body index the side block goes before
+    join: int  # body index of the first consumer
+    inputs: list[str]
+    outputs: list[str]
+    rebound_inputs: list[str]  # inputs the main path rebinds before the join
+    facts: list[StatementFacts] = field(default_factory=list)
+
+
+class NoBranch(Exception):
+    """The function has seed calls but no branch that can safely move; the message says why."""
+
+
+SeedPredicate = Callable[[str], bool]  # dotted callee after "self." -> is it side work?
+
+
+def _seed_calls(node: cst.CSTNode, is_seed: SeedPredicate) -> list[cst.Call]:
+    found: list[cst.Call] = []
+
+    class _Finder(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            callee = dotted_name(call.func)
+            if callee and callee.startswith("self.") and is_seed(callee[len("self.") :]):
+                found.append(call)
+
+        def visit_FunctionDef(self, n: cst.FunctionDef) -> bool:
+            return False
+
+    if isinstance(node, cst.FunctionDef):
+        node = node.body
+    node.visit(_Finder())
+    return found
+
+
+def has_seed(node: cst.CSTNode, is_seed: SeedPredicate) -> bool:
+    return bool(_seed_calls(node, is_seed))
+
+
+def _temp_name(callee: str, taken: set[str]) -> str:
+    base = callee.split(".")[-1] + "_output"
+    name, n = base, 2
+    while name in taken:
+        name, n = f"{base}_{n}", n + 1
+    taken.add(name)
+    return name
+
+
+def find_side_branch(
+    func: cst.FunctionDef,
+    positions: dict[cst.CSTNode, CodeRange],
+    is_seed: SeedPredicate,
+) -> SideBranch:
+    body = list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else []
+    facts = statement_facts(body, positions)
+    seeds = [f for f in facts if has_seed(f.node, is_seed)]
+    if not seeds:
+        raise NoBranch("no side-branch call in this function")
+    for f in seeds:
+        if not isinstance(f.node, cst.SimpleStatementLine):
+            raise NoBranch(
+                f"line {f.first_line}: the side-branch call sits inside a compound statement "
+                f"({type(f.node).__name__}), which msrewrite does not move yet"
+            )
+
+    def reaching_def(name: str, before: int, skip: set[int]) -> int | None:
+        for f in reversed(facts[:before]):
+            if f.index not in skip and name in f.stores:
+                return f.index
+        return None
+
+    # Main work = statements calling submodules outside the side branch, and everything that
+    # reads their results. A seed statement that depends on main work is the join; its seed
+    # calls are hoisted out of it instead.
+    seed_idx = {f.index for f in seeds}
+    depends_on_main: dict[int, bool] = {}
+    for f in facts:
+        dep = f.index not in seed_idx and bool(f.self_calls)
+        for name in f.loads:
+            d = reaching_def(name, f.index, set())
+            if d is not None and depends_on_main[d]:
+                dep = True
+        depends_on_main[f.index] = dep
+
+    whole = [f for f in seeds if not depends_on_main[f.index]]
+    impure = [f for f in seeds if depends_on_main[f.index]]
+    side_idx = {f.index for f in whole}
+    outputs: list[str] = []
+    for f in whole:
+        outputs.extend(n for n in sorted(f.stores) if n not in outputs)
+
+    # The join: first statement after the side statements that reads a side output, or the
+    # impure seed statement whose calls get hoisted.
+    join = None
+    first_side = min(side_idx) if side_idx else None
+    for f in facts:
+        if f.index in side_idx or (first_side is not None and f.index < first_side):
+            continue
+        if f in impure or (f.loads & set(outputs) and any(
+            reaching_def(n, f.index, set()) in side_idx for n in f.loads & set(outputs)
+        )):
+            join = f.index
+            break
+    if join is None:
+        raise NoBranch("the side branch's result is never used in this function")
+    if any(f.index > join for f in impure):
+        raise NoBranch(
+            f"line {facts[join].first_line} consumes the side branch before line "
+            f"{[f for f in impure if f.index > join][0].first_line} calls it again"
+        )
+    if any(f.index > join for f in whole):
+        late = [f for f in whole if f.index > join][0]
+        raise NoBranch(f"line {late.first_line}: side work after the join point is not supported")
+
+    hoists: list[Hoist] = []
+    taken = function_names(func)
+    join_fact = facts[join]
+    if join_fact in impure:
+        for call in _seed_calls(join_fact.node, is_seed):
+            args_loads = expression_loads(call)
+            for name in args_loads:
+                d = reaching_def(name, join, set())
+                if d is not None and depends_on_main[d] and d not in side_idx:
+                    raise NoBranch(
+                        f"line {join_fact.first_line}: the side call reads '{name}', "
+                        "which the main path computes"
+                    )
+            where = positions[call]
+            hoists.append(
+                Hoist(
+                    call=call,
+                    temp=_temp_name(dotted_name(call.func) or "side", taken),
+                    source=cst.Module(body=[]).code_for_node(call),
+                    first_line=where.start.line,
+                    last_line=where.end.line,
+                )
+            )
+        outputs.extend(h.temp for h in hoists)
+
+    # Inputs: names the side reads that it does not define itself first.
+    inputs: list[str] = []
+    defined: set[str] = set()
+    units: list[tuple[int, set[str], set[str]]] = [(f.index, f.loads, f.stores) for f in whole]
+    units += [(join, expression_loads(h.call), {h.temp}) for h in hoists]
+    for _, loads, stores in units:
+        for name in sorted(loads - defined):
+            if name not in inputs:
+                inputs.append(name)
+        defined |= stores
+
+    # Fork: the earliest point where every input already holds the value the side reads.
+    fork = 0
+    for index, loads, _ in units:
+        for name in loads & set(inputs):
+            d = reaching_def(name, index, side_idx)
+            if d is None:
+                continue
+            if depends_on_main[d]:
+                raise NoBranch(
+                    f"line {facts[index].first_line if index < len(facts) else '?'}: the side branch "
+                    f"reads '{name}', computed by the main path at line {facts[d].first_line}"
+                )
+            fork = max(fork, d + 1)
+    for index, loads, _ in units:
+        for name in loads & set(inputs):
+            if reaching_def(name, index, side_idx) != reaching_def(name, fork, side_idx):
+                raise NoBranch(
+                    f"'{name}' is rebound between the fork and the side statement at line "
+                    f"{facts[index].first_line}"
+                )
+
+    start = min([fork, *side_idx])
+    aliases = _alias_closure(facts, set(inputs), upto=join)
+    for f in facts[start:join]:
+        if f.index in side_idx:
+            continue
+        if f.exits:
+            raise NoBranch(f"line {f.first_line} can return before the join")
+        touched = f.mutates & aliases
+        if touched:
+            raise NoBranch(
+                f"line {f.first_line} writes '{sorted(touched)[0]}' in place while the side stream reads it"
+            )
+        clash = (f.loads | f.stores) & set(outputs)
+        if clash:
+            raise NoBranch(f"line {f.first_line} uses '{sorted(clash)[0]}' between the fork and the join")
+    for f in whole:
+        bad = f.mutates & aliases
+        if bad:
+            raise NoBranch(f"line {f.first_line}: the side branch writes its input '{sorted(bad)[0]}' in place")
+    window = [f for f in facts[fork:join] if f.index not in side_idx]
+    if not any(f.has_call and f.self_calls for f in window):
+        raise NoBranch("no main-path work between the fork and the join: nothing to overlap")
+
+    rebound = sorted({name for f in window for name in f.stores if name in inputs})
+    return SideBranch(
+        statements=whole,
+        hoists=hoists,
+        fork=fork,
+        join=join,
+        inputs=inputs,
+        outputs=outputs,
+        rebound_inputs=rebound,
+        facts=facts,
+    )
+
+
+def _alias_closure(facts: list[StatementFacts], names: set[str], upto: int) -> set[str]:
+    """Names that may share storage with `names`: plain copies, views and slices, either way."""
+    links: list[tuple[str, str]] = []
+    for f in facts[:upto]:
+        node = f.node
+        if not isinstance(node, cst.SimpleStatementLine) or len(node.body) != 1:
+            continue
+        stmt = node.body[0]
+        if not isinstance(stmt, cst.Assign):
+            continue
+        value = stmt.value
+        while isinstance(value, (cst.Call, cst.Subscript, cst.Attribute)):
+            value = value.func if isinstance(value, cst.Call) else value.value
+        if isinstance(value, cst.Name) and value.value != "self":
+            links.extend((value.value, target) for target in f.stores)
+    aliases = set(names)
+    changed = True
+    while changed:
+        changed = False
+        for a, b in links:
+            if (a in aliases) != (b in aliases):
+                aliases |= {a, b}
+                changed = True
+    return aliases

@@ -1,0 +1,463 @@
+"""Static def-use dataflow over the methods of a model file (libcst; never imports or runs it).
+
+Each function body is cut into its top-level statements (a compound statement is one unit).
+A statement knows the names it binds and reads, the `self.<sub>(...)` submodule calls inside it,
+and whether it writes state (`self.x = ...`, in-place `x.add_(...)`). Edges between statements
+follow names (read after write, plus write-after-read and write-after-write so reordering stays
+safe), which gives a statement-level DAG per function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import libcst as cst
+import networkx as nx
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from msrewrite.errors import BadInput
+
+_EMPTY = cst.Module(body=[])
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """A `self.<sub>(...)` call inside a statement."""
+
+    callee: str  # "shared_experts", "self_attn[1]", "mlps[0]"
+    attr: str  # first attribute after self: "self_attn"
+    first_line: int
+    last_line: int
+    source: str
+    uses: frozenset[str]
+    whole: bool  # the statement's value is this call (maybe behind .view/.reshape/[...])
+
+
+@dataclass
+class Statement:
+    index: int
+    first_line: int
+    last_line: int
+    source: str
+    defs: frozenset[str] = frozenset()
+    uses: frozenset[str] = frozenset()
+    mutates: frozenset[str] = frozenset()
+    calls: tuple[CallSite, ...] = ()
+    has_call: bool = False
+    compound: bool = False
+    writes_self: bool = False
+    exits: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"L{self.first_line}" if self.first_line == self.last_line else f"L{self.first_line}-{self.last_line}"
+
+
+@dataclass
+class FunctionInfo:
+    qualname: str  # "Class.method" or "function"
+    params: tuple[str, ...]
+    first_line: int
+    last_line: int
+    statements: list[Statement] = field(default_factory=list)
+    local_names: frozenset[str] = frozenset()
+
+    def statement_at(self, line: int) -> Statement | None:
+        for stmt in self.statements:
+            if stmt.first_line <= line <= stmt.last_line:
+                return stmt
+        return None
+
+    def graph(self, *, renaming: bool = True) -> nx.DiGraph:
+        """Statement DAG: u -> v when v must stay after u.
+
+        Edge kinds: "data" (v reads a name u binds), "state" (in-place writes and `self` state,
+        which are true dependences), "name" (v rebinds a name u reads or binds: an anti/output
+        dependence that renaming removes). With renaming=True the "name" edges are left out,
+        which is the view branch detection wants; the planner checks rebinding itself.
+        """
+        dag = nx.DiGraph()
+        dag.add_nodes_from(s.index for s in self.statements)
+        last_def: dict[str, int] = {}
+        last_write: dict[str, int] = {}  # in-place writes to the object a name holds
+        readers: dict[str, list[int]] = {}
+        state_writer: int | None = None
+        for stmt in self.statements:
+            for name in stmt.uses | stmt.mutates:
+                for source in (last_def.get(name), last_write.get(name)):
+                    if source is not None:
+                        _link(dag, source, stmt.index, "data" if source == last_def.get(name) else "state", name)
+            for name in stmt.mutates:  # write-after-read on the same object is a true hazard
+                for reader in readers.get(name, []):
+                    _link(dag, reader, stmt.index, "state", name)
+            if not renaming:
+                for name in stmt.defs:
+                    for other in [*readers.get(name, []), last_def.get(name)]:
+                        if other is not None:
+                            _link(dag, other, stmt.index, "name", name)
+            if stmt.writes_self or stmt.exits:
+                if state_writer is not None:
+                    _link(dag, state_writer, stmt.index, "state", "self")
+                state_writer = stmt.index
+            for name in stmt.uses:
+                readers.setdefault(name, []).append(stmt.index)
+            for name in stmt.mutates:
+                last_write[name] = stmt.index
+                readers[name] = []
+            for name in stmt.defs:
+                last_def[name] = stmt.index
+                last_write.pop(name, None)
+                readers[name] = []
+        dag.remove_edges_from([(u, v) for u, v in dag.edges if u == v])
+        return dag
+
+
+def _link(dag: nx.DiGraph, u: int, v: int, kind: str, name: str) -> None:
+    """Add u -> v; a data edge wins over weaker kinds on the same pair."""
+    if u == v:
+        return
+    rank = {"data": 2, "state": 1, "name": 0}
+    old = dag.get_edge_data(u, v)
+    if old is None or rank[kind] > rank[old["kind"]]:
+        dag.add_edge(u, v, kind=kind, name=name)
+
+
+@dataclass
+class ModuleInfo:
+    path: Path
+    functions: dict[str, FunctionInfo]
+    classes: dict[str, list[str]]  # class name -> method names
+    module_names: frozenset[str]  # imported or top-level names (globals)
+
+
+# Parsing --------------------------------------------------------------------------------------
+def analyze_file(path: Path) -> ModuleInfo:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"{path}: cannot read ({exc})") from None
+    return analyze_source(text, path)
+
+
+def analyze_source(text: str, path: Path = Path("<memory>")) -> ModuleInfo:
+    try:
+        module = cst.parse_module(text)
+    except cst.ParserSyntaxError as exc:
+        raise BadInput(f"{path}: syntax error at line {exc.raw_line}") from None
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    positions = wrapper.resolve(PositionProvider)
+    functions: dict[str, FunctionInfo] = {}
+    classes: dict[str, list[str]] = {}
+    globals_: set[str] = set()
+    for node in module.body:
+        if isinstance(node, cst.ClassDef):
+            globals_.add(node.name.value)
+            methods = classes.setdefault(node.name.value, [])
+            for item in node.body.body:
+                if isinstance(item, cst.FunctionDef):
+                    methods.append(item.name.value)
+                    qual = f"{node.name.value}.{item.name.value}"
+                    functions[qual] = _function_info(qual, item, positions)
+        elif isinstance(node, cst.FunctionDef):
+            globals_.add(node.name.value)
+            functions[node.name.value] = _function_info(node.name.value, node, positions)
+        else:
+            globals_ |= _top_level_names(node)
+    return ModuleInfo(path=path, functions=functions, classes=classes, module_names=frozenset(globals_))
+
+
+def _top_level_names(node: cst.CSTNode) -> set[str]:
+    names: set[str] = set()
+    if isinstance(node, cst.SimpleStatementLine):
+        for small in node.body:
+            if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+                for alias in small.names:
+                    target = alias.asname.name if alias.asname else alias.name
+                    names.add(_EMPTY.code_for_node(target).split(".")[0])
+            elif isinstance(small, (cst.Assign, cst.AnnAssign)):
+                names |= _Collector.target_names(small)
+    return names
+
+
+def _function_info(qualname: str, func: cst.FunctionDef, positions) -> FunctionInfo:
+    params = tuple(p.name.value for p in _all_params(func.params))
+    body = func.body.body if isinstance(func.body, cst.IndentedBlock) else ()
+    statements = []
+    for index, node in enumerate(body):
+        if _is_docstring(node, index):
+            continue
+        statements.append(_statement(len(statements), node, positions))
+    local = set(params)
+    for stmt in statements:
+        local |= stmt.defs
+    where = positions[func]
+    return FunctionInfo(
+        qualname=qualname,
+        params=params,
+        first_line=where.start.line,
+        last_line=where.end.line,
+        statements=statements,
+        local_names=frozenset(local),
+    )
+
+
+def _all_params(params: cst.Parameters) -> list[cst.Param]:
+    found = list(params.posonly_params) + list(params.params) + list(params.kwonly_params)
+    for star in (params.star_arg, params.star_kwarg):
+        if isinstance(star, cst.Param):
+            found.append(star)
+    return found
+
+
+def _is_docstring(node: cst.CSTNode, index: int) -> bool:
+    return (
+        index == 0
+        and isinstance(node, cst.SimpleStatementLine)
+        and len(node.body) == 1
+        and isinstance(node.body[0], cst.Expr)
+        and isinstance(node.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+
+
+def statement_source(node: cst.BaseStatement) -> str:
+    return _EMPTY.code_for_node(node.with_changes(leading_lines=())).strip()
+
+
+def _statement(index: int, node: cst.BaseStatement, positions) -> Statement:
+    collector = _Collector(positions)
+    node.visit(collector)
+    where = positions[node]
+    value = _statement_value(node)
+    calls = tuple(
+        CallSite(
+            callee=c.callee,
+            attr=c.attr,
+            first_line=c.first_line,
+            last_line=c.last_line,
+            source=c.source,
+            uses=c.uses,
+            whole=value is not None and _unwrap_value(value) is c.node,
+        )
+        for c in collector.calls
+    )
+    return Statement(
+        index=index,
+        first_line=where.start.line,
+        last_line=where.end.line,
+        source=statement_source(node),
+        defs=frozenset(collector.defs),
+        uses=frozenset(collector.uses),
+        mutates=frozenset(collector.mutates),
+        calls=calls,
+        has_call=collector.has_call,
+        compound=not isinstance(node, cst.SimpleStatementLine),
+        writes_self=collector.writes_self,
+        exits=collector.exits,
+    )
+
+
+def _statement_value(node: cst.BaseStatement) -> cst.BaseExpression | None:
+    if isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1:
+        small = node.body[0]
+        if isinstance(small, (cst.Assign, cst.AnnAssign, cst.Expr, cst.Return)):
+            return small.value
+    return None
+
+
+_SHAPE_METHODS = {"view", "reshape", "contiguous", "to", "float", "type_as", "squeeze", "unsqueeze"}
+
+
+def _unwrap_value(value: cst.BaseExpression) -> cst.BaseExpression:
+    """`self.f(x).view(shape)` and `self.f(x)[0]` count as the call `self.f(x)` itself."""
+    while True:
+        if isinstance(value, cst.Subscript):
+            value = value.value
+        elif (
+            isinstance(value, cst.Call)
+            and isinstance(value.func, cst.Attribute)
+            and value.func.attr.value in _SHAPE_METHODS
+            and isinstance(value.func.value, cst.Call)
+        ):
+            value = value.func.value
+        else:
+            return value
+
+
+@dataclass
+class _RawCall:
+    node: cst.Call
+    callee: str
+    attr: str
+    first_line: int
+    last_line: int
+    source: str
+    uses: frozenset[str]
+
+
+class _Collector(cst.CSTVisitor):
+    """Names bound and read by one statement, its self-submodule calls and state writes."""
+
+    def __init__(self, positions) -> None:
+        self.positions = positions
+        self.defs: set[str] = set()
+        self.uses: set[str] = set()
+        self.mutates: set[str] = set()
+        self.calls: list[_RawCall] = []
+        self.has_call = False
+        self.writes_self = False
+        self.exits = False
+        self._targets: set[int] = set()
+
+    @staticmethod
+    def target_names(node: cst.CSTNode) -> set[str]:
+        names: set[str] = set()
+        targets = []
+        if isinstance(node, cst.Assign):
+            targets = [t.target for t in node.targets]
+        elif isinstance(node, (cst.AnnAssign, cst.AugAssign)):
+            targets = [node.target]
+        for target in targets:
+            for sub in _flatten_target(target):
+                if isinstance(sub, cst.Name):
+                    names.add(sub.value)
+        return names
+
+    def _bind(self, target: cst.BaseExpression) -> None:
+        for sub in _flatten_target(target):
+            if isinstance(sub, cst.Name):
+                self.defs.add(sub.value)
+                self._targets.add(id(sub))
+            else:
+                root = _root_name(sub)
+                if root == "self":
+                    self.writes_self = True
+                elif root:
+                    self.mutates.add(root)  # x[i] = ..., x.attr = ...
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            self._bind(target.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._bind(node.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._bind(node.target)
+        if isinstance(node.target, cst.Name):
+            self.uses.add(node.target.value)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._bind(node.target)
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        if node.asname is not None:
+            self._bind(node.asname.name)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._bind(node.target)
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if id(node) not in self._targets:
+            self.uses.add(node.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)  # the attribute name itself is not a variable
+        return False
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        node.value.visit(self)  # keyword names are not variables
+        return False
+
+    def visit_Return(self, node: cst.Return) -> None:
+        self.exits = True
+
+    def visit_Yield(self, node: cst.Yield) -> None:
+        self.exits = True
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.has_call = True
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value.endswith("_") and not func.attr.value.startswith("_"):
+            root = _root_name(func.value)
+            if root == "self":
+                self.writes_self = True
+            elif root:
+                self.mutates.add(root)  # torch convention: add_, copy_, index_add_ write the receiver
+        callee = _self_callee(func)
+        if callee is not None:
+            where = self.positions[node]
+            arg_uses: set[str] = set()
+            for arg in node.args:
+                arg_uses |= _names_in(arg.value)
+            self.calls.append(
+                _RawCall(
+                    node=node,
+                    callee=callee,
+                    attr=callee.split(".")[0].split("[")[0],
+                    first_line=where.start.line,
+                    last_line=where.end.line,
+                    source=_EMPTY.code_for_node(node),
+                    uses=frozenset(arg_uses - {"self"}),
+                )
+            )
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
+
+
+def _flatten_target(target: cst.BaseExpression):
+    if isinstance(target, (cst.Tuple, cst.List)):
+        for element in target.elements:
+            yield from _flatten_target(element.value)
+    elif isinstance(target, cst.StarredElement):
+        yield from _flatten_target(target.value)
+    else:
+        yield target
+
+
+def _root_name(node: cst.BaseExpression) -> str | None:
+    while isinstance(node, (cst.Attribute, cst.Subscript, cst.Call)):
+        node = node.func if isinstance(node, cst.Call) else node.value
+    return node.value if isinstance(node, cst.Name) else None
+
+
+def _self_callee(func: cst.BaseExpression) -> str | None:
+    """'shared_experts' for self.shared_experts, 'self_attn[1]' for self.self_attn[1]."""
+    text = _EMPTY.code_for_node(func)
+    if not text.startswith("self."):
+        return None
+    callee = text[len("self.") :]
+    head = callee.split(".")[0].split("[")[0]
+    if not head.isidentifier():
+        return None
+    # self.x.view(...) is a tensor method on an attribute, not a submodule call.
+    if "." in callee and callee.rsplit(".", 1)[1] in _SHAPE_METHODS:
+        return None
+    return callee
+
+
+class _NameFinder(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.names.add(node.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)
+        return False
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        node.value.visit(self)
+        return False
+
+
+def _names_in(node: cst.CSTNode) -> set[str]:
+    finder = _NameFinder()
+    node.visit(finder)
+    return finder.names

@@ -1,0 +1,95 @@
+"""What a case is, and the one finder every case uses.
+
+A case (one file in codemods/) says which calls are side work and how its plan is named; the
+finder turns that into plans with the shared branch analysis. Cases never edit code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from msrewrite.analyze.branch import NoBranch, SideBranch, find_side_branch, has_seed
+from msrewrite.emit.engine import already_applied, code_of, iter_functions, strip_leading
+from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    summary: str
+    modes: tuple[str, ...]
+    is_seed: Callable[[str], bool]  # dotted callee after "self." -> side work?
+    stream_tag: str
+    flag_name: str
+    describe: Callable[[SideBranch], str] = lambda branch: ""
+    notes: str = ""
+
+
+@dataclass
+class Target:
+    function: str
+    plan: OverlapPlan | None = None
+    reason: str = ""  # why there is no plan
+    applied: bool = False
+
+
+@dataclass
+class Options:
+    mode: str = "eager"
+    flag: FlagSpec | None = None
+    stream_tag: str | None = None
+    start_gates: tuple = field(default_factory=tuple)
+
+
+def find_targets(case: Case, path: Path, module: cst.Module, options: Options) -> list[Target]:
+    """Every function with the case's seed calls: a plan each, or the reason it has none."""
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    positions = wrapper.resolve(PositionProvider)
+    targets = []
+    for name, func, _cls in iter_functions(module):
+        if not has_seed(func, case.is_seed):
+            continue
+        # Only the function that runs the side call matters, not helpers that define it.
+        if func.name.value == "__init__":
+            continue
+        if already_applied(func):
+            targets.append(Target(name, applied=True, reason="already applied"))
+            continue
+        try:
+            branch = find_side_branch(func, positions, case.is_seed)
+        except NoBranch as exc:
+            targets.append(Target(name, reason=str(exc)))
+            continue
+        targets.append(Target(name, plan=branch_plan(case, path, name, branch, options)))
+    return targets
+
+
+def branch_plan(case: Case, path: Path, function: str, branch: SideBranch, options: Options) -> OverlapPlan:
+    facts = branch.facts
+    side = [
+        SideStatement(f.first_line, f.last_line, code_of(strip_leading(f.node)).strip())
+        for f in branch.statements
+    ]
+    side += [SideStatement(h.first_line, h.last_line, h.source, hoist=h.temp) for h in branch.hoists]
+    flag = options.flag or FlagSpec(kind="env", name=case.flag_name)
+    return OverlapPlan(
+        case=case.name,
+        file=str(path),
+        function=function,
+        side=tuple(side),
+        fork_line=facts[branch.fork].first_line,
+        join_line=facts[branch.join].first_line,
+        side_inputs=tuple(branch.inputs),
+        side_outputs=tuple(branch.outputs),
+        stream_tag=options.stream_tag or case.stream_tag,
+        flag=flag,
+        mode=options.mode,
+        start_gates=tuple(options.start_gates),
+        summary=case.describe(branch),
+        inputs_rebound_before_join=tuple(branch.rebound_inputs),
+    )

@@ -1,0 +1,210 @@
+"""`msrewrite apply`: load -> find targets (case) or read plans -> emit -> diff / in-place / patches."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import typer
+
+from msrewrite.cases import Options, find_targets
+from msrewrite.emit.engine import apply_plans
+from msrewrite.errors import EXIT_OK, BadInput, NothingToDo
+from msrewrite.load import git_root, load, read_source
+from msrewrite.modes import resolve_mode
+from msrewrite.output.diff import unified_diff
+from msrewrite.output.patch import PatchStep, write_series
+from msrewrite.plan import FlagSpec, OverlapPlan, StartGate, load_plans
+
+
+def _note(message: str) -> None:
+    typer.echo(f"msrewrite: {message}", err=True)
+
+
+def _relpath(file: Path) -> str:
+    """Path for a/ b/ headers: relative to the git work tree, else to the file's folder."""
+    root = git_root(file)
+    resolved = file.resolve()
+    if root is not None:
+        try:
+            return resolved.relative_to(root.resolve()).as_posix()
+        except ValueError:
+            pass
+    return resolved.name
+
+
+def _parse_flag(flag: str, flag_default: str, max_tokens: int | None, case_flag: str) -> FlagSpec:
+    if flag_default not in ("on", "off"):
+        raise BadInput(f"--flag-default must be on or off, got {flag_default!r}")
+    if max_tokens is not None and max_tokens < 1:
+        raise BadInput(f"--max-tokens must be a positive token count, got {max_tokens}")
+    try:
+        return FlagSpec.parse(flag or f"env:{case_flag}", default=flag_default == "on", max_tokens=max_tokens)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+
+
+def _match_target(name: str, target: str) -> bool:
+    return name == target or name == f"{target}.forward" or name.endswith("." + target)
+
+
+def plans_for_case(
+    file: Path, module, case_name: str, mode: str, target: str | None, flag: FlagSpec, stream_tag: str | None,
+    start_gates: tuple[StartGate, ...] = (),
+) -> list[OverlapPlan]:
+    from msrewrite.codemods import all_cases, get_case
+
+    case = get_case(case_name)
+    if case is None:
+        known = ", ".join(c.name for c in all_cases())
+        raise BadInput(f"unknown case {case_name!r}; known cases: {known}")
+    if mode not in case.modes:
+        raise BadInput(f"case {case.name} does not support mode {mode} (supports {', '.join(case.modes)})")
+    targets = find_targets(case, file, module, Options(mode=mode, flag=flag, stream_tag=stream_tag,
+                                                       start_gates=start_gates))
+    if target:
+        chosen = [t for t in targets if _match_target(t.function, target)]
+        if not chosen:
+            from msrewrite.emit.engine import iter_functions
+
+            if not any(_match_target(name, target) for name, _f, _c in iter_functions(module)):
+                raise BadInput(f"--target {target}: no such function in {file}")
+            raise NothingToDo(f"{target}: no {case.name} branch in this function")
+        targets = chosen
+    if not targets:
+        raise NothingToDo(f"{file}: no {case.name} target found")
+    plans = [t.plan for t in targets if t.plan is not None]
+    if not plans:
+        if all(t.applied for t in targets):
+            names = ", ".join(t.function for t in targets)
+            raise NothingToDo(f"{names}: already applied, nothing to do")
+        reasons = "; ".join(f"{t.function}: {t.reason}" for t in targets if not t.applied)
+        raise NothingToDo(f"no safe {case.name} edit: {reasons}")
+    if len(plans) > 1:
+        names = ", ".join(p.function for p in plans)
+        raise BadInput(f"ambiguous target: {len(plans)} functions match ({names}); pick one with --target")
+    return plans
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    if not os.access(path, os.W_OK) or not os.access(path.parent, os.W_OK):
+        raise BadInput(f"{path}: read-only, cannot edit in place")
+    mode = path.stat().st_mode
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".msrewrite", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+        os.chmod(tmp, mode & 0o7777)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def run_apply(
+    *,
+    file: Path,
+    case: str | None,
+    plan_path: Path | None,
+    candidate: int | None,
+    mode: str,
+    target: str | None,
+    flag: str,
+    flag_default: str,
+    max_tokens: int | None,
+    stream_tag: str | None,
+    in_place: bool,
+    output: Path | None,
+    verify: bool,
+    harness: str | None,
+) -> int:
+    if (case is None) == (plan_path is None):
+        raise BadInput("give exactly one of --case or --plan")
+    if in_place and output is not None:
+        raise BadInput("--in-place and -o/--output conflict: choose one output")
+    if candidate is not None and plan_path is None:
+        raise BadInput("--candidate needs --plan")
+    if output is not None and output.exists() and not output.is_dir():
+        raise BadInput(f"-o {output}: exists and is not a folder")
+    src = load(file)
+    try:
+        chosen_mode, why = resolve_mode(mode, src.text)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+
+    if case is not None:
+        from msrewrite.codemods import get_case
+
+        known = get_case(case)
+        spec = _parse_flag(flag, flag_default, max_tokens, known.flag_name if known else "ENABLE_SIDE_STREAM")
+        _note(f"mode {chosen_mode} ({'auto: ' if mode == 'auto' else ''}{why})")
+        plans = plans_for_case(file, src.module, case, chosen_mode, target, spec, stream_tag)
+    else:
+        try:
+            plans = load_plans(read_source(plan_path))  # type: ignore[arg-type]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise BadInput(f"{plan_path}: {exc}") from None
+        if candidate is not None:
+            if not 1 <= candidate <= len(plans):
+                raise BadInput(f"--candidate {candidate}: the plan file has {len(plans)} candidate(s)")
+            plans = [plans[candidate - 1]]
+        if target:
+            plans = [p for p in plans if _match_target(p.function, target)]
+        if not plans:
+            raise NothingToDo(f"{plan_path}: no plan to carry out")
+        overrides: dict = {}
+        if mode != "auto":
+            overrides["mode"] = chosen_mode
+        if flag or flag_default != "on" or max_tokens is not None:
+            overrides["flag"] = _parse_flag(flag, flag_default, max_tokens, plans[0].flag.name)
+        if stream_tag:
+            overrides["stream_tag"] = stream_tag
+        plans = [p.with_changes(**overrides) for p in plans]
+        _note(f"mode {plans[0].mode} ({'from the plan' if mode == 'auto' else why})")
+
+    steps: list[PatchStep] = []
+    before = src.text
+    for k in range(1, len(plans) + 1):
+        after = apply_plans(src.module, plans[:k]).code
+        steps.append(_step(plans[k - 1], before, after, _relpath(file)))
+        before = after
+    new_text = before
+    try:
+        compile(new_text, str(file), "exec")
+    except SyntaxError as exc:  # our bug, never the user's: refuse to write it
+        raise BadInput(f"internal error: the edit does not compile ({exc.msg} at line {exc.lineno}); nothing written")
+    if new_text == src.text:
+        raise NothingToDo(f"{file}: nothing to change")
+
+    for plan in plans:
+        _note(f"{plan.function}: {plan.summary or plan.case} [{plan.mode}, flag {plan.flag.describe()}]")
+    if in_place:
+        _atomic_write(file, new_text)
+        _note(f"rewrote {file}")
+    elif output is not None:
+        for path in write_series(steps, output):
+            typer.echo(str(path))
+    else:
+        sys.stdout.write(unified_diff(src.text, new_text, _relpath(file)))
+    if verify:
+        from msrewrite.commands.verify import verify_edit
+
+        return verify_edit(file, src.text, new_text, plans, harness=harness)
+    return EXIT_OK
+
+
+def _step(plan: OverlapPlan, old: str, new: str, relpath: str) -> PatchStep:
+    cls = plan.function.rsplit(".", 1)[0]
+    subject = f"{plan.case}: overlap {cls} on side stream {plan.stream_tag}"
+    body = (
+        f"{plan.summary or plan.case}.\n\n"
+        f"Function: {plan.function}\n"
+        f"Mode: {plan.mode}\n"
+        f"Switch: {plan.flag.describe()}; with it off the original statements run in\n"
+        "their original order on the current stream.\n"
+        f"Generated by msrewrite apply."
+    )
+    return PatchStep(subject=subject, body=body, old=old, new=new, relpath=relpath)

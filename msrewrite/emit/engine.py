@@ -1,0 +1,598 @@
+"""Carry out plans on a libcst module: the one place that edits code.
+
+For a plan the edited function reads, top to bottom:
+
+    <prelude: the side stream, or None when the flag is off>
+    if <on>:                       # fork, as early as the side inputs allow
+        <wait for the current stream>
+        with <side stream>:
+            <side statements>
+    else:
+        <side statements that were already here, unchanged>
+    ... main path, untouched ...
+    if <off>:
+        <side statements at their original place, unchanged>
+    if <on>:                       # join, right before the first consumer
+        <wait for the side stream; lifetime guards>
+    else:
+        <side statements that sat right before the join>
+    <first consumer>
+
+With the flag off every original statement runs, in its original order, on the current stream.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import libcst as cst
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+
+from msrewrite.emit import helpers as helper_text
+from msrewrite.emit.strategies import STRATEGIES, Context, Emission, Names
+from msrewrite.errors import BadInput, NothingToDo
+from msrewrite.plan import OverlapPlan
+
+_EMPTY = cst.Module(body=[])
+CASE_WHAT = {
+    "moe-shared-expert": ("the shared expert", "the routed experts"),
+}
+
+
+def code_of(node: cst.CSTNode) -> str:
+    return _EMPTY.code_for_node(node)
+
+
+def strip_leading(stmt: cst.BaseStatement) -> cst.BaseStatement:
+    return stmt.with_changes(leading_lines=())
+
+
+# Locating functions -----------------------------------------------------------------------
+@dataclass
+class Located:
+    func: cst.FunctionDef
+    cls: cst.ClassDef | None
+
+
+def iter_functions(module: cst.Module):
+    """(qualified name, FunctionDef, enclosing ClassDef or None) for every def, classes nested."""
+
+    def walk(body, prefix: str, cls: cst.ClassDef | None):
+        for stmt in body:
+            if isinstance(stmt, cst.FunctionDef):
+                yield prefix + stmt.name.value, stmt, cls
+            elif isinstance(stmt, cst.ClassDef) and isinstance(stmt.body, cst.IndentedBlock):
+                yield from walk(stmt.body.body, f"{prefix}{stmt.name.value}.", stmt)
+            elif isinstance(stmt, (cst.If, cst.Try)) and isinstance(stmt.body, cst.IndentedBlock):
+                yield from walk(stmt.body.body, prefix, cls)
+
+    yield from walk(module.body, "", None)
+
+
+def locate(module: cst.Module, qualified: str) -> Located:
+    for name, func, cls in iter_functions(module):
+        if name == qualified:
+            return Located(func, cls)
+    raise BadInput(f"no function {qualified!r} in the file")
+
+
+def already_applied(func: cst.FunctionDef) -> bool:
+    """True when the function already calls msrewrite helpers (a second apply is a no-op)."""
+    found = False
+
+    class _Seen(cst.CSTVisitor):
+        def visit_Name(self, node: cst.Name) -> None:
+            nonlocal found
+            if node.value.startswith(helper_text.HELPER_PREFIX):
+                found = True
+
+    func.visit(_Seen())
+    return found
+
+
+# Names --------------------------------------------------------------------------------------
+def _identifier(tag: str) -> str:
+    ident = re.sub(r"\W+", "_", tag).strip("_").lower()
+    if not ident or ident[0].isdigit():
+        ident = f"side_{ident}"
+    return ident
+
+
+def _unique(base: str, taken: set[str]) -> str:
+    name, n = base, 2
+    while name in taken:
+        name, n = f"{base}_{n}", n + 1
+    taken.add(name)
+    return name
+
+
+def _self_attrs(node: cst.CSTNode) -> set[str]:
+    attrs: set[str] = set()
+
+    class _Attrs(cst.CSTVisitor):
+        def visit_Attribute(self, n: cst.Attribute) -> None:
+            if isinstance(n.value, cst.Name) and n.value.value == "self":
+                attrs.add(n.attr.value)
+
+    node.visit(_Attrs())
+    return attrs
+
+
+def _all_names(node: cst.CSTNode) -> set[str]:
+    names: set[str] = set()
+
+    class _Names(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            names.add(n.value)
+
+    node.visit(_Names())
+    return names
+
+
+# Statement builders ---------------------------------------------------------------------------
+def _parse_block(lines: list[str]) -> list[cst.BaseStatement]:
+    # A leading `pass` keeps a first comment line attached to its statement (libcst would
+    # otherwise treat it as the module header).
+    return list(cst.parse_module("pass\n" + "\n".join(lines) + "\n").body)[1:]
+
+
+class _Splice(cst.CSTTransformer):
+    """Replace placeholder statements `__ms_x__` with real statement lists."""
+
+    def __init__(self, mapping: dict[str, list[cst.BaseStatement]]) -> None:
+        self.mapping = mapping
+
+    def leave_SimpleStatementLine(self, original, updated):
+        body = updated.body
+        if len(body) == 1 and isinstance(body[0], cst.Expr) and isinstance(body[0].value, cst.Name):
+            key = body[0].value.value
+            if key in self.mapping:
+                return cst.FlattenSentinel(self.mapping[key])
+        return updated
+
+
+class _Rename(cst.CSTTransformer):
+    def __init__(self, old: str, new: str) -> None:
+        self.old, self.new = old, new
+
+    def leave_Name(self, original, updated):
+        return updated.with_changes(value=self.new) if updated.value == self.old else updated
+
+    def leave_Attribute(self, original, updated):
+        # keep attribute names (x.old) untouched
+        if updated.attr.value == self.new and original.attr.value == self.old:
+            return updated.with_changes(attr=original.attr)
+        return updated
+
+
+def _comment(text: str) -> cst.EmptyLine:
+    return cst.EmptyLine(comment=cst.Comment("# " + text))
+
+
+def _with_leading(stmts: list[cst.BaseStatement], leading) -> list[cst.BaseStatement]:
+    if not stmts:
+        return stmts
+    first = stmts[0]
+    return [first.with_changes(leading_lines=tuple(leading) + tuple(first.leading_lines)), *stmts[1:]]
+
+
+def _if_block(cond: str, on: list[cst.BaseStatement], off_cond: str | None, off: list[cst.BaseStatement]):
+    """`if cond: on [else: off]`; when `on` is empty, `if off_cond: off`."""
+    if not on:
+        text = [f"if {off_cond}:", "    __ms_off__"]
+        return _splice(_parse_block(text), {"__ms_off__": off})
+    text = [f"if {cond}:", "    __ms_on__"]
+    if off:
+        text += ["else:", "    __ms_off__"]
+    return _splice(_parse_block(text), {"__ms_on__": on, "__ms_off__": off})
+
+
+def _splice(stmts: list[cst.BaseStatement], mapping) -> list[cst.BaseStatement]:
+    module = cst.Module(body=stmts).visit(_Splice(mapping))
+    return list(module.body)
+
+
+# The transform ----------------------------------------------------------------------------------
+@dataclass
+class PlannedEdit:
+    plan: OverlapPlan
+    old_func: cst.FunctionDef
+    new_func: cst.FunctionDef
+    old_init: cst.FunctionDef | None
+    new_init: cst.FunctionDef | None
+    emission: Emission
+
+
+def _body_positions(func: cst.FunctionDef, positions) -> list[tuple[int, int]]:
+    return [
+        (positions[s].start.line, positions[s].end.line) for s in func.body.body  # type: ignore[union-attr]
+    ]
+
+
+def _find_index(spans, line: int, what: str, plan: OverlapPlan) -> int:
+    for i, (first, _last) in enumerate(spans):
+        if first == line:
+            return i
+    raise BadInput(f"stale plan for {plan.function}: no statement starts at line {line} ({what})")
+
+
+def _find_call(node: cst.CSTNode, source: str, positions) -> cst.Call | None:
+    found: list[cst.Call] = []
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            if code_of(call) == source:
+                found.append(call)
+
+    node.visit(_Calls())
+    return found[0] if len(found) == 1 else None
+
+
+def _init_info(cls: cst.ClassDef | None, flag_name: str):
+    if cls is None or not isinstance(cls.body, cst.IndentedBlock):
+        return None, None, False
+    for stmt in cls.body.body:
+        if isinstance(stmt, cst.FunctionDef) and stmt.name.value == "__init__":
+            params = [p.name.value for p in stmt.params.params]
+            config = "config" if "config" in params else None
+            sets_flag = flag_name in _assigned_self_attrs(stmt)
+            return stmt, config, sets_flag
+    return None, None, False
+
+
+def _assigned_self_attrs(func: cst.FunctionDef) -> set[str]:
+    names: set[str] = set()
+
+    class _Assigned(cst.CSTVisitor):
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            t = node.target
+            if isinstance(t, cst.Attribute) and isinstance(t.value, cst.Name) and t.value.value == "self":
+                names.add(t.attr.value)
+
+    func.visit(_Assigned())
+    return names
+
+
+def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
+    located = locate(module, plan.function)
+    func, cls = located.func, located.cls
+    if already_applied(func):
+        raise NothingToDo(f"{plan.function} already runs its side branch on a side stream")
+    if not isinstance(func.body, cst.IndentedBlock):
+        raise BadInput(f"{plan.function}: a one-line function body cannot be split")
+    body = list(func.body.body)
+    spans = _body_positions(func, positions)
+    fork = _find_index(spans, plan.fork_line, "fork", plan)
+    join = _find_index(spans, plan.join_line, "join", plan)
+
+    whole: list[int] = []
+    hoists: list[tuple[cst.Call, str]] = []
+    for side in plan.side:
+        if side.hoist:
+            call = _find_call(body[join], side.source, positions)
+            if call is None:
+                raise BadInput(
+                    f"stale plan for {plan.function}: the join statement at line {plan.join_line} "
+                    f"does not contain {side.source!r} exactly once"
+                )
+            hoists.append((call, side.hoist))
+        else:
+            i = _find_index(spans, side.first_line, "side statement", plan)
+            if code_of(strip_leading(body[i])).strip() != side.source.strip():
+                raise BadInput(
+                    f"stale plan for {plan.function}: line {side.first_line} no longer reads {side.source.strip()!r}"
+                )
+            whole.append(i)
+
+    init, config_param, init_sets_flag = _init_info(cls, plan.flag.name)
+    taken = _all_names(func)
+    class_attrs = _self_attrs(cls) if cls is not None else set()
+    ident = _identifier(plan.stream_tag)
+    stream_local = f"use_{ident}_stream" if plan.mode == "ge-graph" else f"{ident}_stream"
+    names = Names(
+        stream=_unique(stream_local, taken),
+        current=_unique("current_stream", taken),
+        fork_event=_unique("fork_event", taken),
+        join_event=_unique("join_event", taken),
+        flag_attr=_unique(f"enable_{ident}_stream", set(class_attrs)),
+        stream_attr=_unique(f"{ident}_stream", set(class_attrs)),
+        events_attr=_unique(f"{ident}_events", set(class_attrs)),
+    )
+    what, _main = CASE_WHAT.get(plan.case, ("the side branch", "the main path"))
+
+    # GE start gates rebind the gated tensor; rename it inside the side block when the main
+    # path still reads the original name, so main work is not ordered after the anchor too.
+    gates: list[tuple[str, str, str]] = []
+    renames: dict[str, str] = {}
+    main_reads = set()
+    for i, stmt in enumerate(body):
+        if i >= fork and i not in whole:
+            main_reads |= _all_names(stmt)
+    for gate in plan.start_gates:
+        side_name = gate.tensor
+        if gate.tensor in main_reads:
+            side_name = _unique(f"{gate.tensor}_side", taken)
+            renames[gate.tensor] = side_name
+        gates.append((side_name, gate.tensor, gate.anchor))
+
+    ctx = Context(
+        case=plan.case,
+        tag=plan.stream_tag,
+        flag_kind=plan.flag.kind,
+        flag_name=plan.flag.name,
+        flag_default=plan.flag.default,
+        max_tokens=plan.flag.max_tokens,
+        has_init=init is not None,
+        init_config_param=config_param,
+        init_sets_flag=init_sets_flag,
+        inputs=list(plan.side_inputs),
+        rebound_inputs=list(plan.inputs_rebound_before_join),
+        outputs=list(plan.side_outputs),
+        token_input=plan.side_inputs[0] if plan.side_inputs else None,
+        gates=gates if plan.mode == "ge-graph" else [],
+        names=names,
+        what=what,
+    )
+    em = STRATEGIES[plan.mode](ctx)
+
+    # Side statements as they run on the side stream.
+    side_nodes: list[cst.BaseStatement] = []
+    for i in whole:
+        side_nodes.append(strip_leading(body[i]))
+    hoist_assigns = [
+        cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(temp))], value=call)])
+        for call, temp in hoists
+    ]
+    side_nodes += hoist_assigns
+    if plan.mode == "ge-graph":
+        for old, new in renames.items():
+            side_nodes = [s.visit(_Rename(old, new)) for s in side_nodes]
+
+    # Runs of side statements left at their original place (they form the off path).
+    runs: list[list[int]] = []
+    for i in sorted(whole):
+        if runs and runs[-1][-1] == i - 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    fork_run = next((r for r in runs if r[0] == fork), None)
+    join_run = next((r for r in runs if r[-1] == join - 1 and r is not fork_run), None)
+
+    def off_nodes(run: list[int] | None) -> list[cst.BaseStatement]:
+        if not run:
+            return []
+        nodes = [body[i] for i in run]
+        return [strip_leading(nodes[0]), *nodes[1:]]
+
+    # Fork block.
+    inner = [*_parse_block(em.side_head), *side_nodes, *_parse_block(em.side_tail)] if (
+        em.side_head or em.side_tail
+    ) else side_nodes
+    with_stmt = _splice(_parse_block([em.with_open, "    __ms_side__"]), {"__ms_side__": inner})
+    on_branch = [*_parse_block(em.on_head), *with_stmt]
+    fork_block = [*_parse_block(em.prelude), *_if_block(em.on_cond, on_branch, em.off_cond, off_nodes(fork_run))]
+    fork_leading = list(body[fork].leading_lines) if fork_run else []
+    fork_block = _with_leading(
+        fork_block,
+        fork_leading + [_comment(f"msrewrite({plan.case}): {what} runs on side stream \"{plan.stream_tag}\" during {_main}.")],
+    )
+
+    # Join block.
+    join_off = off_nodes(join_run) + ([] if plan.mode != "ge-graph" and not hoists else [])
+    join_off += hoist_assigns
+    join_on = _parse_block(em.join) if em.join else []
+    join_block = _if_block(em.on_cond, join_on, em.off_cond, join_off) if (join_on or join_off) else []
+    join_stmt = body[join]
+    for call, temp in hoists:
+        join_stmt = join_stmt.deep_replace(call, cst.Name(temp))  # type: ignore[assignment]
+    if join_block:
+        if join_run:
+            lead = list(body[join_run[0]].leading_lines)
+        elif all(line.comment is None for line in join_stmt.leading_lines):
+            lead = list(join_stmt.leading_lines)
+            join_stmt = strip_leading(join_stmt)
+        else:
+            lead = []
+        note = (
+            f"msrewrite({plan.case}): join the side stream before the first use of "
+            f"{', '.join(plan.side_outputs)}."
+            if join_on
+            else f"msrewrite({plan.case}): with the flag off {what} runs here, as before."
+        )
+        join_block = _with_leading(join_block, lead + [_comment(note)])
+
+    new_body: list[cst.BaseStatement] = []
+    in_fork_or_join = set(fork_run or []) | set(join_run or [])
+    for i, stmt in enumerate(body):
+        if i == fork:
+            new_body += fork_block
+        if i in whole:
+            if i in in_fork_or_join:
+                continue
+            run = next(r for r in runs if i in r)
+            if i == run[0]:
+                guard = _if_block(em.off_cond, [], em.off_cond, off_nodes(run))
+                new_body += _with_leading(guard, list(body[i].leading_lines))
+            continue
+        if i == join:
+            new_body += join_block
+            new_body.append(join_stmt)
+            continue
+        new_body.append(stmt)
+    new_func = func.with_changes(body=func.body.with_changes(body=new_body))
+
+    new_init = None
+    if init is not None and em.init_lines:
+        init_stmts = _parse_block(em.init_lines)
+        new_init = init.with_changes(
+            body=init.body.with_changes(body=[*init.body.body, *init_stmts])  # type: ignore[union-attr]
+        )
+    return PlannedEdit(plan, func, new_func, init, new_init, em)
+
+
+class _ReplaceFunctions(cst.CSTTransformer):
+    """Swap function definitions by identity in the original tree, all in one pass."""
+
+    def __init__(self, replacements: dict[int, cst.FunctionDef]) -> None:
+        self.replacements = replacements
+
+    def leave_FunctionDef(self, original, updated):
+        return self.replacements.get(id(original), updated)
+
+
+# Module level: helpers and imports ------------------------------------------------------------------
+def _is_import(stmt: cst.BaseStatement) -> bool:
+    if isinstance(stmt, cst.SimpleStatementLine):
+        return all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body)
+    if isinstance(stmt, cst.Try) and isinstance(stmt.body, cst.IndentedBlock):
+        return all(_is_import(s) for s in stmt.body.body)
+    return False
+
+
+def _is_future(stmt: cst.BaseStatement) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and any(isinstance(s, cst.ImportFrom) and code_of(s.module or cst.Name("")) == "__future__" for s in stmt.body)
+    )
+
+
+def _top_level_bindings(module: cst.Module) -> set[str]:
+    bound: set[str] = set()
+    for stmt in module.body:
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            bound.add(stmt.name.value)
+        elif _is_import(stmt):
+            for node in ([stmt] if isinstance(stmt, cst.SimpleStatementLine) else stmt.body.body):  # type: ignore
+                for imp in node.body:  # type: ignore[union-attr]
+                    if isinstance(imp.names, cst.ImportStar):
+                        continue
+                    for alias in imp.names:
+                        if alias.asname is not None:
+                            bound.add(code_of(alias.asname.name))
+                        else:
+                            bound.add(code_of(alias.name).split(".")[0])
+        elif isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, cst.Assign):
+                    for t in small.targets:
+                        if isinstance(t.target, cst.Name):
+                            bound.add(t.target.value)
+    return bound
+
+
+def _imports_module(module: cst.Module, name: str) -> bool:
+    for stmt in module.body:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for imp in stmt.body:
+                if isinstance(imp, cst.Import):
+                    for alias in imp.names:
+                        if code_of(alias.name) == name and alias.asname is None:
+                            return True
+    return False
+
+
+def add_helpers(module: cst.Module, emissions: list[Emission], mode: str) -> cst.Module:
+    keys: list[str] = []
+    imports: list[str] = []
+    needs_os = False
+    for em in emissions:
+        keys += [k for k in em.helpers if k not in keys]
+        imports += [i for i in em.imports if i not in imports]
+        needs_os = needs_os or em.needs_os
+    bound = _top_level_bindings(module)
+    for key in keys:
+        name = helper_text.defined_name(key)
+        if name in bound and key in helper_text.FUNCTIONS:
+            existing = next(
+                s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == name
+            )
+            if code_of(strip_leading(existing)).strip() != helper_text.FUNCTIONS[key].strip():
+                raise BadInput(
+                    f"the file already has {name}() for another execution mode; "
+                    f"msrewrite never mixes API families in one file (asked for {mode})"
+                )
+    missing = [k for k in helper_text.FUNCTIONS if k in keys and helper_text.defined_name(k) not in bound]
+    parts: list[str] = []
+    for imp in imports:
+        if imp not in bound:
+            parts.append(helper_text.GUARDED_IMPORTS[imp])
+    if any(k.startswith("_ms_side_stream") for k in missing) and "_MS_SIDE_STREAMS" not in bound:
+        parts.append(helper_text.STREAM_CACHE)
+    if missing:
+        parts.append(helper_text.helper_source(missing))
+    body = list(module.body)
+    if parts:
+        block = list(cst.parse_module("\n\n".join(p.rstrip("\n") + "\n" for p in parts)).body)
+        block = [
+            s.with_changes(leading_lines=[cst.EmptyLine()] * (2 if isinstance(s, cst.FunctionDef) else 1))
+            if i
+            else s
+            for i, s in enumerate(block)
+        ]
+        existing_helper = [
+            i for i, s in enumerate(body)
+            if isinstance(s, cst.FunctionDef) and s.name.value.startswith(helper_text.HELPER_PREFIX)
+        ]
+        if existing_helper:
+            at = existing_helper[-1] + 1
+            block[0] = block[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+        else:
+            at = 0
+            for i, stmt in enumerate(body):
+                if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+                    break
+                if _is_import(stmt):
+                    at = i + 1
+            block[0] = block[0].with_changes(
+                leading_lines=[
+                    cst.EmptyLine(),
+                    _comment(f"msrewrite: multi-stream helpers ({mode} mode). With the flag off, or without"),
+                    _comment("the backend, each one falls back to the original single-stream behaviour."),
+                ]
+            )
+        if at < len(body):
+            following = body[at]
+            blank = sum(1 for line in following.leading_lines if line.comment is None and not line.whitespace.value)
+            lead = list(following.leading_lines)
+            if blank < 2 and isinstance(block[-1], cst.FunctionDef):
+                lead = [cst.EmptyLine()] * (2 - blank) + lead
+                body[at] = following.with_changes(leading_lines=lead)
+        body[at:at] = block
+    if needs_os and "os" not in bound and not _imports_module(module, "os"):
+        at = next((i for i, s in enumerate(body) if _is_import(s) and not _is_future(s)), None)
+        os_import = cst.parse_statement("import os\n")
+        if at is None:
+            at = next((i + 1 for i, s in enumerate(body) if _is_future(s)), 0)
+            body.insert(at, os_import)
+        else:
+            # take over the first import's leading comments/blank lines so they stay on top
+            first = body[at]
+            body[at] = strip_leading(first)
+            body.insert(at, os_import.with_changes(leading_lines=first.leading_lines))
+    return module.with_changes(body=body)
+
+
+def apply_plans(module: cst.Module, plans: list[OverlapPlan]) -> cst.Module:
+    """The module with every plan carried out; plans address the given (unedited) module's lines."""
+    if not plans:
+        return module
+    modes = {p.mode for p in plans}
+    if len(modes) > 1:
+        raise BadInput(f"plans for one file must share one execution mode, got {', '.join(sorted(modes))}")
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    positions: dict[cst.CSTNode, CodeRange] = wrapper.resolve(PositionProvider)  # type: ignore[assignment]
+    edits = [plan_edit(module, positions, plan) for plan in plans]
+    functions = [e.old_func for e in edits]
+    if len(set(map(id, functions))) != len(functions):
+        raise BadInput("two plans edit the same function; apply them one at a time")
+    replacements: dict[int, cst.FunctionDef] = {id(e.old_func): e.new_func for e in edits}
+    for edit in edits:
+        if edit.old_init is not None and edit.new_init is not None:
+            added = edit.new_init.body.body[len(edit.old_init.body.body):]  # type: ignore[union-attr]
+            base = replacements.get(id(edit.old_init), edit.old_init)
+            replacements[id(edit.old_init)] = base.with_changes(
+                body=base.body.with_changes(body=[*base.body.body, *added])  # type: ignore[union-attr]
+            )
+    new = module.visit(_ReplaceFunctions(replacements))
+    return add_helpers(new, [e.emission for e in edits], plans[0].mode)

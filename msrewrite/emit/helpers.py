@@ -1,0 +1,114 @@
+"""Module-level helpers the emitted code calls, one small function each, per execution mode.
+
+They are written into the edited file (once, after its imports), so the patch is self-contained
+and reviewable in one place. Every helper degrades to the original single-stream behaviour when
+the flag is off or the backend is missing: no stream (None), the tensor itself, or nothing.
+"""
+
+from __future__ import annotations
+
+HELPER_PREFIX = "_ms_"
+
+# Module-level guarded imports, keyed by the name they bind.
+GUARDED_IMPORTS = {
+    "torch_npu": '''\
+try:
+    import torch_npu  # noqa: F401  (registers torch.npu)
+except ImportError:  # no NPU stack: the side stream stays off
+    torch_npu = None
+''',
+    "torchair": '''\
+try:
+    import torchair
+except ImportError:  # torchair ships with torch_npu; without it the side stream stays off
+    torchair = None
+''',
+}
+
+STREAM_CACHE = "_MS_SIDE_STREAMS = {}  # tag -> stream, one per process, shared by every layer\n"
+
+FUNCTIONS = {
+    "_ms_env_flag": '''\
+def _ms_env_flag(name, default):
+    """A boolean switch from the environment: 1/true/yes/on enable it, 0/false/no/off disable it."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    return value in ("1", "true", "yes", "on")
+''',
+    "_ms_side_stream:npu": '''\
+def _ms_side_stream(tag, enabled=True):
+    """The side stream for `tag`, created on first use and shared by every layer; None when off."""
+    if not enabled or not hasattr(torch, "npu"):
+        return None
+    stream = _MS_SIDE_STREAMS.get(tag)
+    if stream is None:
+        stream = _MS_SIDE_STREAMS[tag] = torch.npu.Stream()
+    return stream
+''',
+    "_ms_side_stream:cuda": '''\
+def _ms_side_stream(tag, enabled=True):
+    """The side stream for `tag`, created on first use and shared by every layer; None when off."""
+    if not enabled or not torch.cuda.is_available():
+        return None
+    stream = _MS_SIDE_STREAMS.get(tag)
+    if stream is None:
+        stream = _MS_SIDE_STREAMS[tag] = torch.cuda.Stream()
+    return stream
+''',
+    "_ms_stream_events:npu": '''\
+def _ms_stream_events(stream):
+    """The (fork, join) event pair of one module: created once so graph capture and replay reuse them."""
+    if stream is None:
+        return None
+    return torch.npu.Event(), torch.npu.Event()
+''',
+    "_ms_module_events": '''\
+def _ms_module_events(module, tag, stream):
+    """The module's (fork, join) events for `tag`: created on first use, then reused every call."""
+    if stream is None:
+        return None
+    key = "_ms_events_" + tag
+    events = module.__dict__.get(key)
+    if events is None:
+        events = module.__dict__[key] = (torch.npu.Event(), torch.npu.Event())
+    return events
+''',
+    "_ms_record_stream": '''\
+def _ms_record_stream(stream, *values):
+    """Mark tensors as in use on `stream`, so the caching allocator cannot hand their memory out early."""
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            value.record_stream(stream)
+''',
+    "_ms_num_tokens": '''\
+def _ms_num_tokens(hidden_states):
+    """Tokens in a [..., hidden] activation, for the token-count gate."""
+    return hidden_states.numel() // max(hidden_states.shape[-1], 1)
+''',
+    "_ms_graph_streams": '''\
+def _ms_graph_streams(enabled):
+    """GE multi-stream needs torchair; without it the original single-stream path runs."""
+    return bool(enabled) and torchair is not None
+''',
+    "_ms_wait_tensor": '''\
+def _ms_wait_tensor(tensor, dependency):
+    """Order `tensor`'s consumers after `dependency` inside a GE graph.
+
+    torchair's npu_wait_tensor raises outside a graph (prefill runs eager), so it is only called
+    while torch.compile traces; in eager the stream switch is a no-op and the order holds anyway.
+    """
+    if torchair is None or not torch.compiler.is_compiling():
+        return tensor
+    return torchair.scope.npu_wait_tensor(tensor, dependency)
+''',
+}
+
+
+def helper_source(names: list[str]) -> str:
+    """Source text for the helpers in `names` (keys of FUNCTIONS), in a stable order."""
+    return "\n\n".join(FUNCTIONS[name] for name in FUNCTIONS if name in names)
+
+
+def defined_name(key: str) -> str:
+    return key.split(":")[0]

@@ -1,0 +1,200 @@
+"""One emission strategy per execution mode: the lines that fork, gate and join a side branch.
+
+The engine (engine.py) decides where the lines go; a strategy only decides what they say, so the
+four API families never mix: native torch_npu streams (eager), the same with capture-stable
+streams and events (npugraph-ex), torchair's in-graph scopes (ge-graph), and torch.cuda (cuda).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Names:
+    """Identifiers the emitted code binds, chosen to avoid every name the function already uses."""
+
+    stream: str  # local: the side stream (native modes) or the enable bool (GE)
+    current: str  # local: the current (main) stream, cached
+    fork_event: str
+    join_event: str
+    flag_attr: str  # self.<flag_attr> holds the enable switch
+    stream_attr: str  # npugraph-ex: self.<stream_attr>
+    events_attr: str  # npugraph-ex: self.<events_attr>
+
+
+@dataclass
+class Context:
+    case: str
+    tag: str
+    flag_kind: str  # env | attr
+    flag_name: str
+    flag_default: bool
+    max_tokens: int | None
+    has_init: bool  # the enclosing class has an __init__ we can extend
+    init_config_param: str | None  # name of __init__'s config parameter, if any
+    init_sets_flag: bool  # __init__ already assigns self.<flag_name> (attr flags)
+    inputs: list[str]
+    rebound_inputs: list[str]
+    outputs: list[str]
+    token_input: str | None
+    gates: list[tuple[str, str, str]]  # (name the side reads, original name, main-stream anchor)
+    names: Names
+    what: str  # one clause for comments: "the shared expert"
+
+
+@dataclass
+class Emission:
+    init_lines: list[str] = field(default_factory=list)
+    prelude: list[str] = field(default_factory=list)
+    on_cond: str = ""
+    off_cond: str = ""
+    on_head: list[str] = field(default_factory=list)
+    with_open: str = ""
+    side_head: list[str] = field(default_factory=list)
+    side_tail: list[str] = field(default_factory=list)
+    join: list[str] = field(default_factory=list)
+    helpers: list[str] = field(default_factory=list)
+    imports: list[str] = field(default_factory=list)  # guarded imports (helpers.GUARDED_IMPORTS keys)
+    needs_os: bool = False
+
+
+def _flag(ctx: Context, em: Emission) -> str:
+    """The expression that is true when the overlap is enabled, and the __init__ lines behind it."""
+    default = "True" if ctx.flag_default else "False"
+    if ctx.flag_kind == "env":
+        em.helpers.append("_ms_env_flag")
+        em.needs_os = True
+        read = f'_ms_env_flag("{ctx.flag_name}", {default})'
+        if not ctx.has_init:
+            return read
+        em.init_lines += [
+            f"# msrewrite({ctx.case}): {ctx.flag_name}=0 turns the side stream off.",
+            f"self.{ctx.names.flag_attr} = {read}",
+        ]
+        return f"self.{ctx.names.flag_attr}"
+    # attr flag
+    if not ctx.has_init:
+        return f'getattr(self, "{ctx.flag_name}", {default})'
+    if not ctx.init_sets_flag:
+        source = (
+            f'getattr({ctx.init_config_param}, "{ctx.flag_name}", {default})'
+            if ctx.init_config_param
+            else default
+        )
+        em.init_lines += [
+            f"# msrewrite({ctx.case}): False turns the side stream off.",
+            f"self.{ctx.flag_name} = {source}",
+        ]
+    return f"self.{ctx.flag_name}"
+
+
+def _gated(ctx: Context, em: Emission, enabled: str) -> str:
+    if ctx.max_tokens is None or ctx.token_input is None:
+        return enabled
+    em.helpers.append("_ms_num_tokens")
+    return f"{enabled} and _ms_num_tokens({ctx.token_input}) <= {ctx.max_tokens}"
+
+
+def _native(ctx: Context, api: str) -> Emission:
+    """eager (torch.npu) and cuda (torch.cuda): fork by wait_stream, join by wait_stream."""
+    em = Emission()
+    n = ctx.names
+    enabled = _gated(ctx, em, _flag(ctx, em))
+    em.helpers += ["_ms_side_stream:" + ("cuda" if api == "torch.cuda" else "npu")]
+    if api == "torch.npu":
+        em.imports.append("torch_npu")
+    em.prelude = [f'{n.stream} = _ms_side_stream("{ctx.tag}", {enabled})']
+    em.on_cond, em.off_cond = f"{n.stream} is not None", f"{n.stream} is None"
+    em.on_head = [f"{n.current} = {api}.current_stream()", f"{n.stream}.wait_stream({n.current})"]
+    if ctx.rebound_inputs:
+        em.helpers.append("_ms_record_stream")
+        em.on_head += [
+            f"# {_quote(ctx.rebound_inputs)} {_is_are(ctx.rebound_inputs)} rebound before the join: "
+            "keep the memory until the side stream is done.",
+            f"_ms_record_stream({n.stream}, {', '.join(ctx.rebound_inputs)})",
+        ]
+    em.with_open = f"with {api}.stream({n.stream}):"
+    em.join = [f"{n.current}.wait_stream({n.stream})"]
+    if ctx.outputs:
+        em.helpers.append("_ms_record_stream")
+        em.join += [
+            "# Allocated on the side stream, freed on this one: keep them from early reuse.",
+            f"_ms_record_stream({n.current}, {', '.join(ctx.outputs)})",
+        ]
+    return em
+
+
+def eager(ctx: Context) -> Emission:
+    return _native(ctx, "torch.npu")
+
+
+def cuda(ctx: Context) -> Emission:
+    return _native(ctx, "torch.cuda")
+
+
+def npugraph_ex(ctx: Context) -> Emission:
+    """Native streams and events, created once in __init__ so capture and replay reuse them."""
+    em = Emission()
+    n = ctx.names
+    enabled = _flag(ctx, em)
+    em.helpers += ["_ms_side_stream:npu", "_ms_stream_events:npu", "_ms_record_stream"]
+    em.imports.append("torch_npu")
+    if ctx.has_init:
+        em.init_lines += [
+            "# Stream and events are created once: graph capture and replay must see the same objects.",
+            f'self.{n.stream_attr} = _ms_side_stream("{ctx.tag}", {enabled})',
+            f"self.{n.events_attr} = _ms_stream_events(self.{n.stream_attr})",
+        ]
+        stream_expr = f"self.{n.stream_attr}"
+        events_expr = f"self.{n.events_attr}"
+    else:
+        stream_expr = f'_ms_side_stream("{ctx.tag}", {enabled})'
+        events_expr = None
+    if ctx.max_tokens is not None and ctx.token_input is not None:
+        em.helpers.append("_ms_num_tokens")
+        stream_expr = f"{stream_expr} if _ms_num_tokens({ctx.token_input}) <= {ctx.max_tokens} else None"
+    em.prelude = [f"{n.stream} = {stream_expr}"]
+    em.on_cond, em.off_cond = f"{n.stream} is not None", f"{n.stream} is None"
+    if events_expr is None:
+        em.helpers.append("_ms_module_events")
+        events_expr = f'_ms_module_events(self, "{ctx.tag}", {n.stream})'
+    em.on_head = [f"{n.fork_event}, {n.join_event} = {events_expr}"]
+    if ctx.inputs:
+        em.on_head += [f"_ms_record_stream({n.stream}, {', '.join(ctx.inputs)})"]
+    em.on_head += [f"{n.fork_event}.record()"]
+    em.with_open = f"with torch.npu.stream({n.stream}):"
+    em.side_head = [f"{n.fork_event}.wait()"]
+    em.side_tail = [f"{n.join_event}.record()"]
+    em.join = [f"{n.join_event}.wait()"]
+    if ctx.outputs:
+        em.join += [f"_ms_record_stream(torch.npu.current_stream(), {', '.join(ctx.outputs)})"]
+    return em
+
+
+def ge_graph(ctx: Context) -> Emission:
+    """torchair in-graph streams: the switch scope, start gates by rebinding, implicit join."""
+    em = Emission()
+    n = ctx.names
+    enabled = _gated(ctx, em, _flag(ctx, em))
+    em.helpers.append("_ms_graph_streams")
+    em.imports.append("torchair")
+    em.prelude = [f"{n.stream} = _ms_graph_streams({enabled})"]
+    em.on_cond, em.off_cond = n.stream, f"not {n.stream}"
+    em.with_open = f'with torchair.scope.npu_stream_switch("{ctx.tag}", 0):'
+    if ctx.gates:
+        em.helpers.append("_ms_wait_tensor")
+        em.side_head = [f"{side} = _ms_wait_tensor({orig}, {anchor})" for side, orig, anchor in ctx.gates]
+    # No explicit join: GE orders the consumer after the side stream from the data dependency.
+    return em
+
+
+STRATEGIES = {"eager": eager, "npugraph-ex": npugraph_ex, "ge-graph": ge_graph, "cuda": cuda}
+
+
+def _quote(names: list[str]) -> str:
+    return ", ".join(f"'{name}'" for name in names)
+
+
+def _is_are(names: list[str]) -> str:
+    return "is" if len(names) == 1 else "are"

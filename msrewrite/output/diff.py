@@ -1,0 +1,54 @@
+"""Unified diffs that `git apply` and `patch -p1` accept."""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+
+
+def git_blob_id(text: str) -> str:
+    data = text.encode("utf-8")
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def unified_diff(old: str, new: str, relpath: str, git_header: bool = False) -> str:
+    """`a/relpath` -> `b/relpath` diff; with git_header, the `diff --git` and `index` lines too."""
+    lines = list(
+        difflib.unified_diff(
+            old.splitlines(keepends=True),
+            new.splitlines(keepends=True),
+            fromfile=f"a/{relpath}",
+            tofile=f"b/{relpath}",
+            n=3,
+        )
+    )
+    for i, line in enumerate(lines):
+        if not line.endswith("\n"):  # a file without a final newline
+            lines[i] = line + "\n\\ No newline at end of file\n"
+    body = "".join(lines)
+    if git_header and body:
+        header = (
+            f"diff --git a/{relpath} b/{relpath}\n"
+            f"index {git_blob_id(old)[:12]}..{git_blob_id(new)[:12]} 100644\n"
+        )
+        body = header + body
+    return body
+
+
+def diffstat(old: str, new: str, relpath: str) -> tuple[str, int, int]:
+    added = removed = 0
+    for line in difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=0):
+        if line.startswith("+") and not line.startswith("+++"):
+            added += 1
+        elif line.startswith("-") and not line.startswith("---"):
+            removed += 1
+    total = added + removed
+    width = min(total, 60)
+    bar = "+" * round(width * added / total) + "-" * (width - round(width * added / total)) if total else ""
+    line = f" {relpath} | {total} {bar}".rstrip()
+    summary = " 1 file changed"
+    if added or not removed:
+        summary += f", {added} insertion{'s' if added != 1 else ''}(+)"
+    if removed:
+        summary += f", {removed} deletion{'s' if removed != 1 else ''}(-)"
+    return line + "\n" + summary + "\n", added, removed
