@@ -1,0 +1,213 @@
+"""`msrewrite apply` end to end through the console entry point: outputs, idempotence, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+
+import pytest
+
+from conftest import EXAMPLES, run_cli
+
+CASE = ["--case", "moe-shared-expert"]
+
+
+def test_cases_lists_every_case_with_modes():
+    result = run_cli("cases")
+    assert result.returncode == 0
+    assert "moe-shared-expert" in result.stdout
+    assert "eager, npugraph-ex, ge-graph, cuda" in result.stdout
+
+
+def test_diff_applies_with_git_apply_and_patch(git_repo):
+    shutil.copy(EXAMPLES / "deepseek_moe.py", git_repo / "model.py")
+    git_repo.git("add", ".")
+    git_repo.git("commit", "-qm", "base")
+    result = run_cli("apply", *CASE, "model.py", cwd=git_repo)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("--- a/model.py\n+++ b/model.py\n")
+    assert "mode eager" in result.stderr
+    (git_repo / "edit.diff").write_text(result.stdout)
+    git_repo.git("apply", "--check", "edit.diff")
+    subprocess.run(["patch", "-p1", "--dry-run", "-i", "edit.diff"], cwd=git_repo, check=True, capture_output=True)
+    assert (git_repo / "model.py").read_text() == (EXAMPLES / "deepseek_moe.py").read_text(), "diff mode wrote"
+
+
+def test_diff_paths_are_relative_to_git_root(git_repo):
+    sub = git_repo / "pkg" / "models"
+    sub.mkdir(parents=True)
+    shutil.copy(EXAMPLES / "qwen_gated_moe.py", sub / "moe.py")
+    result = run_cli("apply", *CASE, str(sub / "moe.py"))
+    assert result.returncode == 0, result.stderr
+    assert "--- a/pkg/models/moe.py" in result.stdout
+
+
+def test_patch_series_applies_with_git_am(git_repo, tmp_path):
+    shutil.copy(EXAMPLES / "qwen_gated_moe.py", git_repo / "moe.py")
+    git_repo.git("add", ".")
+    git_repo.git("commit", "-qm", "base")
+    out = tmp_path / "patches"
+    result = run_cli("apply", *CASE, "moe.py", "-o", str(out), cwd=git_repo)
+    assert result.returncode == 0, result.stderr
+    patches = sorted(out.glob("*.patch"))
+    assert [p.name[:5] for p in patches] == ["0001-"]
+    text = patches[0].read_text()
+    assert text.startswith("From ") and "Mon Sep 17 00:00:00 2001\n" in text.splitlines()[0] + "\n"
+    assert "\nSubject: [PATCH] moe-shared-expert: " in text
+    assert " 1 file changed" in text and "\n-- \nmsrewrite " in text
+    assert (git_repo / "moe.py").read_text() == (EXAMPLES / "qwen_gated_moe.py").read_text(), "-o wrote the model"
+    git_repo.git("am", "-q", str(patches[0]))
+    log = git_repo.git("log", "--format=%s", "-1").stdout
+    assert log.startswith("moe-shared-expert: overlap SparseMoeBlock")
+    edited = (git_repo / "moe.py").read_text()
+    assert "torch.npu.stream(shared_expert_stream)" in edited
+
+
+def test_in_place_then_second_apply_is_a_no_op(tmp_path):
+    model = tmp_path / "moe.py"
+    shutil.copy(EXAMPLES / "deepseek_moe.py", model)
+    first = run_cli("apply", *CASE, "--in-place", str(model))
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == ""
+    edited = model.read_text()
+    assert "_ms_side_stream(" in edited
+    second = run_cli("apply", *CASE, "--in-place", str(model))
+    assert second.returncode == 1
+    assert "already applied" in second.stderr
+    assert model.read_text() == edited
+    assert [p.name for p in tmp_path.iterdir()] == ["moe.py"], "no temp files left behind"
+
+
+def test_in_place_keeps_file_mode(tmp_path):
+    model = tmp_path / "moe.py"
+    shutil.copy(EXAMPLES / "deepseek_moe.py", model)
+    model.chmod(0o640)
+    assert run_cli("apply", *CASE, "-i", str(model)).returncode == 0
+    assert stat.S_IMODE(model.stat().st_mode) == 0o640
+
+
+def test_suggest_style_plan_file_round_trips(tmp_path):
+    """apply --plan carries out a plan written as JSON, with the same result as --case."""
+    from msrewrite.commands.apply import plans_for_case
+    from msrewrite.load import load
+    from msrewrite.plan import FlagSpec
+
+    model = EXAMPLES / "qwen_gated_moe.py"
+    plans = plans_for_case(model, load(model).module, "moe-shared-expert", "eager", None,
+                           FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"), None)
+    plan_file = tmp_path / "plans.json"
+    plan_file.write_text(json.dumps({"candidates": [{"plan": plans[0].to_dict()}]}))
+    by_plan = run_cli("apply", "--plan", str(plan_file), "--candidate", "1", str(model))
+    by_case = run_cli("apply", *CASE, str(model))
+    assert by_plan.returncode == 0, by_plan.stderr
+    assert by_plan.stdout == by_case.stdout
+
+
+def test_flag_attr_and_options_reach_the_code(tmp_path):
+    result = run_cli(
+        "apply", *CASE, str(EXAMPLES / "deepseek_moe.py"), "--flag", "attr:enable_multi_stream",
+        "--flag-default", "off", "--max-tokens", "64", "--stream-tag", "11",
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "+        self.enable_multi_stream = False\n" in out
+    assert '_ms_side_stream("11", self.enable_multi_stream and _ms_num_tokens(residuals) <= 64)' in out
+    assert "side_11_stream" in out
+
+
+def test_target_picks_one_and_reports_unknown(tmp_path):
+    model = tmp_path / "two.py"
+    model.write_text(
+        (EXAMPLES / "deepseek_moe.py").read_text()
+        + "\n\nclass OtherMoE(DeepseekMoE):\n"
+        "    def forward(self, x):\n"
+        "        y = self.shared_experts(x)\n"
+        "        z = self.experts(x, *self.gate(x)[1:][::-1])\n"
+        "        return z + y\n"
+    )
+    ambiguous = run_cli("apply", *CASE, str(model))
+    assert ambiguous.returncode == 2
+    assert "ambiguous" in ambiguous.stderr and "--target" in ambiguous.stderr
+    assert len(ambiguous.stderr.strip().splitlines()) == 2  # mode line + the error line
+    picked = run_cli("apply", *CASE, str(model), "--target", "OtherMoE.forward")
+    assert picked.returncode == 0, picked.stderr
+    assert "class OtherMoE" in picked.stdout or "OtherMoE.forward" in picked.stderr
+    unknown = run_cli("apply", *CASE, str(model), "--target", "Nope.forward")
+    assert unknown.returncode == 2 and "no such function" in unknown.stderr
+
+
+BAD_INPUTS = {
+    "syntax-error": ("def broken(:\n", 2, "syntax error"),
+    "empty": ("", 2, "empty file"),
+    "not-utf8": (b"x = '\xff\xfe'\n", 2, "not UTF-8"),
+    "binary": (b"\x00\x01\x02", 2, "binary"),
+    "no-target": ("import torch\n\nclass M:\n    def forward(self, x):\n        return x\n", 1, "no moe-shared-expert target"),
+    "no-overlap": (
+        "class M:\n    def forward(self, x):\n        s = self.shared_experts(x)\n        return x + s\n",
+        1,
+        "nothing to overlap",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_INPUTS))
+def test_bad_input_gives_one_line_and_writes_nothing(tmp_path, kind):
+    content, code, message = BAD_INPUTS[kind]
+    model = tmp_path / "model.py"
+    model.write_bytes(content if isinstance(content, bytes) else content.encode())
+    before = model.read_bytes()
+    result = run_cli("apply", *CASE, "--in-place", str(model))
+    assert result.returncode == code, result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and message in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert model.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.py"]
+
+
+def test_usage_errors(tmp_path):
+    model = tmp_path / "m.py"
+    shutil.copy(EXAMPLES / "deepseek_moe.py", model)
+    cases = [
+        (["apply", "--case", "no-such-case", str(model)], "unknown case"),
+        (["apply", *CASE, str(tmp_path / "missing.py")], "no such file"),
+        (["apply", *CASE, str(tmp_path)], "is a directory"),
+        (["apply", *CASE, "--in-place", "-o", str(tmp_path / "p"), str(model)], "conflict"),
+        (["apply", str(model)], "exactly one of --case or --plan"),
+        (["apply", *CASE, "--mode", "tpu", str(model)], "unknown mode"),
+        (["apply", *CASE, "--flag", "yaml:x", str(model)], "env:NAME or attr:NAME"),
+    ]
+    for args, message in cases:
+        result = run_cli(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert message in result.stderr, (args, result.stderr)
+        assert "Traceback" not in result.stderr
+    assert model.read_text() == (EXAMPLES / "deepseek_moe.py").read_text()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")
+def test_read_only_in_place_is_refused(tmp_path):
+    model = tmp_path / "m.py"
+    shutil.copy(EXAMPLES / "deepseek_moe.py", model)
+    model.chmod(0o444)
+    result = run_cli("apply", *CASE, "-i", str(model))
+    assert result.returncode == 2 and "read-only" in result.stderr
+
+
+def test_mode_auto_detection(tmp_path):
+    base = (EXAMPLES / "deepseek_moe.py").read_text()
+    variants = {
+        "ge-graph": base + "\n\ndef compile_decode(model):\n    config = torchair.CompilerConfig()\n"
+        "    return torch.compile(model, backend=torchair.get_npu_backend(compiler_config=config))\n",
+        "npugraph-ex": base + '\n\ndef compile_decode(model):\n    return torch.compile(model, backend="npugraph_ex")\n',
+        "eager": base,
+    }
+    for mode, text in variants.items():
+        model = tmp_path / f"{mode}.py"
+        model.write_text(text)
+        result = run_cli("apply", *CASE, str(model))
+        assert result.returncode == 0, result.stderr
+        assert f"mode {mode} (auto:" in result.stderr
