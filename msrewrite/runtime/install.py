@@ -1,0 +1,99 @@
+"""``install()``: put the stand-ins in place for a block and restore everything after."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Iterator
+
+import torch
+
+from msrewrite.runtime import core, npu_api
+from msrewrite.runtime.core import StreamRuntime
+from msrewrite.runtime.npu_api import build_npu_modules
+from msrewrite.runtime.streams import CudaStream, Event, Stream, StreamContext
+from msrewrite.runtime.torchair_api import build_torchair_modules
+
+_MISSING = object()
+
+
+class _Patches:
+    """Attribute and sys.modules replacements, undone in reverse order."""
+
+    def __init__(self) -> None:
+        self._undo: list = []
+
+    def set_attr(self, owner, name: str, value) -> None:
+        # Read the owner's own __dict__ so that an inherited attribute is restored by deletion.
+        saved = vars(owner).get(name, _MISSING)
+        setattr(owner, name, value)
+        self._undo.append(lambda: delattr(owner, name) if saved is _MISSING else setattr(owner, name, saved))
+
+    def set_module(self, name: str, module) -> None:
+        saved = sys.modules.get(name, _MISSING)
+        sys.modules[name] = module
+        self._undo.append(lambda: sys.modules.pop(name, None) if saved is _MISSING
+                          else sys.modules.__setitem__(name, saved))
+
+    def restore(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+
+def _record_stream(original):
+    def record_stream(self: torch.Tensor, stream) -> None:
+        if not isinstance(stream, Stream):
+            return original(self, stream)  # the real op: rejects every stream object on CPU
+        runtime = core.active_runtime()
+        runtime.note_api("native", "Tensor.record_stream")
+        runtime.emit("on_record_stream", self, stream)
+
+    record_stream.__doc__ = original.__doc__
+    return record_stream
+
+
+def _cuda_functions() -> dict[str, object]:
+    return {
+        "is_available": lambda: True,
+        "Stream": CudaStream,
+        "Event": Event,
+        "StreamContext": StreamContext,
+        "stream": npu_api.stream,
+        "current_stream": npu_api.current_stream,
+        "default_stream": npu_api.default_stream,
+        "set_stream": npu_api.set_stream,
+        "synchronize": npu_api.synchronize,
+    }
+
+
+def _apply(patches: _Patches, runtime: StreamRuntime) -> None:
+    npu_modules = build_npu_modules()
+    for name, module in {**npu_modules, **build_torchair_modules()}.items():
+        patches.set_module(name, module)
+    patches.set_attr(torch, "npu", npu_modules["torch.npu"])
+    for name, value in _cuda_functions().items():
+        patches.set_attr(torch.cuda, name, value)
+    patches.set_attr(torch.Tensor, "record_stream", _record_stream(torch.Tensor.record_stream))
+    original_is_compiling = torch.compiler.is_compiling
+    patches.set_attr(torch.compiler, "is_compiling",
+                     lambda: runtime.in_graph_mode or original_is_compiling())
+
+
+@contextlib.contextmanager
+def install(graph_mode: bool = False) -> Iterator[StreamRuntime]:
+    """Run torch.npu / torch_npu / torchair / torch.cuda stream code on CPU inside the block."""
+    if core._active is not None:
+        raise RuntimeError("msrewrite.runtime.install() is already active; nested installs are refused")
+    if "torch_npu" in sys.modules or hasattr(torch, "npu"):
+        raise RuntimeError("a real torch_npu is loaded; the CPU stand-ins would shadow it")
+    runtime = StreamRuntime()
+    patches = _Patches()
+    try:
+        _apply(patches, runtime)
+        core.set_active(runtime)
+        with runtime.graph_mode() if graph_mode else contextlib.nullcontext():
+            yield runtime
+    finally:
+        core.set_active(None)
+        patches.restore()
+        runtime.close()

@@ -1,0 +1,80 @@
+"""``rt.record_ops()``: every aten op with the stand-in stream it ran on and its user frame."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+from torch.nn.modules import module as nn_module
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from msrewrite.runtime.frames import location, user_frame
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    name: str  # str(OpOverload), e.g. "aten.mm.default"
+    stream: str  # "main", "side:<n>", "tag:<tag>"
+    file: str
+    line: int
+    module_path: str | None  # dotted path from the outermost running module ("" for the root)
+
+
+class ModuleStack:
+    """The chain of nn.Modules currently inside forward, via global forward hooks."""
+
+    def __init__(self):
+        self._stack: list[torch.nn.Module] = []
+        self._paths: dict[tuple[int, int], str] = {}
+        self._handles = []
+
+    def __enter__(self) -> "ModuleStack":
+        self._handles = [
+            nn_module.register_module_forward_pre_hook(lambda mod, args: self._stack.append(mod)),
+            nn_module.register_module_forward_hook(self._pop, always_call=True),
+        ]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._stack.clear()
+
+    def _pop(self, mod, args, output) -> None:
+        if self._stack and self._stack[-1] is mod:
+            self._stack.pop()
+
+    def current_path(self) -> str | None:
+        if not self._stack:
+            return None
+        root, innermost = self._stack[0], self._stack[-1]
+        key = (id(root), id(innermost))
+        if key not in self._paths:
+            self._paths[key] = next(
+                (name for name, mod in root.named_modules(remove_duplicate=False) if mod is innermost), "?")
+        return self._paths[key]
+
+
+class RecordOpsMode(TorchDispatchMode):
+    def __init__(self, runtime, ops: list[OpRecord]):
+        super().__init__()
+        self.runtime = runtime
+        self.ops = ops
+        self.modules = ModuleStack()
+
+    def __enter__(self):
+        self.modules.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self.modules.__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        file, line = location(user_frame(sys._getframe(1)))
+        self.ops.append(OpRecord(str(func), self.runtime.current_stream().name, file, line,
+                                 self.modules.current_path()))
+        return func(*args, **(kwargs or {}))
