@@ -15,7 +15,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from msrewrite.analyze.branch import NoBranch, SideBranch, find_side_branch, has_seed
 from msrewrite.emit.engine import already_applied, code_of, iter_functions, strip_leading
-from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement
+from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement, StartGate
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Options:
     mode: str = "eager"
     flag: FlagSpec | None = None
     stream_tag: str | None = None
-    start_gates: tuple = field(default_factory=tuple)
+    start_gates: tuple = field(default_factory=tuple)  # StartGate; tensor "" = the first side input
 
 
 def find_targets(case: Case, path: Path, module: cst.Module, options: Options) -> list[Target]:
@@ -61,7 +61,8 @@ def find_targets(case: Case, path: Path, module: cst.Module, options: Options) -
             targets.append(Target(name, applied=True, reason="already applied"))
             continue
         try:
-            branch = find_side_branch(func, positions, case.is_seed)
+            anchors = tuple(gate.anchor for gate in options.start_gates)
+            branch = find_side_branch(func, positions, case.is_seed, anchors=anchors)
         except NoBranch as exc:
             targets.append(Target(name, reason=str(exc)))
             continue
@@ -89,7 +90,9 @@ def branch_plan(case: Case, path: Path, function: str, branch: SideBranch, optio
         stream_tag=options.stream_tag or case.stream_tag,
         flag=flag,
         mode=options.mode,
-        start_gates=tuple(options.start_gates),
+        start_gates=tuple(
+            StartGate(gate.tensor or branch.inputs[0], gate.anchor) for gate in options.start_gates if branch.inputs
+        ),
         summary=case.describe(branch),
         inputs_rebound_before_join=tuple(branch.rebound_inputs),
     )

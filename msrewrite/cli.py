@@ -39,6 +39,9 @@ def apply(
     flag_default: str = typer.Option("on", "--flag-default", help="Value when the flag is unset: on or off."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Overlap only for at most N tokens."),
     stream_tag: Optional[str] = typer.Option(None, "--stream-tag", help="Side stream tag (shared by every layer)."),
+    start_after: Optional[str] = typer.Option(
+        None, "--start-after", help="ge-graph: start the side work only after this main-stream tensor exists."
+    ),
     in_place: bool = typer.Option(False, "--in-place", "-i", help="Rewrite the file in place (atomic)."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write git format-patch files to this folder."),
     verify: bool = typer.Option(False, "--verify", help="Run `msrewrite verify` on the edit."),
@@ -59,6 +62,7 @@ def apply(
             flag_default=flag_default,
             max_tokens=max_tokens,
             stream_tag=stream_tag,
+            start_after=start_after,
             in_place=in_place,
             output=output,
             verify=verify,

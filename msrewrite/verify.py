@@ -178,7 +178,9 @@ def verify_files(
         return contextlib.nullcontext()
 
     def build_edited(reference, on: bool):
-        module = load_module(rewritten, package=package, name=f"_msrewrite_verify_{next(_counter)}")
+        # A fresh module each run: module-level stream caches must belong to this runtime.
+        fresh = f"_msrewrite_verify_{next(_counter)}"
+        module = load_module(rewritten, package=package, name=f"{package}.{fresh}" if package else fresh)
         if flag.kind == "attr":
             _set_attr_flag(reference.config, flag.name, on)
         built = reference.rebuild_from(module)

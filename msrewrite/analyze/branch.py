@@ -93,7 +93,9 @@ def find_side_branch(
     func: cst.FunctionDef,
     positions: dict[cst.CSTNode, CodeRange],
     is_seed: SeedPredicate,
+    anchors: tuple[str, ...] = (),
 ) -> SideBranch:
+    """The side branch of `func`; `anchors` are main-stream values the side must start after."""
     body = list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else []
     facts = statement_facts(body, positions)
     seeds = [f for f in facts if has_seed(f.node, is_seed)]
@@ -204,6 +206,11 @@ def find_side_branch(
                     f"reads '{name}', computed by the main path at line {facts[d].first_line}"
                 )
             fork = max(fork, d + 1)
+    for anchor in anchors:
+        d = reaching_def(anchor, join, side_idx)
+        if d is None:
+            raise NoBranch(f"start anchor '{anchor}' is not assigned before the join")
+        fork = max(fork, d + 1)
     for index, loads, _ in units:
         for name in loads & set(inputs):
             if reaching_def(name, index, side_idx) != reaching_def(name, fork, side_idx):

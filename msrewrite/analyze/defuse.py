@@ -43,6 +43,19 @@ def dotted_name(node: cst.BaseExpression) -> str | None:
     return None
 
 
+def self_callee(func: cst.BaseExpression) -> str | None:
+    """'experts' for self.experts[i](...), 'shared_expert.down_proj' for self.shared_expert.down_proj(...)."""
+    parts: list[str] = []
+    node = func
+    while isinstance(node, (cst.Attribute, cst.Subscript)):
+        if isinstance(node, cst.Attribute):
+            parts.append(node.attr.value)
+        node = node.value
+    if isinstance(node, cst.Name) and node.value == "self" and parts:
+        return ".".join(reversed(parts))
+    return None
+
+
 def _root_name(node: cst.BaseExpression) -> str | None:
     while isinstance(node, (cst.Attribute, cst.Subscript)):
         node = node.value
@@ -132,9 +145,9 @@ class _Collector(cst.CSTVisitor):
     # calls and exits ------------------------------------------------------------------
     def visit_Call(self, node: cst.Call) -> None:
         self.facts.has_call = True
-        callee = dotted_name(node.func)
-        if callee and callee.startswith("self."):
-            self.facts.self_calls.append(callee[len("self.") :])
+        callee = self_callee(node.func)
+        if callee:
+            self.facts.self_calls.append(callee)
         if isinstance(node.func, cst.Attribute) and _is_inplace_method(node.func.attr.value):
             root = _root_name(node.func.value)
             if root is not None and root != "self":

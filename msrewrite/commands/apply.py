@@ -117,6 +117,7 @@ def run_apply(
     max_tokens: int | None,
     stream_tag: str | None,
     in_place: bool,
+    start_after: str | None = None,
     output: Path | None,
     verify: bool,
     harness: str | None,
@@ -141,7 +142,14 @@ def run_apply(
         known = get_case(case)
         spec = _parse_flag(flag, flag_default, max_tokens, known.flag_name if known else "ENABLE_SIDE_STREAM")
         _note(f"mode {chosen_mode} ({'auto: ' if mode == 'auto' else ''}{why})")
-        plans = plans_for_case(file, src.module, case, chosen_mode, target, spec, stream_tag)
+        gates: tuple[StartGate, ...] = ()
+        if start_after:
+            if chosen_mode != "ge-graph":
+                raise BadInput("--start-after is a ge-graph start gate; native modes order the fork by the stream wait")
+            if not start_after.isidentifier():
+                raise BadInput(f"--start-after needs a variable name, got {start_after!r}")
+            gates = (StartGate("", start_after),)
+        plans = plans_for_case(file, src.module, case, chosen_mode, target, spec, stream_tag, gates)
     else:
         try:
             plans = load_plans(read_source(plan_path))  # type: ignore[arg-type]

@@ -371,12 +371,18 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
     ) else side_nodes
     with_stmt = _splice(_parse_block([em.with_open, "    __ms_side__"]), {"__ms_side__": inner})
     on_branch = [*_parse_block(em.on_head), *with_stmt]
-    fork_block = [*_parse_block(em.prelude), *_if_block(em.on_cond, on_branch, em.off_cond, off_nodes(fork_run))]
-    fork_leading = list(body[fork].leading_lines) if fork_run else []
-    fork_block = _with_leading(
-        fork_block,
-        fork_leading + [_comment(f"msrewrite({plan.case}): {what} runs on side stream \"{plan.stream_tag}\" during {_main}.")],
+    # The prelude (stream or switch) must precede every use of it: the fork, or an earlier side
+    # statement whose original place now holds its off-path guard.
+    prelude_at = min([fork, *whole])
+    prelude = _with_leading(
+        _parse_block(em.prelude),
+        [_comment(f"msrewrite({plan.case}): {what} runs on side stream \"{plan.stream_tag}\" during {_main}.")],
     )
+    fork_block = _if_block(em.on_cond, on_branch, em.off_cond, off_nodes(fork_run))
+    if prelude_at == fork:
+        fork_block = prelude + fork_block
+    if fork_run:
+        fork_block = _with_leading(fork_block, list(body[fork].leading_lines))
 
     # Join block.
     join_off = off_nodes(join_run) + ([] if plan.mode != "ge-graph" and not hoists else [])
@@ -405,6 +411,10 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
     new_body: list[cst.BaseStatement] = []
     in_fork_or_join = set(fork_run or []) | set(join_run or [])
     for i, stmt in enumerate(body):
+        if i == prelude_at and prelude_at != fork:
+            new_body += _with_leading(prelude, list(stmt.leading_lines))
+            stmt = strip_leading(stmt)
+            body[i] = stmt
         if i == fork:
             new_body += fork_block
         if i in whole:

@@ -1,0 +1,176 @@
+"""Mutants of every golden edit: each broken sync is caught by `verify`, with the right kind and line.
+
+The unmutated golden edits verify clean (tests/test_golden.py pins their text; here they run).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from conftest import EXAMPLES, load_regen
+from msrewrite.commands.apply import plans_for_case
+from msrewrite.emit.engine import apply_plans
+from msrewrite.load import load
+from msrewrite.plan import FlagSpec, StartGate
+from msrewrite.verify import verify_files
+
+regen = load_regen()
+EXAMPLE_NAMES = ["deepseek_moe", "qwen_gated_moe"]
+
+
+def drop_line(pattern: str) -> Callable[[str], tuple[str, str]]:
+    """Remove the single line matching `pattern`; the expected finding points at `anchor`."""
+
+    def mutate(text: str) -> str:
+        lines = text.splitlines(keepends=True)
+        hits = [i for i, line in enumerate(lines) if re.search(pattern, line)]
+        assert len(hits) == 1, (pattern, hits)
+        del lines[hits[0]]
+        return "".join(lines)
+
+    return mutate
+
+
+def join_block(lines: list[str]) -> tuple[int, int]:
+    """[start, end) of the emitted join block: its comment through its last indented line."""
+    start = next(i for i, line in enumerate(lines) if "join the side stream before" in line)
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    end = start + 2
+    while end < len(lines) and (len(lines[end]) - len(lines[end].lstrip()) > indent or lines[end].lstrip().startswith("else")):
+        end += 1
+    return start, end
+
+
+def join_after_consumer(wait_pattern: str, cond: str) -> Callable[[str], str]:
+    """Move the join's wait from before the first consumer to just after it."""
+
+    def mutate(text: str) -> str:
+        lines = text.splitlines(keepends=True)
+        start, end = join_block(lines)
+        wait_at = next(i for i in range(start, end) if re.search(wait_pattern, lines[i]))
+        wait = lines.pop(wait_at)
+        consumer_at = end - 1  # the block lost one line
+        indent = lines[consumer_at][: len(lines[consumer_at]) - len(lines[consumer_at].lstrip())]
+        lines[consumer_at + 1:consumer_at + 1] = [f"{indent}if {cond}:\n", indent + "    " + wait.lstrip()]
+        return "".join(lines)
+
+    return mutate
+
+
+def unjoined_at_return(text: str) -> str:
+    """Drop the join and every use of the side output: the side work is never waited for."""
+    lines = text.splitlines(keepends=True)
+    start, end = join_block(lines)
+    outputs = re.search(r"before the first use of ([\w, ]+)\.", lines[start]).group(1).split(", ")
+    consumer = lines[end]
+    for name in outputs:
+        consumer = re.sub(rf"\s*[+*]\s*{name}\b|\b{name}\s*[+*]\s*", "", consumer)
+    lines[start:end + 1] = [consumer]
+    return "".join(lines)
+
+
+@dataclass
+class Mutant:
+    name: str
+    mutate: Callable[[str], str]
+    kind: str  # the finding kind that must be reported
+    line_marker: str  # a regex for the line the finding must point at (either location)
+
+
+NATIVE = [
+    Mutant("fork-wait-removed", drop_line(r"shared_expert_stream\.wait_stream\(current_stream\)"), "race-raw", r"self\.\w+\("),
+    Mutant("join-removed", drop_line(r"current_stream\.wait_stream\(shared_expert_stream\)"), "race-raw", r"_output\b"),
+    Mutant(
+        "join-after-consumer",
+        join_after_consumer(r"current_stream\.wait_stream\(", "shared_expert_stream is not None"),
+        "race-raw",
+        r"_output\b",
+    ),
+    Mutant("lifetime-guard-removed", drop_line(r"_ms_record_stream\(current_stream, "), "lifetime", r"."),
+    Mutant("unjoined-at-return", unjoined_at_return, "unjoined", r"."),
+]
+NPUGRAPH_EX = [
+    Mutant("fork-wait-removed", drop_line(r"^\s+fork_event\.wait\(\)"), "race-raw", r"self\.\w+\("),
+    Mutant("join-removed", drop_line(r"^\s+join_event\.wait\(\)"), "race-raw", r"_output\b"),
+    Mutant(
+        "join-after-consumer",
+        join_after_consumer(r"join_event\.wait\(", "shared_expert_stream is not None"),
+        "race-raw",
+        r"_output\b",
+    ),
+    Mutant("lifetime-guard-removed", drop_line(r"_ms_record_stream\(torch\.npu\.current_stream\(\), "), "lifetime", r"."),
+    Mutant("unjoined-at-return", unjoined_at_return, "unjoined", r"."),
+]
+MUTANTS = {"eager": NATIVE, "cuda": NATIVE, "npugraph-ex": NPUGRAPH_EX}
+
+
+def run_verify(tmp_path: Path, example: str, text: str):
+    edited = tmp_path / f"{example}.py"
+    edited.write_text(text)
+    return verify_files(edited, original=EXAMPLES / f"{example}.py")
+
+
+PARAMS = [(mode, example, m) for mode, ms in MUTANTS.items() for example in EXAMPLE_NAMES for m in ms]
+
+
+@pytest.mark.parametrize("mode,example,mutant", PARAMS, ids=[f"{p[0]}-{p[1]}-{p[2].name}" for p in PARAMS])
+def test_mutant_is_caught(tmp_path, mode, example, mutant):
+    golden, _ = regen.golden_paths("moe-shared-expert", mode, example)
+    text = mutant.mutate(golden.read_text())
+    assert text != golden.read_text()
+    result = run_verify(tmp_path, example, text)
+    kinds = {f.kind for f in result.findings}
+    assert mutant.kind in kinds, (kinds, result.problems)
+    lines = text.splitlines()
+    pointed = [
+        lines[loc[1] - 1]
+        for f in result.findings if f.kind == mutant.kind
+        for loc in (f.first, f.second) if loc[0].endswith(f"{example}.py") and 0 < loc[1] <= len(lines)
+    ]
+    assert any(re.search(mutant.line_marker, line) for line in pointed), pointed
+
+
+@pytest.mark.parametrize("mode", ["eager", "npugraph-ex", "ge-graph", "cuda"])
+@pytest.mark.parametrize("example", regen.GOLDEN_EXAMPLES["moe-shared-expert"])
+def test_unmutated_golden_verifies_clean(tmp_path, mode, example):
+    golden, _ = regen.golden_paths("moe-shared-expert", mode, example)
+    result = run_verify(tmp_path, example, golden.read_text())
+    assert result.ok, result.problems
+    assert not result.findings
+
+
+def _ge_edit_with_gate(example: str) -> str:
+    path = EXAMPLES / f"{example}.py"
+    src = load(path)
+    anchor = {"deepseek_moe": "topk_indices", "qwen_gated_moe": "selected_experts"}[example]
+    plans = plans_for_case(path, src.module, "moe-shared-expert", "ge-graph", None,
+                           FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"), None, (StartGate("", anchor),))
+    return apply_plans(src.module, plans).code
+
+
+@pytest.mark.parametrize("example", EXAMPLE_NAMES)
+def test_ge_start_gate_verifies_clean_and_its_discarded_rebind_is_caught(tmp_path, example):
+    text = _ge_edit_with_gate(example)
+    assert "= _ms_wait_tensor(" in text
+    assert run_verify(tmp_path, example, text).ok
+    discarded = re.sub(r"(\s+)(\w+) = (_ms_wait_tensor\()", r"\1\3", text, count=1)
+    discarded = re.sub(r"(\w+)_side\b", r"\1", discarded)  # the side keeps reading the un-gated tensor
+    result = run_verify(tmp_path, example, discarded)
+    assert "ge-discarded-wait" in {f.kind for f in result.findings}, result.problems
+
+
+@pytest.mark.parametrize("example", EXAMPLE_NAMES)
+def test_ge_mixed_api_family_is_caught(tmp_path, example):
+    golden, _ = regen.golden_paths("moe-shared-expert", "ge-graph", example)
+    text = golden.read_text().replace(
+        '            with torchair.scope.npu_stream_switch("shared_expert", 0):\n',
+        '            torch.npu.current_stream().wait_stream(torch.npu.current_stream())\n'
+        '            with torchair.scope.npu_stream_switch("shared_expert", 0):\n',
+    )
+    result = run_verify(tmp_path, example, text)
+    assert "mixed-api" in {f.kind for f in result.findings}, result.problems
