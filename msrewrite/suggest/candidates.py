@@ -1,0 +1,290 @@
+"""Candidates: independent branches that can move, with a plan, a case, a cost and a rank."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import networkx as nx
+
+from msrewrite.analyze.dataflow import FunctionInfo, ModuleInfo
+from msrewrite.plan import OverlapPlan
+from msrewrite.suggest import graph as g
+from msrewrite.suggest.profiles import DeviceProfile
+from msrewrite.suggest.plans import (
+    CASE_PRIORITY,
+    NoPlan,
+    SideChoice,
+    apply_command,
+    classify,
+    make_plan,
+    side_attrs,
+    window_attrs,
+    window_statements,
+)
+
+if TYPE_CHECKING:  # torch stays unimported on the static path
+    from msrewrite.suggest.cost import BranchCost
+    from msrewrite.suggest.trace import OpRecord, Trace
+
+
+@dataclass
+class Candidate:
+    plan: OverlapPlan
+    tier: str  # "trace" or "static"
+    choice: SideChoice
+    cost: BranchCost | None = None
+    cost_shapes: str = ""  # "full-size decode T=1", "tiny trace"
+    confidence: str = "medium"
+    notes: list[str] = field(default_factory=list)
+    command: str = ""
+
+    @property
+    def case(self) -> str:
+        return self.plan.case
+
+    @property
+    def estimated_saving(self) -> float | None:
+        return self.cost.saving if self.cost else None
+
+    def sort_key(self) -> tuple:
+        too_small = bool(self.cost and self.cost.too_small)
+        return (CASE_PRIORITY.get(self.case, 2), too_small, -(self.estimated_saving or 0.0), self.plan.fork_line)
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "case": self.case,
+            "file": self.plan.file,
+            "function": self.plan.function,
+            "side_lines": self.plan.side_lines,
+            "join_line": self.plan.join_line,
+            "fork_line": self.plan.fork_line,
+            "estimated_saving": self.estimated_saving,
+            "estimated_saving_us": round(self.estimated_saving * 1e6, 3) if self.cost else None,
+            "confidence": self.confidence,
+            "tier": self.tier,
+            "too_small": bool(self.cost and self.cost.too_small),
+            "cost_shapes": self.cost_shapes,
+            "command": self.command,
+            "notes": self.notes,
+            "plan": self.plan.to_dict(),
+        }
+        if self.cost:
+            data["cost"] = {
+                "side_us": self.cost.side_time * 1e6,
+                "main_us": self.cost.main_time * 1e6,
+                "function_us": self.cost.scope_time * 1e6,
+                "sync_us": self.cost.sync_time * 1e6,
+                "side_flops": self.cost.side_flops,
+                "main_flops": self.cost.main_flops,
+                "side_bytes": self.cost.side_bytes,
+                "main_bytes": self.cost.main_bytes,
+                "critical_path_bound": self.cost.bound,
+            }
+        return data
+
+
+def rank(candidates: list[Candidate]) -> list[Candidate]:
+    unique: dict[tuple, Candidate] = {}
+    for c in sorted(candidates, key=Candidate.sort_key):
+        key = (c.plan.function, tuple(map(tuple, c.plan.side_lines)), c.plan.join_line)
+        unique.setdefault(key, c)
+    ranked = list(unique.values())
+    for position, c in enumerate(ranked, 1):
+        c.command = apply_command(c.case, c.plan.function, c.plan.file, position)
+    return ranked
+
+
+# Trace tier ---------------------------------------------------------------------------------------
+def select_ops(scope: g.Scope, info: FunctionInfo, plan: OverlapPlan, by_index: dict[int, OpRecord]) -> tuple[list, list]:
+    """(side ops, main window ops) of a plan inside one scope, by statement and hoisted submodule."""
+    line_to_stmt = {s.first_line: s.index for s in info.statements}
+    whole = {line_to_stmt[s.first_line] for s in plan.side if s.hoist is None}
+    hoists = [s for s in plan.side if s.hoist is not None]
+    join = line_to_stmt[plan.join_line]
+    window = {s.index for s in window_statements(info, plan)}
+    side, main = [], []
+    for op in scope.ops:
+        stmt = scope.stmt_of[op.index]
+        if stmt in whole:
+            side.append(op)
+        elif stmt == join and hoists and _under_call(scope, op, info.statements[join], hoists):
+            side.append(op)
+        elif stmt in window:
+            main.append(op)
+    return side, main
+
+
+def _under_call(scope: g.Scope, op: OpRecord, stmt, hoists) -> bool:
+    subs = g.submodule_of_ops(scope, frozenset([op.index]), {op.index: op})
+    for call in stmt.calls:
+        if any(h.source == call.source for h in hoists) and g.call_for_submodule(stmt, next(iter(subs))) is call:
+            return True
+    return False
+
+
+def trace_candidates(trace: Trace, module: ModuleInfo, file: str, device: DeviceProfile) -> list[Candidate]:
+    from msrewrite.suggest.cost import branch_cost, op_time
+
+    by_index = {op.index: op for op in trace.ops}
+    weight = {op.index: op_time(op, device) for op in trace.ops}
+    found: list[Candidate] = []
+    for scope in g.scopes(trace, module.functions):
+        info = module.functions[scope.qualname]
+        ops_of_stmt: dict[int, set[int]] = {}
+        for o, s in scope.stmt_of.items():
+            ops_of_stmt.setdefault(s, set()).add(o)
+        seen: set[tuple] = set()
+        dag = g.op_dag(scope.ops)
+        for pair in g.branch_pairs(scope, weight, limit=60):
+            for side_ops, main_ops in ((pair.a_ops, pair.b_ops), (pair.b_ops, pair.a_ops)):
+                choice = _choice(scope, info, side_ops, main_ops, pair.join_op, ops_of_stmt, by_index, dag)
+                if choice is None or choice in seen:
+                    continue
+                seen.add(choice)
+                candidate = _candidate(info, choice, file, module, "trace")
+                if candidate is None:
+                    continue
+                side, main = select_ops(scope, info, candidate.plan, by_index)
+                if not side or not main or not _independent(side, main, dag):
+                    continue
+                candidate.cost = branch_cost(side, main, scope.ops, device)
+                candidate.cost_shapes = "tiny trace"
+                found.append(candidate)
+    return found
+
+
+def _choice(scope, info, side_ops, main_ops, join_op, ops_of_stmt, by_index, dag) -> SideChoice | None:
+    side_stmts = g.statements_of(scope, side_ops)
+    main_stmts = g.statements_of(scope, main_ops)
+    join_stmt = scope.stmt_of.get(join_op)
+    if not side_stmts or side_stmts & main_stmts or join_stmt is None:
+        return None
+    hoist = None
+    if join_stmt in side_stmts:
+        in_join = frozenset(o for o in side_ops if scope.stmt_of.get(o) == join_stmt)
+        subs = g.submodule_of_ops(scope, in_join, by_index)
+        if len(subs) != 1 or "" in subs:
+            return None
+        call = g.call_for_submodule(info.statements[join_stmt], next(iter(subs)))
+        if call is None:
+            return None
+        hoist = (join_stmt, call)
+    whole = side_stmts - {join_stmt}
+    # A moving statement may carry other ops (views, dead ends such as routing bookkeeping),
+    # but none the main branch needs.
+    for s in whole:
+        for o in ops_of_stmt.get(s, ()):
+            if o not in side_ops and (o in main_ops or nx.descendants(dag, o) & main_ops):
+                return None
+    return SideChoice(statements=tuple(sorted(whole)), hoist=hoist)
+
+
+def _independent(side: list[OpRecord], main: list[OpRecord], dag: nx.DiGraph) -> bool:
+    """No path between the side ops and the main window ops, either way (convexity)."""
+    side_ids = {o.index for o in side}
+    main_ids = {o.index for o in main}
+    reach = set()
+    for o in side_ids:
+        reach |= nx.descendants(dag, o)
+    if reach & main_ids:
+        return False
+    back = set()
+    for o in main_ids:
+        back |= nx.descendants(dag, o)
+    return not (back & side_ids)
+
+
+def _candidate(info: FunctionInfo, choice: SideChoice, file: str, module: ModuleInfo, tier: str) -> Candidate | None:
+    attrs = side_attrs(info, choice)
+    try:
+        # Classify on the side calls and the main calls of the window; the window needs a plan first.
+        draft = make_plan(info, choice, "generic", file, module.module_names)
+        case = classify(attrs, window_attrs(info, draft), info.qualname)
+        plan = draft if case == "generic" else make_plan(info, choice, case, file, module.module_names)
+    except NoPlan:
+        return None
+    confidence = "high" if tier == "trace" and case != "generic" else ("medium" if case != "generic" or tier == "trace" else "low")
+    return Candidate(plan=plan, tier=tier, choice=choice, confidence=confidence)
+
+
+# Static tier --------------------------------------------------------------------------------------
+def static_candidates(module: ModuleInfo, file: str) -> list[Candidate]:
+    found: list[Candidate] = []
+    for qualname, info in module.functions.items():
+        if not qualname.endswith(".forward"):
+            continue
+        for choice in _static_choices(info):
+            candidate = _candidate(info, choice, file, module, "static")
+            if candidate is not None:
+                candidate.cost_shapes = "static (no cost model)"
+                candidate.notes.append("static tier: independence by names only; run without --static to check storages")
+                found.append(candidate)
+    return found
+
+
+def _static_choices(info: FunctionInfo) -> list[SideChoice]:
+    """Exclusive-ancestor pairs on the statement DAG, with inline self-calls as their own nodes."""
+    dag = info.graph(renaming=True)
+    for stmt in info.statements:
+        inline = [c for c in stmt.calls if not c.whole]
+        if len(stmt.calls) < 2 and not inline:
+            continue
+        for k, call in enumerate(inline):
+            node = ("call", stmt.index, k)
+            dag.add_node(node, call=call)
+            for name in call.uses:
+                src = _reaching_def(info, name, stmt.index)
+                if src is not None:
+                    dag.add_edge(src, node, kind="data")
+            dag.add_edge(node, stmt.index, kind="data")
+    choices: list[SideChoice] = []
+    ancestors = {n: nx.ancestors(dag, n) | {n} for n in dag}
+    for join in dag:
+        preds = list(dag.predecessors(join))
+        for i, a in enumerate(preds):
+            for b in preds[i + 1 :]:
+                for side, main in ((ancestors[a] - ancestors[b], ancestors[b] - ancestors[a]),
+                                   (ancestors[b] - ancestors[a], ancestors[a] - ancestors[b])):
+                    choice = _static_choice(info, dag, side, main, join)
+                    if choice is not None and choice not in choices:
+                        choices.append(choice)
+    return choices
+
+
+def _static_choice(info: FunctionInfo, dag: nx.DiGraph, side: set, main: set, join) -> SideChoice | None:
+    if not side or not main or not any(_heavy(info, n, dag) for n in main):
+        return None
+    # Cheap roots (aliases, shapes) stay on the main stream: they only feed the side.
+    side = set(side)
+    changed = True
+    while changed:
+        changed = False
+        for n in sorted((n for n in side if isinstance(n, int)), key=int):
+            if not info.statements[n].has_call and not (set(dag.predecessors(n)) & side):
+                side.discard(n)
+                changed = True
+    calls = [n for n in side if isinstance(n, tuple)]
+    whole = [n for n in side if isinstance(n, int)]
+    if len(calls) > 1 or not any(_heavy(info, n, dag) for n in side):
+        return None
+    hoist = None
+    if calls:
+        _, stmt_index, _ = calls[0]
+        if stmt_index != join:
+            return None
+        hoist = (stmt_index, dag.nodes[calls[0]]["call"])
+    return SideChoice(statements=tuple(sorted(whole)), hoist=hoist)
+
+
+def _heavy(info: FunctionInfo, node, dag: nx.DiGraph) -> bool:
+    if isinstance(node, tuple):
+        return True
+    return bool(info.statements[node].calls)
+
+
+def _reaching_def(info: FunctionInfo, name: str, before: int) -> int | None:
+    for s in reversed(info.statements[:before]):
+        if name in s.defs or name in s.mutates:
+            return s.index
+    return None

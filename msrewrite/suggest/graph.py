@@ -1,0 +1,163 @@
+"""Op DAG analysis: independent branches (Nimble-style reachability), grouped back to statements.
+
+For a function `Class.forward` of the model file, its scope is the ops run while one instance of
+that class executes; each op maps to the statement of that forward its frame chain passes
+through. At every join op with two producers a and b, `anc(a) - anc(b)` and `anc(b) - anc(a)`
+are independent by construction (a path between them would put its source in both ancestor
+sets). Each such pair, lifted to statements, is a branch pair; the planner checks whether the
+source allows the move.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import networkx as nx
+
+from msrewrite.analyze.dataflow import FunctionInfo, Statement
+
+if TYPE_CHECKING:
+    from msrewrite.suggest.trace import OpRecord, Trace
+
+
+@dataclass
+class Scope:
+    qualname: str  # "DeepseekV3MoE.forward"
+    path: str  # module path of the instance analyzed ("" for the root)
+    ops: list[OpRecord]
+    stmt_of: dict[int, int] = field(default_factory=dict)  # op index -> statement index
+
+
+@dataclass
+class BranchPair:
+    """Two independent op sets meeting at a join op."""
+
+    join_op: int
+    a_ops: frozenset[int]
+    b_ops: frozenset[int]
+
+
+def op_dag(ops: list[OpRecord]) -> nx.DiGraph:
+    dag = nx.DiGraph()
+    present = {op.index for op in ops}
+    for op in ops:
+        dag.add_node(op.index)
+        dag.add_edges_from((d, op.index) for d in op.deps if d in present)
+    return dag
+
+
+def forward_qualname(module) -> tuple[str, str] | None:
+    """(qualname, file) of the forward a module instance runs."""
+    forward = inspect.unwrap(type(module).forward)
+    code = getattr(forward, "__code__", None)
+    if code is None:
+        return None
+    return code.co_qualname, code.co_filename
+
+
+def scopes(trace: Trace, functions: dict[str, FunctionInfo]) -> list[Scope]:
+    """One scope per forward of the model file, the first instance that ran it."""
+    model_file = str(trace.model_file.resolve())
+    found: dict[str, Scope] = {}
+    for path, module in trace.modules.items():
+        where = forward_qualname(module)
+        if where is None or str(Path(where[1]).resolve()) != model_file:
+            continue
+        qualname = where[0]
+        if qualname in found or qualname not in functions:
+            continue
+        ops = [op for op in trace.ops if path in op.module_stack]
+        if not ops:
+            continue
+        info = functions[qualname]
+        scope = Scope(qualname=qualname, path=path, ops=ops)
+        for op in ops:
+            line = op.line_in(qualname)
+            stmt = info.statement_at(line) if line is not None else None
+            if stmt is not None:
+                scope.stmt_of[op.index] = stmt.index
+        scope.ops = [op for op in ops if op.index in scope.stmt_of]
+        if scope.ops:
+            found[qualname] = scope
+    return list(found.values())
+
+
+def branch_pairs(scope: Scope, weight: dict[int, float], limit: int = 400) -> list[BranchPair]:
+    """Exclusive-ancestor pairs at join ops, heaviest first (the lighter side's weight)."""
+    order = [op.index for op in scope.ops]
+    position = {index: i for i, index in enumerate(order)}
+    ancestors: dict[int, int] = {}  # op -> bitmask of ancestors (by position), itself included
+    for op in scope.ops:
+        mask = 1 << position[op.index]
+        for dep in op.deps:
+            if dep in position:
+                mask |= ancestors[dep]
+        ancestors[op.index] = mask
+    pairs: dict[tuple[frozenset[int], frozenset[int]], BranchPair] = {}
+    for op in scope.ops:
+        preds = sorted(d for d in op.deps if d in position)
+        for i, a in enumerate(preds):
+            for b in preds[i + 1 :]:
+                only_a = ancestors[a] & ~ancestors[b]
+                only_b = ancestors[b] & ~ancestors[a]
+                if not only_a or not only_b:
+                    continue
+                a_ops = frozenset(order[p] for p in _bits(only_a))
+                b_ops = frozenset(order[p] for p in _bits(only_b))
+                key = (a_ops, b_ops) if min(a_ops) < min(b_ops) else (b_ops, a_ops)
+                if key not in pairs:
+                    pairs[key] = BranchPair(join_op=op.index, a_ops=key[0], b_ops=key[1])
+    ranked = sorted(
+        pairs.values(),
+        key=lambda p: -min(sum(weight.get(o, 0.0) for o in p.a_ops), sum(weight.get(o, 0.0) for o in p.b_ops)),
+    )
+    return ranked[:limit]
+
+
+def _bits(mask: int):
+    position = 0
+    while mask:
+        if mask & 1:
+            yield position
+        mask >>= 1
+        position += 1
+
+
+def statements_of(scope: Scope, ops: frozenset[int]) -> set[int]:
+    return {scope.stmt_of[o] for o in ops if o in scope.stmt_of}
+
+
+def statement_dag(scope: Scope, info: FunctionInfo) -> nx.DiGraph:
+    """Statements of one forward, with an edge where an op of one feeds an op of the other."""
+    dag = nx.DiGraph()
+    dag.add_nodes_from(sorted(set(scope.stmt_of.values())))
+    for op in scope.ops:
+        v = scope.stmt_of[op.index]
+        for dep in op.deps:
+            u = scope.stmt_of.get(dep)
+            if u is not None and u != v:
+                dag.add_edge(u, v, kind="data")
+    return dag
+
+
+def submodule_of_ops(scope: Scope, ops: frozenset[int], by_index: dict[int, OpRecord]) -> set[str]:
+    """First module path component below the scope for each op (`shared_experts`, `self_attn.1`)."""
+    prefix = f"{scope.path}." if scope.path else ""
+    names = set()
+    for o in ops:
+        op = by_index[o]
+        inner = [p for p in op.module_stack if p.startswith(prefix) and p != scope.path]
+        names.add(inner[0][len(prefix) :] if inner else "")
+    return names
+
+
+def call_for_submodule(stmt: Statement, submodule: str):
+    """The `self.<sub>(...)` call of a statement that runs module path component `submodule`."""
+    wanted = submodule.replace(".", "[", 1) + "]" if "." in submodule and submodule.split(".")[1].isdigit() else submodule
+    for call in stmt.calls:
+        if call.callee == wanted or call.callee == submodule:
+            return call
+    return None
