@@ -67,6 +67,7 @@ class VerifyResult:
     runs: list[RunResult] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     findings: list[Any] = field(default_factory=list)
+    tolerance: tuple[float, float] = (0.0, 0.0)  # (atol, rtol); zero means exact
 
     @property
     def ok(self) -> bool:
@@ -170,7 +171,7 @@ def verify_files(
     if harness is None and re.search(r"^def make\(", read_source(reference_file), re.M):
         harness = f"{reference_file}:make"
 
-    result = VerifyResult(mode=mode, flag=flag)
+    result = VerifyResult(mode=mode, flag=flag, tolerance=(atol, rtol))
 
     def switch(on: bool):
         if flag.kind == "env":
@@ -257,6 +258,8 @@ def summary(result: VerifyResult) -> list[str]:
         lines.append(f"{run.name}: {len(run.outputs)} output tensor(s)" + (f"; {streams}" if streams else ""))
     if result.ok:
         names = " = ".join(r.name for r in result.runs)
-        exact = "exactly" if True else ""
-        lines.append(f"OK: outputs equal {exact} ({names}); sanitizer clean [{result.mode}, flag {result.flag.kind}:{result.flag.name}]")
+        atol, rtol = result.tolerance
+        how = "exactly" if atol == rtol == 0 else f"within atol={atol:g}, rtol={rtol:g}"
+        flag = f"{result.flag.kind}:{result.flag.name}"
+        lines.append(f"OK: outputs equal {how} ({names}); sanitizer clean [{result.mode}, flag {flag}]")
     return lines

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from msrewrite.analyze.dataflow import CallSite, FunctionInfo, Statement
-from msrewrite.plan import OverlapPlan, SideStatement
+from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement
 
 SHARED_EXPERT_ATTRS = ("shared_expert", "shared_experts", "shared_mlp", "shared_expert_gate")
 CASE_PRIORITY = {"moe-shared-expert": 0, "attn-moe-limit-core": 0, "generic": 1}
@@ -158,9 +158,18 @@ def make_plan(info: FunctionInfo, choice: SideChoice, case: str, file: str, modu
         side_inputs=tuple(inputs),
         side_outputs=tuple(outputs),
         stream_tag=tag,
+        flag=FlagSpec(name=_flag_name(case, tag)),
         summary=summary,
         inputs_rebound_before_join=tuple(rebound),
     )
+
+
+def _flag_name(case: str, tag: str) -> str:
+    """The case's own switch when msrewrite knows the case, else one named after the stream."""
+    from msrewrite.codemods import get_case
+
+    known = get_case(case)
+    return known.flag_name if known else f"ENABLE_{tag.upper()}_STREAM"
 
 
 def _side_label(s: SideStatement) -> str:
