@@ -95,4 +95,5 @@ def branch_plan(case: Case, path: Path, function: str, branch: SideBranch, optio
         ),
         summary=case.describe(branch),
         inputs_rebound_before_join=tuple(branch.rebound_inputs),
+        outputs_maybe_unbound=tuple(branch.maybe_outputs),
     )

@@ -327,10 +327,19 @@ def tiny_config(config_cls: type, overrides: dict[str, Any] | None = None) -> An
     if "qk_rope_head_dim" in values and "head_dim" in values:  # MLA: rotary runs on the rope part only
         values["head_dim"] = values["qk_rope_head_dim"]
     values.update(overrides or {})
-    try:
-        config = config_cls(**values)
-    except Exception as exc:
-        raise BadInput(f"cannot build a tiny {config_cls.__name__}: {one_line(exc)}") from None
+    # A model may reject one of the generic tiny values (DeepSeek-V4's layer_types, say): drop the
+    # values its error names, falling back to that model's own default, and try again.
+    for _attempt in range(len(values) + 1):
+        try:
+            config = config_cls(**values)
+            break
+        except Exception as exc:
+            message = str(exc)
+            named = [k for k in values if k not in (overrides or {}) and re.search(rf"\b{k}\b", message)]
+            if not named:
+                raise BadInput(f"cannot build a tiny {config_cls.__name__}: {one_line(exc)}") from None
+            for key in named:
+                values.pop(key)
     # Pin the implementations: the tiny run and the full-size estimate must trace the same code.
     if hasattr(config, "_attn_implementation"):
         config._attn_implementation = "sdpa"

@@ -96,6 +96,9 @@ class OverlapPlan:
     # Inputs rebound on the main stream before the join: only these need record_stream(side)
     # in eager/cuda mode; the others stay referenced by their local until the join.
     inputs_rebound_before_join: tuple[str, ...] = ()
+    # Outputs bound only on some paths (inside an `if`): pre-bound to None on the side path so the
+    # join's lifetime guard can name them.
+    outputs_maybe_unbound: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -140,6 +143,7 @@ class OverlapPlan:
                 start_gates=tuple(StartGate(**g) for g in data.get("start_gates", ())),
                 summary=data.get("summary", ""),
                 inputs_rebound_before_join=tuple(data.get("inputs_rebound_before_join", ())),
+                outputs_maybe_unbound=tuple(data.get("outputs_maybe_unbound", ())),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed plan: {exc}") from None

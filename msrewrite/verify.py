@@ -150,7 +150,7 @@ def verify_files(
     rtol: float = 0.0,
     package: str | None = None,
 ) -> VerifyResult:
-    from msrewrite.harness import build_harness, load_module, package_of
+    from msrewrite.harness import build_harness, load_module, one_line, package_of
     from msrewrite.load import read_source
     from msrewrite.runtime import install
     from msrewrite.sanitizer import Sanitizer
@@ -194,15 +194,22 @@ def verify_files(
     with switch(False):
         if original is not None:
             reference = build_harness(original, harness=harness, target=target, package=package)
-            runs = [RunResult("original", flatten_outputs(reference.run()))]
+            try:
+                runs = [RunResult("original", flatten_outputs(reference.run()))]
+            except Exception as exc:  # the user's model, before any edit: bad input, not our crash
+                raise BadInput(f"the original {reference.target} fails on the harness inputs: {one_line(exc)}") from None
         else:
             with install():
                 reference = build_harness(rewritten, harness=harness, target=target, package=package)
             runs = []
         with install() as rt:
             off = build_edited(reference, on=False)
-            with rt.record_ops() as ops:
-                out = off.run()
+            try:
+                with rt.record_ops() as ops:
+                    out = off.run()
+            except Exception as exc:
+                result.problems.append(f"flag off: raised {one_line(exc)}")
+                return result
         runs.append(RunResult("flag off", flatten_outputs(out), _count_streams(ops)))
     side_off = {s: n for s, n in runs[-1].streams.items() if s != "main"}
     if side_off:
@@ -221,7 +228,7 @@ def verify_files(
                             out = on.run()
                             san.check_output(out)
                 except Exception as exc:  # the edit itself failed: that is a finding, not a crash
-                    result.problems.append(f"{name}: raised {type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
+                    result.problems.append(f"{name}: raised {one_line(exc)}")
                     continue
             run = RunResult(name, flatten_outputs(out), _count_streams(ops))
             runs.append(run)

@@ -48,6 +48,7 @@ class SideBranch:
     inputs: list[str]
     outputs: list[str]
     rebound_inputs: list[str]  # inputs the main path rebinds before the join
+    maybe_outputs: list[str] = field(default_factory=list)  # bound only on some paths (inside an if)
     facts: list[StatementFacts] = field(default_factory=list)
 
 
@@ -102,10 +103,14 @@ def find_side_branch(
     if not seeds:
         raise NoBranch("no side-branch call in this function")
     for f in seeds:
-        if not isinstance(f.node, cst.SimpleStatementLine):
+        if isinstance(f.node, cst.SimpleStatementLine):
+            continue
+        # `if self.shared_experts is not None: out = self.shared_experts(x)` moves as one unit,
+        # as long as everything it calls is side work and it cannot leave the function.
+        if not isinstance(f.node, cst.If) or f.exits or not all(is_seed(c) for c in f.self_calls):
             raise NoBranch(
-                f"line {f.first_line}: the side-branch call sits inside a compound statement "
-                f"({type(f.node).__name__}), which msrewrite does not move yet"
+                f"line {f.first_line}: the side-branch call sits inside a {type(f.node).__name__} "
+                "that also does other work, which msrewrite does not split"
             )
 
     def reaching_def(name: str, before: int, skip: set[int]) -> int | None:
@@ -160,6 +165,11 @@ def find_side_branch(
     hoists: list[Hoist] = []
     taken = function_names(func)
     join_fact = facts[join]
+    if join_fact in impure and not isinstance(join_fact.node, cst.SimpleStatementLine):
+        raise NoBranch(
+            f"line {join_fact.first_line}: the side call is conditional inside the join "
+            f"({type(join_fact.node).__name__}); hoisting it would run it unconditionally"
+        )
     if join_fact in impure:
         for call in _seed_calls(join_fact.node, is_seed):
             args_loads = expression_loads(call)
@@ -243,7 +253,9 @@ def find_side_branch(
         raise NoBranch("no main-path work between the fork and the join: nothing to overlap")
 
     rebound = sorted({name for f in window for name in f.stores if name in inputs})
+    maybe = [name for name in outputs if any(name in f.stores for f in whole if not isinstance(f.node, cst.SimpleStatementLine))]
     return SideBranch(
+        maybe_outputs=maybe,
         statements=whole,
         hoists=hoists,
         fork=fork,

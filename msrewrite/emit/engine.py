@@ -329,6 +329,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         inputs=list(plan.side_inputs),
         rebound_inputs=list(plan.inputs_rebound_before_join),
         outputs=list(plan.side_outputs),
+        maybe_unbound=list(plan.outputs_maybe_unbound),
         token_input=plan.side_inputs[0] if plan.side_inputs else None,
         gates=gates if plan.mode == "ge-graph" else [],
         names=names,

@@ -37,6 +37,7 @@ class Context:
     inputs: list[str]
     rebound_inputs: list[str]
     outputs: list[str]
+    maybe_unbound: list[str]
     token_input: str | None
     gates: list[tuple[str, str, str]]  # (name the side reads, original name, main-stream anchor)
     names: Names
@@ -96,6 +97,16 @@ def _gated(ctx: Context, em: Emission, enabled: str) -> str:
     return f"{enabled} and _ms_num_tokens({ctx.token_input}) <= {ctx.max_tokens}"
 
 
+def _prebind(ctx: Context) -> list[str]:
+    if not ctx.maybe_unbound:
+        return []
+    names = ctx.maybe_unbound
+    return [
+        f"# {_quote(names)} {_is_are(names)} bound only when the side branch's `if` runs.",
+        " = ".join(names) + " = None",
+    ]
+
+
 def _native(ctx: Context, api: str) -> Emission:
     """eager (torch.npu) and cuda (torch.cuda): fork by wait_stream, join by wait_stream."""
     em = Emission()
@@ -106,7 +117,11 @@ def _native(ctx: Context, api: str) -> Emission:
         em.imports.append("torch_npu")
     em.prelude = [f'{n.stream} = _ms_side_stream("{ctx.tag}", {enabled})']
     em.on_cond, em.off_cond = f"{n.stream} is not None", f"{n.stream} is None"
-    em.on_head = [f"{n.current} = {api}.current_stream()", f"{n.stream}.wait_stream({n.current})"]
+    em.on_head = [
+        f"{n.current} = {api}.current_stream()",
+        f"{n.stream}.wait_stream({n.current})",
+        *_prebind(ctx),
+    ]
     if ctx.rebound_inputs:
         em.helpers.append("_ms_record_stream")
         em.on_head += [
@@ -162,7 +177,7 @@ def npugraph_ex(ctx: Context) -> Emission:
     em.on_head = [f"{n.fork_event}, {n.join_event} = {events_expr}"]
     if ctx.inputs:
         em.on_head += [f"_ms_record_stream({n.stream}, {', '.join(ctx.inputs)})"]
-    em.on_head += [f"{n.fork_event}.record()"]
+    em.on_head += [*_prebind(ctx), f"{n.fork_event}.record()"]
     em.with_open = f"with torch.npu.stream({n.stream}):"
     em.side_head = [f"{n.fork_event}.wait()"]
     em.side_tail = [f"{n.join_event}.record()"]

@@ -1,0 +1,217 @@
+"""Branch analysis, pyupgrade style: `_fix` snippets get a plan, `_noop` snippets are refused with a reason.
+
+Each snippet is an MoE forward written the way real models write it.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from msrewrite.cases import Options, find_targets
+from msrewrite.codemods import get_case
+from msrewrite.emit.engine import apply_plans
+
+CASE = get_case("moe-shared-expert")
+
+
+def targets_of(body: str):
+    source = "class Block:\n    def forward(self, x):\n" + textwrap.indent(textwrap.dedent(body).lstrip("\n"), " " * 8)
+    module = cst.parse_module(source)
+    return source, module, find_targets(CASE, Path("block.py"), module, Options())
+
+
+def plan_of(body: str):
+    source, module, targets = targets_of(body)
+    assert len(targets) == 1 and targets[0].plan is not None, targets
+    plan = targets[0].plan
+    new = apply_plans(module, [plan]).code
+    compile(new, "block.py", "exec")
+    return source, plan
+
+
+FIX = {
+    "inline_join": (
+        """
+        residual = x
+        w, idx = self.gate(x)
+        y = self.experts(x, w, idx)
+        y = y + self.shared_experts(residual)
+        return y
+        """,
+        {"side": [(6, 6)], "fork": 4, "join": 6, "hoist": "shared_experts_output"},
+    ),
+    "gated_two_statements": (
+        """
+        s = self.shared_expert(x)
+        w, idx = self.gate(x)
+        y = self.experts(x, w, idx)
+        s = torch.sigmoid(self.shared_expert_gate(x)) * s
+        return y + s
+        """,
+        {"side": [(3, 3), (6, 6)], "fork": 3, "join": 7},
+    ),
+    "return_join": (
+        """
+        w, idx = self.gate(x)
+        return self.experts(x, w, idx) + self.shared_experts(x)
+        """,
+        {"side": [(4, 4)], "fork": 3, "join": 4, "hoist": "shared_experts_output"},  # overlaps the gate
+    ),
+    "augassign_join": (
+        """
+        w, idx = self.gate(x)
+        y = self.experts(x, w, idx)
+        y += self.shared_mlp(x)
+        return y
+        """,
+        {"side": [(5, 5)], "fork": 3, "join": 5, "hoist": "shared_mlp_output"},
+    ),
+    "side_written_after_routed_path": (
+        """
+        x = x.reshape(-1, 8)
+        scores = self.router(x)
+        routed = self.experts(x * scores)
+        out = self.shared_expert(
+            x,
+        )
+        out.add_(routed)
+        return out
+        """,
+        {"side": [(6, 8)], "fork": 4, "join": 9},
+    ),
+    "fused_op_argument": (
+        """
+        w, idx = self.gate(x)
+        expanded = self.dispatch(x, idx)
+        y = self.experts(expanded)
+        y = self.combine(y, w, shared_expert_x=self.shared_experts(x))
+        return y
+        """,
+        {"side": [(6, 6)], "fork": 3, "join": 6, "hoist": "shared_experts_output"},
+    ),
+    "conditional_shared_expert": (
+        """
+        if self.shared_experts is not None:
+            shared = self.shared_experts(x)
+        w, idx = self.gate(x)
+        y = self.experts(x, w, idx)
+        if self.shared_experts is not None:
+            y = y + shared
+        return y
+        """,
+        {"side": [(3, 4)], "fork": 3, "join": 7, "maybe": ("shared",)},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(k for k, v in FIX.items() if v[1]))
+def test_fix(name):
+    body, expected = FIX[name]
+    _, plan = plan_of(body)
+    assert [(s.first_line, s.last_line) for s in plan.side] == expected["side"]
+    assert plan.fork_line == expected["fork"]
+    assert plan.join_line == expected["join"]
+    if "hoist" in expected:
+        assert plan.side[-1].hoist == expected["hoist"]
+    assert plan.outputs_maybe_unbound == expected.get("maybe", ())
+
+
+NOOP = {
+    "no_main_work": (
+        """
+        h = x * 2
+        s = self.shared_experts(h)
+        return h + s
+        """,
+        "nothing to overlap",
+    ),
+    "side_reads_routed_result": (
+        """
+        w, idx = self.gate(x)
+        y = self.experts(x, w, idx)
+        return y + self.shared_experts(y)
+        """,
+        "which the main path computes",
+    ),
+    "main_writes_side_input_in_place": (
+        """
+        s = self.shared_experts(x)
+        w, idx = self.gate(x)
+        x.mul_(w.sum())
+        y = self.experts(x, w, idx)
+        return y + s
+        """,
+        "in place",
+    ),
+    "main_writes_alias_in_place": (
+        """
+        h = x.view(-1, 8)
+        s = self.shared_experts(x)
+        w, idx = self.gate(h)
+        h += 1
+        y = self.experts(h, w, idx)
+        return y + s
+        """,
+        "in place",
+    ),
+    "early_return_in_window": (
+        """
+        s = self.shared_experts(x)
+        w, idx = self.gate(x)
+        if w is None:
+            return x
+        y = self.experts(x, w, idx)
+        return y + s
+        """,
+        "can return before the join",
+    ),
+    "conditional_call_in_join": (
+        """
+        w, idx = self.gate(x)
+        y = self.experts(x, w, idx)
+        if self.fp32:
+            y = (y.float() + self.shared_experts(x).float()).to(x.dtype)
+        else:
+            y = y + self.shared_experts(x)
+        return y
+        """,
+        "conditional",
+    ),
+    "compound_mixing_main_work": (
+        """
+        if self.use_shared:
+            s = self.shared_experts(x)
+            y = self.experts(x)
+        return y + s
+        """,
+        "does not split",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NOOP))
+def test_noop(name):
+    body, reason = NOOP[name]
+    _, _, targets = targets_of(body)
+    assert len(targets) == 1 and targets[0].plan is None
+    assert reason in targets[0].reason, targets[0].reason
+
+
+def test_no_seed_means_no_target():
+    _, _, targets = targets_of("return self.experts(x)\n")
+    assert targets == []
+
+
+def test_plan_json_round_trip():
+    from msrewrite.plan import OverlapPlan, load_plans
+
+    _, plan = plan_of(FIX["conditional_shared_expert"][0])
+    assert OverlapPlan.from_json(plan.to_json()) == plan
+    assert load_plans(plan.to_json()) == [plan]
+    assert load_plans('{"candidates": [{"plan": ' + plan.to_json() + "}]}") == [plan]
+    with pytest.raises(ValueError):
+        OverlapPlan.from_dict({"case": "x"})
