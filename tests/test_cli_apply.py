@@ -7,6 +7,7 @@ import os
 import shutil
 import stat
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -188,13 +189,25 @@ def test_usage_errors(tmp_path):
     assert model.read_text() == (EXAMPLES / "deepseek_moe.py").read_text()
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")
-def test_read_only_in_place_is_refused(tmp_path):
+def test_read_only_in_place_is_refused(tmp_path, monkeypatch):
+    """A file we may not write is refused before anything is written (checked in-process: root
+    ignores permission bits, so the test fakes what os.access reports for the file)."""
+    from msrewrite.commands import apply as apply_command
+    from msrewrite.errors import BadInput
+
     model = tmp_path / "m.py"
     shutil.copy(EXAMPLES / "deepseek_moe.py", model)
     model.chmod(0o444)
-    result = run_cli("apply", *CASE, "-i", str(model))
-    assert result.returncode == 2 and "read-only" in result.stderr
+    real_access = os.access
+    monkeypatch.setattr(apply_command.os, "access", lambda p, mode: False if Path(p) == model else real_access(p, mode))
+    with pytest.raises(BadInput, match="read-only"):
+        apply_command.run_apply(
+            file=model, case="moe-shared-expert", plan_path=None, candidate=None, mode="auto", target=None,
+            flag="", flag_default="on", max_tokens=None, stream_tag=None, in_place=True, output=None,
+            verify=False, harness=None,
+        )
+    assert model.read_text() == (EXAMPLES / "deepseek_moe.py").read_text()
+    assert [p.name for p in tmp_path.iterdir()] == ["m.py"]
 
 
 def test_mode_auto_detection(tmp_path):

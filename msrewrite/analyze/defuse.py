@@ -187,8 +187,8 @@ def expression_loads(node: cst.CSTNode) -> set[str]:
     return item.loads
 
 
-def function_names(node: cst.FunctionDef) -> set[str]:
-    """Every name a function mentions (parameters included): new temporaries must avoid them."""
+def function_names(node: cst.CSTNode) -> set[str]:
+    """Every name a node mentions (a function's parameters included): new names must avoid them."""
     names: set[str] = set()
 
     class _Names(cst.CSTVisitor):

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
+from msrewrite.analyze.defuse import function_names
 from msrewrite.emit import helpers as helper_text
 from msrewrite.emit.strategies import STRATEGIES, Context, Emission, Names
 from msrewrite.errors import BadInput, NothingToDo
@@ -117,17 +118,6 @@ def _self_attrs(node: cst.CSTNode) -> set[str]:
 
     node.visit(_Attrs())
     return attrs
-
-
-def _all_names(node: cst.CSTNode) -> set[str]:
-    names: set[str] = set()
-
-    class _Names(cst.CSTVisitor):
-        def visit_Name(self, n: cst.Name) -> None:
-            names.add(n.value)
-
-    node.visit(_Names())
-    return names
 
 
 # Statement builders ---------------------------------------------------------------------------
@@ -286,7 +276,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
             whole.append(i)
 
     init, config_param, init_sets_flag = _init_info(cls, plan.flag.name)
-    taken = _all_names(func)
+    taken = function_names(func)
     class_attrs = _self_attrs(cls) if cls is not None else set()
     ident = _identifier(plan.stream_tag)
     stream_local = f"use_{ident}_stream" if plan.mode == "ge-graph" else f"{ident}_stream"
@@ -308,7 +298,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
     main_reads = set()
     for i, stmt in enumerate(body):
         if i >= fork and i not in whole:
-            main_reads |= _all_names(stmt)
+            main_reads |= function_names(stmt)
     for gate in plan.start_gates:
         side_name = gate.tensor
         if gate.tensor in main_reads:
