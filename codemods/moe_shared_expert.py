@@ -41,4 +41,5 @@ CASE = Case(
     stream_tag="shared_expert",
     flag_name="ENABLE_MOE_SHARED_EXPERT_STREAM",
     describe=describe,
+    what=("the shared expert", "the routed experts"),
 )

@@ -27,6 +27,9 @@ class Case:
     stream_tag: str
     flag_name: str
     describe: Callable[[SideBranch], str] = lambda branch: ""
+    what: tuple[str, str] = ("the side branch", "the main path")  # for comments: side work, main work
+    stream_source: str = "lazy"
+    sync: str = "wait_stream"
     notes: str = ""
 
 
@@ -96,4 +99,6 @@ def branch_plan(case: Case, path: Path, function: str, branch: SideBranch, optio
         summary=case.describe(branch),
         inputs_rebound_before_join=tuple(branch.rebound_inputs),
         outputs_maybe_unbound=tuple(branch.maybe_outputs),
+        stream_source=case.stream_source,
+        sync=case.sync,
     )

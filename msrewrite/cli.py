@@ -78,8 +78,13 @@ def cases() -> None:
     """List the cases, one line each, with the modes they support."""
     from msrewrite.codemods import all_cases
 
-    for item in all_cases():
-        typer.echo(f"{item.name:<24} [{', '.join(item.modes)}]  {item.summary}")
+    items = all_cases()
+    width = max(len(item.name) for item in items) + 2
+    mode_width = max(len(", ".join(item.modes)) for item in items) + 4
+    for item in items:
+        modes = f"[{', '.join(item.modes)}]"
+        notes = f" ({item.notes})" if item.notes else ""
+        typer.echo(f"{item.name:<{width}}{modes:<{mode_width}}{item.summary}{notes}")
 
 
 @app.command()

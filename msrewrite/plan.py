@@ -99,6 +99,12 @@ class OverlapPlan:
     # Outputs bound only on some paths (inside an `if`): pre-bound to None on the side path so the
     # join's lifetime guard can name them.
     outputs_maybe_unbound: tuple[str, ...] = ()
+    # Where the side stream comes from: "lazy" (created on first use, one per process and tag) or
+    # "constructor" (created by the outermost model class in the file and handed down to every
+    # layer through constructor keyword arguments, with the lazy stream as the default).
+    stream_source: str = "lazy"
+    # How the native modes fork and join: "wait_stream", or "events" recorded and waited per call.
+    sync: str = "wait_stream"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -107,6 +113,10 @@ class OverlapPlan:
             raise ValueError("a plan needs at least one side statement")
         if not self.fork_line <= self.join_line:
             raise ValueError("the fork must come before the join")
+        if self.stream_source not in ("lazy", "constructor"):
+            raise ValueError(f"stream_source must be lazy or constructor, got {self.stream_source!r}")
+        if self.sync not in ("wait_stream", "events"):
+            raise ValueError(f"sync must be wait_stream or events, got {self.sync!r}")
 
     @property
     def side_lines(self) -> list[list[int]]:
@@ -144,6 +154,8 @@ class OverlapPlan:
                 summary=data.get("summary", ""),
                 inputs_rebound_before_join=tuple(data.get("inputs_rebound_before_join", ())),
                 outputs_maybe_unbound=tuple(data.get("outputs_maybe_unbound", ())),
+                stream_source=data.get("stream_source", "lazy"),
+                sync=data.get("sync", "wait_stream"),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed plan: {exc}") from None

@@ -30,22 +30,30 @@ TARGETS = {
         "transformers.models.qwen3_next.modeling_qwen3_next",
         ("shared_expert", "shared_expert_gate"),
     ),
+    "HunYuanMoEV1Moe": ("transformers.models.hunyuan_v1_moe.modeling_hunyuan_v1_moe", ("shared_mlp",)),
 }
+CASE_OF = {"HunYuanMoEV1Moe": "moe-shared-mlp-init"}
 MODES = ["eager", "npugraph-ex", "ge-graph", "cuda"]
+PAIRS = [
+    (cls, mode)
+    for cls in sorted(TARGETS)
+    for mode in MODES
+    if cls not in CASE_OF or mode in ("eager", "cuda")  # moe-shared-mlp-init: native modes only
+]
 FLAG = FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM")
 
 
 def rewrite(module_name: str, cls: str, mode: str, folder: Path) -> tuple[Path, Path, str]:
     original = Path(importlib.import_module(module_name).__file__)
     src = load(original)
-    plans = plans_for_case(original, src.module, "moe-shared-expert", mode, cls, FLAG, None)
+    case = CASE_OF.get(cls, "moe-shared-expert")
+    plans = plans_for_case(original, src.module, case, mode, cls, FLAG, None)
     edited = folder / original.name
     edited.write_text(apply_plans(src.module, plans).code)
     return original, edited, module_name.rsplit(".", 1)[0]
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("cls", sorted(TARGETS))
+@pytest.mark.parametrize("cls,mode", PAIRS)
 def test_real_block_is_equivalent_and_clean(tmp_path, cls, mode):
     module_name, _ = TARGETS[cls]
     original, edited, package = rewrite(module_name, cls, mode, tmp_path)
@@ -58,8 +66,7 @@ def test_real_block_is_equivalent_and_clean(tmp_path, cls, mode):
     assert set(result.runs[1].streams) == {"main"}
 
 
-@pytest.mark.parametrize("mode", ["eager", "ge-graph"])
-@pytest.mark.parametrize("cls", sorted(TARGETS))
+@pytest.mark.parametrize("cls,mode", [p for p in PAIRS if p[1] in ("eager", "ge-graph")])
 def test_shared_branch_runs_on_the_side_stream_and_nothing_else_does(tmp_path, cls, mode):
     module_name, shared_attrs = TARGETS[cls]
     original, edited, package = rewrite(module_name, cls, mode, tmp_path)
@@ -89,3 +96,25 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_model_hands_one_stream_to_every_layer(tmp_path):
+    """moe-shared-mlp-init: the model creates the stream once; every MoE layer gets that object."""
+    from msrewrite.harness import tiny_config
+
+    module_name, _ = TARGETS["HunYuanMoEV1Moe"]
+    _original, edited, package = rewrite(module_name, "HunYuanMoEV1Moe", "eager", tmp_path)
+    for value, expect_stream in (("1", True), ("0", False)):
+        os.environ[FLAG.name] = value
+        try:
+            with install():
+                mod = load_module(edited, package=package, name=f"{package}._plumbing_{value}")
+                model = mod.HunYuanMoEV1ForCausalLM(tiny_config(mod.HunYuanMoEV1Config))
+                streams = [layer.mlp.shared_mlp_stream for layer in model.model.layers]
+        finally:
+            del os.environ[FLAG.name]
+        assert len(streams) == 2
+        if expect_stream:
+            assert streams[0] is not None and all(s is streams[0] for s in streams)
+        else:
+            assert streams == [None, None]

@@ -106,7 +106,25 @@ NPUGRAPH_EX = [
     Mutant("lifetime-guard-removed", drop_line(r"_ms_record_stream\(torch\.npu\.current_stream\(\), "), "lifetime", r"."),
     Mutant("unjoined-at-return", unjoined_at_return, "unjoined", r"."),
 ]
-MUTANTS = {"eager": NATIVE, "cuda": NATIVE, "npugraph-ex": NPUGRAPH_EX}
+EVENTS = [  # moe-shared-mlp-init: fresh events per call
+    Mutant("fork-wait-removed", drop_line(r"input_ready_event\.wait\("), "race-raw", r"self\.\w+\("),
+    Mutant("join-removed", drop_line(r"_done_event\.wait\(current_stream\)"), "race-raw", r"hidden_states_mlp\b"),
+    Mutant(
+        "join-after-consumer",
+        join_after_consumer(r"_done_event\.wait\(", "shared_mlp_stream is not None"),
+        "race-raw",
+        r"hidden_states_mlp\b",
+    ),
+    Mutant("lifetime-guard-removed", drop_line(r"_ms_record_stream\(current_stream, "), "lifetime", r"."),
+    Mutant("unjoined-at-return", unjoined_at_return, "unjoined", r"."),
+]
+MUTANTS = {
+    ("moe-shared-expert", "eager"): NATIVE,
+    ("moe-shared-expert", "cuda"): NATIVE,
+    ("moe-shared-expert", "npugraph-ex"): NPUGRAPH_EX,
+    ("moe-shared-mlp-init", "eager"): EVENTS,
+    ("moe-shared-mlp-init", "cuda"): EVENTS,
+}
 
 
 def run_verify(tmp_path: Path, example: str, text: str):
@@ -115,12 +133,18 @@ def run_verify(tmp_path: Path, example: str, text: str):
     return verify_files(edited, original=EXAMPLES / f"{example}.py")
 
 
-PARAMS = [(mode, example, m) for mode, ms in MUTANTS.items() for example in EXAMPLE_NAMES for m in ms]
+MUTATED_EXAMPLES = {"moe-shared-expert": EXAMPLE_NAMES, "moe-shared-mlp-init": ["hunyuan_moe"]}
+PARAMS = [
+    (case, mode, example, m)
+    for (case, mode), ms in MUTANTS.items()
+    for example in MUTATED_EXAMPLES[case]
+    for m in ms
+]
 
 
-@pytest.mark.parametrize("mode,example,mutant", PARAMS, ids=[f"{p[0]}-{p[1]}-{p[2].name}" for p in PARAMS])
-def test_mutant_is_caught(tmp_path, mode, example, mutant):
-    golden, _ = regen.golden_paths("moe-shared-expert", mode, example)
+@pytest.mark.parametrize("case,mode,example,mutant", PARAMS, ids=[f"{p[0]}-{p[1]}-{p[2]}-{p[3].name}" for p in PARAMS])
+def test_mutant_is_caught(tmp_path, case, mode, example, mutant):
+    golden, _ = regen.golden_paths(case, mode, example)
     text = mutant.mutate(golden.read_text())
     assert text != golden.read_text()
     result = run_verify(tmp_path, example, text)
@@ -135,10 +159,17 @@ def test_mutant_is_caught(tmp_path, mode, example, mutant):
     assert any(re.search(mutant.line_marker, line) for line in pointed), pointed
 
 
-@pytest.mark.parametrize("mode", ["eager", "npugraph-ex", "ge-graph", "cuda"])
-@pytest.mark.parametrize("example", regen.GOLDEN_EXAMPLES["moe-shared-expert"])
-def test_unmutated_golden_verifies_clean(tmp_path, mode, example):
-    golden, _ = regen.golden_paths("moe-shared-expert", mode, example)
+GOLDENS = [
+    (case, mode, example)
+    for case, examples in regen.GOLDEN_EXAMPLES.items()
+    for mode in regen.golden_modes(case)
+    for example in examples
+]
+
+
+@pytest.mark.parametrize("case,mode,example", GOLDENS, ids=["-".join(g) for g in GOLDENS])
+def test_unmutated_golden_verifies_clean(tmp_path, case, mode, example):
+    golden, _ = regen.golden_paths(case, mode, example)
     result = run_verify(tmp_path, example, golden.read_text())
     assert result.ok, result.problems
     assert not result.findings

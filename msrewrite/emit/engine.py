@@ -36,9 +36,14 @@ from msrewrite.errors import BadInput, NothingToDo
 from msrewrite.plan import OverlapPlan
 
 _EMPTY = cst.Module(body=[])
-CASE_WHAT = {
-    "moe-shared-expert": ("the shared expert", "the routed experts"),
-}
+
+
+def case_words(case_name: str) -> tuple[str, str]:
+    """(side work, main work) as the case's comments name them."""
+    from msrewrite.codemods import get_case
+
+    case = get_case(case_name)
+    return case.what if case is not None else ("the side branch", "the main path")
 
 
 def code_of(node: cst.CSTNode) -> str:
@@ -192,6 +197,8 @@ class PlannedEdit:
     old_init: cst.FunctionDef | None
     new_init: cst.FunctionDef | None
     emission: Emission
+    cls: cst.ClassDef | None = None
+    stream_param: str = ""
 
 
 def _body_positions(func: cst.FunctionDef, positions) -> list[tuple[int, int]]:
@@ -288,8 +295,10 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         flag_attr=_unique(f"enable_{ident}_stream", set(class_attrs)),
         stream_attr=_unique(f"{ident}_stream", set(class_attrs)),
         events_attr=_unique(f"{ident}_events", set(class_attrs)),
+        input_ready=_unique("input_ready_event", taken),
+        side_done=_unique(f"{ident}_done_event", taken),
     )
-    what, _main = CASE_WHAT.get(plan.case, ("the side branch", "the main path"))
+    what, _main = case_words(plan.case)
 
     # GE start gates rebind the gated tensor; rename it inside the side block when the main
     # path still reads the original name, so main work is not ordered after the anchor too.
@@ -324,6 +333,8 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         gates=gates if plan.mode == "ge-graph" else [],
         names=names,
         what=what,
+        stream_source=plan.stream_source,
+        sync=plan.sync,
     )
     em = STRATEGIES[plan.mode](ctx)
 
@@ -429,7 +440,9 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         new_init = init.with_changes(
             body=init.body.with_changes(body=[*init.body.body, *init_stmts])  # type: ignore[union-attr]
         )
-    return PlannedEdit(plan, func, new_func, init, new_init, em)
+        if plan.stream_source == "constructor":
+            new_init = _add_keyword_param(new_init, names.stream_attr)
+    return PlannedEdit(plan, func, new_func, init, new_init, em, cls, names.stream_attr)
 
 
 class _ReplaceFunctions(cst.CSTTransformer):
@@ -440,6 +453,152 @@ class _ReplaceFunctions(cst.CSTTransformer):
 
     def leave_FunctionDef(self, original, updated):
         return self.replacements.get(id(original), updated)
+
+
+# Constructor plumbing -------------------------------------------------------------------------
+def _add_keyword_param(func: cst.FunctionDef, name: str, default: str = "None") -> cst.FunctionDef:
+    """`def __init__(..., name=None)`: keyword-only after *args, else the last positional one."""
+    params = func.params
+    existing = [p.name.value for p in (*params.params, *params.kwonly_params)]
+    if name in existing:
+        return func
+    param = cst.Param(
+        name=cst.Name(name),
+        default=cst.parse_expression(default),
+        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+    )
+    if isinstance(params.star_arg, cst.Param) or params.kwonly_params:
+        return func.with_changes(params=params.with_changes(kwonly_params=[*params.kwonly_params, param]))
+    items = list(params.params)
+    if items and items[-1].comma is cst.MaybeSentinel.DEFAULT and params.star_kwarg is None:
+        items[-1] = items[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    if params.star_kwarg is not None:
+        param = param.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        if items and items[-1].comma is cst.MaybeSentinel.DEFAULT:
+            items[-1] = items[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return func.with_changes(params=params.with_changes(params=[*items, param]))
+
+
+def _class_inits(module: cst.Module) -> dict[str, cst.FunctionDef]:
+    inits: dict[str, cst.FunctionDef] = {}
+    for name, func, cls in iter_functions(module):
+        if cls is not None and func.name.value == "__init__":
+            inits[cls.name.value] = func
+    return inits
+
+
+def _constructed_classes(func: cst.FunctionDef, names: set[str]) -> set[str]:
+    found: set[str] = set()
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            if isinstance(call.func, cst.Name) and call.func.value in names:
+                found.add(call.func.value)
+
+    func.visit(_Calls())
+    return found
+
+
+def plumb_constructor_stream(module: cst.Module, target: str, param: str, plan: OverlapPlan, em: Emission) -> cst.Module:
+    """Hand the side stream down from the outermost class in the file that builds `target`.
+
+    Every class on the way gets a `param=None` keyword and passes it on; the outermost one (built
+    nowhere in this file) creates the stream once, before the statement that builds its layers.
+    """
+    inits = _class_inits(module)
+    builds = {cls: _constructed_classes(func, set(inits)) for cls, func in inits.items()}
+    built_somewhere = {name for names in builds.values() for name in names}
+    receivers, creators, frontier = {target}, set(), [target]
+    while frontier:
+        callee = frontier.pop()
+        for cls, names in builds.items():
+            if callee not in names or cls == callee:
+                continue
+            if cls in built_somewhere and cls not in receivers:
+                receivers.add(cls)
+                frontier.append(cls)
+            elif cls not in built_somewhere:
+                creators.add(cls)
+    flag_line = _creator_flag(plan, em)
+    return module.visit(_Plumb(receivers, creators, target, param, plan.stream_tag, flag_line, plan.case))
+
+
+def _creator_flag(plan: OverlapPlan, em: Emission) -> str:
+    default = "True" if plan.flag.default else "False"
+    if plan.flag.kind == "env":
+        return f'_ms_env_flag("{plan.flag.name}", {default})'
+    return f'getattr(config, "{plan.flag.name}", {default})'
+
+
+class _Plumb(cst.CSTTransformer):
+    def __init__(self, receivers, creators, target, param, tag, flag, case) -> None:
+        self.receivers, self.creators, self.target = receivers, creators, target
+        self.param, self.tag, self.flag, self.case = param, tag, flag, case
+        self.classes: list[str] = []
+        self.in_init = False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.append(node.name.value)
+
+    def leave_ClassDef(self, original, updated):
+        self.classes.pop()
+        return updated
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.in_init = bool(self.classes) and node.name.value == "__init__"
+
+    def leave_Call(self, original, updated):
+        cls = self.classes[-1] if self.classes else None
+        if not self.in_init or cls not in (self.receivers | self.creators) - {self.target}:
+            return updated
+        if not (isinstance(updated.func, cst.Name) and updated.func.value in self.receivers):
+            return updated
+        if any(arg.keyword is not None and arg.keyword.value == self.param for arg in updated.args):
+            return updated
+        args = list(updated.args)
+        if args and args[-1].comma is cst.MaybeSentinel.DEFAULT:
+            args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        arg = cst.Arg(
+            keyword=cst.Name(self.param),
+            value=cst.Name(self.param),
+            equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+        )
+        return updated.with_changes(args=[*args, arg])
+
+    def leave_FunctionDef(self, original, updated):
+        cls = self.classes[-1] if self.classes else None
+        if not (self.classes and updated.name.value == "__init__"):
+            return updated
+        self.in_init = False
+        if cls in self.receivers and cls != self.target:
+            return _add_keyword_param(updated, self.param)
+        if cls in self.creators:
+            body = list(updated.body.body)
+            at = next((i for i, stmt in enumerate(body) if _constructed_classes_stmt(stmt, self.receivers)), None)
+            if at is None:
+                return updated
+            create = _parse_block([
+                f"# msrewrite({self.case}): one side stream for every layer, created once with the model.",
+                f'{self.param} = _ms_side_stream("{self.tag}", {self.flag})',
+            ])
+            create = _with_leading(create, list(body[at].leading_lines))
+            body[at] = strip_leading(body[at])
+            body[at:at] = create
+            return updated.with_changes(body=updated.body.with_changes(body=body))
+        return updated
+
+
+def _constructed_classes_stmt(stmt: cst.CSTNode, names: set[str]) -> bool:
+    found = False
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            nonlocal found
+            if isinstance(call.func, cst.Name) and call.func.value in names:
+                found = True
+
+    stmt.visit(_Calls())
+    return found
 
 
 # Module level: helpers and imports ------------------------------------------------------------------
@@ -593,7 +752,11 @@ def apply_plans(module: cst.Module, plans: list[OverlapPlan]) -> cst.Module:
             added = edit.new_init.body.body[len(edit.old_init.body.body):]  # type: ignore[union-attr]
             base = replacements.get(id(edit.old_init), edit.old_init)
             replacements[id(edit.old_init)] = base.with_changes(
-                body=base.body.with_changes(body=[*base.body.body, *added])  # type: ignore[union-attr]
+                params=edit.new_init.params if edit.new_init.params is not edit.old_init.params else base.params,
+                body=base.body.with_changes(body=[*base.body.body, *added]),  # type: ignore[union-attr]
             )
     new = module.visit(_ReplaceFunctions(replacements))
+    for edit in edits:
+        if edit.plan.stream_source == "constructor" and edit.cls is not None and edit.new_init is not None:
+            new = plumb_constructor_stream(new, edit.cls.name.value, edit.stream_param, edit.plan, edit.emission)
     return add_helpers(new, [e.emission for e in edits], plans[0].mode)

@@ -21,6 +21,8 @@ class Names:
     flag_attr: str  # self.<flag_attr> holds the enable switch
     stream_attr: str  # npugraph-ex: self.<stream_attr>
     events_attr: str  # npugraph-ex: self.<events_attr>
+    input_ready: str = "input_ready_event"  # events-per-call sync (native modes)
+    side_done: str = "side_done_event"
 
 
 @dataclass
@@ -42,6 +44,8 @@ class Context:
     gates: list[tuple[str, str, str]]  # (name the side reads, original name, main-stream anchor)
     names: Names
     what: str  # one clause for comments: "the shared expert"
+    stream_source: str = "lazy"  # lazy | constructor (self.<stream_attr> set in __init__)
+    sync: str = "wait_stream"  # wait_stream | events
 
 
 @dataclass
@@ -90,11 +94,17 @@ def _flag(ctx: Context, em: Emission) -> str:
     return f"self.{ctx.flag_name}"
 
 
-def _gated(ctx: Context, em: Emission, enabled: str) -> str:
+def _token_gate(ctx: Context, em: Emission) -> str | None:
+    """`_ms_num_tokens(x) <= N` for --max-tokens, else None."""
     if ctx.max_tokens is None or ctx.token_input is None:
-        return enabled
+        return None
     em.helpers.append("_ms_num_tokens")
-    return f"{enabled} and _ms_num_tokens({ctx.token_input}) <= {ctx.max_tokens}"
+    return f"_ms_num_tokens({ctx.token_input}) <= {ctx.max_tokens}"
+
+
+def _gated(ctx: Context, em: Emission, enabled: str) -> str:
+    gate = _token_gate(ctx, em)
+    return enabled if gate is None else f"{enabled} and {gate}"
 
 
 def _prebind(ctx: Context) -> list[str]:
@@ -111,17 +121,41 @@ def _native(ctx: Context, api: str) -> Emission:
     """eager (torch.npu) and cuda (torch.cuda): fork by wait_stream, join by wait_stream."""
     em = Emission()
     n = ctx.names
-    enabled = _gated(ctx, em, _flag(ctx, em))
+    flag = _flag(ctx, em)
+    gate = _token_gate(ctx, em)
+    enabled = flag if gate is None else f"{flag} and {gate}"
     em.helpers += ["_ms_side_stream:" + ("cuda" if api == "torch.cuda" else "npu")]
     if api == "torch.npu":
         em.imports.append("torch_npu")
-    em.prelude = [f'{n.stream} = _ms_side_stream("{ctx.tag}", {enabled})']
+    if ctx.stream_source == "constructor" and ctx.has_init:
+        param = n.stream_attr
+        em.init_lines += [
+            "# Handed down by the model so every layer shares one stream; built directly, the layer",
+            "# falls back to the same process-wide stream, created on first use.",
+            f"if {param} is None:",
+            f'    {param} = _ms_side_stream("{ctx.tag}", {flag})',
+            f"self.{n.stream_attr} = {param}",
+        ]
+        stream_expr = f"self.{n.stream_attr}" + (f" if {gate} else None" if gate else "")
+        em.prelude = [f"{n.stream} = {stream_expr}"]
+    else:
+        em.prelude = [f'{n.stream} = _ms_side_stream("{ctx.tag}", {enabled})']
     em.on_cond, em.off_cond = f"{n.stream} is not None", f"{n.stream} is None"
-    em.on_head = [
-        f"{n.current} = {api}.current_stream()",
-        f"{n.stream}.wait_stream({n.current})",
-        *_prebind(ctx),
-    ]
+    if ctx.sync == "events":
+        # Fresh events each call, recorded on the stream that produced the data.
+        em.on_head = [
+            f"{n.current} = {api}.current_stream()",
+            f"{n.input_ready} = {api}.Event()",
+            f"{n.input_ready}.record({n.current})",
+            *_prebind(ctx),
+        ]
+        em.side_head = [f"{n.input_ready}.wait({n.stream})"]
+    else:
+        em.on_head = [
+            f"{n.current} = {api}.current_stream()",
+            f"{n.stream}.wait_stream({n.current})",
+            *_prebind(ctx),
+        ]
     if ctx.rebound_inputs:
         em.helpers.append("_ms_record_stream")
         em.on_head += [
@@ -130,7 +164,14 @@ def _native(ctx: Context, api: str) -> Emission:
             f"_ms_record_stream({n.stream}, {', '.join(ctx.rebound_inputs)})",
         ]
     em.with_open = f"with {api}.stream({n.stream}):"
-    em.join = [f"{n.current}.wait_stream({n.stream})"]
+    if ctx.sync == "events":
+        em.join = [
+            f"{n.side_done} = {api}.Event()",
+            f"{n.side_done}.record({n.stream})",
+            f"{n.side_done}.wait({n.current})",
+        ]
+    else:
+        em.join = [f"{n.current}.wait_stream({n.stream})"]
     if ctx.outputs:
         em.helpers.append("_ms_record_stream")
         em.join += [
@@ -166,9 +207,9 @@ def npugraph_ex(ctx: Context) -> Emission:
     else:
         stream_expr = f'_ms_side_stream("{ctx.tag}", {enabled})'
         events_expr = None
-    if ctx.max_tokens is not None and ctx.token_input is not None:
-        em.helpers.append("_ms_num_tokens")
-        stream_expr = f"{stream_expr} if _ms_num_tokens({ctx.token_input}) <= {ctx.max_tokens} else None"
+    gate = _token_gate(ctx, em)
+    if gate:
+        stream_expr = f"{stream_expr} if {gate} else None"
     em.prelude = [f"{n.stream} = {stream_expr}"]
     em.on_cond, em.off_cond = f"{n.stream} is not None", f"{n.stream} is None"
     if events_expr is None:
