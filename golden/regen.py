@@ -17,8 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from msrewrite.commands.apply import plans_for_case  # noqa: E402
-from msrewrite.emit.engine import apply_plans  # noqa: E402
+from msrewrite.commands.apply import case_steps  # noqa: E402
 from msrewrite.load import load  # noqa: E402
 from msrewrite.output.diff import unified_diff  # noqa: E402
 from msrewrite.plan import FlagSpec  # noqa: E402
@@ -27,6 +26,7 @@ from msrewrite.plan import FlagSpec  # noqa: E402
 GOLDEN_EXAMPLES = {
     "moe-shared-expert": ["deepseek_moe", "qwen_gated_moe", "inplace_moe"],
     "moe-shared-mlp-init": ["hunyuan_moe", "hunyuan_moe_patch"],
+    "moe-shared-expert-phased": ["deepep_moe", "qwen_gated_moe"],
 }
 
 
@@ -43,8 +43,8 @@ def render(case_name: str, mode: str, example: str) -> tuple[str, str]:
     path = ROOT / "examples" / f"{example}.py"
     src = load(path)
     flag = FlagSpec(kind="env", name=get_case(case_name).flag_name)
-    plans = plans_for_case(path, src.module, case_name, mode, None, flag, None)
-    new = apply_plans(src.module, plans).code
+    steps = case_steps(path, src.text, src.module, case_name, mode, None, flag, None)
+    new = steps[-1].new
     return new, unified_diff(src.text, new, f"examples/{example}.py")
 
 

@@ -30,6 +30,7 @@ class Case:
     what: tuple[str, str] = ("the side branch", "the main path")  # for comments: side work, main work
     stream_source: str = "lazy"
     sync: str = "wait_stream"
+    phased: bool = False  # inline and flatten the side calls first, then issue them in phases
     notes: str = ""
 
 
@@ -47,6 +48,7 @@ class Options:
     flag: FlagSpec | None = None
     stream_tag: str | None = None
     start_gates: tuple = field(default_factory=tuple)  # StartGate; tensor "" = the first side input
+    phase_anchors: tuple[str, ...] = ()
 
 
 def find_targets(case: Case, path: Path, module: cst.Module, options: Options) -> list[Target]:
@@ -65,7 +67,13 @@ def find_targets(case: Case, path: Path, module: cst.Module, options: Options) -
             continue
         try:
             anchors = tuple(gate.anchor for gate in options.start_gates)
-            branch = find_side_branch(func, positions, case.is_seed, anchors=anchors)
+            branch = find_side_branch(
+                func,
+                positions,
+                case.is_seed,
+                anchors=anchors,
+                phase_anchors=options.phase_anchors if case.phased else None,
+            )
         except NoBranch as exc:
             targets.append(Target(name, reason=str(exc)))
             continue
@@ -76,7 +84,9 @@ def find_targets(case: Case, path: Path, module: cst.Module, options: Options) -
 def branch_plan(case: Case, path: Path, function: str, branch: SideBranch, options: Options) -> OverlapPlan:
     facts = branch.facts
     side = [
-        SideStatement(f.first_line, f.last_line, code_of(strip_leading(f.node)).strip())
+        SideStatement(
+            f.first_line, f.last_line, code_of(strip_leading(f.node)).strip(), phase=branch.phases.get(f.index, 0)
+        )
         for f in branch.statements
     ]
     side += [SideStatement(h.first_line, h.last_line, h.source, hoist=h.temp) for h in branch.hoists]
@@ -101,4 +111,5 @@ def branch_plan(case: Case, path: Path, function: str, branch: SideBranch, optio
         outputs_maybe_unbound=tuple(branch.maybe_outputs),
         stream_source=case.stream_source,
         sync=case.sync,
+        phase_anchors=tuple(branch.phase_anchors),
     )

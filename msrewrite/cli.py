@@ -42,6 +42,9 @@ def apply(
     start_after: Optional[str] = typer.Option(
         None, "--start-after", help="ge-graph: start the side work only after this main-stream tensor exists."
     ),
+    anchor: Optional[List[str]] = typer.Option(
+        None, "--anchor", help="Phased cases: a main-stream value after which the next side phase starts (repeat)."
+    ),
     in_place: bool = typer.Option(False, "--in-place", "-i", help="Rewrite the file in place (atomic)."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write git format-patch files to this folder."),
     verify: bool = typer.Option(False, "--verify", help="Run `msrewrite verify` on the edit."),
@@ -63,6 +66,7 @@ def apply(
             max_tokens=max_tokens,
             stream_tag=stream_tag,
             start_after=start_after,
+            anchors=tuple(anchor or ()),
             in_place=in_place,
             output=output,
             verify=verify,

@@ -62,6 +62,7 @@ class SideStatement:
     last_line: int
     source: str
     hoist: str | None = None
+    phase: int = 0  # phased plans: 0 issues at the fork, p >= 1 right after phase_anchors[p - 1]
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,9 @@ class OverlapPlan:
     stream_source: str = "lazy"
     # How the native modes fork and join: "wait_stream", or "events" recorded and waited per call.
     sync: str = "wait_stream"
+    # Phased plans: main-stream values after which side phases 1, 2, ... start (each phase waits
+    # for all main work issued so far: wait_stream, or npu_wait_tensor on the anchor in GE mode).
+    phase_anchors: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -156,6 +160,7 @@ class OverlapPlan:
                 outputs_maybe_unbound=tuple(data.get("outputs_maybe_unbound", ())),
                 stream_source=data.get("stream_source", "lazy"),
                 sync=data.get("sync", "wait_stream"),
+                phase_anchors=tuple(data.get("phase_anchors", ())),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed plan: {exc}") from None

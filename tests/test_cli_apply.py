@@ -224,3 +224,43 @@ def test_mode_auto_detection(tmp_path):
         result = run_cli("apply", *CASE, str(model))
         assert result.returncode == 0, result.stderr
         assert f"mode {mode} (auto:" in result.stderr
+
+
+def test_phased_patch_series_applies_stage_by_stage(git_repo, tmp_path):
+    """-o patches/stage1/ writes the inline refactor and the phases as two patches plus an
+    apply_patches.sh that applies every stage with git am on a pristine checkout."""
+    shutil.copy(EXAMPLES / "deepep_moe.py", git_repo / "moe.py")
+    git_repo.git("add", ".")
+    git_repo.git("commit", "-qm", "base")
+    stage = tmp_path / "patches" / "stage1"
+    result = run_cli("apply", "--case", "moe-shared-expert-phased", "moe.py", "-o", str(stage), cwd=git_repo)
+    assert result.returncode == 0, result.stderr
+    patches = sorted(stage.glob("*.patch"))
+    assert [p.name[:5] for p in patches] == ["0001-", "0002-"]
+    assert "Subject: [PATCH 1/2] moe-shared-expert-phased: inline the shared expert" in patches[0].read_text()
+    assert "Subject: [PATCH 2/2] moe-shared-expert-phased: overlap Qwen2MoeSparseMoeBlock in 3 phases" in patches[1].read_text()
+    script = tmp_path / "patches" / "apply_patches.sh"
+    assert os.access(script, os.X_OK)
+    applied = subprocess.run(["bash", str(script)], cwd=git_repo, capture_output=True, text=True)
+    assert applied.returncode == 0, applied.stderr
+    subjects = git_repo.git("log", "--format=%s").stdout.splitlines()
+    assert subjects[:2] == [
+        "moe-shared-expert-phased: overlap Qwen2MoeSparseMoeBlock in 3 phases on side stream shared_expert",
+        "moe-shared-expert-phased: inline the shared expert into Qwen2MoeSparseMoeBlock",
+    ]
+    final = run_cli("apply", "--case", "moe-shared-expert-phased", str(EXAMPLES / "deepep_moe.py"))
+    assert final.returncode == 0
+    assert (git_repo / "moe.py").read_text().count("re-enters the side stream") == 2
+
+
+def test_anchor_option(tmp_path):
+    result = run_cli("apply", "--case", "moe-shared-expert-phased", str(EXAMPLES / "deepep_moe.py"),
+                     "--anchor", "dispatch_output")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("re-enters the side stream after dispatch_output") == 1
+    assert "after combine_input" not in result.stdout
+    wrong = run_cli("apply", "--case", "moe-shared-expert", str(EXAMPLES / "deepep_moe.py"), "--anchor", "x")
+    assert wrong.returncode == 2 and "--anchor is for phased cases" in wrong.stderr
+    late = run_cli("apply", "--case", "moe-shared-expert-phased", str(EXAMPLES / "deepep_moe.py"),
+                   "--anchor", "combine_input", "--anchor", "dispatch_output")
+    assert late.returncode == 1 and "program order" in late.stderr

@@ -118,3 +118,31 @@ def test_model_hands_one_stream_to_every_layer(tmp_path):
             assert streams[0] is not None and all(s is streams[0] for s in streams)
         else:
             assert streams == [None, None]
+
+
+@pytest.mark.parametrize("mode", ["eager", "ge-graph", "cuda"])
+def test_qwen3_next_phased_is_equivalent_and_clean(tmp_path, mode):
+    """moe-shared-expert-phased on the real Qwen3-Next block: inlined, two phases, still exact."""
+    from msrewrite.commands.apply import case_steps
+
+    module_name, _ = TARGETS["Qwen3NextSparseMoeBlock"]
+    original = Path(importlib.import_module(module_name).__file__)
+    src = load(original)
+    steps = case_steps(original, src.text, src.module, "moe-shared-expert-phased", mode,
+                       "Qwen3NextSparseMoeBlock", FLAG, None)
+    assert len(steps) == 2 and steps[0].plans == []  # the inlining refactor, then the phases
+    assert steps[1].plans[0].phase_anchors == ("selected_experts",)
+    edited = tmp_path / original.name
+    edited.write_text(steps[-1].new)
+    package = module_name.rsplit(".", 1)[0]
+    result = verify_files(edited, original=original, target="Qwen3NextSparseMoeBlock", package=package)
+    assert result.ok, result.problems
+    # the inlining step alone changes nothing either
+    refactor = tmp_path / "refactor" / original.name
+    refactor.parent.mkdir()
+    refactor.write_text(steps[0].new)
+    reference = build_harness(original, target="Qwen3NextSparseMoeBlock", package=package)
+    inlined = reference.rebuild_from(load_module(refactor, package=package, name=f"{package}._inlined_{mode}"))
+    import torch
+
+    assert torch.equal(reference.run(), inlined.run())

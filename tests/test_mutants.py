@@ -118,7 +118,13 @@ EVENTS = [  # moe-shared-mlp-init: fresh events per call
     Mutant("lifetime-guard-removed", drop_line(r"_ms_record_stream\(current_stream, "), "lifetime", r"."),
     Mutant("unjoined-at-return", unjoined_at_return, "unjoined", r"."),
 ]
+PHASED = [  # moe-shared-expert-phased: the join is what protects the result
+    Mutant("join-removed", drop_line(r"current_stream\.wait_stream\(shared_expert_stream\)"), "race-raw", r"shared_output\b"),
+    Mutant("lifetime-guard-removed", drop_line(r"_ms_record_stream\(current_stream, "), "lifetime", r"."),
+    Mutant("unjoined-at-return", unjoined_at_return, "unjoined", r"."),
+]
 MUTANTS = {
+    ("moe-shared-expert-phased", "eager"): PHASED,
     ("moe-shared-expert", "eager"): NATIVE,
     ("moe-shared-expert", "cuda"): NATIVE,
     ("moe-shared-expert", "npugraph-ex"): NPUGRAPH_EX,
@@ -133,7 +139,11 @@ def run_verify(tmp_path: Path, example: str, text: str):
     return verify_files(edited, original=EXAMPLES / f"{example}.py")
 
 
-MUTATED_EXAMPLES = {"moe-shared-expert": EXAMPLE_NAMES, "moe-shared-mlp-init": ["hunyuan_moe"]}
+MUTATED_EXAMPLES = {
+    "moe-shared-expert": EXAMPLE_NAMES,
+    "moe-shared-mlp-init": ["hunyuan_moe"],
+    "moe-shared-expert-phased": ["deepep_moe"],
+}
 PARAMS = [
     (case, mode, example, m)
     for (case, mode), ms in MUTANTS.items()

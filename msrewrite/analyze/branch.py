@@ -49,6 +49,8 @@ class SideBranch:
     outputs: list[str]
     rebound_inputs: list[str]  # inputs the main path rebinds before the join
     maybe_outputs: list[str] = field(default_factory=list)  # bound only on some paths (inside an if)
+    phases: dict[int, int] = field(default_factory=dict)  # side statement index -> phase
+    phase_anchors: list[str] = field(default_factory=list)
     facts: list[StatementFacts] = field(default_factory=list)
 
 
@@ -95,6 +97,7 @@ def find_side_branch(
     positions: dict[cst.CSTNode, CodeRange],
     is_seed: SeedPredicate,
     anchors: tuple[str, ...] = (),
+    phase_anchors: tuple[str, ...] | None = None,
 ) -> SideBranch:
     """The side branch of `func`; `anchors` are main-stream values the side must start after."""
     body = list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else []
@@ -123,21 +126,50 @@ def find_side_branch(
     # reads their results. A seed statement that depends on main work is the join; its seed
     # calls are hoisted out of it instead.
     seed_idx = {f.index for f in seeds}
+    def last_writer(name: str, before: int) -> int | None:
+        # an in-place write (`x.index_add_(...)`, `x += y`) changes the value as much as a rebinding
+        for f in reversed(facts[:before]):
+            if name in f.stores or name in f.mutates:
+                return f.index
+        return None
+
     depends_on_main: dict[int, bool] = {}
     for f in facts:
         dep = f.index not in seed_idx and bool(f.self_calls)
         for name in f.loads:
-            d = reaching_def(name, f.index, set())
+            d = last_writer(name, f.index)
             if d is not None and depends_on_main[d]:
                 dep = True
         depends_on_main[f.index] = dep
 
-    whole = [f for f in seeds if not depends_on_main[f.index]]
+    # Glue around side calls (`mul_out = act_out * up_out` in a flattened expert, a gate's sigmoid)
+    # belongs to the side branch: it reads side results and no main-path value.
+    pure = {f.index for f in seeds if not depends_on_main[f.index]}
+    changed = True
+    while changed and pure:
+        changed = False
+        side_stores = {name for i in pure for name in facts[i].stores}
+        for f in facts[min(pure) :]:
+            if (
+                f.index not in pure
+                and isinstance(f.node, cst.SimpleStatementLine)
+                and not depends_on_main[f.index]
+                and not f.exits
+                and not f.self_calls
+                and f.loads & side_stores
+            ):
+                pure.add(f.index)
+                changed = True
+    whole = [facts[i] for i in sorted(pure)]
     impure = [f for f in seeds if depends_on_main[f.index]]
     side_idx = {f.index for f in whole}
-    outputs: list[str] = []
+    # Outputs: side results read after the branch (the join and later), in definition order.
+    # Temporaries used only inside the branch stay on the side stream and need no guard.
+    side_stores: list[str] = []
     for f in whole:
-        outputs.extend(n for n in sorted(f.stores) if n not in outputs)
+        side_stores.extend(n for n in sorted(f.stores) if n not in side_stores)
+    read_after = {name for f in facts[max(side_idx) + 1 :] if f.index not in side_idx for name in f.loads} if side_idx else set()
+    outputs = [n for n in side_stores if n in read_after]
 
     # The join: first statement after the side statements that reads a side output, or the
     # impure seed statement whose calls get hoisted.
@@ -241,7 +273,7 @@ def find_side_branch(
             raise NoBranch(
                 f"line {f.first_line} writes '{sorted(touched)[0]}' in place while the side stream reads it"
             )
-        clash = (f.loads | f.stores) & set(outputs)
+        clash = (f.loads | f.stores) & (set(outputs) | set(side_stores))
         if clash:
             raise NoBranch(f"line {f.first_line} uses '{sorted(clash)[0]}' between the fork and the join")
     for f in whole:
@@ -254,7 +286,14 @@ def find_side_branch(
 
     rebound = sorted({name for f in window for name in f.stores if name in inputs})
     maybe = [name for name in outputs if any(name in f.stores for f in whole if not isinstance(f.node, cst.SimpleStatementLine))]
+    phases: dict[int, int] = {}
+    chosen_anchors: list[str] = []
+    if phase_anchors is not None:
+        chosen_anchors = list(phase_anchors) or derive_phase_anchors(facts, fork, join, side_idx)
+        phases = _assign_phases(facts, whole, chosen_anchors, fork, join, side_idx, reaching_def, set(inputs))
     return SideBranch(
+        phases=phases,
+        phase_anchors=chosen_anchors,
         maybe_outputs=maybe,
         statements=whole,
         hoists=hoists,
@@ -265,6 +304,50 @@ def find_side_branch(
         rebound_inputs=rebound,
         facts=facts,
     )
+
+
+def derive_phase_anchors(facts: list[StatementFacts], fork: int, join: int, side_idx: set[int]) -> list[str]:
+    """Anchors when none are given: the results of the main-path steps before the last one, at most
+    two, so the side phases start after dispatch-like and compute-like steps and the last phase
+    overlaps the final step (combine)."""
+    steps = [f for f in facts[fork:join] if f.index not in side_idx and f.self_calls]
+    anchors = []
+    for f in steps[max(0, len(steps) - 3) : len(steps) - 1]:
+        names = sorted(n for n in f.stores if n != "_")
+        if names:
+            anchors.append(names[-1] if len(names) > 1 else names[0])
+    return anchors
+
+
+def _assign_phases(facts, whole, anchors, fork, join, side_idx, reaching_def, inputs) -> dict[int, int]:
+    """Phase of each side statement: its depth in the side branch, capped at the number of anchors.
+
+    Depth 0 reads only the fork's inputs, depth d reads a depth d-1 result: projections first,
+    activations next, the rest last (the SGLang / cann-recipes three-phase split).
+    """
+    anchor_defs = []
+    for anchor in anchors:
+        d = reaching_def(anchor, join, side_idx)
+        if d is None:
+            raise NoBranch(f"phase anchor '{anchor}' is not assigned before the join")
+        if d < fork:
+            raise NoBranch(f"phase anchor '{anchor}' is ready before the side branch starts (line {facts[d].first_line})")
+        if anchor_defs and d <= anchor_defs[-1]:
+            raise NoBranch(f"phase anchors must come in program order ('{anchor}' is out of order)")
+        anchor_defs.append(d)
+    depth: dict[int, int] = {}
+    for f in sorted(whole, key=lambda f: f.index):
+        sources = [reaching_def(name, f.index, set()) for name in f.loads]
+        depth[f.index] = 1 + max((depth[d] for d in sources if d in depth), default=-1)
+    phases = {i: min(d, len(anchors)) for i, d in depth.items()}
+    for f in whole:
+        if phases[f.index] == 0:
+            continue
+        at = anchor_defs[phases[f.index] - 1] + 1
+        for name in f.loads & inputs:
+            if reaching_def(name, at, side_idx) != reaching_def(name, fork, side_idx):
+                raise NoBranch(f"'{name}' changes between the fork and phase {phases[f.index]} at line {f.first_line}")
+    return phases
 
 
 def _alias_closure(facts: list[StatementFacts], names: set[str], upto: int) -> set[str]:

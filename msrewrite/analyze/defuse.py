@@ -180,6 +180,14 @@ def statement_facts(
     return facts
 
 
+def node_facts(node: cst.CSTNode) -> StatementFacts:
+    """Loads, stores and mutations of any node, without source positions."""
+    item = StatementFacts(index=-1, node=node, first_line=0, last_line=0)  # type: ignore[arg-type]
+    node.visit(_Collector(item))
+    item.loads.discard("self")
+    return item
+
+
 def expression_loads(node: cst.CSTNode) -> set[str]:
     item = StatementFacts(index=-1, node=node, first_line=0, last_line=0)  # type: ignore[arg-type]
     node.visit(_Collector(item))

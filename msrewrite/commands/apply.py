@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
 
-from msrewrite.cases import Options, find_targets
-from msrewrite.emit.engine import apply_plans
+from msrewrite.cases import Case, Options, find_targets
+from msrewrite.emit.engine import apply_plans, locate
+from msrewrite.emit.inline import inline_and_flatten
 from msrewrite.errors import EXIT_OK, BadInput, NothingToDo
-from msrewrite.load import git_root, load, read_source
+from msrewrite.load import git_root, load, parse_source, read_source
 from msrewrite.modes import resolve_mode
 from msrewrite.output.diff import unified_diff
-from msrewrite.output.patch import PatchStep, write_series
+from msrewrite.output.patch import PatchStep, is_stage_folder, write_apply_script, write_series
 from msrewrite.plan import FlagSpec, OverlapPlan, StartGate, load_plans
 
 
@@ -50,20 +53,25 @@ def _match_target(name: str, target: str) -> bool:
     return name == target or name == f"{target}.forward" or name.endswith("." + target)
 
 
-def plans_for_case(
-    file: Path, module, case_name: str, mode: str, target: str | None, flag: FlagSpec, stream_tag: str | None,
-    start_gates: tuple[StartGate, ...] = (),
-) -> list[OverlapPlan]:
+def get_known_case(case_name: str) -> Case:
     from msrewrite.codemods import all_cases, get_case
 
     case = get_case(case_name)
     if case is None:
         known = ", ".join(c.name for c in all_cases())
         raise BadInput(f"unknown case {case_name!r}; known cases: {known}")
+    return case
+
+
+def plans_for_case(
+    file: Path, module, case_name: str | Case, mode: str, target: str | None, flag: FlagSpec, stream_tag: str | None,
+    start_gates: tuple[StartGate, ...] = (), phase_anchors: tuple[str, ...] = (),
+) -> list[OverlapPlan]:
+    case = get_known_case(case_name) if isinstance(case_name, str) else case_name
     if mode not in case.modes:
         raise BadInput(f"case {case.name} does not support mode {mode} (supports {', '.join(case.modes)})")
-    targets = find_targets(case, file, module, Options(mode=mode, flag=flag, stream_tag=stream_tag,
-                                                       start_gates=start_gates))
+    options = Options(mode=mode, flag=flag, stream_tag=stream_tag, start_gates=start_gates, phase_anchors=phase_anchors)
+    targets = find_targets(case, file, module, options)
     if target:
         chosen = [t for t in targets if _match_target(t.function, target)]
         if not chosen:
@@ -86,6 +94,69 @@ def plans_for_case(
         names = ", ".join(p.function for p in plans)
         raise BadInput(f"ambiguous target: {len(plans)} functions match ({names}); pick one with --target")
     return plans
+
+
+@dataclass
+class EditStep:
+    """One reviewable step of an edit: one patch of a series."""
+
+    subject: str
+    body: str
+    old: str
+    new: str
+    plans: list[OverlapPlan]
+
+
+def case_steps(
+    file: Path, text: str, module, case_name: str, mode: str, target: str | None, flag: FlagSpec,
+    stream_tag: str | None, start_gates: tuple[StartGate, ...] = (), phase_anchors: tuple[str, ...] = (),
+) -> list[EditStep]:
+    """The edit a case makes, as steps: phased cases first inline and flatten the side branch (a
+    refactor that changes no behaviour), then issue it in phases."""
+    case = get_known_case(case_name)
+    if not case.phased:
+        plans = plans_for_case(file, module, case, mode, target, flag, stream_tag, start_gates)
+        return [_plan_step(plans[0], text, apply_plans(module, plans).code)]
+    base = dataclasses.replace(case, phased=False)
+    if mode not in case.modes:
+        raise BadInput(f"case {case.name} does not support mode {mode} (supports {', '.join(case.modes)})")
+    function = plans_for_case(file, module, dataclasses.replace(base, modes=case.modes), mode, target, flag,
+                              stream_tag)[0].function
+    located = locate(module, function)
+    inlined_func = inline_and_flatten(module, located.cls, located.func, case.is_seed)
+    inlined = module.deep_replace(located.func, inlined_func)
+    inlined_text = inlined.code
+    inlined = parse_source(file, inlined_text)
+    plans = plans_for_case(file, inlined, case, mode, function, flag, stream_tag, start_gates, phase_anchors)
+    steps = []
+    if inlined_text != text:
+        what = case.what[0]
+        steps.append(EditStep(
+            subject=f"{case.name}: inline {what} into {function.rsplit('.', 1)[0]}",
+            body=(f"Refactor only, no change in behaviour: {what} is written out step by step in\n"
+                  f"{function}, each nested call bound to its own name, so the next patch can\n"
+                  "issue the steps in phases."),
+            old=text, new=inlined_text, plans=[],
+        ))
+    steps.append(_plan_step(plans[0], inlined_text, apply_plans(inlined, plans).code))
+    return steps
+
+
+def _plan_step(plan: OverlapPlan, old: str, new: str) -> EditStep:
+    cls = plan.function.rsplit(".", 1)[0]
+    phases = f" in {len(plan.phase_anchors) + 1} phases" if plan.phase_anchors else ""
+    subject = f"{plan.case}: overlap {cls}{phases} on side stream {plan.stream_tag}"
+    anchors = f"Phases start after: {', '.join(plan.phase_anchors)}\n" if plan.phase_anchors else ""
+    body = (
+        f"{plan.summary or plan.case}.\n\n"
+        f"Function: {plan.function}\n"
+        f"Mode: {plan.mode}\n"
+        f"{anchors}"
+        f"Switch: {plan.flag.describe()}; with it off the original statements run in\n"
+        "their original order on the current stream.\n"
+        "Generated by msrewrite apply."
+    )
+    return EditStep(subject=subject, body=body, old=old, new=new, plans=[plan])
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -118,6 +189,7 @@ def run_apply(
     stream_tag: str | None,
     in_place: bool,
     start_after: str | None = None,
+    anchors: tuple[str, ...] = (),
     output: Path | None,
     verify: bool,
     harness: str | None,
@@ -149,7 +221,14 @@ def run_apply(
             if not start_after.isidentifier():
                 raise BadInput(f"--start-after needs a variable name, got {start_after!r}")
             gates = (StartGate("", start_after),)
-        plans = plans_for_case(file, src.module, case, chosen_mode, target, spec, stream_tag, gates)
+        bad = [a for a in anchors if not a.isidentifier()]
+        if bad:
+            raise BadInput(f"--anchor needs a variable name, got {bad[0]!r}")
+        if anchors and not (known and known.phased):
+            raise BadInput(f"--anchor is for phased cases; {case} runs its side branch in one piece")
+        steps = case_steps(file, src.text, src.module, case, chosen_mode, target, spec, stream_tag, gates,
+                           tuple(anchors))
+        plans = [plan for step in steps for plan in step.plans]
     else:
         try:
             plans = load_plans(read_source(plan_path))  # type: ignore[arg-type]
@@ -173,13 +252,14 @@ def run_apply(
         plans = [p.with_changes(**overrides) for p in plans]
         _note(f"mode {plans[0].mode} ({'from the plan' if mode == 'auto' else why})")
 
-    steps: list[PatchStep] = []
-    before = src.text
-    for k in range(1, len(plans) + 1):
-        after = apply_plans(src.module, plans[:k]).code
-        steps.append(_step(plans[k - 1], before, after, _relpath(file)))
-        before = after
-    new_text = before
+    if plan_path is not None:
+        steps = []
+        before = src.text
+        for k in range(1, len(plans) + 1):  # one patch per plan, each on top of the previous
+            after = apply_plans(src.module, plans[:k]).code
+            steps.append(_plan_step(plans[k - 1], before, after))
+            before = after
+    new_text = steps[-1].new
     try:
         compile(new_text, str(file), "exec")
     except SyntaxError as exc:  # our bug, never the user's: refuse to write it
@@ -193,8 +273,12 @@ def run_apply(
         _atomic_write(file, new_text)
         _note(f"rewrote {file}")
     elif output is not None:
-        for path in write_series(steps, output):
+        relpath = _relpath(file)
+        series = [PatchStep(step.subject, step.body, step.old, step.new, relpath) for step in steps]
+        for path in write_series(series, output):
             typer.echo(str(path))
+        if is_stage_folder(output):  # SGLang-style patches/stageN/: one script applies every stage
+            typer.echo(str(write_apply_script(output.parent)))
     else:
         sys.stdout.write(unified_diff(src.text, new_text, _relpath(file)))
     if verify:
@@ -202,17 +286,3 @@ def run_apply(
 
         return verify_edit(file, src.text, new_text, plans, harness=harness)
     return EXIT_OK
-
-
-def _step(plan: OverlapPlan, old: str, new: str, relpath: str) -> PatchStep:
-    cls = plan.function.rsplit(".", 1)[0]
-    subject = f"{plan.case}: overlap {cls} on side stream {plan.stream_tag}"
-    body = (
-        f"{plan.summary or plan.case}.\n\n"
-        f"Function: {plan.function}\n"
-        f"Mode: {plan.mode}\n"
-        f"Switch: {plan.flag.describe()}; with it off the original statements run in\n"
-        "their original order on the current stream.\n"
-        f"Generated by msrewrite apply."
-    )
-    return PatchStep(subject=subject, body=body, old=old, new=new, relpath=relpath)

@@ -265,7 +265,10 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
 
     whole: list[int] = []
     hoists: list[tuple[cst.Call, str]] = []
+    phase_of: dict[int, int] = {}  # body index (or -1 - hoist number) -> phase
     for side in plan.side:
+        if side.phase > len(plan.phase_anchors):
+            raise BadInput(f"plan for {plan.function}: phase {side.phase} has no anchor")
         if side.hoist:
             call = _find_call(body[join], side.source, positions)
             if call is None:
@@ -274,6 +277,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
                     f"does not contain {side.source!r} exactly once"
                 )
             hoists.append((call, side.hoist))
+            phase_of[-len(hoists)] = side.phase
         else:
             i = _find_index(spans, side.first_line, "side statement", plan)
             if code_of(strip_leading(body[i])).strip() != side.source.strip():
@@ -281,6 +285,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
                     f"stale plan for {plan.function}: line {side.first_line} no longer reads {side.source.strip()!r}"
                 )
             whole.append(i)
+            phase_of[i] = side.phase
 
     init, config_param, init_sets_flag = _init_info(cls, plan.flag.name)
     taken = function_names(func)
@@ -335,21 +340,25 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         what=what,
         stream_source=plan.stream_source,
         sync=plan.sync,
+        phased=bool(plan.phase_anchors),
     )
     em = STRATEGIES[plan.mode](ctx)
 
-    # Side statements as they run on the side stream.
-    side_nodes: list[cst.BaseStatement] = []
-    for i in whole:
-        side_nodes.append(strip_leading(body[i]))
+    # Side statements as they run on the side stream, by phase (0 = at the fork).
     hoist_assigns = [
         cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(temp))], value=call)])
         for call, temp in hoists
     ]
-    side_nodes += hoist_assigns
+    phase_nodes: dict[int, list[cst.BaseStatement]] = {}
+    for i in whole:
+        phase_nodes.setdefault(phase_of[i], []).append(strip_leading(body[i]))
+    for k, assign in enumerate(hoist_assigns, start=1):
+        phase_nodes.setdefault(phase_of[-k], []).append(assign)
     if plan.mode == "ge-graph":
         for old, new in renames.items():
-            side_nodes = [s.visit(_Rename(old, new)) for s in side_nodes]
+            phase_nodes = {p: [s.visit(_Rename(old, new)) for s in nodes] for p, nodes in phase_nodes.items()}
+    side_nodes = phase_nodes.get(0, [])
+    phase_blocks = _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what)
 
     # Runs of side statements left at their original place (they form the off path).
     runs: list[list[int]] = []
@@ -432,6 +441,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
             new_body.append(join_stmt)
             continue
         new_body.append(stmt)
+        new_body += phase_blocks.get(i, [])
     new_func = func.with_changes(body=func.body.with_changes(body=new_body))
 
     new_init = None
@@ -443,6 +453,44 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         if plan.stream_source == "constructor":
             new_init = _add_keyword_param(new_init, names.stream_attr)
     return PlannedEdit(plan, func, new_func, init, new_init, em, cls, names.stream_attr)
+
+
+def _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what) -> dict[int, list[cst.BaseStatement]]:
+    """body index of each phase's anchor -> the block that re-enters the side stream after it."""
+    from msrewrite.analyze.defuse import node_facts, statement_facts
+
+    if not plan.phase_anchors:
+        return {}
+    facts = statement_facts(body, positions)
+    blocks: dict[int, list[cst.BaseStatement]] = {}
+    earlier: set[str] = set()  # names the side stream defined in earlier phases
+    for nodes in [phase_nodes.get(0, [])]:
+        for node in nodes:
+            earlier |= node_facts(node).stores
+    for p, anchor in enumerate(plan.phase_anchors, start=1):
+        at = next((f.index for f in reversed(facts[:join]) if anchor in f.stores), None)
+        if at is None:
+            raise BadInput(f"stale plan for {plan.function}: phase anchor '{anchor}' is not assigned before the join")
+        nodes = phase_nodes.get(p, [])
+        if not nodes:
+            continue
+        inner = list(nodes)
+        if em.phase_gate:
+            loads = [n for node in nodes for n in sorted(node_facts(node).loads)]
+            tensor = next((n for n in loads if n in earlier), loads[0] if loads else None)
+            if tensor is not None:
+                side_name = tensor if tensor in earlier else _unique(f"{tensor}_phase{p}", taken)
+                if side_name != tensor:
+                    inner = [node.visit(_Rename(tensor, side_name)) for node in inner]
+                gate = em.phase_gate.format(side=side_name, tensor=tensor, anchor=anchor)
+                inner = [*_parse_block([gate]), *inner]
+        for node in nodes:
+            earlier |= node_facts(node).stores
+        with_stmt = _splice(_parse_block([em.with_open, "    __ms_side__"]), {"__ms_side__": inner})
+        block = _if_block(em.on_cond, [*_parse_block(em.phase_head), *with_stmt], em.off_cond, [])
+        note = f"msrewrite({plan.case}): phase {p} of {what} re-enters the side stream after {anchor}."
+        blocks[at] = _with_leading(block, [_comment(note)])
+    return blocks
 
 
 class _ReplaceFunctions(cst.CSTTransformer):

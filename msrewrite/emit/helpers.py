@@ -100,6 +100,8 @@ def _ms_wait_tensor(tensor, dependency):
     """
     if torchair is None or not torch.compiler.is_compiling():
         return tensor
+    while isinstance(dependency, (tuple, list)) and dependency:  # an op's outputs: any one orders it
+        dependency = next((d for d in dependency if isinstance(d, torch.Tensor)), dependency[0])
     return torchair.scope.npu_wait_tensor(tensor, dependency)
 ''',
 }

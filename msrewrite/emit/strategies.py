@@ -46,6 +46,7 @@ class Context:
     what: str  # one clause for comments: "the shared expert"
     stream_source: str = "lazy"  # lazy | constructor (self.<stream_attr> set in __init__)
     sync: str = "wait_stream"  # wait_stream | events
+    phased: bool = False  # side phases re-enter the stream after main-stream anchors
 
 
 @dataclass
@@ -59,6 +60,10 @@ class Emission:
     side_head: list[str] = field(default_factory=list)
     side_tail: list[str] = field(default_factory=list)
     join: list[str] = field(default_factory=list)
+    # Re-entering the side stream for a later phase: lines before its `with` (native modes), and the
+    # start gate inside it (GE), a template over {side}, {tensor} and {anchor}.
+    phase_head: list[str] = field(default_factory=list)
+    phase_gate: str = ""
     helpers: list[str] = field(default_factory=list)
     imports: list[str] = field(default_factory=list)  # guarded imports (helpers.GUARDED_IMPORTS keys)
     needs_os: bool = False
@@ -164,6 +169,7 @@ def _native(ctx: Context, api: str) -> Emission:
             f"_ms_record_stream({n.stream}, {', '.join(ctx.rebound_inputs)})",
         ]
     em.with_open = f"with {api}.stream({n.stream}):"
+    em.phase_head = [f"{n.stream}.wait_stream({n.current})"]
     if ctx.sync == "events":
         em.join = [
             f"{n.side_done} = {api}.Event()",
@@ -238,6 +244,9 @@ def ge_graph(ctx: Context) -> Emission:
     em.prelude = [f"{n.stream} = _ms_graph_streams({enabled})"]
     em.on_cond, em.off_cond = n.stream, f"not {n.stream}"
     em.with_open = f'with torchair.scope.npu_stream_switch("{ctx.tag}", 0):'
+    if ctx.phased:
+        em.helpers.append("_ms_wait_tensor")
+        em.phase_gate = "{side} = _ms_wait_tensor({tensor}, {anchor})"
     if ctx.gates:
         em.helpers.append("_ms_wait_tensor")
         em.side_head = [f"{side} = _ms_wait_tensor({orig}, {anchor})" for side, orig, anchor in ctx.gates]

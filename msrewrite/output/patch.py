@@ -76,3 +76,29 @@ def write_series(steps: list[PatchStep], folder: Path) -> list[Path]:
         tmp.replace(path)
         paths.append(path)
     return paths
+
+
+APPLY_SCRIPT = """#!/usr/bin/env bash
+# Apply every stage of this patch series in order, as cann-recipes' apply_patches.sh does.
+# Run it from the root of a clean checkout of the target repository.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+for stage in $(ls -d "$here"/stage*/ | sort -V); do
+    echo "applying ${stage%/}"
+    git am --keep-cr "$stage"*.patch
+done
+"""
+
+
+def is_stage_folder(folder: Path) -> bool:
+    return re.fullmatch(r"stage\d+", folder.name) is not None
+
+
+def write_apply_script(series_root: Path) -> Path:
+    """apply_patches.sh beside the stage folders; the same text whichever stage wrote it."""
+    path = series_root / "apply_patches.sh"
+    tmp = path.with_suffix(".sh.tmp")
+    tmp.write_text(APPLY_SCRIPT, encoding="utf-8")
+    tmp.chmod(0o755)
+    tmp.replace(path)
+    return path

@@ -1,0 +1,111 @@
+"""A Qwen-MoE-style block: a shared expert scaled by a sigmoid gate, written before the router."""
+
+import os
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# msrewrite: multi-stream helpers (ge-graph mode). With the flag off, or without
+# the backend, each one falls back to the original single-stream behaviour.
+try:
+    import torchair
+except ImportError:  # torchair ships with torch_npu; without it the side stream stays off
+    torchair = None
+
+
+def _ms_env_flag(name, default):
+    """A boolean switch from the environment: 1/true/yes/on enable it, 0/false/no/off disable it."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    return value in ("1", "true", "yes", "on")
+
+
+def _ms_graph_streams(enabled):
+    """GE multi-stream needs torchair; without it the original single-stream path runs."""
+    return bool(enabled) and torchair is not None
+
+
+def _ms_wait_tensor(tensor, dependency):
+    """Order `tensor`'s consumers after `dependency` inside a GE graph.
+
+    torchair's npu_wait_tensor raises outside a graph (prefill runs eager), so it is only called
+    while torch.compile traces; in eager the stream switch is a no-op and the order holds anyway.
+    """
+    if torchair is None or not torch.compiler.is_compiling():
+        return tensor
+    while isinstance(dependency, (tuple, list)) and dependency:  # an op's outputs: any one orders it
+        dependency = next((d for d in dependency if isinstance(d, torch.Tensor)), dependency[0])
+    return torchair.scope.npu_wait_tensor(tensor, dependency)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden_size, intermediate_size):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class SparseMoeBlock(nn.Module):
+    def __init__(self, hidden_size=64, intermediate_size=32, num_experts=8, top_k=2):
+        super().__init__()
+        self.top_k = top_k
+        self.gate = nn.Linear(hidden_size, num_experts, bias=False)
+        self.experts = nn.ModuleList(SwiGLU(hidden_size, intermediate_size) for _ in range(num_experts))
+        self.shared_expert = SwiGLU(hidden_size, 2 * intermediate_size)
+        self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False)
+        # msrewrite(moe-shared-expert-phased): ENABLE_MOE_SHARED_EXPERT_STREAM=0 turns the side stream off.
+        self.enable_shared_expert_stream = _ms_env_flag("ENABLE_MOE_SHARED_EXPERT_STREAM", True)
+
+    def route(self, hidden_states):
+        routing_weights = F.softmax(self.gate(hidden_states), dim=-1, dtype=torch.float)
+        routing_weights, selected_experts = torch.topk(routing_weights, self.top_k, dim=-1)
+        return routing_weights.to(hidden_states.dtype), selected_experts
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        batch_size, sequence_length, hidden_dim = hidden_states.shape
+        hidden_states = hidden_states.view(-1, hidden_dim)
+        # msrewrite(moe-shared-expert-phased): the shared expert runs on side stream "shared_expert" during the routed experts.
+        use_shared_expert_stream = _ms_graph_streams(self.enable_shared_expert_stream)
+        if use_shared_expert_stream:
+            with torchair.scope.npu_stream_switch("shared_expert", 0):
+                shared_expert_gate_2, shared_expert_up = self.shared_expert.gate_up_proj(hidden_states).chunk(2, dim=-1)
+                shared_expert_gate_out = self.shared_expert_gate(hidden_states)
+        else:
+            shared_expert_gate_2, shared_expert_up = self.shared_expert.gate_up_proj(hidden_states).chunk(2, dim=-1)
+            silu_out = F.silu(shared_expert_gate_2)
+            mul_out = silu_out * shared_expert_up
+            shared_expert_output = self.shared_expert.down_proj(mul_out)
+
+        routing_weights, selected_experts = self.route(hidden_states)
+        # msrewrite(moe-shared-expert-phased): phase 1 of the shared expert re-enters the side stream after selected_experts.
+        if use_shared_expert_stream:
+            with torchair.scope.npu_stream_switch("shared_expert", 0):
+                shared_expert_gate_2 = _ms_wait_tensor(shared_expert_gate_2, selected_experts)
+                silu_out = F.silu(shared_expert_gate_2)
+                mul_out = silu_out * shared_expert_up
+                shared_expert_output = self.shared_expert.down_proj(mul_out)
+                sigmoid_out = F.sigmoid(shared_expert_gate_out)
+                shared_expert_output = sigmoid_out * shared_expert_output
+        final_hidden_states = torch.zeros_like(hidden_states)
+        for expert_idx in range(len(self.experts)):
+            token_idx, slot = torch.where(selected_experts == expert_idx)
+            expert_out = self.experts[expert_idx](hidden_states[token_idx])
+            final_hidden_states.index_add_(0, token_idx, expert_out * routing_weights[token_idx, slot, None])
+
+        # msrewrite(moe-shared-expert-phased): with the flag off the shared expert runs here, as before.
+        if not use_shared_expert_stream:
+            shared_expert_gate_out = self.shared_expert_gate(hidden_states)
+            sigmoid_out = F.sigmoid(shared_expert_gate_out)
+            shared_expert_output = sigmoid_out * shared_expert_output
+        final_hidden_states = final_hidden_states + shared_expert_output
+        return final_hidden_states.reshape(batch_size, sequence_length, hidden_dim)
+
+
+def make():
+    torch.manual_seed(0)
+    return SparseMoeBlock().eval(), (torch.randn(2, 8, 64),)

@@ -1,0 +1,268 @@
+"""A behaviour-preserving refactor that phased overlaps need first: inline and flatten side calls.
+
+`y = self.shared_expert(x)` becomes the statements of the submodule's forward, with `self`
+pointing at the submodule, and every nested call or arithmetic step bound to its own name:
+
+    gate_proj_out = self.shared_expert.gate_proj(x)
+    act_fn_out = self.shared_expert.act_fn(gate_proj_out)
+    up_proj_out = self.shared_expert.up_proj(x)
+    mul_out = act_fn_out * up_proj_out
+    y = self.shared_expert.down_proj(mul_out)
+
+Each step can then be issued in its own phase. Inlining skips the submodule's `__call__`, so its
+forward hooks no longer fire on this path; a submodule whose forward is more than straight-line
+statements ending in `return` is left as a call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import libcst as cst
+
+from msrewrite.analyze.defuse import function_names, node_facts, self_callee
+
+_OP_NAMES = {
+    cst.Multiply: "mul",
+    cst.Add: "add",
+    cst.Subtract: "sub",
+    cst.Divide: "div",
+    cst.MatrixMultiply: "matmul",
+}
+
+
+@dataclass
+class _Namer:
+    taken: set[str]
+
+    def __call__(self, hint: str, suffix: str = "_out") -> str:
+        base = f"{hint}{suffix}"
+        name, n = base, 2
+        while name in self.taken:
+            name, n = f"{base}_{n}", n + 1
+        self.taken.add(name)
+        return name
+
+
+def _bare(expr: cst.BaseExpression) -> cst.BaseExpression:
+    return expr.with_changes(lpar=[], rpar=[]) if hasattr(expr, "lpar") else expr
+
+
+def _assign(name: str, value: cst.BaseExpression) -> cst.SimpleStatementLine:
+    return cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(name))], value=_bare(value))])
+
+
+def _hint(expr: cst.BaseExpression) -> str:
+    if isinstance(expr, cst.Call):
+        func = expr.func
+        while isinstance(func, cst.Subscript):
+            func = func.value
+        if isinstance(func, cst.Attribute):
+            return func.attr.value
+        if isinstance(func, cst.Name):
+            return func.value
+        return "call"
+    if isinstance(expr, cst.BinaryOperation):
+        return _OP_NAMES.get(type(expr.operator), "op")
+    return "value"
+
+
+Inliner = Callable[[cst.Call, "_Namer", list], "cst.BaseExpression | None"]
+
+
+def flatten(
+    expr: cst.BaseExpression,
+    namer: _Namer,
+    out: list[cst.BaseStatement],
+    bind: bool,
+    inline: Inliner | None = None,
+) -> cst.BaseExpression:
+    """Bind every nested call and arithmetic step of `expr` to a name, appending the assignments;
+    `inline` may replace a call by the statements of its forward."""
+    if isinstance(expr, cst.Call):
+        inlined = inline(expr, namer, out) if inline is not None else None
+        if inlined is not None:
+            expr = inlined
+            if not bind or isinstance(expr, cst.Name):
+                return expr
+        else:
+            args = [arg.with_changes(value=flatten(arg.value, namer, out, True, inline)) for arg in expr.args]
+            expr = expr.with_changes(args=args)
+    elif isinstance(expr, cst.BinaryOperation):
+        # one line per step: drop the line breaks a parenthesized original may have had
+        space = cst.SimpleWhitespace(" ")
+        expr = expr.with_changes(
+            left=flatten(expr.left, namer, out, True, inline),
+            right=flatten(expr.right, namer, out, True, inline),
+            operator=expr.operator.with_changes(whitespace_before=space, whitespace_after=space),
+        )
+    elif isinstance(expr, cst.UnaryOperation):  # -x stays inline; its operand may be a step
+        return expr.with_changes(expression=flatten(expr.expression, namer, out, True, inline))
+    else:
+        return expr
+    if not bind:
+        return expr
+    name = namer(_hint(expr))
+    out.append(_assign(name, expr))
+    return cst.Name(name)
+
+
+class _Rebase(cst.CSTTransformer):
+    """Inside an inlined forward: self -> self.<sub>, parameters -> arguments, locals -> fresh names."""
+
+    def __init__(self, sub: str, renames: dict[str, str]) -> None:
+        self.sub, self.renames = sub, renames
+
+    def leave_Attribute(self, original, updated):
+        updated = updated.with_changes(attr=original.attr)  # a field name, never a local
+        if isinstance(original.value, cst.Name) and original.value.value == "self":
+            return updated.with_changes(value=cst.Attribute(value=cst.Name("self"), attr=cst.Name(self.sub)))
+        return updated
+
+    def leave_Arg(self, original, updated):
+        return updated.with_changes(keyword=original.keyword)
+
+    def leave_Name(self, original, updated):
+        return updated.with_changes(value=self.renames[updated.value]) if updated.value in self.renames else updated
+
+
+def _submodule_classes(cls: cst.ClassDef) -> dict[str, str]:
+    """self.<attr> = ClassName(...) assignments in __init__."""
+    found: dict[str, str] = {}
+    for stmt in cls.body.body:  # type: ignore[union-attr]
+        if isinstance(stmt, cst.FunctionDef) and stmt.name.value == "__init__":
+
+            class _Assigns(cst.CSTVisitor):
+                def visit_Assign(self, node: cst.Assign) -> None:
+                    if len(node.targets) != 1 or not isinstance(node.value, cst.Call):
+                        return
+                    t = node.targets[0].target
+                    if (
+                        isinstance(t, cst.Attribute)
+                        and isinstance(t.value, cst.Name)
+                        and t.value.value == "self"
+                        and isinstance(node.value.func, cst.Name)
+                    ):
+                        found[t.attr.value] = node.value.func.value
+
+            stmt.visit(_Assigns())
+    return found
+
+
+def _simple_forward(module: cst.Module, class_name: str) -> cst.FunctionDef | None:
+    for stmt in module.body:
+        if isinstance(stmt, cst.ClassDef) and stmt.name.value == class_name:
+            for item in stmt.body.body:  # type: ignore[union-attr]
+                if isinstance(item, cst.FunctionDef) and item.name.value == "forward":
+                    body = item.body.body if isinstance(item.body, cst.IndentedBlock) else []
+                    if not body or not all(isinstance(s, cst.SimpleStatementLine) for s in body):
+                        return None
+                    last = body[-1].body  # type: ignore[union-attr]
+                    if len(last) != 1 or not isinstance(last[0], cst.Return) or last[0].value is None:
+                        return None
+                    params = item.params
+                    if params.star_arg is not cst.MaybeSentinel.DEFAULT and params.star_arg is not None:
+                        return None
+                    if params.kwonly_params or params.star_kwarg:
+                        return None
+                    return item
+    return None
+
+
+def _fold_named_return(body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    """`x = expr; return x` -> `return expr`, so the caller's own name receives the value."""
+    if len(body) < 2:
+        return body
+    last, before = body[-1].body[0], body[-2].body  # type: ignore[union-attr]
+    if (
+        isinstance(last, cst.Return)
+        and isinstance(last.value, cst.Name)
+        and len(before) == 1
+        and isinstance(before[0], cst.Assign)
+        and len(before[0].targets) == 1
+        and isinstance(before[0].targets[0].target, cst.Name)
+        and before[0].targets[0].target.value == last.value.value
+    ):
+        folded = body[-1].with_changes(body=[last.with_changes(value=before[0].value)])  # type: ignore[union-attr]
+        return [*body[:-2], folded]
+    return body
+
+
+def _inline_call(
+    call: cst.Call, sub: str, forward: cst.FunctionDef, namer: _Namer, out: list[cst.BaseStatement]
+) -> cst.BaseExpression | None:
+    params = [p.name.value for p in forward.params.params][1:]
+    if len(call.args) != len(params) or any(a.keyword is not None or a.star for a in call.args):
+        return None
+    body = list(forward.body.body)  # type: ignore[union-attr]
+    body = _fold_named_return(body)
+    stored = set()
+    for stmt in body[:-1]:
+        stored |= node_facts(stmt).stores
+    renames: dict[str, str] = {}
+    for param, arg in zip(params, call.args):
+        value = flatten(arg.value, namer, out, True)
+        if isinstance(value, cst.Name) and param not in stored:
+            renames[param] = value.value
+        else:  # the forward reassigns its parameter: never rebind the caller's variable
+            renames[param] = namer(f"{sub}_{param}", suffix="")
+            out.append(_assign(renames[param], value))
+    local_names = function_names(forward.body) - set(params) - {"self"}
+    for name in sorted(stored & local_names):
+        renames[name] = namer(f"{sub}_{name}", suffix="")
+    rebase = _Rebase(sub, renames)
+    for stmt in body[:-1]:
+        for small in stmt.visit(rebase).body:  # type: ignore[union-attr]
+            if isinstance(small, cst.Assign) and len(small.targets) == 1:
+                value = flatten(small.value, namer, out, False)
+                out.append(cst.SimpleStatementLine(body=[small.with_changes(value=_bare(value))]))
+            else:
+                out.append(cst.SimpleStatementLine(body=[small]))
+    result = body[-1].body[0].value.visit(rebase)  # type: ignore[union-attr]
+    return flatten(result, namer, out, False)
+
+
+def inline_and_flatten(
+    module: cst.Module, cls: cst.ClassDef | None, func: cst.FunctionDef, is_seed: Callable[[str], bool]
+) -> cst.FunctionDef:
+    """`func` with every top-level side statement (`name = <expr with seed calls>`) flattened and
+    its `self.<sub>(...)` calls inlined where the submodule's forward allows it."""
+    subclasses = _submodule_classes(cls) if cls is not None else {}
+    namer = _Namer(function_names(func))
+    new_body: list[cst.BaseStatement] = []
+    for stmt in func.body.body:  # type: ignore[union-attr]
+        small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
+        if not (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name)):
+            new_body.append(stmt)
+            continue
+        seeds = []
+
+        class _Seeds(cst.CSTVisitor):
+            def visit_Call(self, node: cst.Call) -> None:
+                callee = self_callee(node.func)
+                if callee and is_seed(callee):
+                    seeds.append(node)
+
+        small.value.visit(_Seeds())
+        if not seeds:
+            new_body.append(stmt)
+            continue
+        out: list[cst.BaseStatement] = []
+
+        def inline(call: cst.Call, namer: _Namer, out: list) -> cst.BaseExpression | None:
+            callee = self_callee(call.func)
+            if not callee or "." in callee or not is_seed(callee):
+                return None
+            forward = _simple_forward(module, subclasses.get(callee, ""))
+            return _inline_call(call, callee, forward, namer, out) if forward is not None else None
+
+        value = flatten(small.value, namer, out, False, inline)
+        out.append(
+            cst.SimpleStatementLine(
+                body=[small.with_changes(value=_bare(value))], trailing_whitespace=stmt.trailing_whitespace
+            )
+        )
+        out[0] = out[0].with_changes(leading_lines=stmt.leading_lines)
+        new_body += out
+    return func.with_changes(body=func.body.with_changes(body=new_body))
