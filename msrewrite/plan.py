@@ -109,6 +109,8 @@ class OverlapPlan:
     # Phased plans: main-stream values after which side phases 1, 2, ... start (each phase waits
     # for all main work issued so far: wait_stream, or npu_wait_tensor on the anchor in GE mode).
     phase_anchors: tuple[str, ...] = ()
+    # Several-stream cases: which of the case's branches this plan is (one stream tag each).
+    case_branch: str = ""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -161,6 +163,7 @@ class OverlapPlan:
                 stream_source=data.get("stream_source", "lazy"),
                 sync=data.get("sync", "wait_stream"),
                 phase_anchors=tuple(data.get("phase_anchors", ())),
+                case_branch=data.get("case_branch", ""),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed plan: {exc}") from None

@@ -93,6 +93,15 @@ FIX = {
         """,
         {"side": [(6, 6)], "fork": 3, "join": 6, "hoist": "shared_experts_output"},
     ),
+    "side_reads_router_output": (  # the fork follows the router; the side overlaps the experts
+        """
+        logits = self.gate(x)
+        s = self.shared_experts(x, logits)
+        y = self.experts(x, logits)
+        return y + s
+        """,
+        {"side": [(4, 4)], "fork": 4, "join": 6},
+    ),
     "conditional_shared_expert": (
         """
         if self.shared_experts is not None:
@@ -135,7 +144,7 @@ NOOP = {
         y = self.experts(x, w, idx)
         return y + self.shared_experts(y)
         """,
-        "which the main path computes",
+        "nothing to overlap",  # it can only start once the routed result exists
     ),
     "main_writes_side_input_in_place": (
         """

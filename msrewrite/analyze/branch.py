@@ -22,6 +22,7 @@ import libcst as cst
 from libcst.metadata import CodeRange
 
 from msrewrite.analyze.defuse import (
+    node_facts,
     StatementFacts,
     dotted_name,
     expression_loads,
@@ -133,10 +134,14 @@ def find_side_branch(
                 return f.index
         return None
 
+    # A seed statement depends on the main path only through what it reads outside its side
+    # calls: `h = h + self.shared_experts(x)` (h is routed output: the join, hoist the call) vs
+    # `s = self.shared_experts(w)` (w may come from the router: then the fork simply follows it).
     depends_on_main: dict[int, bool] = {}
     for f in facts:
         dep = f.index not in seed_idx and bool(f.self_calls)
-        for name in f.loads:
+        loads = _outer_loads(f.node, is_seed) if f.index in seed_idx else f.loads
+        for name in loads:
             d = last_writer(name, f.index)
             if d is not None and depends_on_main[d]:
                 dep = True
@@ -204,14 +209,6 @@ def find_side_branch(
         )
     if join_fact in impure:
         for call in _seed_calls(join_fact.node, is_seed):
-            args_loads = expression_loads(call)
-            for name in args_loads:
-                d = reaching_def(name, join, set())
-                if d is not None and depends_on_main[d] and d not in side_idx:
-                    raise NoBranch(
-                        f"line {join_fact.first_line}: the side call reads '{name}', "
-                        "which the main path computes"
-                    )
             where = positions[call]
             hoists.append(
                 Hoist(
@@ -242,12 +239,7 @@ def find_side_branch(
             d = reaching_def(name, index, side_idx)
             if d is None:
                 continue
-            if depends_on_main[d]:
-                raise NoBranch(
-                    f"line {facts[index].first_line if index < len(facts) else '?'}: the side branch "
-                    f"reads '{name}', computed by the main path at line {facts[d].first_line}"
-                )
-            fork = max(fork, d + 1)
+            fork = max(fork, d + 1)  # after the input exists, even when the main path made it
     for anchor in anchors:
         d = reaching_def(anchor, join, side_idx)
         if d is None:
@@ -304,6 +296,17 @@ def find_side_branch(
         rebound_inputs=rebound,
         facts=facts,
     )
+
+
+def _outer_loads(node: cst.CSTNode, is_seed: SeedPredicate) -> set[str]:
+    """Names a statement reads outside its side calls (and their arguments)."""
+    seeds = set(map(id, _seed_calls(node, is_seed)))
+
+    class _Strip(cst.CSTTransformer):
+        def leave_Call(self, original, updated):
+            return cst.Name("_ms_side_call") if id(original) in seeds else updated
+
+    return node_facts(node.visit(_Strip())).loads - {"_ms_side_call"}
 
 
 def derive_phase_anchors(facts: list[StatementFacts], fork: int, join: int, side_idx: set[int]) -> list[str]:

@@ -83,18 +83,32 @@ def locate(module: cst.Module, qualified: str) -> Located:
     raise BadInput(f"no function {qualified!r} in the file")
 
 
-def already_applied(func: cst.FunctionDef) -> bool:
-    """True when the function already calls msrewrite helpers (a second apply is a no-op)."""
+def already_applied(func: cst.FunctionDef, tag: str | None = None) -> bool:
+    """True when the function already runs side work (a second apply is a no-op): it calls
+    msrewrite helpers, or, for one stream `tag` of a several-stream case, names that tag."""
     found = False
+    literal = None if tag is None else f'"{tag}"'
 
     class _Seen(cst.CSTVisitor):
         def visit_Name(self, node: cst.Name) -> None:
             nonlocal found
-            if node.value.startswith(helper_text.HELPER_PREFIX):
+            if literal is None and node.value.startswith(helper_text.HELPER_PREFIX):
+                found = True
+
+        def visit_SimpleString(self, node: cst.SimpleString) -> None:
+            nonlocal found
+            if literal is not None and node.value == literal:
                 found = True
 
     func.visit(_Seen())
     return found
+
+
+def flag_attribute(flag_name: str) -> str:
+    """self.<attr> holding an env switch: ENABLE_X_STREAM -> enable_x_stream (one per switch, so
+    several streams behind one switch share it)."""
+    attr = re.sub(r"\W+", "_", flag_name).strip("_").lower()
+    return attr if attr.startswith("enable") else f"enable_{attr}"
 
 
 # Names --------------------------------------------------------------------------------------
@@ -254,7 +268,7 @@ def _assigned_self_attrs(func: cst.FunctionDef) -> set[str]:
 def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
     located = locate(module, plan.function)
     func, cls = located.func, located.cls
-    if already_applied(func):
+    if already_applied(func, plan.stream_tag if plan.case_branch else None):
         raise NothingToDo(f"{plan.function} already runs its side branch on a side stream")
     if not isinstance(func.body, cst.IndentedBlock):
         raise BadInput(f"{plan.function}: a one-line function body cannot be split")
@@ -288,6 +302,8 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
             phase_of[i] = side.phase
 
     init, config_param, init_sets_flag = _init_info(cls, plan.flag.name)
+    if plan.flag.kind == "env" and init is not None:
+        init_sets_flag = flag_attribute(plan.flag.name) in _assigned_self_attrs(init)
     taken = function_names(func)
     class_attrs = _self_attrs(cls) if cls is not None else set()
     ident = _identifier(plan.stream_tag)
@@ -297,7 +313,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         current=_unique("current_stream", taken),
         fork_event=_unique("fork_event", taken),
         join_event=_unique("join_event", taken),
-        flag_attr=_unique(f"enable_{ident}_stream", set(class_attrs)),
+        flag_attr=flag_attribute(plan.flag.name),
         stream_attr=_unique(f"{ident}_stream", set(class_attrs)),
         events_attr=_unique(f"{ident}_events", set(class_attrs)),
         input_ready=_unique("input_ready_event", taken),

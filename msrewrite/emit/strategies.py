@@ -35,7 +35,7 @@ class Context:
     max_tokens: int | None
     has_init: bool  # the enclosing class has an __init__ we can extend
     init_config_param: str | None  # name of __init__'s config parameter, if any
-    init_sets_flag: bool  # __init__ already assigns self.<flag_name> (attr flags)
+    init_sets_flag: bool  # __init__ already assigns the switch (attr flags, or a second env stream)
     inputs: list[str]
     rebound_inputs: list[str]
     outputs: list[str]
@@ -78,6 +78,8 @@ def _flag(ctx: Context, em: Emission) -> str:
         read = f'_ms_env_flag("{ctx.flag_name}", {default})'
         if not ctx.has_init:
             return read
+        if ctx.init_sets_flag:  # another stream behind the same switch set it already
+            return f"self.{ctx.names.flag_attr}"
         em.init_lines += [
             f"# msrewrite({ctx.case}): {ctx.flag_name}=0 turns the side stream off.",
             f"self.{ctx.names.flag_attr} = {read}",

@@ -111,13 +111,13 @@ class Qwen2MoeSparseMoeBlock(nn.Module):
         self.shared_expert = MergedMLP(hidden_size, 2 * intermediate_size)
         self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False)
         # msrewrite(moe-shared-expert-phased): ENABLE_MOE_SHARED_EXPERT_STREAM=0 turns the side stream off.
-        self.enable_shared_expert_stream = _ms_env_flag("ENABLE_MOE_SHARED_EXPERT_STREAM", True)
+        self.enable_moe_shared_expert_stream = _ms_env_flag("ENABLE_MOE_SHARED_EXPERT_STREAM", True)
 
     def forward(self, hidden_states):
         router_logits = self.gate(hidden_states)
         shared_expert_x = hidden_states
         # msrewrite(moe-shared-expert-phased): the shared expert runs on side stream "shared_expert" during the routed experts.
-        use_shared_expert_stream = _ms_graph_streams(self.enable_shared_expert_stream)
+        use_shared_expert_stream = _ms_graph_streams(self.enable_moe_shared_expert_stream)
         if use_shared_expert_stream:
             with torchair.scope.npu_stream_switch("shared_expert", 0):
                 shared_expert_gate_up = self.shared_expert.gate_up_proj(shared_expert_x)

@@ -61,12 +61,12 @@ class InplaceMoe(nn.Module):
         self.experts = nn.ModuleList(FeedForward(hidden_size, intermediate_size) for _ in range(num_experts))
         self.shared_mlp = FeedForward(hidden_size, intermediate_size)
         # msrewrite(moe-shared-expert): ENABLE_MOE_SHARED_EXPERT_STREAM=0 turns the side stream off.
-        self.enable_shared_expert_stream = _ms_env_flag("ENABLE_MOE_SHARED_EXPERT_STREAM", True)
+        self.enable_moe_shared_expert_stream = _ms_env_flag("ENABLE_MOE_SHARED_EXPERT_STREAM", True)
 
     def forward(self, hidden_states):
         hidden_states = hidden_states.reshape(-1, self.hidden_dim)
         # msrewrite(moe-shared-expert): the shared expert runs on side stream "shared_expert" during the routed experts.
-        shared_expert_stream = _ms_side_stream("shared_expert", self.enable_shared_expert_stream)
+        shared_expert_stream = _ms_side_stream("shared_expert", self.enable_moe_shared_expert_stream)
         if shared_expert_stream is not None:
             current_stream = torch.cuda.current_stream()
             shared_expert_stream.wait_stream(current_stream)

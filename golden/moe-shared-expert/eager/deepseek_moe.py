@@ -94,12 +94,12 @@ class DeepseekMoE(nn.Module):
         self.experts = Experts(hidden_size, intermediate_size, num_experts)
         self.shared_experts = MLP(hidden_size, intermediate_size * n_shared_experts)
         # msrewrite(moe-shared-expert): ENABLE_MOE_SHARED_EXPERT_STREAM=0 turns the side stream off.
-        self.enable_shared_expert_stream = _ms_env_flag("ENABLE_MOE_SHARED_EXPERT_STREAM", True)
+        self.enable_moe_shared_expert_stream = _ms_env_flag("ENABLE_MOE_SHARED_EXPERT_STREAM", True)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         residuals = hidden_states
         # msrewrite(moe-shared-expert): the shared expert runs on side stream "shared_expert" during the routed experts.
-        shared_expert_stream = _ms_side_stream("shared_expert", self.enable_shared_expert_stream)
+        shared_expert_stream = _ms_side_stream("shared_expert", self.enable_moe_shared_expert_stream)
         if shared_expert_stream is not None:
             current_stream = torch.npu.current_stream()
             shared_expert_stream.wait_stream(current_stream)

@@ -52,12 +52,12 @@ class InplaceMoe(nn.Module):
         self.experts = nn.ModuleList(FeedForward(hidden_size, intermediate_size) for _ in range(num_experts))
         self.shared_mlp = FeedForward(hidden_size, intermediate_size)
         # msrewrite(moe-shared-expert): ENABLE_MOE_SHARED_EXPERT_STREAM=0 turns the side stream off.
-        self.enable_shared_expert_stream = _ms_env_flag("ENABLE_MOE_SHARED_EXPERT_STREAM", True)
+        self.enable_moe_shared_expert_stream = _ms_env_flag("ENABLE_MOE_SHARED_EXPERT_STREAM", True)
 
     def forward(self, hidden_states):
         hidden_states = hidden_states.reshape(-1, self.hidden_dim)
         # msrewrite(moe-shared-expert): the shared expert runs on side stream "shared_expert" during the routed experts.
-        use_shared_expert_stream = _ms_graph_streams(self.enable_shared_expert_stream)
+        use_shared_expert_stream = _ms_graph_streams(self.enable_moe_shared_expert_stream)
         if use_shared_expert_stream:
             with torchair.scope.npu_stream_switch("shared_expert", 0):
                 out = self.shared_mlp(

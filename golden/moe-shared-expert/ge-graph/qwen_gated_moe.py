@@ -46,7 +46,7 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert = SwiGLU(hidden_size, 2 * intermediate_size)
         self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False)
         # msrewrite(moe-shared-expert): ENABLE_MOE_SHARED_EXPERT_STREAM=0 turns the side stream off.
-        self.enable_shared_expert_stream = _ms_env_flag("ENABLE_MOE_SHARED_EXPERT_STREAM", True)
+        self.enable_moe_shared_expert_stream = _ms_env_flag("ENABLE_MOE_SHARED_EXPERT_STREAM", True)
 
     def route(self, hidden_states):
         routing_weights = F.softmax(self.gate(hidden_states), dim=-1, dtype=torch.float)
@@ -57,7 +57,7 @@ class SparseMoeBlock(nn.Module):
         batch_size, sequence_length, hidden_dim = hidden_states.shape
         hidden_states = hidden_states.view(-1, hidden_dim)
         # msrewrite(moe-shared-expert): the shared expert runs on side stream "shared_expert" during the routed experts.
-        use_shared_expert_stream = _ms_graph_streams(self.enable_shared_expert_stream)
+        use_shared_expert_stream = _ms_graph_streams(self.enable_moe_shared_expert_stream)
         if use_shared_expert_stream:
             with torchair.scope.npu_stream_switch("shared_expert", 0):
                 shared_expert_output = self.shared_expert(hidden_states)

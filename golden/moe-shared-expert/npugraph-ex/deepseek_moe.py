@@ -101,9 +101,9 @@ class DeepseekMoE(nn.Module):
         self.experts = Experts(hidden_size, intermediate_size, num_experts)
         self.shared_experts = MLP(hidden_size, intermediate_size * n_shared_experts)
         # msrewrite(moe-shared-expert): ENABLE_MOE_SHARED_EXPERT_STREAM=0 turns the side stream off.
-        self.enable_shared_expert_stream = _ms_env_flag("ENABLE_MOE_SHARED_EXPERT_STREAM", True)
+        self.enable_moe_shared_expert_stream = _ms_env_flag("ENABLE_MOE_SHARED_EXPERT_STREAM", True)
         # Stream and events are created once: graph capture and replay must see the same objects.
-        self.shared_expert_stream = _ms_side_stream("shared_expert", self.enable_shared_expert_stream)
+        self.shared_expert_stream = _ms_side_stream("shared_expert", self.enable_moe_shared_expert_stream)
         self.shared_expert_events = _ms_stream_events(self.shared_expert_stream)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:

@@ -73,9 +73,9 @@ class InplaceMoe(nn.Module):
         self.experts = nn.ModuleList(FeedForward(hidden_size, intermediate_size) for _ in range(num_experts))
         self.shared_mlp = FeedForward(hidden_size, intermediate_size)
         # msrewrite(moe-shared-expert): ENABLE_MOE_SHARED_EXPERT_STREAM=0 turns the side stream off.
-        self.enable_shared_expert_stream = _ms_env_flag("ENABLE_MOE_SHARED_EXPERT_STREAM", True)
+        self.enable_moe_shared_expert_stream = _ms_env_flag("ENABLE_MOE_SHARED_EXPERT_STREAM", True)
         # Stream and events are created once: graph capture and replay must see the same objects.
-        self.shared_expert_stream = _ms_side_stream("shared_expert", self.enable_shared_expert_stream)
+        self.shared_expert_stream = _ms_side_stream("shared_expert", self.enable_moe_shared_expert_stream)
         self.shared_expert_events = _ms_stream_events(self.shared_expert_stream)
 
     def forward(self, hidden_states):

@@ -67,9 +67,9 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert = SwiGLU(hidden_size, 2 * intermediate_size)
         self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False)
         # msrewrite(moe-shared-expert): ENABLE_MOE_SHARED_EXPERT_STREAM=0 turns the side stream off.
-        self.enable_shared_expert_stream = _ms_env_flag("ENABLE_MOE_SHARED_EXPERT_STREAM", True)
+        self.enable_moe_shared_expert_stream = _ms_env_flag("ENABLE_MOE_SHARED_EXPERT_STREAM", True)
         # Stream and events are created once: graph capture and replay must see the same objects.
-        self.shared_expert_stream = _ms_side_stream("shared_expert", self.enable_shared_expert_stream)
+        self.shared_expert_stream = _ms_side_stream("shared_expert", self.enable_moe_shared_expert_stream)
         self.shared_expert_events = _ms_stream_events(self.shared_expert_stream)
 
     def route(self, hidden_states):
