@@ -1,31 +1,52 @@
-"""Benchmark (not a test): how long `suggest` takes next to simply running the model.
+"""Benchmark (not a test): how long `suggest` takes next to simply importing and running the model.
 
-For each transformers MoE model: the time to import the modeling file and run its tiny decoder
-layer once (the baseline), the traced `suggest` (build + record + analysis + full-size estimate),
-and the static `suggest` (parse + dataflow, no import). Targets: traced suggest within a small
-multiple of the baseline; static suggest under 1 s per file.
+Every measurement is a fresh process, so each pays the same interpreter, torch and transformers
+start-up (about 2-4 s; an in-process baseline would be cached after the first model):
 
-    /work/venv/bin/python bench/suggest_speed.py
+- run once: import the modeling file, build its tiny decoder layer and run it once;
+- traced: `python -m msrewrite suggest FILE --target LAYER --json` (build, record, fx tier,
+  analysis, full-size estimate);
+- before (with --before DIR): the same command with DIR (a copy of an older `msrewrite` package,
+  e.g. `git archive HEAD msrewrite | tar -x -C DIR`) first on PYTHONPATH, measured in the same run;
+- static: `suggest --static` in-process, best of 3.
+
+Target: traced within 1.5x of run once; static under 1 s per file.
+
+    /work/venv/bin/python bench/suggest_speed.py [--before DIR] [--repeat N]
 """
 
 from __future__ import annotations
 
+import argparse
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import transformers.models as hf_models
 
-from msrewrite.harness import build_harness
 from msrewrite.suggest.pipeline import analyze
 from msrewrite.suggest.profiles import profile
 
 MODELS = Path(hf_models.__file__).parent
+ROOT = Path(__file__).resolve().parent.parent
 CASES = [
     ("deepseek_v3/modeling_deepseek_v3.py", "DeepseekV3DecoderLayer"),
     ("qwen3_next/modeling_qwen3_next.py", "Qwen3NextDecoderLayer"),
     ("longcat_flash/modeling_longcat_flash.py", "LongcatFlashDecoderLayer"),
     ("hunyuan_v1_moe/modeling_hunyuan_v1_moe.py", "HunYuanMoEV1DecoderLayer"),
 ]
+RUN_ONCE = "from msrewrite.harness import build_harness; import sys; build_harness(sys.argv[1], target=sys.argv[2]).run()"
+
+
+def wall(cmd: list[str], pythonpath: str | None = None) -> float:
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
+    start = time.perf_counter()
+    subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, cwd=ROOT)
+    return time.perf_counter() - start
 
 
 def seconds(fn) -> float:
@@ -35,14 +56,27 @@ def seconds(fn) -> float:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--before", type=Path, help="folder holding an older msrewrite package")
+    parser.add_argument("--repeat", type=int, default=2, help="fresh processes per measurement (best is kept)")
+    opts = parser.parse_args()
     device = profile("a3")
-    print(f"{'model':<28}{'run once':>10}{'traced':>10}{'ratio':>8}{'static':>10}  static<1s")
+    head = f"{'model':<28}{'run once':>10}{'traced':>10}{'ratio':>8}"
+    if opts.before:
+        head += f"{'before':>10}{'ratio':>8}"
+    print(head + f"{'static':>10}  static<1s")
     for file, target in CASES:
-        path = MODELS / file
-        baseline = seconds(lambda: build_harness(path, target=target).run())
-        traced = seconds(lambda: analyze(path, device=device, target=target))
-        static = min(seconds(lambda: analyze(path, device=device, static=True)) for _ in range(3))
-        print(f"{target:<28}{baseline:>9.2f}s{traced:>9.2f}s{traced / baseline:>7.1f}x{static:>9.2f}s  {'yes' if static < 1 else 'NO'}")
+        path = str(MODELS / file)
+        suggest = [sys.executable, "-m", "msrewrite", "suggest", path, "--target", target, "--json"]
+        best = lambda cmd, pp=None: min(wall(cmd, pp) for _ in range(opts.repeat))  # noqa: E731
+        baseline = best([sys.executable, "-c", RUN_ONCE, path, target])
+        traced = best(suggest, str(ROOT))
+        row = f"{target:<28}{baseline:>9.2f}s{traced:>9.2f}s{traced / baseline:>7.2f}x"
+        if opts.before:
+            before = best(suggest, str(opts.before.resolve()))
+            row += f"{before:>9.2f}s{before / baseline:>7.2f}x"
+        static = min(seconds(lambda: analyze(Path(path), device=device, static=True)) for _ in range(3))
+        print(row + f"{static:>9.2f}s  {'yes' if static < 1 else 'NO'}")
 
 
 if __name__ == "__main__":

@@ -203,3 +203,147 @@ def test_full_size_saving_matches_a_hand_calculation(analyses) -> None:
 def test_tiny_generic_candidates_are_flagged_too_small(analyses) -> None:
     generic = [c for c in analyses["deepseek"].candidates if c.case == "generic"]
     assert generic and all(c.cost and c.cost.too_small for c in generic if c.cost_shapes == "tiny trace")
+
+
+# Full-size hand calculations (decode, T=1, A3 die, bf16): at T=1 every matmul is weight-bandwidth bound,
+# so a branch takes about (bytes of the weights it reads) / HBM bandwidth; the saving is the shorter
+# branch minus the two synchronizations (one fork, one join).
+BF16, FP32 = 2, 4
+
+
+def _check_full_size(top, side_bytes: float, main_bytes: float | None = None) -> None:
+    device = profile("a3")
+    assert top.cost_shapes == "full-size decode T=1"
+    assert top.min_syncs == 2
+    side = side_bytes / device.hbm_bandwidth
+    assert top.cost.side_time == pytest.approx(side, rel=0.10)
+    if main_bytes is not None:
+        assert top.cost.main_time == pytest.approx(main_bytes / device.hbm_bandwidth, rel=0.10)
+    expected = min(side, top.cost.main_time) - 2 * device.sync_overhead
+    assert top.estimated_saving == pytest.approx(expected, rel=0.10)
+
+
+def test_full_size_qwen3_next_hand_calculation(analyses) -> None:
+    """Qwen3-Next defaults: H=2048, shared expert I=512 plus a 2048x1 sigmoid gate; 512 experts, top-10, I=512."""
+    top = analyses["qwen3_next"].candidates[0]
+    hidden, shared_inter, moe_inter, top_k, experts = 2048, 512, 512, 10, 512
+    side_bytes = 3 * hidden * shared_inter * BF16 + hidden * BF16  # shared expert + shared_expert_gate weights
+    touched = experts * (1 - (1 - 1 / experts) ** top_k)  # ~9.9 experts receive the token
+    main_bytes = hidden * experts * BF16 + touched * 3 * hidden * moe_inter * BF16  # router + touched experts
+    _check_full_size(top, side_bytes, main_bytes)
+    # ~4 µs of shared expert does not pay for 10 µs of syncs on A3: reported, ranked first, flagged too small.
+    assert top.estimated_saving < 0 and top.cost.too_small
+    assert top.case == "moe-shared-expert"
+
+
+def test_full_size_hunyuan_hand_calculation(analyses) -> None:
+    """HunYuanMoEV1 defaults (head_dim=None fixed to 4096/32): H=4096, I=11008, 1 expert, top-1, shared MLP I=11008."""
+    top = analyses["hunyuan"].candidates[0]
+    assert "ok" in analyses["hunyuan"].tiers["full-size"]
+    hidden, inter = 4096, 11008
+    side_bytes = 3 * hidden * inter * BF16  # 270 MB: ~169 µs at 1.6 TB/s
+    main_bytes = hidden * 1 * BF16 + 3 * hidden * inter * BF16  # gate (1 expert) + the one routed expert
+    _check_full_size(top, side_bytes, main_bytes)
+    assert top.estimated_saving > 150e-6
+
+
+def test_full_size_longcat_hand_calculation(analyses) -> None:
+    """LongCat-Flash defaults: H=6144; shortcut MoE = router (768 choices: 512 experts + 256 identity) + top-12
+    experts of I=2048 whose loop cannot run on fake tensors (estimated analytically); main = two dense MLPs
+    (ffn 12288) and one MLA (q_lora 1536, kv_lora 512, 64 heads, nope 128 / rope 64 / v 128)."""
+    analysis = analyses["longcat"]
+    assert "estimated analytically" in analysis.tiers["full-size"]
+    top = analysis.candidates[0]
+    hidden, inter, experts, zero, top_k, ffn = 6144, 2048, 512, 256, 12, 12288
+    router = hidden * (experts + zero) * (BF16 + FP32 + FP32)  # weight read, cast to fp32, read again
+    rows = top_k * experts / (experts + zero)  # 8 of the 12 choices compute on average
+    touched = experts * (1 - (1 - 1 / experts) ** rows)
+    side_bytes = router + touched * 3 * hidden * inter * BF16
+    heads, q_lora, kv_lora, nope, rope, v = 64, 1536, 512, 128, 64, 128
+    mla = (hidden * q_lora + q_lora * heads * (nope + rope) + hidden * (kv_lora + rope)
+           + kv_lora * heads * (nope + v) + heads * v * hidden) * BF16
+    main_bytes = 2 * 3 * hidden * ffn * BF16 + mla
+    _check_full_size(top, side_bytes, main_bytes)
+    assert top.cost.main_time > top.cost.side_time
+
+
+# fx tier, module DAG and syncs ---------------------------------------------------------------------
+def test_fx_tier_records_which_tracer_worked(analyses) -> None:
+    fx = {name: analyses[name].fx for name in analyses}
+    # The plain leaf tracer works where the forward never iterates a shape ...
+    assert fx["qwen3_next"]["Qwen3NextSparseMoeBlock.forward"].tracer == "leaf"
+    assert fx["hunyuan"]["HunYuanMoEV1Moe.forward"].tracer == "leaf"
+    assert fx["longcat"]["LongcatFlashDecoderLayer.forward"].tracer == "leaf"
+    # ... and fails on `.view(*orig_shape)`; the meta-leaf tracer with the shape oracle takes over.
+    deepseek = fx["deepseek"]["DeepseekV3MoE.forward"]
+    assert deepseek.tracer == "meta-leaf" and deepseek.reason.startswith("TraceError: Proxy object cannot be iterated")
+    tiers = analyses["deepseek"].tiers["fx"]
+    assert "DeepseekV3MoE: ok (meta-leaf tracer with shape oracle" in tiers and "plain leaf tracer failed: TraceError" in tiers
+    assert "HunYuanMoEV1Moe: ok (leaf tracer" in analyses["hunyuan"].tiers["fx"]
+    # Only the functions of named cases (and of the best candidate) are traced.
+    assert set(fx["deepseek"]) == {"DeepseekV3MoE.forward"}
+
+
+def test_fx_module_dag_and_cross_check(analyses) -> None:
+    dag = analyses["deepseek"].fx["DeepseekV3MoE.forward"].dag
+    modules = {d["target"]: n for n, d in dag.nodes(data=True) if d["kind"] == "module"}
+    assert set(modules) == {"gate", "experts", "shared_experts"}
+    assert dag.edges[modules["gate"], modules["experts"]]["kind"] == "item"  # top-k indices and weights
+    assert dag.nodes[modules["shared_experts"]]["line"] == line_of(DEEPSEEK, "hidden_states = hidden_states + self.shared_experts(")
+    for name in EXPECTED:
+        top = analyses[name].candidates[0]
+        assert top.fx_check == "independent", name
+        assert "fx module graph: side and main submodules are independent" in top.notes
+
+
+def test_fx_failure_keeps_the_top_candidate(monkeypatch) -> None:
+    from msrewrite.suggest import fxgraph
+
+    def broken(qualname, path, module, cap):
+        return fxgraph.FxResult(qualname, path, None, "TraceError: forced")
+
+    monkeypatch.setattr(fxgraph, "trace_module", broken)
+    analysis = analyze(HUNYUAN, device=profile("a3"), target="HunYuanMoEV1Moe", full_size=False)
+    top = analysis.candidates[0]
+    assert "HunYuanMoEV1Moe: failed (TraceError: forced)" in analysis.tiers["fx"]
+    assert top.case == "moe-shared-expert" and top.confidence == "high"
+    assert top.fx_check.startswith("unavailable")
+
+
+def test_minimum_syncs_in_json_and_report(analyses, tmp_path: Path) -> None:
+    for name in EXPECTED:
+        top = analyses[name].candidates[0]
+        assert (top.syncs["fork"], top.syncs["join"]) == (1, 1), name
+        assert top.to_dict()["min_syncs"] == 2
+    text = render(analyses["deepseek"])
+    assert "最少同步点 (one side stream): 2 (1 fork + 1 join;" in text
+    assert "### 5.1 torch.fx 模块级 DAG" in text and "| fx_gate | fx_experts | item |" in text
+    assert all(mermaid.check(b) == [] for b in mermaid.blocks(text))
+    static = analyze(DEEPSEEK, device=profile("a3"), static=True).candidates[0]
+    assert static.min_syncs == 2
+
+
+def test_sync_points_merge_dominated_waits() -> None:
+    import networkx as nx
+
+    from msrewrite.suggest.graph import ENTRY, sync_points
+
+    # main 0 -> side 1, main 2 -> side 3 (needs a second fork), side 1 -> main 4, side 3 -> main 4 (one join)
+    dag = nx.DiGraph([(ENTRY, 0), (0, 1), (0, 2), (2, 3), (1, 3), (1, 4), (3, 4), (2, 4)])
+    position = {ENTRY: -1, 0: 0, 1: 1, 2: 2, 3: 3, 4: 4}
+    reduced = nx.transitive_reduction(dag)
+    assert sync_points(reduced, position, {1, 3}) == {"fork": 2, "join": 1, "fork_edges": 2, "join_edges": 1}
+
+
+def test_pruned_parse_matches_the_full_parse(analyses) -> None:
+    """The traced tier parses only the classes the trace ran; what it keeps is analyzed identically."""
+    from msrewrite.analyze.dataflow import analyze_file
+
+    full = analyze_file(DEEPSEEK)
+    pruned = analyses["deepseek"].module
+    assert "DeepseekV3ForCausalLM.forward" in full.functions and "DeepseekV3ForCausalLM.forward" not in pruned.functions
+    assert pruned.module_names == full.module_names
+    methods = [q for q in pruned.functions if "." in q]  # stubbed top-level functions have no methods
+    for qualname in methods:
+        assert pruned.functions[qualname] == full.functions[qualname], qualname
+    assert "DeepseekV3MoE.forward" in pruned.functions and "DeepseekV3DecoderLayer.forward" in pruned.functions

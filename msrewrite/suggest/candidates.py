@@ -38,6 +38,13 @@ class Candidate:
     confidence: str = "medium"
     notes: list[str] = field(default_factory=list)
     command: str = ""
+    # Fewest syncs for one side stream: {"fork", "join", "fork_edges", "join_edges"} (see graph.sync_points).
+    syncs: dict[str, int] | None = None
+    fx_check: str = ""  # "independent", "dependent (...)", "unavailable (...)" or "" (no fx tier)
+
+    @property
+    def min_syncs(self) -> int | None:
+        return self.syncs["fork"] + self.syncs["join"] if self.syncs else None
 
     @property
     def case(self) -> str:
@@ -65,6 +72,9 @@ class Candidate:
             "tier": self.tier,
             "too_small": bool(self.cost and self.cost.too_small),
             "cost_shapes": self.cost_shapes,
+            "min_syncs": self.min_syncs,
+            "syncs": self.syncs,
+            "fx_check": self.fx_check or None,
             "command": self.command,
             "notes": self.notes,
             "plan": self.plan.to_dict(),
@@ -131,6 +141,7 @@ def trace_candidates(trace: Trace, module: ModuleInfo, file: str, device: Device
     found: list[Candidate] = []
     for scope in g.scopes(trace, module.functions):
         info = module.functions[scope.qualname]
+        reduced = None
         ops_of_stmt: dict[int, set[int]] = {}
         for o, s in scope.stmt_of.items():
             ops_of_stmt.setdefault(s, set()).add(o)
@@ -148,7 +159,10 @@ def trace_candidates(trace: Trace, module: ModuleInfo, file: str, device: Device
                 side, main = select_ops(scope, info, candidate.plan, by_index)
                 if not side or not main or not _independent(side, main, dag):
                     continue
-                candidate.cost = branch_cost(side, main, scope.ops, device)
+                if reduced is None:
+                    reduced = g.reduced_dag(scope.ops)
+                candidate.syncs = g.sync_points(*reduced, {o.index for o in side})
+                candidate.cost = branch_cost(side, main, scope.ops, device, syncs=candidate.min_syncs)
                 candidate.cost_shapes = "tiny trace"
                 found.append(candidate)
     return found
@@ -208,6 +222,28 @@ def _candidate(info: FunctionInfo, choice: SideChoice, file: str, module: Module
     return Candidate(plan=plan, tier=tier, choice=choice, confidence=confidence)
 
 
+# fx tier ------------------------------------------------------------------------------------------
+_LEVELS = ("low", "medium", "high")
+
+
+def fx_cross_check(candidate: Candidate, info: FunctionInfo, dag) -> None:
+    """Check the side and main submodule calls against the fx module DAG; adjust the confidence."""
+    from msrewrite.suggest.fxgraph import independence
+
+    side = [c.callee for i in candidate.choice.statements for c in info.statements[i].calls]
+    if candidate.choice.hoist:
+        side.append(candidate.choice.hoist[1].callee)
+    main = [c.callee for s in window_statements(info, candidate.plan) for c in s.calls]
+    candidate.fx_check = independence(dag, side, main)
+    level = _LEVELS.index(candidate.confidence)
+    if candidate.fx_check == "independent":
+        candidate.confidence = _LEVELS[min(level + 1, 2)]
+        candidate.notes.append("fx module graph: side and main submodules are independent")
+    elif candidate.fx_check.startswith("dependent"):
+        candidate.confidence = _LEVELS[max(level - 1, 0)]
+        candidate.notes.append(f"fx module graph disagrees: {candidate.fx_check}")
+
+
 # Static tier --------------------------------------------------------------------------------------
 def static_candidates(module: ModuleInfo, file: str) -> list[Candidate]:
     found: list[Candidate] = []
@@ -217,6 +253,7 @@ def static_candidates(module: ModuleInfo, file: str) -> list[Candidate]:
         for choice in _static_choices(info):
             candidate = _candidate(info, choice, file, module, "static")
             if candidate is not None:
+                candidate.syncs = _static_syncs(info, candidate)
                 candidate.cost_shapes = "static (no cost model)"
                 candidate.notes.append("static tier: independence by names only; run without --static to check storages")
                 found.append(candidate)
@@ -288,3 +325,28 @@ def _reaching_def(info: FunctionInfo, name: str, before: int) -> int | None:
         if name in s.defs or name in s.mutates:
             return s.index
     return None
+
+
+def _static_syncs(info: FunctionInfo, candidate: Candidate) -> dict[str, int]:
+    """Sync points on the statement DAG (a hoisted call counts as its own statement, before its join)."""
+    dag = info.graph(renaming=True)
+    side_lines = {s.first_line for s in candidate.plan.side if s.hoist is None}
+    side = {s.index for s in info.statements if s.first_line in side_lines}
+    position = {s.index: float(s.index) for s in info.statements}
+    if candidate.choice.hoist:
+        join_index, call = candidate.choice.hoist
+        node = ("hoist", join_index)
+        dag.add_node(node)
+        for name in call.uses:
+            src = _reaching_def(info, name, join_index)
+            if src is not None:
+                dag.add_edge(src, node)
+        dag.add_edge(node, join_index)
+        position[node] = join_index - 0.5
+        side.add(node)
+    dag.add_node(g.ENTRY)
+    position[g.ENTRY] = -1
+    for n in list(dag.nodes):
+        if n != g.ENTRY and dag.in_degree(n) == 0:
+            dag.add_edge(g.ENTRY, n)  # reads the function's parameters
+    return g.sync_points(nx.transitive_reduction(dag), position, side)

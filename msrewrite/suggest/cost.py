@@ -41,6 +41,8 @@ def _nbytes(t) -> int:
 
 
 def op_flops(op: OpRecord) -> float:
+    if op.estimate is not None:
+        return op.estimate[0]
     packet = _packet(op.name)
     tensors = [a for a in op.args if isinstance(a, torch.Tensor)]
     if packet in _MATMUL and len(tensors) >= 2:
@@ -65,6 +67,8 @@ def op_flops(op: OpRecord) -> float:
 
 
 def op_bytes(op: OpRecord) -> float:
+    if op.estimate is not None:
+        return op.estimate[1]
     if op.is_view:
         return 0.0
     packet = _packet(op.name)
@@ -88,7 +92,7 @@ def kind_of(op: OpRecord) -> str:
     packet = _packet(op.name)
     if is_collective(op):
         return "collective"
-    if packet in _MATMUL or packet == "aten._grouped_mm":
+    if packet in _MATMUL or packet == "aten._grouped_mm" or op.estimate is not None:
         return "matmul"
     if "scaled_dot_product" in packet or "attention" in packet:
         return "attention"
@@ -137,7 +141,10 @@ class BranchCost:
         return min(self.side_time, self.main_time) < 2 * self.sync_time
 
 
-def branch_cost(side: list[OpRecord], main: list[OpRecord], scope: list[OpRecord], device: DeviceProfile) -> BranchCost:
+def branch_cost(
+    side: list[OpRecord], main: list[OpRecord], scope: list[OpRecord], device: DeviceProfile, syncs: int | None = None
+) -> BranchCost:
+    """Costs of one overlap; `syncs` is the fewest fork + join synchronizations (2 when unknown)."""
     return BranchCost(
         side_time=sum(op_time(o, device) for o in side),
         main_time=sum(op_time(o, device) for o in main),
@@ -146,6 +153,6 @@ def branch_cost(side: list[OpRecord], main: list[OpRecord], scope: list[OpRecord
         main_flops=sum(op_flops(o) for o in main),
         side_bytes=sum(op_bytes(o) for o in side),
         main_bytes=sum(op_bytes(o) for o in main),
-        sync_time=2 * device.sync_overhead,  # fork (side waits main) + join (main waits side)
+        sync_time=(syncs or 2) * device.sync_overhead,  # fork (side waits main) + join (main waits side)
         launches=sum(1 for o in side if not o.is_view),
     )

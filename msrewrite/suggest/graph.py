@@ -161,3 +161,49 @@ def call_for_submodule(stmt: Statement, submodule: str):
         if call.callee == wanted or call.callee == submodule:
             return call
     return None
+
+
+# Synchronization ----------------------------------------------------------------------------------
+ENTRY = "entry"  # the main-stream work before the scope (its inputs were produced there)
+
+
+def reduced_dag(ops: list[OpRecord]) -> tuple[nx.DiGraph, dict]:
+    """Transitive reduction of a scope's op DAG, with ENTRY feeding ops that read scope inputs.
+
+    Returns (reduced DAG, position of each node in issue order; ENTRY is -1).
+    """
+    dag = op_dag(ops)
+    present = set(dag.nodes)
+    dag.add_node(ENTRY)
+    for op in ops:
+        if op.deps - present:
+            dag.add_edge(ENTRY, op.index)
+    reduced = nx.transitive_reduction(dag)
+    position = {op.index: i for i, op in enumerate(ops)}
+    position[ENTRY] = -1
+    return reduced, position
+
+
+def sync_points(reduced: nx.DiGraph, position: dict, side: set) -> dict[str, int]:
+    """Fewest fork and join synchronizations for one side stream running `side` in issue order.
+
+    Crossing edges of the transitive reduction are the dependences a sync must cover. One event
+    covers every earlier op of its stream, so walking the waiting stream in order, a new sync is
+    needed only when an op waits for a later op than the last sync covered (greedy, which keeps
+    each wait as late as its dependences allow, so overlap is not given up to save a sync).
+    """
+    side = {n for n in side if n in reduced}
+    fork_edges = [(u, v) for u, v in reduced.edges if u not in side and v in side]
+    join_edges = [(u, v) for u, v in reduced.edges if u in side and v not in side]
+
+    def count(edges) -> int:
+        need: dict = {}
+        for u, v in edges:
+            need[v] = max(need.get(v, -2), position[u])
+        syncs, covered = 0, -2
+        for v in sorted(need, key=position.get):
+            if need[v] > covered:
+                syncs, covered = syncs + 1, need[v]
+        return syncs
+
+    return {"fork": count(fork_edges), "join": count(join_edges), "fork_edges": len(fork_edges), "join_edges": len(join_edges)}

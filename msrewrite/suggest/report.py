@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from msrewrite.analyze.dataflow import FunctionInfo, ModuleInfo
 from msrewrite.suggest import graph as g
@@ -27,7 +27,7 @@ MAX_OPS = 40  # per module in §8; the rest is summarized
 @dataclass
 class FileAnalysis:
     file: Path
-    module: ModuleInfo
+    module: ModuleInfo | None
     candidates: list[Candidate]
     tiers: dict[str, str]  # tier -> "ok" / why not
     device: DeviceProfile
@@ -35,6 +35,7 @@ class FileAnalysis:
     target: str | None = None
     trace: Trace | None = None
     scopes: dict[str, g.Scope] = field(default_factory=dict)
+    fx: dict[str, Any] = field(default_factory=dict)  # function -> fxgraph.FxResult
 
     @property
     def tier(self) -> str:
@@ -196,12 +197,51 @@ def render(analysis: FileAnalysis) -> str:
     for a, b, kind, reason in edges:
         out.append(f"| {a.id} | {b.id} | {kind} | {reason} |")
     out.append("| - | - | collective_order | no collective ops in this function |")
+    fx = analysis.fx.get(info.qualname) if info else None
+    if fx is not None and fx.ok:
+        for u, v, data in fx.dag.edges(data=True):
+            via = f" via {', '.join(data['via'][:6])}" if data["via"] else ""
+            out.append(f"| fx_{u} | fx_{v} | {data['kind']} | torch.fx module graph{via} |")
     out += ["", "## 5. 整网模块 DAG", "", "```mermaid", _mermaid(nodes, edges) if nodes else _empty_mermaid(), "```", ""]
+    if fx is not None:
+        out += _fx_section(fx, info, best)
     out += _section6(analysis, nodes, best)
     out += _section7(analysis, best)
     out += _section8(analysis, nodes)
     out += _sections9to12(analysis, best)
     return "\n".join(out) + "\n"
+
+
+def _fx_section(fx, info: FunctionInfo, best: Candidate | None) -> list[str]:
+    """The torch.fx module DAG of the function (direct submodules as nodes), or why there is none."""
+    out = ["### 5.1 torch.fx 模块级 DAG", ""]
+    if not fx.ok:
+        return out + [f"- fx tier failed: {fx.reason}", ""]
+    out.append(f"- {fx.summary()}; edges: data (tensor), item (element of a tuple output), shape (sizes only)")
+    side_nodes: set[str] = set()
+    if best is not None:
+        from msrewrite.suggest.fxgraph import module_node_for_callee
+
+        out.append(f"- cross-check of the top candidate: {best.fx_check or 'N/A'}")
+        callees = [c.callee for i in best.choice.statements for c in info.statements[i].calls]
+        if best.choice.hoist:
+            callees.append(best.choice.hoist[1].callee)
+        side_nodes = {n for c in callees for n in module_node_for_callee(fx.dag, c)}
+
+    def declare(n: str) -> str:
+        d = fx.dag.nodes[n]
+        where = f" L{d['line']}" if d.get("line") else ""
+        return f'        fx_{node_id(n)}["{label(d["kind"] + " " + str(d["target"]) + where)}"]'
+
+    lines = ["flowchart LR", "    subgraph FxMain[Main Path]"]
+    lines += [declare(n) for n in fx.dag.nodes if n not in side_nodes]
+    lines += ["    end", "    subgraph FxSide[Side Path]"]
+    lines += [declare(n) for n in sorted(side_nodes)]
+    lines.append("    end")
+    for u, v, data in fx.dag.edges(data=True):
+        arrow = "-->" if data["kind"] == "data" else "-.->"
+        lines.append(f"    fx_{node_id(u)} {arrow}|{data['kind']}| fx_{node_id(v)}")
+    return out + ["", "```mermaid", "\n".join(lines), "```", ""]
 
 
 def _empty_mermaid() -> str:
@@ -236,10 +276,20 @@ def _section2(analysis: FileAnalysis, best: Candidate | None) -> list[str]:
         "",
         f"- 希望获得的 overlap: `{side}` on a side stream beside the main path of `{best.plan.function}`",
         f"- 预期并行对象: case `{best.case}`, fork line {best.plan.fork_line}, join line {best.plan.join_line}",
+        f"- 最少同步点 (one side stream): {_syncs(best)}",
+        f"- torch.fx 交叉验证: {best.fx_check or 'N/A (no fx graph of this function)'}",
         f"- 预期收益: {_fmt_us(best.estimated_saving)} per call ({best.cost_shapes}{bound})",
         "- 本轮不处理的范围: communication overlap, core limiting, graph-mode tuning (need hardware)",
         "",
     ]
+
+
+def _syncs(c: Candidate) -> str:
+    if not c.syncs:
+        return "N/A"
+    s = c.syncs
+    return (f"{c.min_syncs} ({s['fork']} fork + {s['join']} join; {s['fork_edges']} main->side and "
+            f"{s['join_edges']} side->main edges after transitive reduction)")
 
 
 def _section6(analysis: FileAnalysis, nodes: list[ModuleNode], best: Candidate | None) -> list[str]:
@@ -256,7 +306,7 @@ def _section6(analysis: FileAnalysis, nodes: list[ModuleNode], best: Candidate |
     else:
         out.append("- N/A")
     out += ["", "### 6.3 待验证模块组", ""]
-    out += [f"- {c.plan.function} {c.plan.side_lines} ({c.case}, {_fmt_us(c.estimated_saving)}{', too small' if c.cost and c.cost.too_small else ''})" for c in pending[:8]] or ["- none"]
+    out += [f"- {c.plan.function} {c.plan.side_lines} ({c.case}, {_fmt_us(c.estimated_saving)}, {c.min_syncs} syncs{', too small' if c.cost and c.cost.too_small else ''})" for c in pending[:8]] or ["- none"]
     out += ["", "### 6.4 建议流分组", ""]
     out.append(f"- Stream0 / Main Path: {', '.join(n.name for n in main) or 'N/A'}")
     out.append(f"- Stream1 / Side Path: {', '.join(n.name for n in side) or 'N/A'}")

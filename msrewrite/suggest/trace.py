@@ -39,6 +39,8 @@ class OpRecord:
     is_view: bool = False
     writes: bool = False  # mutates an input in place
     is_sync: bool = False
+    estimate: tuple[float, float] | None = None  # (FLOPs, bytes) of an analytic stand-in op
+
 
     def line_in(self, qualname: str) -> int | None:
         """Line of the innermost frame of `qualname` (the function being analyzed)."""
@@ -55,6 +57,7 @@ class Trace:
     root: torch.nn.Module
     module_names: dict[int, str]  # id(module) -> path
     modules: dict[str, torch.nn.Module]  # path -> module
+    notes: list[str] = field(default_factory=list)
 
 
 class _Recorder(TorchDispatchMode):
