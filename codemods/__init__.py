@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from msrewrite.cases import Case
-from msrewrite.codemods import moe_shared_expert, moe_shared_expert_phased, moe_shared_mlp_init
+from msrewrite.codemods import indexer_prolog, moe_shared_expert, moe_shared_expert_phased, moe_shared_mlp_init
 
-_CASES = [moe_shared_expert.CASE, moe_shared_expert_phased.CASE, moe_shared_mlp_init.CASE]
+_CASES = [moe_shared_expert.CASE, moe_shared_expert_phased.CASE, moe_shared_mlp_init.CASE, indexer_prolog.CASE]
 
 
 def all_cases() -> list[Case]:

@@ -13,7 +13,7 @@ Modes: eager, npugraph-ex, ge-graph, cuda.
 
 from __future__ import annotations
 
-from msrewrite.cases import Case
+from msrewrite.cases import Case, describe_lines
 
 SHARED_EXPERT_ATTRS = frozenset({"shared_experts", "shared_expert", "shared_mlp", "shared_expert_gate"})
 
@@ -24,13 +24,7 @@ def is_shared_expert_call(callee: str) -> bool:
 
 
 def describe(branch) -> str:
-    lines = ", ".join(
-        f"L{f.first_line}" if f.first_line == f.last_line else f"L{f.first_line}-{f.last_line}"
-        for f in branch.statements
-    )
-    hoisted = ", ".join(h.source for h in branch.hoists)
-    parts = [p for p in (lines, f"hoisted {hoisted}" if hoisted else "") if p]
-    return "shared expert on a side stream: " + "; ".join(parts)
+    return "shared expert on a side stream: " + describe_lines(branch)
 
 
 CASE = Case(

@@ -27,6 +27,7 @@ GOLDEN_EXAMPLES = {
     "moe-shared-expert": ["deepseek_moe", "qwen_gated_moe", "inplace_moe"],
     "moe-shared-mlp-init": ["hunyuan_moe", "hunyuan_moe_patch"],
     "moe-shared-expert-phased": ["deepep_moe", "qwen_gated_moe"],
+    "indexer-prolog": ["indexer_prolog"],
 }
 
 

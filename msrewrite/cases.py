@@ -18,6 +18,31 @@ from msrewrite.emit.engine import already_applied, code_of, iter_functions, stri
 from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement, StartGate
 
 
+def describe_lines(branch: SideBranch) -> str:
+    """'L12, L14-15; hoisted self.x(y)': where the side branch's statements are."""
+    lines = ", ".join(
+        f"L{f.first_line}" if f.first_line == f.last_line else f"L{f.first_line}-{f.last_line}"
+        for f in branch.statements
+    )
+    hoisted = ", ".join(h.source for h in branch.hoists)
+    return "; ".join(p for p in (lines, f"hoisted {hoisted}" if hoisted else "") if p)
+
+
+@dataclass(frozen=True)
+class BranchSpec:
+    """One side stream of a several-stream case: its side calls and its stream tag.
+
+    Branches are carried out one after another, each on the code the previous one produced, so a
+    later branch may re-enter an earlier branch's stream (same tag) after a join.
+    """
+
+    name: str
+    is_seed: Callable[[str], bool]
+    stream_tag: str
+    what: str
+    optional: bool = False  # absent in some models (int8 quantization): skipped, not an error
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
@@ -26,11 +51,12 @@ class Case:
     is_seed: Callable[[str], bool]  # dotted callee after "self." -> side work?
     stream_tag: str
     flag_name: str
-    describe: Callable[[SideBranch], str] = lambda branch: ""
+    describe: Callable[[SideBranch], str] = lambda branch: describe_lines(branch)
     what: tuple[str, str] = ("the side branch", "the main path")  # for comments: side work, main work
     stream_source: str = "lazy"
     sync: str = "wait_stream"
     phased: bool = False  # inline and flatten the side calls first, then issue them in phases
+    branches: tuple[BranchSpec, ...] = ()  # several side streams; empty: one branch from the fields above
     notes: str = ""
 
 
@@ -51,33 +77,46 @@ class Options:
     phase_anchors: tuple[str, ...] = ()
 
 
-def find_targets(case: Case, path: Path, module: cst.Module, options: Options) -> list[Target]:
-    """Every function with the case's seed calls: a plan each, or the reason it has none."""
+def branch_marker(case_name: str, branch: BranchSpec | None) -> str | None:
+    """The comment label a branch's emitted code carries; a second apply looks for it."""
+    return None if branch is None else f"msrewrite({case_name}: {branch.name})"
+
+
+def find_targets(
+    case: Case, path: Path, module: cst.Module, options: Options, branch: BranchSpec | None = None
+) -> list[Target]:
+    """Every function with the case's (or one branch's) seed calls: a plan each, or why not."""
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     positions = wrapper.resolve(PositionProvider)
+    is_seed = branch.is_seed if branch is not None else case.is_seed
     targets = []
     for name, func, _cls in iter_functions(module):
-        if not has_seed(func, case.is_seed):
+        if not has_seed(func, is_seed):
             continue
         # Only the function that runs the side call matters, not helpers that define it.
         if func.name.value == "__init__":
             continue
-        if already_applied(func):
+        if already_applied(func, marker=branch_marker(case.name, branch)):
             targets.append(Target(name, applied=True, reason="already applied"))
             continue
         try:
             anchors = tuple(gate.anchor for gate in options.start_gates)
-            branch = find_side_branch(
+            side = find_side_branch(
                 func,
                 positions,
-                case.is_seed,
+                is_seed,
                 anchors=anchors,
                 phase_anchors=options.phase_anchors if case.phased else None,
             )
         except NoBranch as exc:
             targets.append(Target(name, reason=str(exc)))
             continue
-        targets.append(Target(name, plan=branch_plan(case, path, name, branch, options)))
+        plan = branch_plan(case, path, name, side, options)
+        if branch is not None:
+            plan = plan.with_changes(
+                stream_tag=branch.stream_tag, case_branch=branch.name, summary=f"{branch.what}: {plan.summary}"
+            )
+        targets.append(Target(name, plan=plan))
     return targets
 
 

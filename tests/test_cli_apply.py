@@ -264,3 +264,25 @@ def test_anchor_option(tmp_path):
     late = run_cli("apply", "--case", "moe-shared-expert-phased", str(EXAMPLES / "deepep_moe.py"),
                    "--anchor", "combine_input", "--anchor", "dispatch_output")
     assert late.returncode == 1 and "program order" in late.stderr
+
+
+def test_several_streams_one_patch_each(git_repo, tmp_path):
+    """indexer-prolog writes one patch per side stream (q, weights, q quantization re-entering q)."""
+    shutil.copy(EXAMPLES / "indexer_prolog.py", git_repo / "indexer.py")
+    git_repo.git("add", ".")
+    git_repo.git("commit", "-qm", "base")
+    out = tmp_path / "patches"
+    result = run_cli("apply", "--case", "indexer-prolog", "indexer.py", "-o", str(out), cwd=git_repo)
+    assert result.returncode == 0, result.stderr
+    patches = sorted(out.glob("*.patch"))
+    assert len(patches) == 3
+    for patch in patches:
+        git_repo.git("am", "-q", str(patch))
+    subjects = git_repo.git("log", "--format=%s").stdout.splitlines()[:3]
+    assert subjects == [
+        "indexer-prolog: overlap Indexer q_quant on side stream indexer_q",
+        "indexer-prolog: overlap Indexer weights on side stream indexer_weights",
+        "indexer-prolog: overlap Indexer q on side stream indexer_q",
+    ]
+    again = run_cli("apply", "--case", "indexer-prolog", "indexer.py", cwd=git_repo)
+    assert again.returncode == 1 and "already applied" in again.stderr

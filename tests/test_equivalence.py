@@ -146,3 +146,26 @@ def test_qwen3_next_phased_is_equivalent_and_clean(tmp_path, mode):
     import torch
 
     assert torch.equal(reference.run(), inlined.run())
+
+
+HARNESSES = Path(__file__).resolve().parent / "harnesses"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_deepseek_v32_indexer_prolog_is_equivalent_and_clean(tmp_path, mode):
+    """indexer-prolog on transformers DeepseekV32Indexer: q path and weights on two side streams."""
+    from msrewrite.commands.apply import case_steps
+
+    module_name = "transformers.models.deepseek_v32.modeling_deepseek_v32"
+    original = Path(importlib.import_module(module_name).__file__)
+    src = load(original)
+    steps = case_steps(original, src.text, src.module, "indexer-prolog", mode, None,
+                       FlagSpec(name="ENABLE_INDEXER_PROLOG_STREAMS"), None)
+    assert [step.plans[0].case_branch for step in steps] == ["q", "weights"]  # no int8 q quant here
+    edited = tmp_path / original.name
+    edited.write_text(steps[-1].new)
+    result = verify_files(edited, original=original, harness=f"{HARNESSES / 'deepseek_v32_indexer.py'}:make",
+                          package=module_name.rsplit(".", 1)[0])
+    assert result.ok, result.problems
+    side_streams = {s for s in result.runs[2].streams if s != "main"}
+    assert len(side_streams) == 2, result.runs[2].streams

@@ -36,6 +36,18 @@ def drop_line(pattern: str) -> Callable[[str], tuple[str, str]]:
     return mutate
 
 
+def drop_lines(pattern: str, count: int) -> Callable[[str], str]:
+    """Remove every one of the `count` lines matching `pattern`."""
+
+    def mutate(text: str) -> str:
+        lines = text.splitlines(keepends=True)
+        kept = [line for line in lines if not re.search(pattern, line)]
+        assert len(lines) - len(kept) == count, pattern
+        return "".join(kept)
+
+    return mutate
+
+
 def join_block(lines: list[str]) -> tuple[int, int]:
     """[start, end) of the emitted join block: its comment through its last indented line."""
     start = next(i for i, line in enumerate(lines) if "join the side stream before" in line)
@@ -123,7 +135,14 @@ PHASED = [  # moe-shared-expert-phased: the join is what protects the result
     Mutant("lifetime-guard-removed", drop_line(r"_ms_record_stream\(current_stream, "), "lifetime", r"."),
     Mutant("unjoined-at-return", unjoined_at_return, "unjoined", r"."),
 ]
+INDEXER = [  # indexer-prolog: two streams, each join protects its own result
+    # the q join already covers the q quantization issued on the same stream: drop both
+    Mutant("q-stream-joins-removed", drop_lines(r"current_stream(_3)?\.wait_stream\(indexer_q_stream", 2), "race-raw", r"q_int8"),
+    Mutant("weights-join-removed", drop_line(r"current_stream_2\.wait_stream\(indexer_weights_stream\)"), "race-raw", r"weights"),
+    Mutant("weights-fork-removed", drop_line(r"indexer_weights_stream\.wait_stream\(current_stream_2\)"), "race-raw", r"."),
+]
 MUTANTS = {
+    ("indexer-prolog", "eager"): INDEXER,
     ("moe-shared-expert-phased", "eager"): PHASED,
     ("moe-shared-expert", "eager"): NATIVE,
     ("moe-shared-expert", "cuda"): NATIVE,
@@ -143,6 +162,7 @@ MUTATED_EXAMPLES = {
     "moe-shared-expert": EXAMPLE_NAMES,
     "moe-shared-mlp-init": ["hunyuan_moe"],
     "moe-shared-expert-phased": ["deepep_moe"],
+    "indexer-prolog": ["indexer_prolog"],
 }
 PARAMS = [
     (case, mode, example, m)

@@ -232,8 +232,9 @@ def find_side_branch(
                 inputs.append(name)
         defined |= stores
 
-    # Fork: the earliest point where every input already holds the value the side reads.
-    fork = 0
+    # Fork: the earliest point where every input already holds the value the side reads, and
+    # never before the docstring.
+    fork = 1 if _is_docstring(body[0]) else 0
     for index, loads, _ in units:
         for name in loads & set(inputs):
             d = reaching_def(name, index, side_idx)
@@ -295,6 +296,15 @@ def find_side_branch(
         outputs=outputs,
         rebound_inputs=rebound,
         facts=facts,
+    )
+
+
+def _is_docstring(stmt: cst.BaseStatement) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Expr)
+        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
     )
 
 

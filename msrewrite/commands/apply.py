@@ -12,7 +12,7 @@ from pathlib import Path
 import typer
 
 from msrewrite.cases import Case, Options, find_targets
-from msrewrite.emit.engine import apply_plans, locate
+from msrewrite.emit.engine import apply_plans, iter_functions, locate
 from msrewrite.emit.inline import inline_and_flatten
 from msrewrite.errors import EXIT_OK, BadInput, NothingToDo
 from msrewrite.load import git_root, load, parse_source, read_source
@@ -114,6 +114,8 @@ def case_steps(
     """The edit a case makes, as steps: phased cases first inline and flatten the side branch (a
     refactor that changes no behaviour), then issue it in phases."""
     case = get_known_case(case_name)
+    if case.branches:
+        return _branch_steps(file, text, module, case, mode, target, flag)
     if not case.phased:
         plans = plans_for_case(file, module, case, mode, target, flag, stream_tag, start_gates)
         return [_plan_step(plans[0], text, apply_plans(module, plans).code)]
@@ -142,10 +144,47 @@ def case_steps(
     return steps
 
 
+def _branch_steps(file: Path, text: str, module, case: Case, mode: str, target: str | None, flag: FlagSpec) -> list[EditStep]:
+    """Several side streams: each branch is planned on the code the previous one produced, so it
+    sees (and may re-enter) the streams already added. One step, and one patch, per branch."""
+    if mode not in case.modes:
+        raise BadInput(f"case {case.name} does not support mode {mode} (supports {', '.join(case.modes)})")
+    steps: list[EditStep] = []
+    reasons: list[str] = []
+    applied = 0
+    for spec in case.branches:
+        targets = find_targets(case, file, module, Options(mode=mode, flag=flag), branch=spec)
+        if target:
+            if not any(_match_target(name, target) for name, _f, _c in iter_functions(module)):
+                raise BadInput(f"--target {target}: no such function in {file}")
+            targets = [t for t in targets if _match_target(t.function, target)]
+        applied += sum(t.applied for t in targets)
+        plans = [t.plan for t in targets if t.plan is not None]
+        if len(plans) > 1:
+            names = ", ".join(p.function for p in plans)
+            raise BadInput(f"ambiguous target: {len(plans)} functions match ({names}); pick one with --target")
+        if not plans:
+            if not spec.optional and not any(t.applied for t in targets):
+                reasons += [f"{spec.name}: {t.reason}" for t in targets] or [f"{spec.name}: no side call found"]
+            continue
+        target = target or plans[0].function  # every later branch edits the same function
+        new_text = apply_plans(module, plans).code
+        steps.append(_plan_step(plans[0], text, new_text))
+        text, module = new_text, parse_source(file, new_text)
+    if not steps:
+        if applied:
+            raise NothingToDo(f"{case.name}: already applied, nothing to do")
+        raise NothingToDo(f"no safe {case.name} edit: {'; '.join(reasons) or 'no target found'}")
+    if reasons:
+        raise NothingToDo(f"{case.name}: only part of the case applies ({'; '.join(reasons)}); nothing written")
+    return steps
+
+
 def _plan_step(plan: OverlapPlan, old: str, new: str) -> EditStep:
     cls = plan.function.rsplit(".", 1)[0]
     phases = f" in {len(plan.phase_anchors) + 1} phases" if plan.phase_anchors else ""
-    subject = f"{plan.case}: overlap {cls}{phases} on side stream {plan.stream_tag}"
+    branch = f" {plan.case_branch}" if plan.case_branch else ""
+    subject = f"{plan.case}: overlap {cls}{branch}{phases} on side stream {plan.stream_tag}"
     anchors = f"Phases start after: {', '.join(plan.phase_anchors)}\n" if plan.phase_anchors else ""
     body = (
         f"{plan.summary or plan.case}.\n\n"

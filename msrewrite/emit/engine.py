@@ -38,12 +38,15 @@ from msrewrite.plan import OverlapPlan
 _EMPTY = cst.Module(body=[])
 
 
-def case_words(case_name: str) -> tuple[str, str]:
+def case_words(case_name: str, branch: str = "") -> tuple[str, str]:
     """(side work, main work) as the case's comments name them."""
     from msrewrite.codemods import get_case
 
     case = get_case(case_name)
-    return case.what if case is not None else ("the side branch", "the main path")
+    if case is None:
+        return ("the side branch", "the main path")
+    spec = next((b for b in case.branches if b.name == branch), None)
+    return (spec.what, case.what[1]) if spec is not None else case.what
 
 
 def code_of(node: cst.CSTNode) -> str:
@@ -83,21 +86,20 @@ def locate(module: cst.Module, qualified: str) -> Located:
     raise BadInput(f"no function {qualified!r} in the file")
 
 
-def already_applied(func: cst.FunctionDef, tag: str | None = None) -> bool:
+def already_applied(func: cst.FunctionDef, marker: str | None = None) -> bool:
     """True when the function already runs side work (a second apply is a no-op): it calls
-    msrewrite helpers, or, for one stream `tag` of a several-stream case, names that tag."""
+    msrewrite helpers, or, for one branch of a several-stream case, carries that branch's marker."""
     found = False
-    literal = None if tag is None else f'"{tag}"'
 
     class _Seen(cst.CSTVisitor):
         def visit_Name(self, node: cst.Name) -> None:
             nonlocal found
-            if literal is None and node.value.startswith(helper_text.HELPER_PREFIX):
+            if marker is None and node.value.startswith(helper_text.HELPER_PREFIX):
                 found = True
 
-        def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        def visit_Comment(self, node: cst.Comment) -> None:
             nonlocal found
-            if literal is not None and node.value == literal:
+            if marker is not None and marker in node.value:
                 found = True
 
     func.visit(_Seen())
@@ -268,7 +270,8 @@ def _assigned_self_attrs(func: cst.FunctionDef) -> set[str]:
 def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
     located = locate(module, plan.function)
     func, cls = located.func, located.cls
-    if already_applied(func, plan.stream_tag if plan.case_branch else None):
+    label = f"{plan.case}: {plan.case_branch}" if plan.case_branch else plan.case
+    if already_applied(func, f"msrewrite({label})" if plan.case_branch else None):
         raise NothingToDo(f"{plan.function} already runs its side branch on a side stream")
     if not isinstance(func.body, cst.IndentedBlock):
         raise BadInput(f"{plan.function}: a one-line function body cannot be split")
@@ -319,7 +322,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         input_ready=_unique("input_ready_event", taken),
         side_done=_unique(f"{ident}_done_event", taken),
     )
-    what, _main = case_words(plan.case)
+    what, _main = case_words(plan.case, plan.case_branch)
 
     # GE start gates rebind the gated tensor; rename it inside the side block when the main
     # path still reads the original name, so main work is not ordered after the anchor too.
@@ -403,7 +406,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
     prelude_at = min([fork, *whole])
     prelude = _with_leading(
         _parse_block(em.prelude),
-        [_comment(f"msrewrite({plan.case}): {what} runs on side stream \"{plan.stream_tag}\" during {_main}.")],
+        [_comment(f"msrewrite({label}): {what} runs on side stream \"{plan.stream_tag}\" during {_main}.")],
     )
     fork_block = _if_block(em.on_cond, on_branch, em.off_cond, off_nodes(fork_run))
     if prelude_at == fork:
@@ -428,10 +431,10 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         else:
             lead = []
         note = (
-            f"msrewrite({plan.case}): join the side stream before the first use of "
+            f"msrewrite({label}): join the side stream before the first use of "
             f"{', '.join(plan.side_outputs)}."
             if join_on
-            else f"msrewrite({plan.case}): with the flag off {what} runs here, as before."
+            else f"msrewrite({label}): with the flag off {what} runs here, as before."
         )
         join_block = _with_leading(join_block, lead + [_comment(note)])
 
