@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 from msrewrite.cases import Case
-from msrewrite.codemods import indexer_prolog, moe_shared_expert, moe_shared_expert_phased, moe_shared_mlp_init
+from msrewrite.codemods import (
+    indexer_prolog,
+    kvcache_offload,
+    moe_shared_expert,
+    moe_shared_expert_phased,
+    moe_shared_mlp_init,
+)
 
-_CASES = [moe_shared_expert.CASE, moe_shared_expert_phased.CASE, moe_shared_mlp_init.CASE, indexer_prolog.CASE]
+_CASES = [
+    moe_shared_expert.CASE,
+    moe_shared_expert_phased.CASE,
+    moe_shared_mlp_init.CASE,
+    indexer_prolog.CASE,
+    kvcache_offload.CASE,
+]
 
 
 def all_cases() -> list[Case]:

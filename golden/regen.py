@@ -28,6 +28,7 @@ GOLDEN_EXAMPLES = {
     "moe-shared-mlp-init": ["hunyuan_moe", "hunyuan_moe_patch"],
     "moe-shared-expert-phased": ["deepep_moe", "qwen_gated_moe"],
     "indexer-prolog": ["indexer_prolog"],
+    "kvcache-offload": ["offload_decoder"],
 }
 
 

@@ -57,6 +57,11 @@ class Case:
     sync: str = "wait_stream"
     phased: bool = False  # inline and flatten the side calls first, then issue them in phases
     branches: tuple[BranchSpec, ...] = ()  # several side streams; empty: one branch from the fields above
+    # "calls": side work is calls on submodules (is_seed); "copies": buffer copies (is_copy), joined
+    # where the buffers are reused rather than where a value is read (analyze/effects.py)
+    analysis: str = "calls"
+    is_copy: Callable[[cst.Call], bool] | None = None
+    non_blocking: bool = False  # side copies get non_blocking=True
     notes: str = ""
 
 
@@ -91,7 +96,10 @@ def find_targets(
     is_seed = branch.is_seed if branch is not None else case.is_seed
     targets = []
     for name, func, _cls in iter_functions(module):
-        if not has_seed(func, is_seed):
+        if case.analysis == "copies":
+            if not _has_copy(func, case.is_copy):
+                continue
+        elif not has_seed(func, is_seed):
             continue
         # Only the function that runs the side call matters, not helpers that define it.
         if func.name.value == "__init__":
@@ -100,6 +108,12 @@ def find_targets(
             targets.append(Target(name, applied=True, reason="already applied"))
             continue
         try:
+            if case.analysis == "copies":
+                from msrewrite.analyze.effects import find_copy_branch
+
+                side = find_copy_branch(func, positions, case.is_copy)
+                targets.append(Target(name, plan=branch_plan(case, path, name, side, options)))
+                continue
             anchors = tuple(gate.anchor for gate in options.start_gates)
             side = find_side_branch(
                 func,
@@ -120,6 +134,18 @@ def find_targets(
     return targets
 
 
+def _has_copy(func: cst.FunctionDef, is_copy) -> bool:
+    found = False
+
+    class _Copies(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            nonlocal found
+            found = found or bool(is_copy(node))
+
+    func.body.visit(_Copies())
+    return found
+
+
 def branch_plan(case: Case, path: Path, function: str, branch: SideBranch, options: Options) -> OverlapPlan:
     facts = branch.facts
     side = [
@@ -136,7 +162,8 @@ def branch_plan(case: Case, path: Path, function: str, branch: SideBranch, optio
         function=function,
         side=tuple(side),
         fork_line=facts[branch.fork].first_line,
-        join_line=facts[branch.join].first_line,
+        # a join past the last statement (a copy joined when the function ends) names the line after it
+        join_line=facts[branch.join].first_line if branch.join < len(facts) else facts[-1].last_line + 1,
         side_inputs=tuple(branch.inputs),
         side_outputs=tuple(branch.outputs),
         stream_tag=options.stream_tag or case.stream_tag,
@@ -151,4 +178,5 @@ def branch_plan(case: Case, path: Path, function: str, branch: SideBranch, optio
         stream_source=case.stream_source,
         sync=case.sync,
         phase_anchors=tuple(branch.phase_anchors),
+        non_blocking=case.non_blocking,
     )

@@ -111,6 +111,8 @@ class OverlapPlan:
     phase_anchors: tuple[str, ...] = ()
     # Several-stream cases: which of the case's branches this plan is (one stream tag each).
     case_branch: str = ""
+    # Copies moved to the side stream become non_blocking=True (they no longer hold up the host).
+    non_blocking: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -164,6 +166,7 @@ class OverlapPlan:
                 sync=data.get("sync", "wait_stream"),
                 phase_anchors=tuple(data.get("phase_anchors", ())),
                 case_branch=data.get("case_branch", ""),
+                non_blocking=bool(data.get("non_blocking", False)),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed plan: {exc}") from None

@@ -224,3 +224,54 @@ def test_plan_json_round_trip():
     assert load_plans('{"candidates": [{"plan": ' + plan.to_json() + "}]}") == [plan]
     with pytest.raises(ValueError):
         OverlapPlan.from_dict({"case": "x"})
+
+
+def copy_plan(body: str):
+    from msrewrite.codemods import get_case as case_named
+
+    source = "class Layer:\n    def forward(self, x, cache):\n" + textwrap.indent(textwrap.dedent(body).lstrip("\n"), " " * 8)
+    module = cst.parse_module(source)
+    targets = find_targets(case_named("kvcache-offload"), Path("layer.py"), module, Options())
+    assert len(targets) == 1
+    return targets[0]
+
+
+def test_copy_joins_before_the_buffer_is_written_again():
+    """The join of an offload copy is the write-after-read on the reused buffer, not a data edge."""
+    target = copy_plan(
+        """
+        cache.temp_kv.copy_(self.kv_a(x))
+        cache.host_kv[0].copy_(cache.temp_kv)
+        y = self.mlp(x)
+        cache.temp_kv.copy_(self.kv_b(y))
+        return self.out(y)
+        """
+    )
+    plan = target.plan
+    assert [(s.first_line, s.last_line) for s in plan.side] == [(4, 4)]
+    assert (plan.fork_line, plan.join_line) == (4, 6)  # forks right after the write, joins before the rewrite
+    assert plan.side_outputs == ()
+
+
+def test_copy_joins_before_return_when_nothing_reuses_the_buffer():
+    target = copy_plan(
+        """
+        cache.temp_kv.copy_(self.kv_a(x))
+        y = self.attn(x, cache.temp_kv)
+        cache.host_kv[0].copy_(cache.temp_kv)
+        return self.mlp(y)
+        """
+    )
+    assert (target.plan.fork_line, target.plan.join_line) == (4, 6)  # overlaps attention and the MLP
+
+
+def test_copy_is_refused_when_a_statement_reads_its_destination():
+    target = copy_plan(
+        """
+        cache.temp_kv.copy_(self.kv_a(x))
+        cache.host_kv[0].copy_(cache.temp_kv)
+        total = cache.host_kv[0].sum()
+        return self.mlp(x) + total
+        """
+    )
+    assert target.plan is None and "nothing to overlap" in target.reason

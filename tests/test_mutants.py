@@ -141,7 +141,12 @@ INDEXER = [  # indexer-prolog: two streams, each join protects its own result
     Mutant("weights-join-removed", drop_line(r"current_stream_2\.wait_stream\(indexer_weights_stream\)"), "race-raw", r"weights"),
     Mutant("weights-fork-removed", drop_line(r"indexer_weights_stream\.wait_stream\(current_stream_2\)"), "race-raw", r"."),
 ]
+OFFLOAD = [  # kvcache-offload: the join protects buffer reuse and the host copies
+    Mutant("join-removed", drop_line(r"kv_copy_done_event\.wait\(current_stream\)"), "race-raw", r"."),
+    Mutant("fork-removed", drop_line(r"input_ready_event\.wait\(kv_copy_stream\)"), "race-raw", r"copy_"),
+]
 MUTANTS = {
+    ("kvcache-offload", "eager"): OFFLOAD,
     ("indexer-prolog", "eager"): INDEXER,
     ("moe-shared-expert-phased", "eager"): PHASED,
     ("moe-shared-expert", "eager"): NATIVE,
@@ -163,6 +168,7 @@ MUTATED_EXAMPLES = {
     "moe-shared-mlp-init": ["hunyuan_moe"],
     "moe-shared-expert-phased": ["deepep_moe"],
     "indexer-prolog": ["indexer_prolog"],
+    "kvcache-offload": ["offload_decoder"],
 }
 PARAMS = [
     (case, mode, example, m)

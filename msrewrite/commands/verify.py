@@ -65,6 +65,7 @@ def verify_edit(file: Path, old_text: str, new_text: str, plans: list[OverlapPla
             flag=plans[0].flag,
             mode=plans[0].mode,
             package=package_of(file),
+            explicit_target=False,
         )
     typer.echo("verify:", err=True)
     for line in summary(result):

@@ -163,6 +163,29 @@ class _Splice(cst.CSTTransformer):
         return updated
 
 
+class _NonBlocking(cst.CSTTransformer):
+    """x.copy_(y) -> x.copy_(y, non_blocking=True): on its own stream the copy need not block the host."""
+
+    def leave_Call(self, original, updated):
+        func = updated.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value in ("copy_", "to")):
+            return updated
+        if any(arg.keyword is not None and arg.keyword.value == "non_blocking" for arg in updated.args):
+            return updated
+        args = list(updated.args)
+        if args:
+            args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        return updated.with_changes(args=[*args, cst.Arg(
+            keyword=cst.Name("non_blocking"),
+            value=cst.Name("True"),
+            equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+        )])
+
+
+def _returns(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and any(isinstance(s, cst.Return) for s in stmt.body)
+
+
 class _Rename(cst.CSTTransformer):
     def __init__(self, old: str, new: str) -> None:
         self.old, self.new = old, new
@@ -278,7 +301,8 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
     body = list(func.body.body)
     spans = _body_positions(func, positions)
     fork = _find_index(spans, plan.fork_line, "fork", plan)
-    join = _find_index(spans, plan.join_line, "join", plan)
+    at_end = plan.join_line > spans[-1][1]  # join when the function falls off its end
+    join = len(body) if at_end else _find_index(spans, plan.join_line, "join", plan)
 
     whole: list[int] = []
     hoists: list[tuple[cst.Call, str]] = []
@@ -376,6 +400,8 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
     if plan.mode == "ge-graph":
         for old, new in renames.items():
             phase_nodes = {p: [s.visit(_Rename(old, new)) for s in nodes] for p, nodes in phase_nodes.items()}
+    if plan.non_blocking:
+        phase_nodes = {p: [n.visit(_NonBlocking()) for n in nodes] for p, nodes in phase_nodes.items()}
     side_nodes = phase_nodes.get(0, [])
     phase_blocks = _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what)
 
@@ -419,7 +445,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
     join_off += hoist_assigns
     join_on = _parse_block(em.join) if em.join else []
     join_block = _if_block(em.on_cond, join_on, em.off_cond, join_off) if (join_on or join_off) else []
-    join_stmt = body[join]
+    join_stmt = body[join] if join < len(body) else cst.SimpleStatementLine(body=[cst.Pass()])
     for call, temp in hoists:
         join_stmt = join_stmt.deep_replace(call, cst.Name(temp))  # type: ignore[assignment]
     if join_block:
@@ -430,12 +456,16 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
             join_stmt = strip_leading(join_stmt)
         else:
             lead = []
-        note = (
-            f"msrewrite({label}): join the side stream before the first use of "
-            f"{', '.join(plan.side_outputs)}."
-            if join_on
-            else f"msrewrite({label}): with the flag off {what} runs here, as before."
-        )
+        if join_on and plan.side_outputs:
+            note = (
+                f"msrewrite({label}): join the side stream before the first use of "
+                f"{', '.join(plan.side_outputs)}."
+            )
+        elif join_on:
+            where = "before returning" if join == len(body) or _returns(join_stmt) else "here"
+            note = f"msrewrite({label}): {what} must finish before its buffers are reused: join {where}."
+        else:
+            note = f"msrewrite({label}): with the flag off {what} runs here, as before."
         join_block = _with_leading(join_block, lead + [_comment(note)])
 
     new_body: list[cst.BaseStatement] = []
@@ -461,6 +491,8 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
             continue
         new_body.append(stmt)
         new_body += phase_blocks.get(i, [])
+    if join == len(body):
+        new_body += join_block
     new_func = func.with_changes(body=func.body.with_changes(body=new_body))
 
     new_init = None

@@ -1,0 +1,57 @@
+"""kvcache-offload: device-to-host KV copies (and next-layer prefetch) on a copy stream.
+
+cann-recipes DeepSeek-V3.2 / GLM-5 prefill: each layer writes its KV into one device buffer shared
+by all layers, then copies it to host memory. The copy moves to a copy stream created once per
+process (non_blocking), starting as soon as the buffer is written, so it overlaps attention and
+the MLP. Nothing reads the copy on the main stream, so the join is not a data edge: it is the
+buffer's reuse. The main stream waits for the copy right before it next writes the buffer it
+reads (a write-after-read hazard) or touches the host copy, or before the layer returns, since the
+next layer overwrites the shared buffer. A host-to-device prefetch of the next layer's KV in the
+same function rides the same stream. Events are recorded per call, as the offload cache does.
+
+Which copies: `dst.copy_(src)` where one side is a host buffer, by its name (`host_kv`,
+`cpu_cache`, `offload_buffer`, `swap_*`, `pinned_*`). Transformers' OffloadedCache already prefetches on its own
+stream (torch.Stream) and is the reference for the pattern, not a target.
+
+Modes: eager and cuda (offload runs in eager prefill). Not npugraph-ex: per-call events change
+between capture and replay; not ge-graph: the copies are not graph ops.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from msrewrite.analyze.effects import buffer_path
+from msrewrite.cases import Case
+
+HOST_WORDS = ("host", "cpu", "offload", "swap", "pinned")
+
+
+def _names_host(expr: cst.BaseExpression) -> bool:
+    """The buffer itself (the last name of its path, `host_kv` in cache.host_kv[i]) is host memory."""
+    buffer = (buffer_path(expr) or "").split(".")[-1].lower()
+    return any(word in buffer for word in HOST_WORDS)
+
+
+def is_host_copy(call: cst.Call) -> bool:
+    """dst.copy_(src) with host memory on either side."""
+    func = call.func
+    if not (isinstance(func, cst.Attribute) and func.attr.value == "copy_" and call.args):
+        return False
+    return _names_host(func.value) or _names_host(call.args[0].value)
+
+
+CASE = Case(
+    name="kvcache-offload",
+    summary="KV-cache offload and prefetch copies on a copy stream, joined where the buffer is reused",
+    modes=("eager", "cuda"),
+    is_seed=lambda callee: False,
+    stream_tag="kv_copy",
+    flag_name="ENABLE_KV_OFFLOAD_STREAM",
+    what=("the KV copy", "attention and the MLP"),
+    sync="events",
+    analysis="copies",
+    is_copy=is_host_copy,
+    non_blocking=True,
+    notes="not npugraph-ex: per-call events change between capture and replay; not ge-graph: copies are not graph ops",
+)

@@ -1,0 +1,69 @@
+"""A prefill decoder stack with KV offload, shaped like cann-recipes' OffloadCache: every layer
+writes its KV into one device buffer shared by all layers, copies it to host memory, and fetches
+the next layer's saved KV back (the host buffers are pinned memory on the NPU)."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class OffloadCache:
+    def __init__(self, num_layers, tokens, kv_dim):
+        self.temp_kv = torch.zeros(tokens, kv_dim)  # device buffer shared by every layer
+        self.host_kv = [torch.zeros(tokens, kv_dim) for _ in range(num_layers)]
+        self.prefetched_kv = torch.zeros(tokens, kv_dim)  # next layer's KV, back on the device
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden_size, kv_dim):
+        super().__init__()
+        self.q_proj = nn.Linear(hidden_size, kv_dim, bias=False)
+        self.o_proj = nn.Linear(kv_dim, hidden_size, bias=False)
+
+    def forward(self, hidden_states, kv, history):
+        q = self.q_proj(hidden_states)
+        keys = torch.cat([history, kv], dim=0)
+        causal = torch.ones(q.shape[0], keys.shape[0], dtype=torch.bool).tril(history.shape[0])
+        scores = (q @ keys.T).masked_fill(~causal, float("-inf")).softmax(dim=-1)
+        return self.o_proj(scores @ keys)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, hidden_size, kv_dim, layer_idx):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.input_norm = nn.LayerNorm(hidden_size)
+        self.kv_proj = nn.Linear(hidden_size, kv_dim, bias=False)
+        self.attn = Attention(hidden_size, kv_dim)
+        self.post_norm = nn.LayerNorm(hidden_size)
+        self.mlp = nn.Sequential(nn.Linear(hidden_size, 4 * hidden_size), nn.GELU(), nn.Linear(4 * hidden_size, hidden_size))
+
+    def forward(self, hidden_states, offload_cache):
+        # the previous layer's KV, fetched back from host memory by that layer
+        history = offload_cache.prefetched_kv.clone() if self.layer_idx else offload_cache.temp_kv[:0]
+        normed = self.input_norm(hidden_states)
+        offload_cache.temp_kv.copy_(self.kv_proj(normed))
+        attn_out = self.attn(normed, offload_cache.temp_kv, history)
+        offload_cache.host_kv[self.layer_idx].copy_(offload_cache.temp_kv)
+        offload_cache.prefetched_kv.copy_(offload_cache.host_kv[self.layer_idx])
+        hidden_states = hidden_states + attn_out
+        hidden_states = hidden_states + self.mlp(self.post_norm(hidden_states))
+        return hidden_states
+
+
+class OffloadModel(nn.Module):
+    def __init__(self, hidden_size=64, kv_dim=32, num_layers=3):
+        super().__init__()
+        self.kv_dim = kv_dim
+        self.layers = nn.ModuleList(DecoderLayer(hidden_size, kv_dim, i) for i in range(num_layers))
+
+    def forward(self, hidden_states):
+        cache = OffloadCache(len(self.layers), hidden_states.shape[0], self.kv_dim)
+        for layer in self.layers:
+            hidden_states = F.layer_norm(layer(hidden_states, cache), hidden_states.shape[-1:])
+        return hidden_states, torch.stack(cache.host_kv)
+
+
+def make():
+    torch.manual_seed(0)
+    return OffloadModel().eval(), (torch.randn(8, 64),)
