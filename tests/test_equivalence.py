@@ -151,12 +151,20 @@ def test_qwen3_next_phased_is_equivalent_and_clean(tmp_path, mode):
 HARNESSES = Path(__file__).resolve().parent / "harnesses"
 
 
+INDEXERS = {
+    "deepseek_v32": ("transformers.models.deepseek_v32.modeling_deepseek_v32", "deepseek_v32_indexer.py"),
+    "glm_moe_dsa": ("transformers.models.glm_moe_dsa.modeling_glm_moe_dsa", "glm_moe_dsa_indexer.py"),
+}
+
+
 @pytest.mark.parametrize("mode", MODES)
-def test_deepseek_v32_indexer_prolog_is_equivalent_and_clean(tmp_path, mode):
-    """indexer-prolog on transformers DeepseekV32Indexer: q path and weights on two side streams."""
+@pytest.mark.parametrize("model", sorted(INDEXERS))
+def test_indexer_prolog_is_equivalent_and_clean(tmp_path, model, mode):
+    """indexer-prolog on transformers DeepseekV32Indexer and GlmMoeDsaIndexer: q path and weights
+    projection on two side streams, k path on main."""
     from msrewrite.commands.apply import case_steps
 
-    module_name = "transformers.models.deepseek_v32.modeling_deepseek_v32"
+    module_name, harness = INDEXERS[model]
     original = Path(importlib.import_module(module_name).__file__)
     src = load(original)
     steps = case_steps(original, src.text, src.module, "indexer-prolog", mode, None,
@@ -164,7 +172,7 @@ def test_deepseek_v32_indexer_prolog_is_equivalent_and_clean(tmp_path, mode):
     assert [step.plans[0].case_branch for step in steps] == ["q", "weights"]  # no int8 q quant here
     edited = tmp_path / original.name
     edited.write_text(steps[-1].new)
-    result = verify_files(edited, original=original, harness=f"{HARNESSES / 'deepseek_v32_indexer.py'}:make",
+    result = verify_files(edited, original=original, harness=f"{HARNESSES / harness}:make",
                           package=module_name.rsplit(".", 1)[0])
     assert result.ok, result.problems
     side_streams = {s for s in result.runs[2].streams if s != "main"}

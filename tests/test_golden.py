@@ -37,3 +37,20 @@ def test_golden_is_idempotent(case, mode, example):
     src = load(expected_py)
     targets = find_targets(get_case(case), expected_py, src.module, Options(mode=mode))
     assert targets and all(t.applied and t.plan is None for t in targets)
+
+
+@pytest.mark.parametrize("case,mode,example", PARAMS, ids=["-".join(p) for p in PARAMS])
+def test_golden_diff_applies_to_a_pristine_copy(tmp_path, case, mode, example):
+    """The expected diff is what users get from `apply`; it must apply with git apply and patch."""
+    import shutil
+    import subprocess
+
+    from conftest import EXAMPLES
+
+    (tmp_path / "examples").mkdir()
+    shutil.copy(EXAMPLES / f"{example}.py", tmp_path / "examples" / f"{example}.py")
+    _, diff = regen.golden_paths(case, mode, example)
+    subprocess.run(["git", "apply", "--check", str(diff)], cwd=tmp_path, check=True, capture_output=True)
+    subprocess.run(["patch", "-p1", "-s", "-i", str(diff)], cwd=tmp_path, check=True, capture_output=True)
+    expected, _ = regen.golden_paths(case, mode, example)
+    assert (tmp_path / "examples" / f"{example}.py").read_text() == expected.read_text()
