@@ -9,6 +9,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from msrewrite.errors import EXIT_NOTHING_TO_DO, EXIT_OK, BadInput
+from msrewrite.load import read_source
 
 PHASES = ("decode", "prefill")
 
@@ -57,8 +58,14 @@ def run_suggest(
     if phase not in PHASES:
         raise BadInput(f"--phase must be one of {', '.join(PHASES)}, got {phase!r}")
     for file in files:
-        if not Path(file).is_file():
-            raise BadInput(f"{file}: no such file")
+        read_source(Path(file))  # missing, directory, binary, not UTF-8, empty: one clear line
+    if report is not None and report.exists() and not report.is_dir():
+        raise BadInput(f"--report {report}: exists and is not a folder")
+    if report is not None:
+        try:
+            report.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BadInput(f"--report {report}: cannot create the folder ({exc.strerror or exc})") from None
     shape = parse_shape(input_shape)
 
     first, extra = Path(files[0]), [Path(f) for f in files[1:]]

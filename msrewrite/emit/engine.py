@@ -182,6 +182,17 @@ class _NonBlocking(cst.CSTTransformer):
         )])
 
 
+def _wrap(with_line: str, nodes: list[cst.BaseStatement], plan: OverlapPlan, label: str) -> list[cst.BaseStatement]:
+    """`with <limit>:` around the main work of the overlap window (its own AI-core budget)."""
+    if not nodes:
+        return nodes
+    lead = list(nodes[0].leading_lines)
+    inner = [strip_leading(nodes[0]), *nodes[1:]]
+    block = _splice(_parse_block([with_line, "    __ms_main__"]), {"__ms_main__": inner})
+    note = f"msrewrite({label}): the main branch gets its own core budget while the side stream runs."
+    return _with_leading(block, lead + [_comment(note)])
+
+
 def _returns(stmt: cst.CSTNode) -> bool:
     return isinstance(stmt, cst.SimpleStatementLine) and any(isinstance(s, cst.Return) for s in stmt.body)
 
@@ -301,7 +312,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
     body = list(func.body.body)
     spans = _body_positions(func, positions)
     fork = _find_index(spans, plan.fork_line, "fork", plan)
-    at_end = plan.join_line > spans[-1][1]  # join when the function falls off its end
+    at_end = plan.join_line == spans[-1][1] + 1  # join when the function falls off its end
     join = len(body) if at_end else _find_index(spans, plan.join_line, "join", plan)
 
     whole: list[int] = []
@@ -311,7 +322,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         if side.phase > len(plan.phase_anchors):
             raise BadInput(f"plan for {plan.function}: phase {side.phase} has no anchor")
         if side.hoist:
-            call = _find_call(body[join], side.source, positions)
+            call = _find_call(body[join], side.source, positions) if join < len(body) else None
             if call is None:
                 raise BadInput(
                     f"stale plan for {plan.function}: the join statement at line {plan.join_line} "
@@ -384,6 +395,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         stream_source=plan.stream_source,
         sync=plan.sync,
         phased=bool(plan.phase_anchors),
+        core_limits=plan.core_limits,
     )
     em = STRATEGIES[plan.mode](ctx)
 
@@ -469,14 +481,18 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         join_block = _with_leading(join_block, lead + [_comment(note)])
 
     new_body: list[cst.BaseStatement] = []
+    window_start: int | None = None  # where the main work between fork and join begins in new_body
     in_fork_or_join = set(fork_run or []) | set(join_run or [])
     for i, stmt in enumerate(body):
+        if i == join and window_start is not None and em.main_limit:
+            new_body[window_start:] = _wrap(em.main_limit, new_body[window_start:], plan, label)
         if i == prelude_at and prelude_at != fork:
             new_body += _with_leading(prelude, list(stmt.leading_lines))
             stmt = strip_leading(stmt)
             body[i] = stmt
         if i == fork:
             new_body += fork_block
+            window_start = len(new_body)
         if i in whole:
             if i in in_fork_or_join:
                 continue
@@ -492,6 +508,8 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         new_body.append(stmt)
         new_body += phase_blocks.get(i, [])
     if join == len(body):
+        if window_start is not None and em.main_limit:
+            new_body[window_start:] = _wrap(em.main_limit, new_body[window_start:], plan, label)
         new_body += join_block
     new_func = func.with_changes(body=func.body.with_changes(body=new_body))
 
@@ -754,11 +772,11 @@ def _imports_module(module: cst.Module, name: str) -> bool:
 def add_helpers(module: cst.Module, emissions: list[Emission], mode: str) -> cst.Module:
     keys: list[str] = []
     imports: list[str] = []
-    needs_os = False
+    stdlib: list[str] = []
     for em in emissions:
         keys += [k for k in em.helpers if k not in keys]
         imports += [i for i in em.imports if i not in imports]
-        needs_os = needs_os or em.needs_os
+        stdlib += [name for name in (["os"] if em.needs_os else []) + em.stdlib if name not in stdlib]
     bound = _top_level_bindings(module)
     for key in keys:
         name = helper_text.defined_name(key)
@@ -818,17 +836,19 @@ def add_helpers(module: cst.Module, emissions: list[Emission], mode: str) -> cst
                 lead = [cst.EmptyLine()] * (2 - blank) + lead
                 body[at] = following.with_changes(leading_lines=lead)
         body[at:at] = block
-    if needs_os and "os" not in bound and not _imports_module(module, "os"):
+    for name in sorted(stdlib, reverse=True):  # each lands first: the final order is sorted
+        if name in bound or _imports_module(module, name):
+            continue
         at = next((i for i, s in enumerate(body) if _is_import(s) and not _is_future(s)), None)
-        os_import = cst.parse_statement("import os\n")
+        new_import = cst.parse_statement(f"import {name}\n")
         if at is None:
             at = next((i + 1 for i, s in enumerate(body) if _is_future(s)), 0)
-            body.insert(at, os_import)
+            body.insert(at, new_import)
         else:
             # take over the first import's leading comments/blank lines so they stay on top
             first = body[at]
             body[at] = strip_leading(first)
-            body.insert(at, os_import.with_changes(leading_lines=first.leading_lines))
+            body.insert(at, new_import.with_changes(leading_lines=first.leading_lines))
     return module.with_changes(body=body)
 
 

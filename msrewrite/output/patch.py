@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from msrewrite import __version__
+from msrewrite.errors import BadInput
 from msrewrite.output.diff import diffstat, unified_diff
 
 
@@ -66,7 +67,10 @@ def format_patch(step: PatchStep, number: int, total: int, date: str | None = No
 
 def write_series(steps: list[PatchStep], folder: Path) -> list[Path]:
     """Write 0001-<slug>.patch ... into `folder`; returns the paths in order."""
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadInput(f"-o {folder}: cannot create the folder ({exc.strerror or exc})") from None
     paths = []
     for number, step in enumerate(steps, start=1):
         path = folder / f"{number:04d}-{slug(step.subject)}.patch"
