@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from msrewrite.cases import Case
 from msrewrite.codemods import (
+    attn_moe_limit_core,
     indexer_prolog,
     kvcache_offload,
     moe_shared_expert,
@@ -17,6 +18,7 @@ _CASES = [
     moe_shared_mlp_init.CASE,
     indexer_prolog.CASE,
     kvcache_offload.CASE,
+    attn_moe_limit_core.CASE,
 ]
 
 

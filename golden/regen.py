@@ -29,6 +29,7 @@ GOLDEN_EXAMPLES = {
     "moe-shared-expert-phased": ["deepep_moe", "qwen_gated_moe"],
     "indexer-prolog": ["indexer_prolog"],
     "kvcache-offload": ["offload_decoder"],
+    "attn-moe-limit-core": ["longcat_layer"],
 }
 
 

@@ -62,6 +62,7 @@ class Case:
     analysis: str = "calls"
     is_copy: Callable[[cst.Call], bool] | None = None
     non_blocking: bool = False  # side copies get non_blocking=True
+    core_limits: bool = False  # the branches get AI-core budgets (--cores / --core-limit)
     notes: str = ""
 
 
@@ -80,6 +81,7 @@ class Options:
     stream_tag: str | None = None
     start_gates: tuple = field(default_factory=tuple)  # StartGate; tensor "" = the first side input
     phase_anchors: tuple[str, ...] = ()
+    core_limits: tuple[int, int, int, int] | None = None
 
 
 def branch_marker(case_name: str, branch: BranchSpec | None) -> str | None:
@@ -179,4 +181,5 @@ def branch_plan(case: Case, path: Path, function: str, branch: SideBranch, optio
         sync=case.sync,
         phase_anchors=tuple(branch.phase_anchors),
         non_blocking=case.non_blocking,
+        core_limits=options.core_limits if case.core_limits else None,
     )

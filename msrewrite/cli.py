@@ -45,6 +45,10 @@ def apply(
     anchor: Optional[List[str]] = typer.Option(
         None, "--anchor", help="Phased cases: a main-stream value after which the next side phase starts (repeat)."
     ),
+    core_preset: str = typer.Option("a3", "--cores", help="Core-limit cases: device preset a2, a3 or a3-even."),
+    core_limit: Optional[str] = typer.Option(
+        None, "--core-limit", help="Core-limit cases: SIDE_AIC/SIDE_AIV,MAIN_AIC/MAIN_AIV, e.g. 8/16,16/32."
+    ),
     in_place: bool = typer.Option(False, "--in-place", "-i", help="Rewrite the file in place (atomic)."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write git format-patch files to this folder."),
     verify: bool = typer.Option(False, "--verify", help="Run `msrewrite verify` on the edit."),
@@ -67,6 +71,8 @@ def apply(
             stream_tag=stream_tag,
             start_after=start_after,
             anchors=tuple(anchor or ()),
+            core_preset=core_preset,
+            core_limit=core_limit,
             in_place=in_place,
             output=output,
             verify=verify,

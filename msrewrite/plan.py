@@ -113,6 +113,8 @@ class OverlapPlan:
     case_branch: str = ""
     # Copies moved to the side stream become non_blocking=True (they no longer hold up the host).
     non_blocking: bool = False
+    # AI-core budgets (side aicore, side vector, main aicore, main vector) for the two branches.
+    core_limits: tuple[int, int, int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -167,6 +169,7 @@ class OverlapPlan:
                 phase_anchors=tuple(data.get("phase_anchors", ())),
                 case_branch=data.get("case_branch", ""),
                 non_blocking=bool(data.get("non_blocking", False)),
+                core_limits=tuple(data["core_limits"]) if data.get("core_limits") else None,
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed plan: {exc}") from None

@@ -286,3 +286,17 @@ def test_several_streams_one_patch_each(git_repo, tmp_path):
     ]
     again = run_cli("apply", "--case", "indexer-prolog", "indexer.py", cwd=git_repo)
     assert again.returncode == 1 and "already applied" in again.stderr
+
+
+def test_core_budgets_are_checked_against_the_device():
+    model = str(EXAMPLES / "longcat_layer.py")
+    over = run_cli("apply", "--case", "attn-moe-limit-core", model, "--core-limit", "12/24,16/32")
+    assert over.returncode == 2 and "exceeds a3's 24 AIC / 48 AIV" in over.stderr and "deadlock" in over.stderr
+    a2 = run_cli("apply", "--case", "attn-moe-limit-core", model, "--cores", "a2")
+    assert a2.returncode == 0 and "set_stream_limit(current_stream, 12, 24)" in a2.stdout
+    custom = run_cli("apply", "--case", "attn-moe-limit-core", model, "--core-limit", "12/24,12/24", "--mode", "ge-graph")
+    assert custom.returncode == 0 and "_ms_core_limit(True, 12, 24)" in custom.stdout
+    wrong = run_cli("apply", "--case", "moe-shared-expert", model.replace("longcat_layer", "deepseek_moe"), "--cores", "a2")
+    assert wrong.returncode == 2 and "core-limit cases" in wrong.stderr
+    bad = run_cli("apply", "--case", "attn-moe-limit-core", model, "--core-limit", "8-16")
+    assert bad.returncode == 2 and "SIDE_AIC/SIDE_AIV" in bad.stderr

@@ -177,3 +177,28 @@ def test_indexer_prolog_is_equivalent_and_clean(tmp_path, model, mode):
     assert result.ok, result.problems
     side_streams = {s for s in result.runs[2].streams if s != "main"}
     assert len(side_streams) == 2, result.runs[2].streams
+
+
+@pytest.mark.parametrize("mode", ["eager", "npugraph-ex", "ge-graph"])
+def test_longcat_shortcut_moe_with_core_limits(tmp_path, mode):
+    """attn-moe-limit-core on transformers LongcatFlashDecoderLayer: exact, clean, and the side
+    stream really runs under its core budget (the stand-in records the stream limits)."""
+    from msrewrite.commands.apply import case_steps
+    from msrewrite.cores import PRESETS
+
+    module_name = "transformers.models.longcat_flash.modeling_longcat_flash"
+    original = Path(importlib.import_module(module_name).__file__)
+    src = load(original)
+    steps = case_steps(original, src.text, src.module, "attn-moe-limit-core", mode, "LongcatFlashDecoderLayer",
+                       FlagSpec(name="ENABLE_MOE_SHORTCUT_STREAM"), None, core_limits=PRESETS["a3"])
+    text = steps[-1].new
+    if mode == "eager":
+        assert "torch.npu.set_stream_limit(moe_shortcut_stream, 8, 16)" in text
+        assert "torch.npu.reset_stream_limit(current_stream)" in text
+    else:
+        assert "_ms_core_limit(True, 8, 16)" in text and ", 16, 32):" in text
+    edited = tmp_path / original.name
+    edited.write_text(text)
+    result = verify_files(edited, original=original, target="LongcatFlashDecoderLayer",
+                          package=module_name.rsplit(".", 1)[0])
+    assert result.ok, result.problems

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 
+from msrewrite import cores
 from msrewrite.cases import Case, Options, find_targets
 from msrewrite.emit.engine import apply_plans, iter_functions, locate
 from msrewrite.emit.inline import inline_and_flatten
@@ -66,11 +67,17 @@ def get_known_case(case_name: str) -> Case:
 def plans_for_case(
     file: Path, module, case_name: str | Case, mode: str, target: str | None, flag: FlagSpec, stream_tag: str | None,
     start_gates: tuple[StartGate, ...] = (), phase_anchors: tuple[str, ...] = (),
+    core_limits: tuple[int, int, int, int] | None = None,
 ) -> list[OverlapPlan]:
     case = get_known_case(case_name) if isinstance(case_name, str) else case_name
     if mode not in case.modes:
         raise BadInput(f"case {case.name} does not support mode {mode} (supports {', '.join(case.modes)})")
-    options = Options(mode=mode, flag=flag, stream_tag=stream_tag, start_gates=start_gates, phase_anchors=phase_anchors)
+    if case.core_limits and core_limits is None:
+        core_limits = cores.resolve("a3", None).as_tuple()
+    options = Options(
+        mode=mode, flag=flag, stream_tag=stream_tag, start_gates=start_gates, phase_anchors=phase_anchors,
+        core_limits=core_limits,
+    )
     targets = find_targets(case, file, module, options)
     if target:
         chosen = [t for t in targets if _match_target(t.function, target)]
@@ -110,6 +117,7 @@ class EditStep:
 def case_steps(
     file: Path, text: str, module, case_name: str, mode: str, target: str | None, flag: FlagSpec,
     stream_tag: str | None, start_gates: tuple[StartGate, ...] = (), phase_anchors: tuple[str, ...] = (),
+    core_limits: tuple[int, int, int, int] | None = None,
 ) -> list[EditStep]:
     """The edit a case makes, as steps: phased cases first inline and flatten the side branch (a
     refactor that changes no behaviour), then issue it in phases."""
@@ -117,7 +125,7 @@ def case_steps(
     if case.branches:
         return _branch_steps(file, text, module, case, mode, target, flag)
     if not case.phased:
-        plans = plans_for_case(file, module, case, mode, target, flag, stream_tag, start_gates)
+        plans = plans_for_case(file, module, case, mode, target, flag, stream_tag, start_gates, (), core_limits)
         return [_plan_step(plans[0], text, apply_plans(module, plans).code)]
     base = dataclasses.replace(case, phased=False)
     if mode not in case.modes:
@@ -229,6 +237,8 @@ def run_apply(
     in_place: bool,
     start_after: str | None = None,
     anchors: tuple[str, ...] = (),
+    core_preset: str = "a3",
+    core_limit: str | None = None,
     output: Path | None,
     verify: bool,
     harness: str | None,
@@ -265,8 +275,13 @@ def run_apply(
             raise BadInput(f"--anchor needs a variable name, got {bad[0]!r}")
         if anchors and not (known and known.phased):
             raise BadInput(f"--anchor is for phased cases; {case} runs its side branch in one piece")
+        budget = None
+        if known and known.core_limits:
+            budget = cores.resolve(core_preset, core_limit).as_tuple()
+        elif core_limit or core_preset != "a3":
+            raise BadInput(f"--cores and --core-limit are for core-limit cases; {case} does not split cores")
         steps = case_steps(file, src.text, src.module, case, chosen_mode, target, spec, stream_tag, gates,
-                           tuple(anchors))
+                           tuple(anchors), budget)
         plans = [plan for step in steps for plan in step.plans]
     else:
         try:

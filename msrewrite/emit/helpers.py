@@ -74,6 +74,20 @@ def _ms_module_events(module, tag, stream):
         events = module.__dict__[key] = (torch.npu.Event(), torch.npu.Event())
     return events
 ''',
+    "_ms_core_limit:ge-graph": '''\
+def _ms_core_limit(enabled, aicore_num, vectorcore_num):
+    """torchair's op-level core limit inside a GE graph; a no-op context when off."""
+    if not enabled or torchair is None:
+        return contextlib.nullcontext()
+    return torchair.scope.limit_core_num(aicore_num, vectorcore_num)
+''',
+    "_ms_core_limit:npugraph-ex": '''\
+def _ms_core_limit(enabled, aicore_num, vectorcore_num):
+    """npugraph_ex's stream-level core limit; a no-op context when off."""
+    if not enabled or not hasattr(torch, "npu"):
+        return contextlib.nullcontext()
+    return torch.npu.npugraph_ex.scope.limit_core_num(aicore_num, vectorcore_num)
+''',
     "_ms_record_stream": '''\
 def _ms_record_stream(stream, *values):
     """Mark tensors as in use on `stream`, so the caching allocator cannot hand their memory out early."""

@@ -47,6 +47,7 @@ class Context:
     stream_source: str = "lazy"  # lazy | constructor (self.<stream_attr> set in __init__)
     sync: str = "wait_stream"  # wait_stream | events
     phased: bool = False  # side phases re-enter the stream after main-stream anchors
+    core_limits: tuple[int, int, int, int] | None = None  # side aicore, side vector, main aicore, main vector
 
 
 @dataclass
@@ -67,6 +68,12 @@ class Emission:
     helpers: list[str] = field(default_factory=list)
     imports: list[str] = field(default_factory=list)  # guarded imports (helpers.GUARDED_IMPORTS keys)
     needs_os: bool = False
+    stdlib: list[str] = field(default_factory=list)  # plain stdlib imports the helpers need
+    # Core limits on the main branch: `with <main_limit>:` around the main work between fork and
+    # join (graph modes), or set/reset lines (eager).
+    main_limit: str = ""
+    main_limit_set: list[str] = field(default_factory=list)
+    main_limit_reset: list[str] = field(default_factory=list)
 
 
 def _flag(ctx: Context, em: Emission) -> str:
@@ -172,6 +179,14 @@ def _native(ctx: Context, api: str) -> Emission:
         ]
     em.with_open = f"with {api}.stream({n.stream}):"
     em.phase_head = [f"{n.stream}.wait_stream({n.current})"]
+    if ctx.core_limits and api == "torch.npu":
+        side_c, side_v, main_c, main_v = ctx.core_limits
+        em.on_head += [
+            "# Split the AI cores between the streams so neither branch starves the other.",
+            f"torch.npu.set_stream_limit({n.stream}, {side_c}, {side_v})",
+            f"torch.npu.set_stream_limit({n.current}, {main_c}, {main_v})",
+        ]
+        em.main_limit_reset = [f"torch.npu.reset_stream_limit({n.current})"]
     if ctx.sync == "events":
         em.join = [
             f"{n.side_done} = {api}.Event()",
@@ -186,6 +201,7 @@ def _native(ctx: Context, api: str) -> Emission:
             "# Allocated on the side stream, freed on this one: keep them from early reuse.",
             f"_ms_record_stream({n.current}, {', '.join(ctx.outputs)})",
         ]
+    em.join += em.main_limit_reset
     return em
 
 
@@ -228,6 +244,12 @@ def npugraph_ex(ctx: Context) -> Emission:
         em.on_head += [f"_ms_record_stream({n.stream}, {', '.join(ctx.inputs)})"]
     em.on_head += [*_prebind(ctx), f"{n.fork_event}.record()"]
     em.with_open = f"with torch.npu.stream({n.stream}):"
+    if ctx.core_limits:
+        side_c, side_v, main_c, main_v = ctx.core_limits
+        em.helpers.append("_ms_core_limit:npugraph-ex")
+        em.stdlib.append("contextlib")
+        em.with_open = f"with torch.npu.stream({n.stream}), _ms_core_limit(True, {side_c}, {side_v}):"
+        em.main_limit = f"with _ms_core_limit({n.stream} is not None, {main_c}, {main_v}):"
     em.side_head = [f"{n.fork_event}.wait()"]
     em.side_tail = [f"{n.join_event}.record()"]
     em.join = [f"{n.join_event}.wait()"]
@@ -246,6 +268,15 @@ def ge_graph(ctx: Context) -> Emission:
     em.prelude = [f"{n.stream} = _ms_graph_streams({enabled})"]
     em.on_cond, em.off_cond = n.stream, f"not {n.stream}"
     em.with_open = f'with torchair.scope.npu_stream_switch("{ctx.tag}", 0):'
+    if ctx.core_limits:
+        # limit_core_num nests inside the stream switch; the main branch gets its own budget
+        side_c, side_v, main_c, main_v = ctx.core_limits
+        em.helpers.append("_ms_core_limit:ge-graph")
+        em.stdlib.append("contextlib")
+        em.with_open = (
+            f'with torchair.scope.npu_stream_switch("{ctx.tag}", 0), _ms_core_limit(True, {side_c}, {side_v}):'
+        )
+        em.main_limit = f"with _ms_core_limit({n.stream}, {main_c}, {main_v}):"
     if ctx.phased:
         em.helpers.append("_ms_wait_tensor")
         em.phase_gate = "{side} = _ms_wait_tensor({tensor}, {anchor})"
