@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Callable
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
 
+from msrewrite.analyze.positions import positions_for, self_calls
 from msrewrite.analyze.branch import NoBranch, SideBranch, find_side_branch, has_seed
 from msrewrite.emit.engine import already_applied, code_of, iter_functions, strip_leading
 from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement, StartGate
@@ -90,17 +90,20 @@ def branch_marker(case_name: str, branch: BranchSpec | None) -> str | None:
 
 
 def find_targets(
-    case: Case, path: Path, module: cst.Module, options: Options, branch: BranchSpec | None = None
+    case: Case, path: Path, module: cst.Module, options: Options, branch: BranchSpec | None = None,
+    text: str | None = None,
 ) -> list[Target]:
-    """Every function with the case's (or one branch's) seed calls: a plan each, or why not."""
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    positions = wrapper.resolve(PositionProvider)
+    """Every function with the case's (or one branch's) seed calls: a plan each, or why not.
+    `text` is the module's source when the caller has it (saves rendering it again)."""
     is_seed = branch.is_seed if branch is not None else case.is_seed
     targets = []
+    calls = self_calls(text if text is not None else module.code) if case.analysis == "calls" else {}
     for name, func, _cls in iter_functions(module):
         if case.analysis == "copies":
             if not _has_copy(func, case.is_copy):
                 continue
+        elif name in calls and not any(is_seed(callee) for callee in calls[name]):
+            continue  # cheap: ast saw no side call here
         elif not has_seed(func, is_seed):
             continue
         # Only the function that runs the side call matters, not helpers that define it.
@@ -109,6 +112,7 @@ def find_targets(
         if already_applied(func, marker=branch_marker(case.name, branch)):
             targets.append(Target(name, applied=True, reason="already applied"))
             continue
+        positions = positions_for(module, name, func, text)
         try:
             if case.analysis == "copies":
                 from msrewrite.analyze.effects import find_copy_branch

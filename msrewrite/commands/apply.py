@@ -68,6 +68,7 @@ def plans_for_case(
     file: Path, module, case_name: str | Case, mode: str, target: str | None, flag: FlagSpec, stream_tag: str | None,
     start_gates: tuple[StartGate, ...] = (), phase_anchors: tuple[str, ...] = (),
     core_limits: tuple[int, int, int, int] | None = None,
+    text: str | None = None,
 ) -> list[OverlapPlan]:
     case = get_known_case(case_name) if isinstance(case_name, str) else case_name
     if mode not in case.modes:
@@ -78,7 +79,7 @@ def plans_for_case(
         mode=mode, flag=flag, stream_tag=stream_tag, start_gates=start_gates, phase_anchors=phase_anchors,
         core_limits=core_limits,
     )
-    targets = find_targets(case, file, module, options)
+    targets = find_targets(case, file, module, options, text=text)
     if target:
         chosen = [t for t in targets if _match_target(t.function, target)]
         if not chosen:
@@ -125,19 +126,19 @@ def case_steps(
     if case.branches:
         return _branch_steps(file, text, module, case, mode, target, flag)
     if not case.phased:
-        plans = plans_for_case(file, module, case, mode, target, flag, stream_tag, start_gates, (), core_limits)
-        return [_plan_step(plans[0], text, apply_plans(module, plans).code)]
+        plans = plans_for_case(file, module, case, mode, target, flag, stream_tag, start_gates, (), core_limits, text)
+        return [_plan_step(plans[0], text, apply_plans(module, plans, text).code)]
     base = dataclasses.replace(case, phased=False)
     if mode not in case.modes:
         raise BadInput(f"case {case.name} does not support mode {mode} (supports {', '.join(case.modes)})")
-    function = plans_for_case(file, module, dataclasses.replace(base, modes=case.modes), mode, target, flag,
-                              stream_tag)[0].function
+    function = plans_for_case(file, module, base, mode, target, flag, stream_tag, text=text)[0].function
     located = locate(module, function)
     inlined_func = inline_and_flatten(module, located.cls, located.func, case.is_seed)
     inlined = module.deep_replace(located.func, inlined_func)
     inlined_text = inlined.code
     inlined = parse_source(file, inlined_text)
-    plans = plans_for_case(file, inlined, case, mode, function, flag, stream_tag, start_gates, phase_anchors)
+    plans = plans_for_case(file, inlined, case, mode, function, flag, stream_tag, start_gates, phase_anchors,
+                           text=inlined_text)
     steps = []
     if inlined_text != text:
         what = case.what[0]
@@ -148,7 +149,7 @@ def case_steps(
                   "issue the steps in phases."),
             old=text, new=inlined_text, plans=[],
         ))
-    steps.append(_plan_step(plans[0], inlined_text, apply_plans(inlined, plans).code))
+    steps.append(_plan_step(plans[0], inlined_text, apply_plans(inlined, plans, inlined_text).code))
     return steps
 
 
@@ -161,7 +162,7 @@ def _branch_steps(file: Path, text: str, module, case: Case, mode: str, target: 
     reasons: list[str] = []
     applied = 0
     for spec in case.branches:
-        targets = find_targets(case, file, module, Options(mode=mode, flag=flag), branch=spec)
+        targets = find_targets(case, file, module, Options(mode=mode, flag=flag), branch=spec, text=text)
         if target:
             if not any(_match_target(name, target) for name, _f, _c in iter_functions(module)):
                 raise BadInput(f"--target {target}: no such function in {file}")
@@ -176,7 +177,7 @@ def _branch_steps(file: Path, text: str, module, case: Case, mode: str, target: 
                 reasons += [f"{spec.name}: {t.reason}" for t in targets] or [f"{spec.name}: no side call found"]
             continue
         target = target or plans[0].function  # every later branch edits the same function
-        new_text = apply_plans(module, plans).code
+        new_text = apply_plans(module, plans, text).code
         steps.append(_plan_step(plans[0], text, new_text))
         text, module = new_text, parse_source(file, new_text)
     if not steps:
@@ -310,7 +311,7 @@ def run_apply(
         steps = []
         before = src.text
         for k in range(1, len(plans) + 1):  # one patch per plan, each on top of the previous
-            after = apply_plans(src.module, plans[:k]).code
+            after = apply_plans(src.module, plans[:k], src.text).code
             steps.append(_plan_step(plans[k - 1], before, after))
             before = after
     new_text = steps[-1].new

@@ -27,9 +27,10 @@ import re
 from dataclasses import dataclass
 
 import libcst as cst
-from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+from libcst.metadata import CodeRange
 
 from msrewrite.analyze.defuse import function_names
+from msrewrite.analyze.positions import positions_for
 from msrewrite.emit import helpers as helper_text
 from msrewrite.emit.strategies import STRATEGIES, Context, Emission, Names
 from msrewrite.errors import BadInput, NothingToDo
@@ -563,13 +564,30 @@ def _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what) -> 
 
 
 class _ReplaceFunctions(cst.CSTTransformer):
-    """Swap function definitions by identity in the original tree, all in one pass."""
+    """Swap function definitions by identity in the original tree, all in one pass, descending
+    only into the statements that hold them (the rest of the module is left untouched)."""
 
-    def __init__(self, replacements: dict[int, cst.FunctionDef]) -> None:
+    def __init__(self, module: cst.Module, replacements: dict[int, cst.FunctionDef]) -> None:
         self.replacements = replacements
+        self.ancestors: set[int] = set()
 
-    def leave_FunctionDef(self, original, updated):
-        return self.replacements.get(id(original), updated)
+        def mark(body, path: list[cst.CSTNode]) -> None:
+            for stmt in body:
+                if id(stmt) in replacements:
+                    self.ancestors.update(id(node) for node in path)
+                inner = getattr(stmt, "body", None)
+                if isinstance(stmt, (cst.ClassDef, cst.If, cst.Try)) and isinstance(inner, cst.IndentedBlock):
+                    mark(inner.body, [*path, stmt, inner])
+
+        mark(module.body, [module])
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return id(node) in self.ancestors
+
+    def on_leave(self, original, updated):
+        if isinstance(original, cst.FunctionDef):
+            return self.replacements.get(id(original), updated)
+        return updated
 
 
 # Constructor plumbing -------------------------------------------------------------------------
@@ -852,16 +870,17 @@ def add_helpers(module: cst.Module, emissions: list[Emission], mode: str) -> cst
     return module.with_changes(body=body)
 
 
-def apply_plans(module: cst.Module, plans: list[OverlapPlan]) -> cst.Module:
+def apply_plans(module: cst.Module, plans: list[OverlapPlan], text: str | None = None) -> cst.Module:
     """The module with every plan carried out; plans address the given (unedited) module's lines."""
     if not plans:
         return module
     modes = {p.mode for p in plans}
     if len(modes) > 1:
         raise BadInput(f"plans for one file must share one execution mode, got {', '.join(sorted(modes))}")
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    positions: dict[cst.CSTNode, CodeRange] = wrapper.resolve(PositionProvider)  # type: ignore[assignment]
-    edits = [plan_edit(module, positions, plan) for plan in plans]
+    edits = []
+    for plan in plans:
+        located = locate(module, plan.function)
+        edits.append(plan_edit(module, positions_for(module, plan.function, located.func, text), plan))
     functions = [e.old_func for e in edits]
     if len(set(map(id, functions))) != len(functions):
         raise BadInput("two plans edit the same function; apply them one at a time")
@@ -874,7 +893,7 @@ def apply_plans(module: cst.Module, plans: list[OverlapPlan]) -> cst.Module:
                 params=edit.new_init.params if edit.new_init.params is not edit.old_init.params else base.params,
                 body=base.body.with_changes(body=[*base.body.body, *added]),  # type: ignore[union-attr]
             )
-    new = module.visit(_ReplaceFunctions(replacements))
+    new = module.visit(_ReplaceFunctions(module, replacements))
     for edit in edits:
         if edit.plan.stream_source == "constructor" and edit.cls is not None and edit.new_init is not None:
             new = plumb_constructor_stream(new, edit.cls.name.value, edit.stream_param, edit.plan, edit.emission)

@@ -1,0 +1,86 @@
+"""Source lines for the statements of one function, without a whole-file position pass.
+
+libcst's PositionProvider re-renders the whole module to find line numbers, which costs more
+than parsing it. The analysis only needs lines inside the function it edits, so it renders that
+function alone and shifts the result by where `ast` (cheap) says the function starts.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import lru_cache
+
+import libcst as cst
+from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionProvider
+
+
+@lru_cache(maxsize=8)
+def def_lines(text: str) -> dict[str, int]:
+    """Qualified function name ("Class.method", nested classes dotted) -> line of its `def`."""
+    lines: dict[str, int] = {}
+
+    def walk(body, prefix: str) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines.setdefault(prefix + node.name, node.lineno)
+            elif isinstance(node, ast.ClassDef):
+                walk(node.body, f"{prefix}{node.name}.")
+            elif isinstance(node, (ast.If, ast.Try)):
+                walk(node.body, prefix)
+
+    try:
+        walk(ast.parse(text).body, "")
+    except (SyntaxError, ValueError):
+        pass
+    return lines
+
+
+def function_positions(func: cst.FunctionDef, def_line: int) -> dict[cst.CSTNode, CodeRange]:
+    """Positions of every node inside `func`, in the file's line numbers."""
+    bare = func.with_changes(leading_lines=(), decorators=(), lines_after_decorators=())
+    raw = MetadataWrapper(cst.Module(body=[bare]), unsafe_skip_copy=True).resolve(PositionProvider)
+    shift = def_line - 1
+    return {
+        node: CodeRange(CodePosition(r.start.line + shift, r.start.column), CodePosition(r.end.line + shift, r.end.column))
+        for node, r in raw.items()
+    }
+
+
+def positions_for(module: cst.Module, qualified: str, func: cst.FunctionDef, text: str | None = None):
+    """Positions for `func` (named `qualified`) of `module`, whose source is `text` when known."""
+    line = def_lines(text if text is not None else module.code).get(qualified)
+    if line is None:  # ast and libcst disagree on the name: fall back to the whole-file pass
+        return MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    return function_positions(func, line)
+
+
+@lru_cache(maxsize=8)
+def self_calls(text: str) -> dict[str, frozenset[str]]:
+    """Qualified function name -> the dotted `self.<...>(` callees in it (a cheap `ast` pre-filter)."""
+    found: dict[str, frozenset[str]] = {}
+
+    def callee(func: ast.expr) -> str | None:
+        parts = []
+        while isinstance(func, (ast.Attribute, ast.Subscript)):
+            if isinstance(func, ast.Attribute):
+                parts.append(func.attr)
+            func = func.value
+        if isinstance(func, ast.Name) and func.id == "self" and parts:
+            return ".".join(reversed(parts))
+        return None
+
+    def walk(body, prefix: str) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names = {callee(n.func) for n in ast.walk(node) if isinstance(n, ast.Call)}
+                found.setdefault(prefix + node.name, frozenset(n for n in names if n))
+            elif isinstance(node, ast.ClassDef):
+                walk(node.body, f"{prefix}{node.name}.")
+            elif isinstance(node, (ast.If, ast.Try)):
+                walk(node.body, prefix)
+
+    try:
+        walk(ast.parse(text).body, "")
+    except (SyntaxError, ValueError):
+        pass
+    return found
