@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from msrewrite.cases import Case
 from msrewrite.codemods import (
+    afd_overlap,
     attn_moe_limit_core,
     indexer_prolog,
     kvcache_offload,
@@ -19,6 +20,7 @@ _CASES = [
     indexer_prolog.CASE,
     kvcache_offload.CASE,
     attn_moe_limit_core.CASE,
+    afd_overlap.CASE,
 ]
 
 

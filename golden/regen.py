@@ -30,6 +30,7 @@ GOLDEN_EXAMPLES = {
     "indexer-prolog": ["indexer_prolog"],
     "kvcache-offload": ["offload_decoder"],
     "attn-moe-limit-core": ["longcat_layer"],
+    "afd-overlap": ["afd_attention_node"],
 }
 
 

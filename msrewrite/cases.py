@@ -102,7 +102,11 @@ def find_targets(
         if case.analysis == "copies":
             if not _has_copy(func, case.is_copy):
                 continue
-        elif name in calls and not any(is_seed(callee) for callee in calls[name]):
+        elif (
+            name in calls
+            and getattr(is_seed, "on_call", None) is None
+            and not any(is_seed(callee) for callee in calls[name])
+        ):
             continue  # cheap: ast saw no side call here
         elif not has_seed(func, is_seed):
             continue

@@ -104,7 +104,8 @@ class OverlapPlan:
     # "constructor" (created by the outermost model class in the file and handed down to every
     # layer through constructor keyword arguments, with the lazy stream as the default).
     stream_source: str = "lazy"
-    # How the native modes fork and join: "wait_stream", or "events" recorded and waited per call.
+    # How the native modes fork and join: "wait_stream", "events" recorded and waited per call, or
+    # "async-comm" (blocking send/recv made isend/irecv, joined by waiting on their handles).
     sync: str = "wait_stream"
     # Phased plans: main-stream values after which side phases 1, 2, ... start (each phase waits
     # for all main work issued so far: wait_stream, or npu_wait_tensor on the anchor in GE mode).
@@ -125,8 +126,8 @@ class OverlapPlan:
             raise ValueError("the fork must come before the join")
         if self.stream_source not in ("lazy", "constructor"):
             raise ValueError(f"stream_source must be lazy or constructor, got {self.stream_source!r}")
-        if self.sync not in ("wait_stream", "events"):
-            raise ValueError(f"sync must be wait_stream or events, got {self.sync!r}")
+        if self.sync not in ("wait_stream", "events", "async-comm"):
+            raise ValueError(f"sync must be wait_stream, events or async-comm, got {self.sync!r}")
 
     @property
     def side_lines(self) -> list[list[int]]:

@@ -65,8 +65,14 @@ SeedPredicate = Callable[[str], bool]  # dotted callee after "self." -> is it si
 def _seed_calls(node: cst.CSTNode, is_seed: SeedPredicate) -> list[cst.Call]:
     found: list[cst.Call] = []
 
+    on_call = getattr(is_seed, "on_call", None)  # seeds that are not submodule calls (dist.send)
+
     class _Finder(cst.CSTVisitor):
         def visit_Call(self, call: cst.Call) -> None:
+            if on_call is not None:
+                if on_call(call):
+                    found.append(call)
+                return
             callee = dotted_name(call.func)
             if callee and callee.startswith("self.") and is_seed(callee[len("self.") :]):
                 found.append(call)
@@ -165,6 +171,23 @@ def find_side_branch(
             ):
                 pure.add(f.index)
                 changed = True
+    # Buffers prepared only for the side branch (`buf = torch.empty_like(x)` before a recv) move
+    # with it: no submodule call, no in-place write, and only side statements read the result.
+    for f in facts:
+        if f.index in pure or not pure or f.index > max(pure):
+            continue
+        readers = [g for g in facts[f.index + 1 :] if f.stores & g.loads]
+        if (
+            _allocates(f.node)
+            and f.stores
+            and not f.self_calls
+            and not f.mutates
+            and not f.exits
+            and readers
+            and all(g.index in pure for g in readers if g.index <= max(pure))
+            and readers[0].index in pure
+        ):
+            pure.add(f.index)
     whole = [facts[i] for i in sorted(pure)]
     impure = [f for f in seeds if depends_on_main[f.index]]
     side_idx = {f.index for f in whole}
@@ -255,7 +278,9 @@ def find_side_branch(
                 )
 
     start = min([fork, *side_idx])
-    aliases = _alias_closure(facts, set(inputs), upto=join)
+    params = {p.name.value for p in (*func.params.params, *func.params.kwonly_params, *func.params.posonly_params)}
+    local_names = params | {name for f in facts for name in f.stores}
+    aliases = _alias_closure(facts, set(inputs) & local_names, upto=join, local_names=local_names)
     for f in facts[start:join]:
         if f.index in side_idx:
             continue
@@ -296,6 +321,16 @@ def find_side_branch(
         outputs=outputs,
         rebound_inputs=rebound,
         facts=facts,
+    )
+
+
+def _allocates(stmt: cst.BaseStatement) -> bool:
+    """`name = <call>`: a buffer made for the side branch (torch.empty_like(x), x.new_empty(...))."""
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Assign)
+        and isinstance(stmt.body[0].value, cst.Call)
     )
 
 
@@ -363,8 +398,11 @@ def _assign_phases(facts, whole, anchors, fork, join, side_idx, reaching_def, in
     return phases
 
 
-def _alias_closure(facts: list[StatementFacts], names: set[str], upto: int) -> set[str]:
-    """Names that may share storage with `names`: plain copies, views and slices, either way."""
+def _alias_closure(
+    facts: list[StatementFacts], names: set[str], upto: int, local_names: set[str] | None = None
+) -> set[str]:
+    """Names that may share storage with `names`: plain copies, views and slices, either way.
+    Only the function's own variables alias (`torch.empty_like(x)` is not a view of `torch`)."""
     links: list[tuple[str, str]] = []
     for f in facts[:upto]:
         node = f.node
@@ -377,7 +415,8 @@ def _alias_closure(facts: list[StatementFacts], names: set[str], upto: int) -> s
         while isinstance(value, (cst.Call, cst.Subscript, cst.Attribute)):
             value = value.func if isinstance(value, cst.Call) else value.value
         if isinstance(value, cst.Name) and value.value != "self":
-            links.extend((value.value, target) for target in f.stores)
+            if local_names is None or value.value in local_names:
+                links.extend((value.value, target) for target in f.stores)
     aliases = set(names)
     changed = True
     while changed:

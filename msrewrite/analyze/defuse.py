@@ -62,6 +62,10 @@ def _root_name(node: cst.BaseExpression) -> str | None:
     return node.value if isinstance(node, cst.Name) else None
 
 
+# torch.distributed calls that write into their first (tensor) argument
+WRITES_FIRST_ARG = frozenset({"recv", "irecv", "all_reduce", "broadcast", "reduce", "all_to_all_single"})
+
+
 def _is_inplace_method(name: str) -> bool:
     # torch's convention: add_, copy_, mul_ ... mutate their receiver; dunder and private names do not count.
     return name.endswith("_") and not name.startswith("_") and name != "_"
@@ -145,6 +149,13 @@ class _Collector(cst.CSTVisitor):
     # calls and exits ------------------------------------------------------------------
     def visit_Call(self, node: cst.Call) -> None:
         self.facts.has_call = True
+        callee = dotted_name(node.func) or ""
+        module, _, name = callee.rpartition(".")
+        if module in ("dist", "torch.distributed") and name in WRITES_FIRST_ARG and node.args:
+            target = node.args[0].value  # recv/irecv/all_reduce... fill their tensor argument
+            if isinstance(target, cst.Name):
+                self.facts.stores.add(target.value)
+                self.facts.mutates.add(target.value)
         callee = self_callee(node.func)
         if callee:
             self.facts.self_calls.append(callee)

@@ -32,7 +32,7 @@ from libcst.metadata import CodeRange
 from msrewrite.analyze.defuse import function_names
 from msrewrite.analyze.positions import positions_for
 from msrewrite.emit import helpers as helper_text
-from msrewrite.emit.strategies import STRATEGIES, Context, Emission, Names
+from msrewrite.emit.strategies import STRATEGIES, Context, Emission, Names, async_comm
 from msrewrite.errors import BadInput, NothingToDo
 from msrewrite.plan import OverlapPlan
 
@@ -100,7 +100,7 @@ def already_applied(func: cst.FunctionDef, marker: str | None = None) -> bool:
 
         def visit_Comment(self, node: cst.Comment) -> None:
             nonlocal found
-            if marker is not None and marker in node.value:
+            if (marker or "# msrewrite(") in node.value:
                 found = True
 
     func.visit(_Seen())
@@ -162,6 +162,30 @@ class _Splice(cst.CSTTransformer):
             if key in self.mapping:
                 return cst.FlattenSentinel(self.mapping[key])
         return updated
+
+
+class _AsyncComm(cst.CSTTransformer):
+    """`dist.send(t, dst)` -> `send_work = dist.isend(t, dst)` (recv likewise), noting the handles."""
+
+    def __init__(self, taken: set[str]) -> None:
+        self.taken = taken
+        self.handles: list[tuple[str, str]] = []
+
+    def leave_SimpleStatementLine(self, original, updated):
+        if len(updated.body) != 1 or not isinstance(updated.body[0], cst.Expr):
+            return updated
+        call = updated.body[0].value
+        if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)):
+            return updated
+        kind = call.func.attr.value
+        if kind not in ("send", "recv"):
+            return updated
+        handle = _unique(f"{kind}_work", self.taken)
+        self.handles.append((kind, handle))
+        async_call = call.with_changes(func=call.func.with_changes(attr=cst.Name("i" + kind)))
+        return updated.with_changes(
+            body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(handle))], value=async_call)]
+        )
 
 
 class _NonBlocking(cst.CSTTransformer):
@@ -346,7 +370,12 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
     taken = function_names(func)
     class_attrs = _self_attrs(cls) if cls is not None else set()
     ident = _identifier(plan.stream_tag)
-    stream_local = f"use_{ident}_stream" if plan.mode == "ge-graph" else f"{ident}_stream"
+    if plan.sync == "async-comm":
+        stream_local = f"overlap_{ident}"
+    elif plan.mode == "ge-graph":
+        stream_local = f"use_{ident}_stream"
+    else:
+        stream_local = f"{ident}_stream"
     names = Names(
         stream=_unique(stream_local, taken),
         current=_unique("current_stream", taken),
@@ -398,7 +427,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         phased=bool(plan.phase_anchors),
         core_limits=plan.core_limits,
     )
-    em = STRATEGIES[plan.mode](ctx)
+    em = async_comm(ctx) if plan.sync == "async-comm" else STRATEGIES[plan.mode](ctx)
 
     # Side statements as they run on the side stream, by phase (0 = at the fork).
     hoist_assigns = [
@@ -415,6 +444,14 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
             phase_nodes = {p: [s.visit(_Rename(old, new)) for s in nodes] for p, nodes in phase_nodes.items()}
     if plan.non_blocking:
         phase_nodes = {p: [n.visit(_NonBlocking()) for n in nodes] for p, nodes in phase_nodes.items()}
+    handles: list[tuple[str, str]] = []  # (kind, name) of the async transfers, in issue order
+    if em.async_comm:
+        made = _AsyncComm(taken)
+        phase_nodes = {p: [n.visit(made) for n in nodes] for p, nodes in phase_nodes.items()}
+        handles = made.handles
+        recvs = [h for kind, h in handles if kind == "recv"]
+        sends = [h for kind, h in handles if kind == "send"]
+        em.join = [f"{h}.wait()" for h in recvs + sends]
     side_nodes = phase_nodes.get(0, [])
     phase_blocks = _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what)
 
@@ -438,15 +475,19 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
     inner = [*_parse_block(em.side_head), *side_nodes, *_parse_block(em.side_tail)] if (
         em.side_head or em.side_tail
     ) else side_nodes
-    with_stmt = _splice(_parse_block([em.with_open, "    __ms_side__"]), {"__ms_side__": inner})
+    with_stmt = (
+        _splice(_parse_block([em.with_open, "    __ms_side__"]), {"__ms_side__": inner}) if em.with_open else inner
+    )
     on_branch = [*_parse_block(em.on_head), *with_stmt]
     # The prelude (stream or switch) must precede every use of it: the fork, or an earlier side
     # statement whose original place now holds its off-path guard.
     prelude_at = min([fork, *whole])
-    prelude = _with_leading(
-        _parse_block(em.prelude),
-        [_comment(f"msrewrite({label}): {what} runs on side stream \"{plan.stream_tag}\" during {_main}.")],
+    opening = (
+        f"msrewrite({label}): {what} start as soon as their tensors exist, overlapping {_main}."
+        if em.async_comm
+        else f"msrewrite({label}): {what} runs on side stream \"{plan.stream_tag}\" during {_main}."
     )
+    prelude = _with_leading(_parse_block(em.prelude), [_comment(opening)])
     fork_block = _if_block(em.on_cond, on_branch, em.off_cond, off_nodes(fork_run))
     if prelude_at == fork:
         fork_block = prelude + fork_block
@@ -469,11 +510,13 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
             join_stmt = strip_leading(join_stmt)
         else:
             lead = []
-        if join_on and plan.side_outputs:
+        if join_on and plan.side_outputs and not em.async_comm:
             note = (
                 f"msrewrite({label}): join the side stream before the first use of "
                 f"{', '.join(plan.side_outputs)}."
             )
+        elif join_on and em.async_comm:
+            note = f"msrewrite({label}): wait for the transfers before their first use."
         elif join_on:
             where = "before returning" if join == len(body) or _returns(join_stmt) else "here"
             note = f"msrewrite({label}): {what} must finish before its buffers are reused: join {where}."
@@ -556,7 +599,9 @@ def _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what) -> 
                 inner = [*_parse_block([gate]), *inner]
         for node in nodes:
             earlier |= node_facts(node).stores
-        with_stmt = _splice(_parse_block([em.with_open, "    __ms_side__"]), {"__ms_side__": inner})
+        with_stmt = (
+        _splice(_parse_block([em.with_open, "    __ms_side__"]), {"__ms_side__": inner}) if em.with_open else inner
+    )
         block = _if_block(em.on_cond, [*_parse_block(em.phase_head), *with_stmt], em.off_cond, [])
         note = f"msrewrite({plan.case}): phase {p} of {what} re-enters the side stream after {anchor}."
         blocks[at] = _with_leading(block, [_comment(note)])

@@ -74,6 +74,7 @@ class Emission:
     main_limit: str = ""
     main_limit_set: list[str] = field(default_factory=list)
     main_limit_reset: list[str] = field(default_factory=list)
+    async_comm: bool = False  # side statements are blocking send/recv made asynchronous, no stream
 
 
 def _flag(ctx: Context, em: Emission) -> str:
@@ -284,6 +285,18 @@ def ge_graph(ctx: Context) -> Emission:
         em.helpers.append("_ms_wait_tensor")
         em.side_head = [f"{side} = _ms_wait_tensor({orig}, {anchor})" for side, orig, anchor in ctx.gates]
     # No explicit join: GE orders the consumer after the side stream from the data dependency.
+    return em
+
+
+def async_comm(ctx: Context) -> Emission:
+    """Point-to-point transfers: isend/irecv issued as early as their tensors exist, the waits
+    right before the first use; the communication library moves the data, so no side stream."""
+    em = Emission()
+    n = ctx.names
+    enabled = _gated(ctx, em, _flag(ctx, em))
+    em.prelude = [f"{n.stream} = {enabled}"]
+    em.on_cond, em.off_cond = n.stream, f"not {n.stream}"
+    em.async_comm = True
     return em
 
 

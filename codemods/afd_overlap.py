@@ -1,0 +1,47 @@
+"""afd-overlap: attention-FFN disaggregation, the transfers to the remote FFN overlapped with
+local compute (LongCat-Flash AFD).
+
+An attention node sends its activations to a remote FFN node and receives the result. Written
+with blocking `dist.send` / `dist.recv`, the local work in between waits for both. The edit
+issues the send as soon as its tensor exists and the receive as soon as its buffer exists, as
+`dist.isend` / `dist.irecv`, and waits on both handles right before the received tensor is first
+used, so the transfers and the remote FFN overlap the local compute (the shortcut, dense MLP...).
+The order of the transfers is kept, so the remote side needs no change.
+
+Modes: eager and cuda (the same torch.distributed code). Not npugraph-ex or ge-graph: in a
+compiled graph the collective ops are placed by the compiler (torchair turns send/recv into HCCL
+graph ops); issuing them early there needs the graph-side reordering, not async handles.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from msrewrite.analyze.defuse import dotted_name
+from msrewrite.cases import Case
+
+P2P_MODULES = ("dist", "torch.distributed")
+
+
+class PointToPoint:
+    """Side calls: blocking torch.distributed send/recv (a seed predicate on call nodes)."""
+
+    def __call__(self, callee: str) -> bool:
+        return False  # no submodule call is side work here
+
+    def on_call(self, call: cst.Call) -> bool:
+        module, _, name = (dotted_name(call.func) or "").rpartition(".")
+        return module in P2P_MODULES and name in ("send", "recv")
+
+
+CASE = Case(
+    name="afd-overlap",
+    summary="sends to a remote FFN issued early and received late (isend/irecv), overlapping local compute",
+    modes=("eager", "cuda"),
+    is_seed=PointToPoint(),
+    stream_tag="afd",
+    flag_name="ENABLE_AFD_OVERLAP",
+    what=("the transfers to the remote FFN", "the local compute"),
+    sync="async-comm",
+    notes="not npugraph-ex/ge-graph: compiled graphs place the communication ops themselves",
+)

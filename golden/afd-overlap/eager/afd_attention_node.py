@@ -1,0 +1,75 @@
+"""An attention node of an attention-FFN-disaggregated (AFD) model, LongCat-Flash style: the
+routed FFN runs on a remote rank; this layer sends it the normed activations and adds back the
+result, while the local shortcut MLP runs on its own.
+
+`serve_ffn` is the remote side: it receives activations, applies the FFN and sends them back.
+"""
+
+import os
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+# msrewrite: multi-stream helpers (eager mode). With the flag off, or without
+# the backend, each one falls back to the original single-stream behaviour.
+def _ms_env_flag(name, default):
+    """A boolean switch from the environment: 1/true/yes/on enable it, 0/false/no/off disable it."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    return value in ("1", "true", "yes", "on")
+
+
+class AttentionNodeLayer(nn.Module):
+    def __init__(self, hidden_size=64, ffn_rank=1):
+        super().__init__()
+        self.ffn_rank = ffn_rank
+        self.input_norm = nn.LayerNorm(hidden_size)
+        self.qkv = nn.Linear(hidden_size, 3 * hidden_size, bias=False)
+        self.o_proj = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.post_norm = nn.LayerNorm(hidden_size)
+        self.shortcut_mlp = nn.Sequential(nn.Linear(hidden_size, 128), nn.SiLU(), nn.Linear(128, hidden_size))
+        # msrewrite(afd-overlap): ENABLE_AFD_OVERLAP=0 turns the side stream off.
+        self.enable_afd_overlap = _ms_env_flag("ENABLE_AFD_OVERLAP", True)
+
+    def attention(self, hidden_states):
+        q, k, v = self.qkv(hidden_states).chunk(3, dim=-1)
+        return self.o_proj(F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True)[0])
+
+    def forward(self, hidden_states):
+        hidden_states = hidden_states + self.attention(self.input_norm(hidden_states))
+        normed = self.post_norm(hidden_states)
+        # msrewrite(afd-overlap): the transfers to the remote FFN start as soon as their tensors exist, overlapping the local compute.
+        overlap_afd = self.enable_afd_overlap
+        if overlap_afd:
+            send_work = dist.isend(normed, dst=self.ffn_rank)
+            ffn_out = torch.empty_like(normed)
+            recv_work = dist.irecv(ffn_out, src=self.ffn_rank)
+        else:
+            dist.send(normed, dst=self.ffn_rank)
+        shortcut = self.shortcut_mlp(normed)
+        # msrewrite(afd-overlap): wait for the transfers before their first use.
+        if overlap_afd:
+            recv_work.wait()
+            send_work.wait()
+        else:
+            ffn_out = torch.empty_like(normed)
+            dist.recv(ffn_out, src=self.ffn_rank)
+        return hidden_states + ffn_out + shortcut
+
+
+def serve_ffn(attention_rank=0, hidden_size=64, tokens=8, steps=1):
+    """The remote FFN node: receive, compute, send back, `steps` times."""
+    torch.manual_seed(1)
+    ffn = nn.Sequential(nn.Linear(hidden_size, 256), nn.GELU(), nn.Linear(256, hidden_size)).eval()
+    for _ in range(steps):
+        activations = torch.empty(tokens, hidden_size)
+        dist.recv(activations, src=attention_rank)
+        with torch.no_grad():
+            dist.send(ffn(activations), dst=attention_rank)
+
+
+def make():
+    torch.manual_seed(0)
+    return AttentionNodeLayer().eval(), (torch.randn(8, 64),)
