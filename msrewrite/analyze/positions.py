@@ -14,24 +14,31 @@ import libcst as cst
 from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionProvider
 
 
+def _functions(text: str):
+    """(qualified name, ast node) of every def, classes nested, in source order."""
+
+    def walk(body, prefix: str):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield prefix + node.name, node
+            elif isinstance(node, ast.ClassDef):
+                yield from walk(node.body, f"{prefix}{node.name}.")
+            elif isinstance(node, (ast.If, ast.Try)):
+                yield from walk(node.body, prefix)
+
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return
+    yield from walk(tree.body, "")
+
+
 @lru_cache(maxsize=8)
 def def_lines(text: str) -> dict[str, int]:
     """Qualified function name ("Class.method", nested classes dotted) -> line of its `def`."""
     lines: dict[str, int] = {}
-
-    def walk(body, prefix: str) -> None:
-        for node in body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                lines.setdefault(prefix + node.name, node.lineno)
-            elif isinstance(node, ast.ClassDef):
-                walk(node.body, f"{prefix}{node.name}.")
-            elif isinstance(node, (ast.If, ast.Try)):
-                walk(node.body, prefix)
-
-    try:
-        walk(ast.parse(text).body, "")
-    except (SyntaxError, ValueError):
-        pass
+    for name, node in _functions(text):
+        lines.setdefault(name, node.lineno)
     return lines
 
 
@@ -57,7 +64,6 @@ def positions_for(module: cst.Module, qualified: str, func: cst.FunctionDef, tex
 @lru_cache(maxsize=8)
 def self_calls(text: str) -> dict[str, frozenset[str]]:
     """Qualified function name -> the dotted `self.<...>(` callees in it (a cheap `ast` pre-filter)."""
-    found: dict[str, frozenset[str]] = {}
 
     def callee(func: ast.expr) -> str | None:
         parts = []
@@ -69,18 +75,8 @@ def self_calls(text: str) -> dict[str, frozenset[str]]:
             return ".".join(reversed(parts))
         return None
 
-    def walk(body, prefix: str) -> None:
-        for node in body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                names = {callee(n.func) for n in ast.walk(node) if isinstance(n, ast.Call)}
-                found.setdefault(prefix + node.name, frozenset(n for n in names if n))
-            elif isinstance(node, ast.ClassDef):
-                walk(node.body, f"{prefix}{node.name}.")
-            elif isinstance(node, (ast.If, ast.Try)):
-                walk(node.body, prefix)
-
-    try:
-        walk(ast.parse(text).body, "")
-    except (SyntaxError, ValueError):
-        pass
+    found: dict[str, frozenset[str]] = {}
+    for name, node in _functions(text):
+        names = {callee(n.func) for n in ast.walk(node) if isinstance(n, ast.Call)}
+        found.setdefault(name, frozenset(n for n in names if n))
     return found
