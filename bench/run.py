@@ -120,9 +120,10 @@ def worker_apply(args) -> dict:
         t0 = time.perf_counter()
         src = load(path)
         t1 = time.perf_counter()
-        plans = plans_for_case(path, src.module, "moe-shared-expert", "eager", None, FlagSpec(name="X"), None)
+        plans = plans_for_case(path, src.module, "moe-shared-expert", "eager", None, FlagSpec(name="X"), None,
+                               text=src.text)
         t2 = time.perf_counter()
-        new = apply_plans(src.module, plans).code
+        new = apply_plans(src.module, plans, src.text).code
         t3 = time.perf_counter()
         diff = unified_diff(src.text, new, APPLY_FILE)
         t4 = time.perf_counter()
@@ -328,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=None)
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the apply path")
     parser.add_argument("--no-json", action="store_true", help="do not write bench/results/<timestamp>.json")
+    parser.add_argument("--only", choices=["static"], help="run only this figure (no JSON written)")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--file", help=argparse.SUPPRESS)
     parser.add_argument("--target", help=argparse.SUPPRESS)
@@ -343,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     common = ["--repeat", str(args.repeat), "--jobs", str(args.jobs)]
+    if args.only == "static":
+        return _only_static(args, common)
     results: dict = {
         "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "commit": _git_commit(),
@@ -415,6 +419,21 @@ def main(argv: list[str] | None = None) -> int:
         out = RESULTS / f"{datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
         out.write_text(json.dumps(results, indent=2, default=str))
         print(f"\nwrote {out.relative_to(ROOT)}")
+    return 0
+
+
+def _only_static(args, common: list[str]) -> int:
+    """`--only static`: the static figure alone, for iterating on the static tier."""
+    static, _ = spawn("static", *common, *(["--sample", str(args.sample)] if args.sample else []))
+    ratio = static["msrewrite_s"] / static["baseline_s"]
+    print(f"suggest --static over {static['files']} modeling files: {static['msrewrite_s']:.3f}s vs libcst parse "
+          f"{static['baseline_s']:.3f}s = {ratio:.2f}x (target {TARGETS['static']:.1f}x, {verdict(ratio, TARGETS['static'])}); "
+          f"CLI 1 process {static['cli_serial_s'] / static['baseline_s']:.2f}x, -j {static['cli_jobs']} "
+          f"{static['cli_jobs_s'] / static['baseline_s']:.2f}x; skips libcst on a file with nothing to do: "
+          f"{'yes' if static['pipeline_has_prescan'] else 'NO'}; "
+          f"{static['files_with_candidates']}/{static['files']} files have candidates; "
+          f"peak {mib(static['msrewrite_peak_bytes'])} vs {mib(static['baseline_peak_bytes'])}")
+    print("slowest: " + ", ".join(f"{f} {t}s" for t, f in static["slowest"]))
     return 0
 
 
