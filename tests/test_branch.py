@@ -102,6 +102,27 @@ FIX = {
         """,
         {"side": [(4, 4)], "fork": 4, "join": 6},
     ),
+    "input_view_stays_on_main": (  # a view the router reads too is not a side-only buffer
+        """
+        h = x.view(-1, 8)
+        s = self.shared_experts(h)
+        w, idx = self.gate(h)
+        y = self.experts(h, w, idx)
+        return y + s
+        """,
+        {"side": [(4, 4)], "fork": 4, "join": 7},
+    ),
+    "recv_buffer_moves_with_the_side": (
+        """
+        y = self.attn(x)
+        dist.send(y, dst=1)
+        z = self.mlp(y)
+        buf = torch.empty_like(y)
+        dist.recv(buf, src=1)
+        return z + buf
+        """,
+        None,  # checked with the afd-overlap case below
+    ),
     "conditional_shared_expert": (
         """
         if self.shared_experts is not None:
@@ -275,3 +296,14 @@ def test_copy_is_refused_when_a_statement_reads_its_destination():
         """
     )
     assert target.plan is None and "nothing to overlap" in target.reason
+
+
+def test_recv_buffer_moves_with_the_side_branch():
+    from msrewrite.codemods import get_case as case_named
+
+    body = FIX["recv_buffer_moves_with_the_side"][0]
+    source = "class Node:\n    def forward(self, x):\n" + textwrap.indent(textwrap.dedent(body).lstrip("\n"), " " * 8)
+    targets = find_targets(case_named("afd-overlap"), Path("node.py"), cst.parse_module(source), Options())
+    plan = targets[0].plan
+    assert [(s.first_line, s.last_line) for s in plan.side] == [(4, 4), (6, 6), (7, 7)]  # send, buffer, recv
+    assert (plan.fork_line, plan.join_line) == (4, 8)

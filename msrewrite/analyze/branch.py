@@ -176,7 +176,10 @@ def find_side_branch(
     for f in facts:
         if f.index in pure or not pure or f.index > max(pure):
             continue
-        readers = [g for g in facts[f.index + 1 :] if f.stores & g.loads]
+        # statements that see this very definition (not a later rewrite, such as a recv filling it)
+        readers = [
+            g for g in facts[f.index + 1 :] if any(last_writer(n, g.index) == f.index for n in f.stores & g.loads)
+        ]
         if (
             _allocates(f.node)
             and f.stores
@@ -184,8 +187,7 @@ def find_side_branch(
             and not f.mutates
             and not f.exits
             and readers
-            and all(g.index in pure for g in readers if g.index <= max(pure))
-            and readers[0].index in pure
+            and all(g.index in pure for g in readers)
         ):
             pure.add(f.index)
     whole = [facts[i] for i in sorted(pure)]
