@@ -300,3 +300,18 @@ def test_core_budgets_are_checked_against_the_device():
     assert wrong.returncode == 2 and "core-limit cases" in wrong.stderr
     bad = run_cli("apply", "--case", "attn-moe-limit-core", model, "--core-limit", "8-16")
     assert bad.returncode == 2 and "SIDE_AIC/SIDE_AIV" in bad.stderr
+
+
+def test_verify_hand_written_multi_stream_code(tmp_path):
+    """verify also checks multi-stream code nobody generated: no flag, run as written."""
+    fixture = Path(__file__).resolve().parent / "fixtures" / "handwritten_moe.py"
+    clean = run_cli("verify", str(fixture))
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert "OK: sanitizer clean [eager, no flag, checked as written]" in clean.stdout
+    broken = tmp_path / "handwritten_moe.py"
+    broken.write_text(fixture.read_text().replace("JOIN = True", "JOIN = False"))
+    result = run_cli("verify", str(broken))
+    assert result.returncode == 1
+    problems = [line for line in result.stdout.splitlines() if line.startswith("problem: ")]
+    assert any("[race-raw]" in p and "handwritten_moe.py:31" in p for p in problems), problems
+    assert any("[unjoined]" in p for p in problems)

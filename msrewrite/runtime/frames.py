@@ -55,15 +55,28 @@ def user_frame(start: types.FrameType | None = None, user_files: frozenset[str] 
         if not is_internal(name):
             if not user_files or _real(name) in user_files:
                 return frame
-            if fallback is None:
+            if fallback is None and not _is_tooling(name):
                 fallback = frame
         frame = frame.f_back
     return fallback
 
 
+_TOOLING = ("typer", "click", "_pytest", "pytest", "pluggy", "rich")
+
+
+@lru_cache(maxsize=4096)
+def _is_tooling(filename: str) -> bool:
+    """Frames of the command line or test runner that called the model: never a useful location."""
+    real = os.path.realpath(filename)
+    if sys.argv and sys.argv[0] and real == os.path.realpath(sys.argv[0]):  # the console script
+        return True
+    parts = real.split(os.sep)
+    return "site-packages" in parts and parts[parts.index("site-packages") + 1] in _TOOLING
+
+
 def location(frame: types.FrameType | None) -> tuple[str, int]:
     if frame is None:
-        return ("<unknown>", 0)
+        return ("<after the module returned>", 0)
     return (frame.f_code.co_filename, frame.f_lineno)
 
 

@@ -10,7 +10,7 @@ Location = tuple[str, int]
 
 
 def fmt(loc: Location) -> str:
-    return f"{loc[0]}:{loc[1]}"
+    return f"{loc[0]}:{loc[1]}" if loc[1] else loc[0]
 
 
 @dataclass(frozen=True)
