@@ -347,3 +347,68 @@ def test_pruned_parse_matches_the_full_parse(analyses) -> None:
     for qualname in methods:
         assert pruned.functions[qualname] == full.functions[qualname], qualname
     assert "DeepseekV3MoE.forward" in pruned.functions and "DeepseekV3DecoderLayer.forward" in pruned.functions
+
+
+# Static tier speed-ups: an ast pre-scan, forwards parsed alone, lines of one function --------------
+def _same_static_analysis(path: Path) -> None:
+    """analyze_static keeps exactly what analyze_file finds for every forward that can hold a candidate."""
+    from msrewrite.analyze.dataflow import analyze_file, analyze_static
+
+    full, fast = analyze_file(path), analyze_static(path)
+    assert fast.module_names == full.module_names and fast.classes == full.classes
+    for qualname, info in full.functions.items():
+        if qualname in fast.functions:
+            got = fast.functions[qualname]
+            assert got == info, qualname
+            assert [s.source for s in got.statements] == [s.source for s in info.statements], qualname
+        elif qualname.endswith(".forward"):  # left out: fewer than two self-calls, so no candidate
+            assert sum(len(s.calls) for s in info.statements) < 2, qualname
+    assert set(fast.functions) <= set(full.functions)
+
+
+@pytest.mark.parametrize("path", [DEEPSEEK, QWEN3_NEXT, LONGCAT, HUNYUAN], ids=lambda p: p.parent.name)
+def test_static_tier_analyzes_forwards_like_the_full_parse(path: Path) -> None:
+    _same_static_analysis(path)
+
+
+def test_static_tier_falls_back_to_the_whole_parse(tmp_path: Path) -> None:
+    """Indents other than the file's first, CRLF line ends, two-space files: same analysis, same candidates."""
+    from msrewrite.analyze import dataflow
+
+    base = (Path(__file__).resolve().parent.parent / "examples" / "deepseek_moe.py").read_text()
+    variants = {
+        "first_indent_two.py": "if True:\n  FLAG = 1\n" + base,
+        "crlf.py": base.replace("\n", "\r\n"),
+        "two_spaces.py": base.replace("    ", "  "),
+    }
+    for name, text in variants.items():
+        path = tmp_path / name
+        path.write_bytes(text.encode())
+        tree = __import__("ast").parse(text)
+        wanted = dataflow._ast_outline(tree)[2]
+        assert wanted, name
+        if name != "two_spaces.py":  # these two must not be cut out (rendering could differ)
+            assert dataflow._parse_cut_out(text, tree, wanted) is None, name
+        _same_static_analysis(path)
+        fast = [c.to_dict() for c in analyze(path, device=profile("a3"), static=True).candidates]
+        assert fast, name
+
+
+def test_static_tier_skips_libcst_without_a_forward_to_analyze(tmp_path: Path, monkeypatch) -> None:
+    import libcst
+
+    from msrewrite.analyze.dataflow import analyze_static
+
+    calls = []
+    real = libcst.parse_module
+    monkeypatch.setattr(libcst, "parse_module", lambda *a, **k: calls.append(1) or real(*a, **k))
+    plain = tmp_path / "plain.py"
+    plain.write_text("import torch as t\nX, (Y, *Z) = 1, (2, 3)\nclass A:\n    def forward(self, x):\n"
+                     "        return torch.relu(self.f(x)).view(-1)\n    def helper(self, x):\n        return self.a(x) + self.b(x)\n")
+    info = analyze_static(plain)
+    assert calls == [] and info.functions == {}
+    assert info.module_names == {"t", "X", "Y", "Z", "A"} and info.classes == {"A": ["forward", "helper"]}
+    assert run_suggest(files=[plain], static=True, json_out=True) == 1
+    two = tmp_path / "two.py"
+    two.write_text("class A:\n    def forward(self, x):\n        y = self.f(x)\n        return self.f(y)\n")
+    assert list(analyze_static(two).functions) == ["A.forward"] and calls

@@ -9,13 +9,18 @@ safe), which gives a statement-level DAG per function.
 
 from __future__ import annotations
 
+import ast
+import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import libcst as cst
 import networkx as nx
-from libcst.metadata import MetadataWrapper, PositionProvider
+from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionProvider
+from libcst.metadata.position_provider import PositionProvidingCodegenState
 
+from msrewrite.analyze.positions import function_positions
 from msrewrite.errors import BadInput
 
 _EMPTY = cst.Module(body=[])
@@ -168,6 +173,237 @@ def analyze_source(text: str, path: Path = Path("<memory>")) -> ModuleInfo:
     return ModuleInfo(path=path, functions=functions, classes=classes, module_names=frozenset(globals_))
 
 
+# The static tier ------------------------------------------------------------------------------
+# `suggest --static` only looks at `Class.forward` methods, and a candidate needs a side branch and
+# a main branch that each hold a `self.<sub>(...)` call: two call sites in one forward at least
+# (see suggest/candidates.py `_static_choice`). An `ast` pass (several times cheaper than libcst)
+# finds those forwards; libcst then parses each of them alone (cut out of the file, under a stub
+# `class _:` header, so lines and indentation are the file's) and line numbers come from rendering
+# that one function alone (`_function_lines`, the idea of analyze/positions.py), never from a
+# whole-file PositionProvider pass. Statement text is rendered as before. A file without
+# such a forward never reaches libcst. Whatever the cut-out parse could render differently from
+# the whole-file parse (another default indent, "\r" newlines) falls back to the whole-file parse.
+STATIC_FUNCTION = "forward"
+
+
+def analyze_static(path: Path) -> ModuleInfo:
+    """ModuleInfo for the static tier: the same as `analyze_file` for every `Class.forward` that can
+    hold a candidate (two or more `self.<...>(...)` call sites); other functions are left out."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"{path}: cannot read ({exc})") from None
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return analyze_source(text, path)  # libcst raises its own one-line error (or copes)
+    classes, module_names, wanted = _ast_outline(tree)
+    functions: dict[str, FunctionInfo] = {}
+    if wanted:
+        parsed = _parse_cut_out(text, tree, wanted)
+        if parsed is None:
+            parsed = _parse_whole(text, path, wanted)
+        for qualname, (func, def_line) in parsed.items():
+            functions[qualname] = _function_info(qualname, func, _function_lines(func, def_line), def_line)
+    return ModuleInfo(path=path, functions=functions, classes=classes, module_names=frozenset(module_names))
+
+
+def _ast_outline(tree: ast.Module):
+    """(classes, module names, {qualname: (index of its class in the module, index in the class
+    body, function node)} to analyse), the first two as analyze_source finds them."""
+    classes: dict[str, list[str]] = {}
+    names: set[str] = set()
+    last: dict[str, tuple[int, int, ast.AST]] = {}  # the last definition wins, as in analyze_source
+    for top, node in enumerate(tree.body):
+        if isinstance(node, ast.ClassDef):
+            names.add(node.name)
+            methods = classes.setdefault(node.name, [])
+            for k, item in enumerate(node.body):
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    methods.append(item.name)
+                    last[f"{node.name}.{item.name}"] = (top, k, item)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name != "*":
+                    names.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names |= _ast_target_names(target)
+    wanted = {q: v for q, v in last.items() if v[2].name == STATIC_FUNCTION and _self_call_sites(v[2]) >= 2}
+    return classes, names, wanted
+
+
+def _ast_target_names(target: ast.expr) -> set[str]:
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return set().union(*(_ast_target_names(e) for e in target.elts)) if target.elts else set()
+    if isinstance(target, ast.Starred):
+        return _ast_target_names(target.value)
+    return {target.id} if isinstance(target, ast.Name) else set()
+
+
+def _self_call_sites(func: ast.AST) -> int:
+    """Calls in `func` whose callee starts `self.` (an upper bound of the CallSites libcst finds)."""
+    count = 0
+    for node in ast.walk(func):
+        if isinstance(node, ast.Call):
+            callee, above = node.func, None
+            while isinstance(callee, (ast.Attribute, ast.Subscript, ast.Call)):
+                callee, above = (callee.func if isinstance(callee, ast.Call) else callee.value), callee
+            if isinstance(callee, ast.Name) and callee.id == "self" and isinstance(above, ast.Attribute):
+                count += 1
+    return count
+
+
+def _first_line(node: ast.AST) -> int:
+    return min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", ()))])
+
+
+def _leading(line: str) -> str:
+    return line[: len(line) - len(line.lstrip(" \t\f"))]
+
+
+def _default_indent(tree: ast.Module, lines: list[str]) -> str | None:
+    """The indent libcst detects for the whole file (its first INDENT), or None when unsure."""
+    for node in tree.body:
+        if isinstance(node, ast.Match):
+            return None
+        body = getattr(node, "body", None)
+        if not isinstance(body, list) or not body:
+            continue
+        first = body[0]
+        line = _first_line(first)
+        indent = _leading(lines[line - 1])
+        column = first.col_offset if line == first.lineno else first.decorator_list[0].col_offset - 1
+        if line > node.lineno and indent and len(indent) == column:
+            return indent
+        return None
+    return None
+
+
+def _parse_cut_out(text: str, tree: ast.Module, wanted) -> dict[str, tuple[cst.FunctionDef, int]] | None:
+    """Parse each wanted forward alone; None where that could differ from the whole-file parse."""
+    if "\r" in text:
+        return None
+    lines = text.split("\n")
+    indent = _default_indent(tree, lines)
+    if indent is None:
+        return None
+    found: dict[str, tuple[cst.FunctionDef, int]] = {}
+    for qualname, (top, k, item) in wanted.items():
+        cls = tree.body[top]
+        start = _first_line(item)
+        if k + 1 < len(cls.body):  # up to the next statement of the class, indented as it is
+            stop = _first_line(cls.body[k + 1])
+            follow = _leading(lines[stop - 1]) + "pass"
+        elif top + 1 < len(tree.body):  # up to the next top-level statement
+            stop = _first_line(tree.body[top + 1])
+            follow = "pass"
+        else:
+            stop, follow = len(lines) + 1, None
+        cut = ["class _:", *lines[start - 1 : stop - 1]]
+        if follow is not None:
+            cut.append(follow)
+        source = "\n".join(cut)
+        if not source.endswith("\n"):
+            source += "\n"
+        try:
+            module = cst.parse_module(source)
+        except Exception:
+            return None
+        if module.default_indent != indent or module.default_newline != "\n":
+            return None
+        stub = module.body[0]
+        func = stub.body.body[0] if isinstance(stub, cst.ClassDef) else None
+        if not isinstance(func, cst.FunctionDef) or func.name.value != item.name:
+            return None
+        found[qualname] = (func, item.lineno)
+    return found
+
+
+def _parse_whole(text: str, path: Path, wanted) -> dict[str, tuple[cst.FunctionDef, int]]:
+    """The wanted forwards out of a whole-file libcst parse (the ast walk gives their `def` lines)."""
+    try:
+        module = cst.parse_module(text)
+    except cst.ParserSyntaxError as exc:
+        raise BadInput(f"{path}: syntax error at line {exc.raw_line}") from None
+    found: dict[str, tuple[cst.FunctionDef, int]] = {}
+    for qualname, (_, _, item) in wanted.items():
+        cls_name = qualname.split(".")[0]
+        # `wanted` holds the last definition of each name, as analyze_source keeps it.
+        for cls in reversed([n for n in module.body if isinstance(n, cst.ClassDef) and n.name.value == cls_name]):
+            funcs = [f for f in cls.body.body if isinstance(f, cst.FunctionDef) and f.name.value == item.name]
+            if funcs:
+                found[qualname] = (funcs[-1], item.lineno)
+                break
+    return found
+
+
+_NEWLINE = re.compile(r"\r\n?|\n")
+
+
+class _LineState(PositionProvidingCodegenState):
+    """PositionProvider's codegen state keeping line numbers only (what the analysis reads).
+
+    Same rules as libcst's (a node's range is its tokens, or the syntactic range the node
+    records, which wins), without the column bookkeeping and a CodeRange per node.
+    """
+
+    __slots__ = ()
+
+    def _update_position(self, value: str) -> None:
+        if "\r" in value:
+            self.line += len(_NEWLINE.split(value)) - 1
+        elif "\n" in value:
+            self.line += value.count("\n")
+
+    def before_codegen(self, node: cst.CSTNode) -> None:
+        self._stack.append(self.line)
+
+    def after_codegen(self, node: cst.CSTNode) -> None:
+        start = self._stack.pop()
+        computed = self.provider._computed
+        if node not in computed:
+            computed[node] = (start, self.line)
+
+    @contextmanager
+    def record_syntactic_position(self, node, *, start_node=None, end_node=None):
+        start = self.line
+        try:
+            yield
+        finally:
+            computed = self.provider._computed
+            end = computed[end_node][1] if end_node is not None else self.line
+            computed[node] = (computed[start_node][0] if start_node is not None else start, end)
+
+
+class _ShiftedLines:
+    """`positions[node]` for the nodes of one function rendered alone, in the file's lines."""
+
+    def __init__(self, lines: dict, shift: int) -> None:
+        self.lines, self.shift = lines, shift
+
+    def __getitem__(self, node: cst.CSTNode) -> CodeRange:
+        first, last = self.lines[node]
+        return CodeRange(CodePosition(first + self.shift, 0), CodePosition(last + self.shift, 0))
+
+
+def _function_lines(func: cst.FunctionDef, def_line: int):
+    """Line ranges of `func`'s nodes, like analyze/positions.py `function_positions` (render the
+    function alone, shift by its `def` line), much cheaper: lines only, no CodeRange per node,
+    no extra visit of the tree, shifted only for the nodes looked up."""
+    bare = func.with_changes(leading_lines=(), decorators=(), lines_after_decorators=())
+    try:
+        provider = PositionProvider()
+        state = _LineState(default_indent="    ", default_newline="\n", provider=provider)
+        cst.Module(body=[bare])._codegen(state)
+    except (AttributeError, TypeError):  # libcst internals moved: the public helper
+        return function_positions(func, def_line)
+    return _ShiftedLines(provider._computed, def_line - 1)
+
+
 def _top_level_names(node: cst.CSTNode) -> set[str]:
     names: set[str] = set()
     if isinstance(node, cst.SimpleStatementLine):
@@ -181,7 +417,8 @@ def _top_level_names(node: cst.CSTNode) -> set[str]:
     return names
 
 
-def _function_info(qualname: str, func: cst.FunctionDef, positions) -> FunctionInfo:
+def _function_info(qualname: str, func: cst.FunctionDef, positions, first_line: int | None = None) -> FunctionInfo:
+    """`positions` covers `func`'s nodes; without `first_line` it must also cover `func` itself."""
     params = tuple(p.name.value for p in _all_params(func.params))
     body = func.body.body if isinstance(func.body, cst.IndentedBlock) else ()
     statements = []
@@ -192,12 +429,16 @@ def _function_info(qualname: str, func: cst.FunctionDef, positions) -> FunctionI
     local = set(params)
     for stmt in statements:
         local |= stmt.defs
-    where = positions[func]
+    if first_line is None:
+        where = positions[func]
+        first_line, last_line = where.start.line, where.end.line
+    else:  # a FunctionDef's range runs from `def` to the end of its body
+        last_line = positions[func.body].end.line
     return FunctionInfo(
         qualname=qualname,
         params=params,
-        first_line=where.start.line,
-        last_line=where.end.line,
+        first_line=first_line,
+        last_line=last_line,
         statements=statements,
         local_names=frozenset(local),
     )
