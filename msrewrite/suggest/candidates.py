@@ -56,7 +56,18 @@ class Candidate:
 
     def sort_key(self) -> tuple:
         too_small = bool(self.cost and self.cost.too_small)
-        return (CASE_PRIORITY.get(self.case, 2), too_small, -(self.estimated_saving or 0.0), self.plan.fork_line)
+        # every field that tells two candidates apart, so ranking never depends on set order
+        return (
+            CASE_PRIORITY.get(self.case, 2),
+            too_small,
+            -(self.estimated_saving or 0.0),
+            self.plan.fork_line,
+            self.plan.function,
+            tuple(map(tuple, self.plan.side_lines)),
+            self.plan.join_line,
+            self.plan.to_json(),
+            repr(self.to_dict()),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
