@@ -412,3 +412,21 @@ def test_static_tier_skips_libcst_without_a_forward_to_analyze(tmp_path: Path, m
     two = tmp_path / "two.py"
     two.write_text("class A:\n    def forward(self, x):\n        y = self.f(x)\n        return self.f(y)\n")
     assert list(analyze_static(two).functions) == ["A.forward"] and calls
+
+
+def test_indexer_prolog_is_classified_and_make_is_used_as_the_harness():
+    """A file with make() is traced through it; the indexer's q/weights overlap is named."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        [sys.executable, "-m", "msrewrite", "suggest", "--json", str(root / "examples" / "indexer_prolog.py")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    candidates = json.loads(out.stdout)["candidates"]
+    assert candidates[0]["case"] == "indexer-prolog"
+    assert candidates[0]["function"] == "Indexer.forward"
+    assert candidates[0]["command"].startswith("msrewrite apply --case indexer-prolog")

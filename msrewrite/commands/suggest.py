@@ -69,6 +69,8 @@ def run_suggest(
     shape = parse_shape(input_shape)
 
     first, extra = Path(files[0]), [Path(f) for f in files[1:]]
+    if harness is None and not static and input_shape is None and re.search(r"^def make\(", read_source(first), re.M):
+        harness = f"{first}:make"  # the file builds its own model and inputs, as verify assumes
     analyses = [
         analyze(first, device=device_profile, phase=phase, static=static, harness=harness, target=target, input_shape=shape)
     ]

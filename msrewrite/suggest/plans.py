@@ -14,7 +14,7 @@ from msrewrite.analyze.dataflow import CallSite, FunctionInfo, Statement
 from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement
 
 SHARED_EXPERT_ATTRS = ("shared_expert", "shared_experts", "shared_mlp", "shared_expert_gate")
-CASE_PRIORITY = {"moe-shared-expert": 0, "attn-moe-limit-core": 0, "generic": 1}
+CASE_PRIORITY = {"moe-shared-expert": 0, "attn-moe-limit-core": 0, "indexer-prolog": 0, "generic": 1}
 
 
 class NoPlan(Exception):
@@ -30,6 +30,9 @@ class SideChoice:
 def classify(side_attrs: set[str], main_attrs: set[str], qualname: str) -> str:
     if any(a in SHARED_EXPERT_ATTRS or a.startswith("shared_expert") for a in side_attrs):
         return "moe-shared-expert"
+    # DSA indexer prolog (DeepSeek-V3.2, GLM-5): the q path or the weights projection on a side stream.
+    if side_attrs & {"wq_b", "weights_proj"}:
+        return "indexer-prolog"
     # LongCat: the shortcut MoE `self.mlp(...)` runs beside the second attention sublayer.
     if "mlp" in side_attrs and "self_attn" in main_attrs and qualname.endswith("DecoderLayer.forward"):
         return "attn-moe-limit-core"
