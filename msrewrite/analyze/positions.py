@@ -26,11 +26,18 @@ def _functions(text: str):
             elif isinstance(node, (ast.If, ast.Try)):
                 yield from walk(node.body, prefix)
 
+    tree = _tree(text)
+    if tree is not None:
+        yield from walk(tree.body, "")
+
+
+@lru_cache(maxsize=4)
+def _tree(text: str) -> ast.Module | None:
+    """One ast parse per source text, shared by every lookup (read only)."""
     try:
-        tree = ast.parse(text)
+        return ast.parse(text)
     except (SyntaxError, ValueError):
-        return
-    yield from walk(tree.body, "")
+        return None
 
 
 @lru_cache(maxsize=8)
