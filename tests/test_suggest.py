@@ -430,3 +430,15 @@ def test_indexer_prolog_is_classified_and_make_is_used_as_the_harness():
     assert candidates[0]["case"] == "indexer-prolog"
     assert candidates[0]["function"] == "Indexer.forward"
     assert candidates[0]["command"].startswith("msrewrite apply --case indexer-prolog")
+
+
+def test_branches_bound_by_the_same_resource_are_flagged():
+    """Decode DeepSeek-V3: the shared expert and the routed experts both stream weights from HBM."""
+    from msrewrite.suggest.cost import BranchCost
+
+    def cost(side_bound, main_bound):
+        return BranchCost(1e-5, 1e-4, 2e-4, 1.0, 1.0, 1.0, 1.0, 1e-6, 1, side_bound, main_bound)
+
+    assert cost("memory", "memory").same_resource == "HBM bandwidth"
+    assert cost("compute", "compute").same_resource == "cube compute"
+    assert cost("compute", "memory").same_resource is None

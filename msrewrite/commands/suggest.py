@@ -108,6 +108,8 @@ def _print_table(analyses) -> None:
             saving = "N/A" if c.estimated_saving is None else f"{c.estimated_saving * 1e6:.2f} µs"
             if c.cost and c.cost.too_small:
                 saving += " (too small)"
+            if c.cost and c.cost.same_resource:
+                saving += f" (both {c.cost.same_resource}-bound)"
             lines = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in c.plan.side_lines)
             table.add_row(str(rank), c.plan.function, lines, str(c.plan.join_line), c.case, saving, c.confidence, c.tier)
         console.print(table)

@@ -101,6 +101,7 @@ class Candidate:
                 "side_bytes": self.cost.side_bytes,
                 "main_bytes": self.cost.main_bytes,
                 "critical_path_bound": self.cost.bound,
+                "same_resource": self.cost.same_resource,
             }
         return data
 

@@ -123,6 +123,8 @@ class BranchCost:
     main_bytes: float
     sync_time: float
     launches: int
+    side_bound: str = ""  # "compute" or "memory": what limits the branch on this device
+    main_bound: str = ""
 
     @property
     def saving(self) -> float:
@@ -134,6 +136,13 @@ class BranchCost:
         overlapped = min(self.side_time, self.main_time)
         rest = self.scope_time - overlapped
         return self.scope_time / rest if rest > 0 else 1.0
+
+    @property
+    def same_resource(self) -> str | None:
+        """The resource both branches are bound by (then they compete and overlap pays less)."""
+        if self.side_bound and self.side_bound == self.main_bound:
+            return "HBM bandwidth" if self.side_bound == "memory" else "cube compute"
+        return None
 
     @property
     def too_small(self) -> bool:
@@ -155,4 +164,15 @@ def branch_cost(
         main_bytes=sum(op_bytes(o) for o in main),
         sync_time=(syncs or 2) * device.sync_overhead,  # fork (side waits main) + join (main waits side)
         launches=sum(1 for o in side if not o.is_view),
+        side_bound=_bound(side, device),
+        main_bound=_bound(main, device),
     )
+
+
+def _bound(ops: list[OpRecord], device: DeviceProfile) -> str:
+    """Roofline: whether the branch's arithmetic or its memory traffic takes longer."""
+    flops = sum(op_flops(o) for o in ops if not is_collective(o))
+    traffic = sum(op_bytes(o) for o in ops if not o.is_view and not is_collective(o))
+    if not flops and not traffic:
+        return ""
+    return "compute" if flops / device.peak_flops >= traffic / device.hbm_bandwidth else "memory"
