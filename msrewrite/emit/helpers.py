@@ -19,8 +19,9 @@ except ImportError:  # no NPU stack: the side stream stays off
 ''',
     "torchair": '''\
 try:
+    import torch_npu  # noqa: F401  (torchair ships inside torch_npu and is registered by it)
     import torchair
-except ImportError:  # torchair ships with torch_npu; without it the side stream stays off
+except ImportError:  # no NPU stack: the side stream stays off
     torchair = None
 ''',
 }

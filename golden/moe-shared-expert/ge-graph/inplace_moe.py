@@ -7,8 +7,9 @@ from torch import nn
 # msrewrite: multi-stream helpers (ge-graph mode). With the flag off, or without
 # the backend, each one falls back to the original single-stream behaviour.
 try:
+    import torch_npu  # noqa: F401  (torchair ships inside torch_npu and is registered by it)
     import torchair
-except ImportError:  # torchair ships with torch_npu; without it the side stream stays off
+except ImportError:  # no NPU stack: the side stream stays off
     torchair = None
 
 
