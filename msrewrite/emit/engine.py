@@ -301,14 +301,15 @@ def _find_call(node: cst.CSTNode, source: str, positions) -> cst.Call | None:
     return found[0] if len(found) == 1 else None
 
 
-def _init_info(cls: cst.ClassDef | None, flag_name: str):
+def _init_info(cls: cst.ClassDef | None, flag_names: tuple[str, ...]):
+    """(__init__, its config parameter, whether it already assigns any of `flag_names`)."""
     if cls is None or not isinstance(cls.body, cst.IndentedBlock):
         return None, None, False
     for stmt in cls.body.body:
         if isinstance(stmt, cst.FunctionDef) and stmt.name.value == "__init__":
             params = [p.name.value for p in stmt.params.params]
             config = "config" if "config" in params else None
-            sets_flag = flag_name in _assigned_self_attrs(stmt)
+            sets_flag = bool(set(flag_names) & _assigned_self_attrs(stmt))
             return stmt, config, sets_flag
     return None, None, False
 
@@ -364,11 +365,12 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
             whole.append(i)
             phase_of[i] = side.phase
 
-    init, config_param, init_sets_flag = _init_info(cls, plan.flag.name)
-    if plan.flag.kind == "env" and init is not None:
-        init_sets_flag = flag_attribute(plan.flag.name) in _assigned_self_attrs(init)
+    switch = flag_attribute(plan.flag.name) if plan.flag.kind == "env" else plan.flag.name
+    init, config_param, init_sets_flag = _init_info(cls, (switch,))
     taken = function_names(func)
-    class_attrs = _self_attrs(cls) if cls is not None else set()
+    # attributes the edit adds to the class (npugraph-ex streams/events, handed-down streams)
+    needs_attrs = plan.mode == "npugraph-ex" or plan.stream_source == "constructor"
+    class_attrs = _self_attrs(cls) if cls is not None and needs_attrs else set()
     ident = _identifier(plan.stream_tag)
     if plan.sync == "async-comm":
         stream_local = f"overlap_{ident}"
@@ -393,9 +395,9 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
     # path still reads the original name, so main work is not ordered after the anchor too.
     gates: list[tuple[str, str, str]] = []
     renames: dict[str, str] = {}
-    main_reads = set()
+    main_reads: set[str] = set()
     for i, stmt in enumerate(body):
-        if i >= fork and i not in whole:
+        if plan.start_gates and i >= fork and i not in whole:
             main_reads |= function_names(stmt)
     for gate in plan.start_gates:
         side_name = gate.tensor
