@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=None)
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the apply path")
     parser.add_argument("--no-json", action="store_true", help="do not write bench/results/<timestamp>.json")
-    parser.add_argument("--only", choices=["static"], help="run only this figure (no JSON written)")
+    parser.add_argument("--only", choices=["static", "apply"], help="run only this figure (no JSON written)")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--file", help=argparse.SUPPRESS)
     parser.add_argument("--target", help=argparse.SUPPRESS)
@@ -347,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     common = ["--repeat", str(args.repeat), "--jobs", str(args.jobs)]
     if args.only == "static":
         return _only_static(args, common)
+    if args.only == "apply":
+        return _only_apply(common)
     results: dict = {
         "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "commit": _git_commit(),
@@ -434,6 +436,15 @@ def _only_static(args, common: list[str]) -> int:
           f"{static['files_with_candidates']}/{static['files']} files have candidates; "
           f"peak {mib(static['msrewrite_peak_bytes'])} vs {mib(static['baseline_peak_bytes'])}")
     print("slowest: " + ", ".join(f"{f} {t}s" for t, f in static["slowest"]))
+    return 0
+
+
+def _only_apply(common: list[str]) -> int:
+    """`--only apply`: the apply figure alone, for iterating on the emitter."""
+    applied, _ = spawn("apply", *common)
+    ratio = applied["msrewrite_s"] / applied["baseline_s"]
+    print(f"apply --case moe-shared-expert: {applied['msrewrite_s']:.3f}s vs libcst parse + codegen "
+          f"{applied['baseline_s']:.3f}s = {ratio:.2f}x (target {TARGETS['apply']:.1f}x, {verdict(ratio, TARGETS['apply'])})")
     return 0
 
 

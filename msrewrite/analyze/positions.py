@@ -60,12 +60,20 @@ def function_positions(func: cst.FunctionDef, def_line: int) -> dict[cst.CSTNode
     }
 
 
+_recent: list[tuple[cst.FunctionDef, int, dict]] = []  # analysis and emitter ask for the same function
+
+
 def positions_for(module: cst.Module, qualified: str, func: cst.FunctionDef, text: str | None = None):
     """Positions for `func` (named `qualified`) of `module`, whose source is `text` when known."""
     line = def_lines(text if text is not None else module.code).get(qualified)
     if line is None:  # ast and libcst disagree on the name: fall back to the whole-file pass
         return MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
-    return function_positions(func, line)
+    for node, at, positions in _recent:
+        if node is func and at == line:
+            return positions
+    positions = function_positions(func, line)
+    _recent[:] = [(func, line, positions), *_recent[:3]]
+    return positions
 
 
 @lru_cache(maxsize=8)
