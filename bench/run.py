@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
          static["ratio_with_prescan"], TARGETS["static"], ""),
     ]
     for row in traced_rows:
-        rows.append((f"suggest (traced)", row["target"], row["msrewrite_s"], row["baseline_s"], "import+run once, fresh proc",
+        rows.append(("suggest (traced)", row["target"], row["msrewrite_s"], row["baseline_s"], "import+run once, fresh proc",
                      row["ratio"], TARGETS["traced"], f"RSS {row['msrewrite_rss_mib']:.0f} vs {row['baseline_rss_mib']:.0f} MiB"))
     print(f"\n{'figure':<26}{'input':<50}{'msrewrite':>10}{'baseline':>10}  {'baseline is':<28}{'ratio':>7}{'target':>8}  {'':<5}peak memory (msrewrite vs baseline)")
     for name, what, tool, base, base_name, ratio, target, mem in rows:

@@ -27,7 +27,6 @@ import re
 from dataclasses import dataclass
 
 import libcst as cst
-from libcst.metadata import CodeRange
 
 from msrewrite.analyze.defuse import function_names
 from msrewrite.analyze.positions import positions_for

@@ -378,7 +378,7 @@ def _sections9to12(analysis: FileAnalysis, best: Candidate | None) -> list[str]:
         "- 是否引入控核/stream limit/prefetch: no", "",
         "### 9.2 关键改动", "", "| 状态 | 内容 | 文件 |", "|---|---|---|",
         f"| planned | {best.plan.summary} | {analysis.file.name} |" if best else f"| N/A | {na} | - |", "",
-        "### 9.3 当前实现结论", "", f"- 已实现的 overlap: {na}", f"- 未覆盖并行点: see §6.3", "- 主要风险: resource contention between the two streams; sync cost on tiny shapes", "",
+        "### 9.3 当前实现结论", "", f"- 已实现的 overlap: {na}", "- 未覆盖并行点: see §6.3", "- 主要风险: resource contention between the two streams; sync cost on tiny shapes", "",
         "## 10. 调试记录", "",
         f"### 10.1 依赖/同步\n\n{na}", "", f"### 10.2 精度/功能\n\n{na}", "", f"### 10.3 性能无收益\n\n{na}", "",
         f"### 10.4 图模式/runtime 限制\n\n{na}", "", f"### 10.5 当前调试结论\n\n{na}", "",
