@@ -496,8 +496,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         fork_block = _with_leading(fork_block, list(body[fork].leading_lines))
 
     # Join block.
-    join_off = off_nodes(join_run) + ([] if plan.mode != "ge-graph" and not hoists else [])
-    join_off += hoist_assigns
+    join_off = off_nodes(join_run) + hoist_assigns  # the off path computes what the join reads, as before
     join_on = _parse_block(em.join) if em.join else []
     join_block = _if_block(em.on_cond, join_on, em.off_cond, join_off) if (join_on or join_off) else []
     join_stmt = body[join] if join < len(body) else cst.SimpleStatementLine(body=[cst.Pass()])
