@@ -11,6 +11,7 @@ from msrewrite.codemods import (
     moe_shared_expert,
     moe_shared_expert_phased,
     moe_shared_mlp_init,
+    prefill_microbatch,
 )
 
 _CASES = [
@@ -21,6 +22,7 @@ _CASES = [
     kvcache_offload.CASE,
     attn_moe_limit_core.CASE,
     afd_overlap.CASE,
+    prefill_microbatch.CASE,
 ]
 
 

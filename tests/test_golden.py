@@ -28,16 +28,17 @@ def test_golden_output_and_diff(case, mode, example):
 
 @pytest.mark.parametrize("case,mode,example", PARAMS, ids=["-".join(p) for p in PARAMS])
 def test_golden_is_idempotent(case, mode, example):
-    """Applying the case to its own output finds nothing to do."""
-    from msrewrite.cases import Options, find_targets
+    """Applying the case to its own output finds nothing to do, and says it was already applied."""
     from msrewrite.codemods import get_case
+    from msrewrite.commands.apply import case_steps
+    from msrewrite.errors import NothingToDo
     from msrewrite.load import load
+    from msrewrite.plan import FlagSpec
 
     expected_py, _ = regen.golden_paths(case, mode, example)
     src = load(expected_py)
-    targets = find_targets(get_case(case), expected_py, src.module, Options(mode=mode))
-    assert any(t.applied for t in targets)  # the edited function is recognised as done
-    assert all(t.plan is None for t in targets)  # and nothing else gets an edit either
+    with pytest.raises(NothingToDo, match="already applied"):
+        case_steps(expected_py, src.text, src.module, case, mode, None, FlagSpec(name=get_case(case).flag_name), None)
 
 
 @pytest.mark.parametrize("case,mode,example", PARAMS, ids=["-".join(p) for p in PARAMS])

@@ -57,6 +57,16 @@ def _ms_side_stream(tag, enabled=True):
         stream = _MS_SIDE_STREAMS[tag] = torch.cuda.Stream()
     return stream
 ''',
+    "_ms_microbatch:npu": '''\
+def _ms_microbatch(enabled, hidden_states):
+    """Micro-batching needs the NPU stream backend and at least two sequences to split."""
+    return bool(enabled) and hasattr(torch, "npu") and hidden_states.shape[0] >= 2
+''',
+    "_ms_microbatch:cuda": '''\
+def _ms_microbatch(enabled, hidden_states):
+    """Micro-batching needs CUDA and at least two sequences to split."""
+    return bool(enabled) and torch.cuda.is_available() and hidden_states.shape[0] >= 2
+''',
     "_ms_stream_events:npu": '''\
 def _ms_stream_events(stream):
     """The (fork, join) event pair of one module: created once so graph capture and replay reuse them."""

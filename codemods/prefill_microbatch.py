@@ -1,0 +1,34 @@
+"""prefill-microbatch: two micro-batches through every layer, communication on its own stream.
+
+DeepSeek-R1 prefill on cann-recipes (`forward_microbatch`): the batch is split in two (along
+sequences, so attention stays within a micro-batch), and every layer runs both micro-batches with
+its collectives (dispatch, combine, or any torch.distributed collective or named comm helper) on a
+communication stream, one micro-batch behind the other, so one micro-batch's communication
+overlaps the other's compute. An event chain orders every stage after the one that produced its
+input, every collective goes through one stream in one order on every rank, and both streams meet
+before the micro-batches are concatenated in order. The model's loop is forked into
+`forward_microbatch`, chosen by the flag at the top of `forward`; the original loop is untouched.
+
+Needs: a model forward with `for layer in self.layers: hidden_states = layer(hidden_states)` and
+a layer class whose forward is straight-line statements ending in `return`. Outputs can differ
+from the single-batch run in the last bits (kernels see half the rows); verify with a tolerance.
+
+Modes: eager and cuda (prefill runs eager). Not npugraph-ex: per-call events change between
+capture and replay; not ge-graph: the graph compiler schedules the collectives.
+"""
+
+from __future__ import annotations
+
+from msrewrite.cases import Case
+
+CASE = Case(
+    name="prefill-microbatch",
+    summary="two micro-batches through every layer, collectives on a comm stream one micro-batch behind",
+    modes=("eager", "cuda"),
+    is_seed=lambda callee: False,
+    stream_tag="microbatch_comm",
+    flag_name="ENABLE_PREFILL_MICROBATCH",
+    what=("the second micro-batch", "the first"),
+    analysis="microbatch",
+    notes="not npugraph-ex: per-call events change between capture and replay; not ge-graph: GE schedules collectives",
+)

@@ -1,0 +1,52 @@
+"""A prefill MoE decoder stack whose expert-parallel dispatch and combine are explicit collectives
+(DeepSeek-R1 prefill on cann-recipes, where the layers run two micro-batches on two streams).
+Sequences are independent, so the batch can be split between micro-batches.
+
+Each layer's attention and expert compute run locally; the tokens are exchanged before and after
+the experts with collectives over the expert-parallel group (all_reduce stands in for the
+all-to-all here, so it runs with gloo on a CPU).
+"""
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+class MoEDecoderLayer(nn.Module):
+    def __init__(self, hidden_size=64, num_experts=4):
+        super().__init__()
+        self.input_norm = nn.LayerNorm(hidden_size)
+        self.qkv = nn.Linear(hidden_size, 3 * hidden_size, bias=False)
+        self.o_proj = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.post_norm = nn.LayerNorm(hidden_size)
+        self.router = nn.Linear(hidden_size, num_experts, bias=False)
+        self.experts = nn.Parameter(torch.randn(num_experts, hidden_size, hidden_size) * 0.05)
+
+    def forward(self, hidden_states):
+        q, k, v = self.qkv(self.input_norm(hidden_states)).chunk(3, dim=-1)
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        hidden_states = hidden_states + self.o_proj(attn)
+        routed = self.post_norm(hidden_states)
+        weights = self.router(routed).softmax(dim=-1)
+        dist.all_reduce(routed)  # dispatch
+        expert_out = torch.einsum("bte,ehd,bth->btd", weights, self.experts, routed)
+        dist.all_reduce(expert_out)  # combine
+        return hidden_states + expert_out / dist.get_world_size()
+
+
+class MoEModel(nn.Module):
+    def __init__(self, hidden_size=64, num_layers=2):
+        super().__init__()
+        self.layers = nn.ModuleList(MoEDecoderLayer(hidden_size) for _ in range(num_layers))
+        self.norm = nn.LayerNorm(hidden_size)
+
+    def forward(self, hidden_states):
+        for layer in self.layers:
+            hidden_states = layer(hidden_states)
+        return self.norm(hidden_states)
+
+
+def make():
+    torch.manual_seed(0)
+    return MoEModel().eval(), (torch.randn(4, 8, 64),)  # 4 sequences of 8 tokens

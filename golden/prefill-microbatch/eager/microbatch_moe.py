@@ -1,0 +1,158 @@
+"""A prefill MoE decoder stack whose expert-parallel dispatch and combine are explicit collectives
+(DeepSeek-R1 prefill on cann-recipes, where the layers run two micro-batches on two streams).
+Sequences are independent, so the batch can be split between micro-batches.
+
+Each layer's attention and expert compute run locally; the tokens are exchanged before and after
+the experts with collectives over the expert-parallel group (all_reduce stands in for the
+all-to-all here, so it runs with gloo on a CPU).
+"""
+
+import os
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+# msrewrite: multi-stream helpers (eager mode). With the flag off, or without
+# the backend, each one falls back to the original single-stream behaviour.
+try:
+    import torch_npu  # noqa: F401  (registers torch.npu)
+except ImportError:  # no NPU stack: the side stream stays off
+    torch_npu = None
+
+_MS_SIDE_STREAMS = {}  # tag -> stream, one per process, shared by every layer
+
+
+def _ms_env_flag(name, default):
+    """A boolean switch from the environment: 1/true/yes/on enable it, 0/false/no/off disable it."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    return value in ("1", "true", "yes", "on")
+
+
+def _ms_side_stream(tag, enabled=True):
+    """The side stream for `tag`, created on first use and shared by every layer; None when off."""
+    if not enabled or not hasattr(torch, "npu"):
+        return None
+    stream = _MS_SIDE_STREAMS.get(tag)
+    if stream is None:
+        stream = _MS_SIDE_STREAMS[tag] = torch.npu.Stream()
+    return stream
+
+
+def _ms_microbatch(enabled, hidden_states):
+    """Micro-batching needs the NPU stream backend and at least two sequences to split."""
+    return bool(enabled) and hasattr(torch, "npu") and hidden_states.shape[0] >= 2
+
+
+class MoEDecoderLayer(nn.Module):
+    def __init__(self, hidden_size=64, num_experts=4):
+        super().__init__()
+        self.input_norm = nn.LayerNorm(hidden_size)
+        self.qkv = nn.Linear(hidden_size, 3 * hidden_size, bias=False)
+        self.o_proj = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.post_norm = nn.LayerNorm(hidden_size)
+        self.router = nn.Linear(hidden_size, num_experts, bias=False)
+        self.experts = nn.Parameter(torch.randn(num_experts, hidden_size, hidden_size) * 0.05)
+
+    def forward(self, hidden_states):
+        q, k, v = self.qkv(self.input_norm(hidden_states)).chunk(3, dim=-1)
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        hidden_states = hidden_states + self.o_proj(attn)
+        routed = self.post_norm(hidden_states)
+        weights = self.router(routed).softmax(dim=-1)
+        dist.all_reduce(routed)  # dispatch
+        expert_out = torch.einsum("bte,ehd,bth->btd", weights, self.experts, routed)
+        dist.all_reduce(expert_out)  # combine
+        return hidden_states + expert_out / dist.get_world_size()
+
+    def forward_microbatch(self, hidden_states_mb0, hidden_states_mb1):
+        """forward for two micro-batches: collectives on the comm stream, one micro-batch behind (msrewrite)."""
+        current_stream = torch.npu.current_stream()
+        comm_stream = _ms_side_stream("microbatch_comm")
+        comm_stream.wait_stream(current_stream)
+        # stage 0 (compute), micro-batch 0
+        q_mb0, k_mb0, v_mb0 = self.qkv(self.input_norm(hidden_states_mb0)).chunk(3, dim=-1)
+        attn_mb0 = F.scaled_dot_product_attention(q_mb0, k_mb0, v_mb0, is_causal=True)
+        hidden_states_mb0 = hidden_states_mb0 + self.o_proj(attn_mb0)
+        routed_mb0 = self.post_norm(hidden_states_mb0)
+        weights_mb0 = self.router(routed_mb0).softmax(dim=-1)
+        stage0_mb0_done = current_stream.record_event()
+        # stage 1 (communication), micro-batch 0
+        with torch.npu.stream(comm_stream):
+            comm_stream.wait_event(stage0_mb0_done)
+            dist.all_reduce(routed_mb0)  # dispatch
+            stage1_mb0_done = comm_stream.record_event()
+        # stage 0 (compute), micro-batch 1
+        q_mb1, k_mb1, v_mb1 = self.qkv(self.input_norm(hidden_states_mb1)).chunk(3, dim=-1)
+        attn_mb1 = F.scaled_dot_product_attention(q_mb1, k_mb1, v_mb1, is_causal=True)
+        hidden_states_mb1 = hidden_states_mb1 + self.o_proj(attn_mb1)
+        routed_mb1 = self.post_norm(hidden_states_mb1)
+        weights_mb1 = self.router(routed_mb1).softmax(dim=-1)
+        stage0_mb1_done = current_stream.record_event()
+        # stage 2 (compute), micro-batch 0
+        current_stream.wait_event(stage1_mb0_done)
+        expert_out_mb0 = torch.einsum("bte,ehd,bth->btd", weights_mb0, self.experts, routed_mb0)
+        stage2_mb0_done = current_stream.record_event()
+        # stage 1 (communication), micro-batch 1
+        with torch.npu.stream(comm_stream):
+            comm_stream.wait_event(stage0_mb1_done)
+            dist.all_reduce(routed_mb1)  # dispatch
+            stage1_mb1_done = comm_stream.record_event()
+        # stage 3 (communication), micro-batch 0
+        with torch.npu.stream(comm_stream):
+            comm_stream.wait_event(stage2_mb0_done)
+            dist.all_reduce(expert_out_mb0)  # combine
+            stage3_mb0_done = comm_stream.record_event()
+        # stage 2 (compute), micro-batch 1
+        current_stream.wait_event(stage1_mb1_done)
+        expert_out_mb1 = torch.einsum("bte,ehd,bth->btd", weights_mb1, self.experts, routed_mb1)
+        stage2_mb1_done = current_stream.record_event()
+        # stage 4 (compute), micro-batch 0
+        current_stream.wait_event(stage3_mb0_done)
+        out_mb0 = hidden_states_mb0 + expert_out_mb0 / dist.get_world_size()
+        # stage 3 (communication), micro-batch 1
+        with torch.npu.stream(comm_stream):
+            comm_stream.wait_event(stage2_mb1_done)
+            dist.all_reduce(expert_out_mb1)  # combine
+            stage3_mb1_done = comm_stream.record_event()
+        # stage 4 (compute), micro-batch 1
+        current_stream.wait_event(stage3_mb1_done)
+        out_mb1 = hidden_states_mb1 + expert_out_mb1 / dist.get_world_size()
+        # both streams meet before the micro-batches leave the layer
+        current_stream.wait_stream(comm_stream)
+        comm_stream.wait_stream(current_stream)
+        return out_mb0, out_mb1
+
+
+class MoEModel(nn.Module):
+    def __init__(self, hidden_size=64, num_layers=2):
+        super().__init__()
+        self.layers = nn.ModuleList(MoEDecoderLayer(hidden_size) for _ in range(num_layers))
+        self.norm = nn.LayerNorm(hidden_size)
+        # msrewrite(prefill-microbatch): ENABLE_PREFILL_MICROBATCH=0 keeps the single-batch layer loop.
+        self.enable_prefill_microbatch = _ms_env_flag("ENABLE_PREFILL_MICROBATCH", True)
+
+    def forward(self, hidden_states):
+        # msrewrite(prefill-microbatch): two micro-batches on two streams when enabled (forward_microbatch);
+        # the loop below is the original path.
+        if _ms_microbatch(self.enable_prefill_microbatch, hidden_states):
+            return self.forward_microbatch(hidden_states)
+        for layer in self.layers:
+            hidden_states = layer(hidden_states)
+        return self.norm(hidden_states)
+
+    def forward_microbatch(self, hidden_states):
+        """forward with its layers run as two micro-batches (msrewrite)."""
+        # msrewrite(prefill-microbatch): two micro-batches through every layer, then back together.
+        hidden_states_mb0, hidden_states_mb1 = hidden_states.chunk(2, dim=0)
+        for layer in self.layers:
+            hidden_states_mb0, hidden_states_mb1 = layer.forward_microbatch(hidden_states_mb0, hidden_states_mb1)
+        hidden_states = torch.cat([hidden_states_mb0, hidden_states_mb1], dim=0)
+        return self.norm(hidden_states)
+
+
+def make():
+    torch.manual_seed(0)
+    return MoEModel().eval(), (torch.randn(4, 8, 64),)  # 4 sequences of 8 tokens

@@ -1,0 +1,94 @@
+"""prefill-microbatch run for real: a two-process gloo group, the collectives inside every layer.
+
+Each rank runs the model three times (original, edited with the flag off, edited with the flag
+on); the flag-on run uses the CPU stream stand-ins and the stream sanitizer, so the event chain
+between the compute and communication streams is checked as well as the numbers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from conftest import EXAMPLES, load_regen
+
+regen = load_regen()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _load(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _worker(rank: int, port: int, edited: str, results: str) -> None:
+    from msrewrite.runtime import install
+    from msrewrite.sanitizer import Sanitizer
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        original = _load(EXAMPLES / "microbatch_moe.py", "microbatch_original")
+        outputs, streams, findings = {}, {}, []
+        with torch.no_grad():
+            model, (x,) = original.make()
+            outputs["original"] = model(x)
+            os.environ["ENABLE_PREFILL_MICROBATCH"] = "0"
+            with install():
+                model, (x,) = _load(edited, "microbatch_off").make()
+                outputs["flag off"] = model(x)
+            os.environ["ENABLE_PREFILL_MICROBATCH"] = "1"
+            with install() as rt:
+                model, (x,) = _load(edited, "microbatch_on").make()
+                with Sanitizer(rt, user_files=[edited]) as san, rt.record_ops() as ops:
+                    outputs["flag on"] = model(x)
+                    san.check_output(outputs["flag on"])
+                findings = [str(f) for f in san.findings]
+                streams = {op.stream for op in ops}
+        if rank == 0:
+            torch.save({"outputs": outputs, "findings": findings, "streams": streams}, results)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("mode", ["eager", "cuda"])
+def test_prefill_microbatch_with_a_real_gloo_group(tmp_path, mode):
+    golden, _ = regen.golden_paths("prefill-microbatch", mode, "microbatch_moe")
+    results = tmp_path / "results.pt"
+    mp.start_processes(_worker, args=(_free_port(), str(golden), str(results)), nprocs=2, join=True,
+                       start_method="spawn")
+    saved = torch.load(results)
+    outputs = saved["outputs"]
+    assert torch.equal(outputs["original"], outputs["flag off"])
+    # half the rows per kernel call: equal up to the last bits
+    assert torch.allclose(outputs["original"], outputs["flag on"], atol=1e-5, rtol=1e-5)
+    assert saved["findings"] == []
+    assert saved["streams"] == {"main", "side:1"}  # compute on main, collectives on the comm stream
+
+
+def test_a_missing_event_wait_is_caught(tmp_path):
+    """Drop the wait that orders micro-batch 0's expert compute after its dispatch: a race."""
+    golden, _ = regen.golden_paths("prefill-microbatch", "eager", "microbatch_moe")
+    text = golden.read_text()
+    mutated = text.replace("        current_stream.wait_event(stage1_mb0_done)\n", "", 1)
+    assert mutated != text
+    edited = tmp_path / "microbatch_moe.py"
+    edited.write_text(mutated)
+    results = tmp_path / "results.pt"
+    mp.start_processes(_worker, args=(_free_port(), str(edited), str(results)), nprocs=2, join=True,
+                       start_method="spawn")
+    findings = torch.load(results)["findings"]
+    assert any("race-raw" in f for f in findings), findings
