@@ -145,7 +145,13 @@ OFFLOAD = [  # kvcache-offload: the join protects buffer reuse and the host copi
     Mutant("join-removed", drop_line(r"kv_copy_done_event\.wait\(current_stream\)"), "race-raw", r"."),
     Mutant("fork-removed", drop_line(r"input_ready_event\.wait\(kv_copy_stream\)"), "race-raw", r"copy_"),
 ]
+LIMIT_CORE = [  # attn-moe-limit-core: the core limits change nothing about the sync
+    Mutant("fork-wait-removed", drop_line(r"moe_shortcut_stream\.wait_stream\(current_stream\)"), "race-raw", r"self\.\w+\("),
+    Mutant("join-removed", drop_line(r"current_stream\.wait_stream\(moe_shortcut_stream\)"), "race-raw", r"shortcut_mlp_output"),
+    Mutant("lifetime-guard-removed", drop_line(r"_ms_record_stream\(current_stream, "), "lifetime", r"."),
+]
 MUTANTS = {
+    ("attn-moe-limit-core", "eager"): LIMIT_CORE,
     ("kvcache-offload", "eager"): OFFLOAD,
     ("indexer-prolog", "eager"): INDEXER,
     ("moe-shared-expert-phased", "eager"): PHASED,
@@ -169,6 +175,7 @@ MUTATED_EXAMPLES = {
     "moe-shared-expert-phased": ["deepep_moe"],
     "indexer-prolog": ["indexer_prolog"],
     "kvcache-offload": ["offload_decoder"],
+    "attn-moe-limit-core": ["longcat_layer"],
 }
 PARAMS = [
     (case, mode, example, m)
