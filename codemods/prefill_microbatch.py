@@ -9,6 +9,12 @@ input, every collective goes through one stream in one order on every rank, and 
 before the micro-batches are concatenated in order. The model's loop is forked into
 `forward_microbatch`, chosen by the flag at the top of `forward`; the original loop is untouched.
 
+Communicator groups: by default every collective of both micro-batches goes through one stream,
+so one group serves both without ever running two collectives at once on it. With
+`--second-comm-group NAME` (a process group the layer holds as self.NAME, like R1's `*_stream1`
+groups), micro-batch 1 communicates over that group on a second communication stream, so the two
+micro-batches' collectives may also overlap each other.
+
 Needs: a model forward with `for layer in self.layers: hidden_states = layer(hidden_states)` and
 a layer class whose forward is straight-line statements ending in `return`. Outputs can differ
 from the single-batch run in the last bits (kernels see half the rows); verify with a tolerance.

@@ -22,6 +22,8 @@ class MoEDecoderLayer(nn.Module):
         self.post_norm = nn.LayerNorm(hidden_size)
         self.router = nn.Linear(hidden_size, num_experts, bias=False)
         self.experts = nn.Parameter(torch.randn(num_experts, hidden_size, hidden_size) * 0.05)
+        # a second expert-parallel group, so a second micro-batch can communicate on its own
+        self.ep_group_mb1 = dist.new_group() if dist.is_initialized() else None
 
     def forward(self, hidden_states):
         q, k, v = self.qkv(self.input_norm(hidden_states)).chunk(3, dim=-1)

@@ -49,6 +49,9 @@ def apply(
     core_limit: Optional[str] = typer.Option(
         None, "--core-limit", help="Core-limit cases: SIDE_AIC/SIDE_AIV,MAIN_AIC/MAIN_AIV, e.g. 8/16,16/32."
     ),
+    second_comm_group: Optional[str] = typer.Option(
+        None, "--second-comm-group", help="prefill-microbatch: the layer's second process group (self.NAME) for micro-batch 1."
+    ),
     in_place: bool = typer.Option(False, "--in-place", "-i", help="Rewrite the file in place (atomic)."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write git format-patch files to this folder."),
     verify: bool = typer.Option(False, "--verify", help="Run `msrewrite verify` on the edit."),
@@ -73,6 +76,7 @@ def apply(
             anchors=tuple(anchor or ()),
             core_preset=core_preset,
             core_limit=core_limit,
+            second_comm_group=second_comm_group,
             in_place=in_place,
             output=output,
             verify=verify,

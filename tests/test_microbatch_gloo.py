@@ -92,3 +92,25 @@ def test_a_missing_event_wait_is_caught(tmp_path):
                        start_method="spawn")
     findings = torch.load(results)["findings"]
     assert any("race-raw" in f for f in findings), findings
+
+
+def test_second_comm_group_gives_micro_batch_1_its_own_stream(tmp_path):
+    """--second-comm-group: micro-batch 1's collectives go over the layer's second process group on a
+    second communication stream; still equal to the original, still clean."""
+    from msrewrite.commands.apply import case_steps
+    from msrewrite.load import load
+    from msrewrite.plan import FlagSpec
+
+    src = load(EXAMPLES / "microbatch_moe.py")
+    steps = case_steps(EXAMPLES / "microbatch_moe.py", src.text, src.module, "prefill-microbatch", "eager", None,
+                       FlagSpec(name="ENABLE_PREFILL_MICROBATCH"), None, second_group="ep_group_mb1")
+    edited = tmp_path / "microbatch_moe.py"
+    edited.write_text(steps[-1].new)
+    assert "group=self.ep_group_mb1" in steps[-1].new
+    results = tmp_path / "results.pt"
+    mp.start_processes(_worker, args=(_free_port(), str(edited), str(results)), nprocs=2, join=True,
+                       start_method="spawn")
+    saved = torch.load(results)
+    assert torch.allclose(saved["outputs"]["original"], saved["outputs"]["flag on"], atol=1e-5, rtol=1e-5)
+    assert saved["findings"] == []
+    assert saved["streams"] == {"main", "side:1", "side:2"}

@@ -118,13 +118,13 @@ class EditStep:
 def case_steps(
     file: Path, text: str, module, case_name: str, mode: str, target: str | None, flag: FlagSpec,
     stream_tag: str | None, start_gates: tuple[StartGate, ...] = (), phase_anchors: tuple[str, ...] = (),
-    core_limits: tuple[int, int, int, int] | None = None,
+    core_limits: tuple[int, int, int, int] | None = None, second_group: str | None = None,
 ) -> list[EditStep]:
     """The edit a case makes, as steps: phased cases first inline and flatten the side branch (a
     refactor that changes no behaviour), then issue it in phases."""
     case = get_known_case(case_name)
     if case.analysis == "microbatch":
-        return _microbatch_steps(case, text, module, mode, target, flag)
+        return _microbatch_steps(case, text, module, mode, target, flag, second_group)
     if case.branches:
         return _branch_steps(file, text, module, case, mode, target, flag)
     if not case.phased:
@@ -191,13 +191,15 @@ def _branch_steps(file: Path, text: str, module, case: Case, mode: str, target: 
     return steps
 
 
-def _microbatch_steps(case: Case, text: str, module, mode: str, target: str | None, flag: FlagSpec) -> list[EditStep]:
+def _microbatch_steps(
+    case: Case, text: str, module, mode: str, target: str | None, flag: FlagSpec, second_group: str | None = None
+) -> list[EditStep]:
     """The forked micro-batch path: a model-level edit with no single-function plan."""
     from msrewrite.emit.microbatch import microbatch_edit
 
     if mode not in case.modes:
         raise BadInput(f"case {case.name} does not support mode {mode} (supports {', '.join(case.modes)})")
-    new, function = microbatch_edit(module, mode, flag, target, case.stream_tag)
+    new, function = microbatch_edit(module, mode, flag, target, case.stream_tag, second_group=second_group)
     model = function.rsplit(".", 1)[0]
     body = (
         f"{model}.forward gets a forward_microbatch path: the batch runs as two micro-batches\n"
@@ -260,6 +262,7 @@ def run_apply(
     anchors: tuple[str, ...] = (),
     core_preset: str = "a3",
     core_limit: str | None = None,
+    second_comm_group: str | None = None,
     output: Path | None,
     verify: bool,
     harness: str | None,
@@ -301,8 +304,12 @@ def run_apply(
             budget = cores.resolve(core_preset, core_limit).as_tuple()
         elif core_limit or core_preset != "a3":
             raise BadInput(f"--cores and --core-limit are for core-limit cases; {case} does not split cores")
+        if second_comm_group and not (known and known.analysis == "microbatch"):
+            raise BadInput(f"--second-comm-group is for prefill-microbatch; {case} has no micro-batches")
+        if second_comm_group and not second_comm_group.isidentifier():
+            raise BadInput(f"--second-comm-group needs an attribute name, got {second_comm_group!r}")
         steps = case_steps(file, src.text, src.module, case, chosen_mode, target, spec, stream_tag, gates,
-                           tuple(anchors), budget)
+                           tuple(anchors), budget, second_comm_group)
         plans = [plan for step in steps for plan in step.plans]
     else:
         try:

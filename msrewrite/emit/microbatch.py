@@ -91,8 +91,30 @@ class _Suffix(cst.CSTTransformer):
         return updated.with_changes(keyword=original.keyword)
 
 
-def layer_microbatch_method(func: cst.FunctionDef, api: str, stream_tag: str) -> cst.FunctionDef:
-    """`forward_microbatch(self, x_mb0, x_mb1)` for a layer whose forward is `forward(self, x)`."""
+class _Group(cst.CSTTransformer):
+    """Every collective of micro-batch 1 goes to the layer's second process group."""
+
+    def __init__(self, attr: str) -> None:
+        self.attr = attr
+
+    def leave_Call(self, original, updated):
+        if not is_collective(original):
+            return updated
+        group = cst.Attribute(value=cst.Name("self"), attr=cst.Name(self.attr))
+        args = [a for a in updated.args if not (a.keyword is not None and a.keyword.value == "group")]
+        if args:
+            args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        equal = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+        return updated.with_changes(args=[*args, cst.Arg(keyword=cst.Name("group"), value=group, equal=equal)])
+
+
+def layer_microbatch_method(
+    func: cst.FunctionDef, api: str, stream_tag: str, second_group: str | None = None
+) -> cst.FunctionDef:
+    """`forward_microbatch(self, x_mb0, x_mb1)` for a layer whose forward is `forward(self, x)`.
+
+    With `second_group` (a process group the layer holds), micro-batch 1 communicates over that
+    group on a second communication stream, so the two micro-batches' collectives may overlap."""
     params = [p.name.value for p in func.params.params]
     if len(params) != 2 or func.params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) or func.params.kwonly_params:
         raise NothingToDo(f"{func.name.value}: micro-batching needs a layer forward(self, hidden_states)")
@@ -111,6 +133,12 @@ def layer_microbatch_method(func: cst.FunctionDef, api: str, stream_tag: str) ->
         f'    comm_stream = _ms_side_stream("{stream_tag}")',
         "    comm_stream.wait_stream(current_stream)",
     ]
+    if second_group:
+        lines += [
+            f"    # micro-batch 1 communicates over self.{second_group} on its own stream",
+            f'    comm_stream_mb1 = _ms_side_stream("{stream_tag}_mb1")',
+            "    comm_stream_mb1.wait_stream(current_stream)",
+        ]
     order: list[tuple[int, int]] = [(0, 0)]
     for i in range(1, len(stages)):
         order += [(i, 0), (i - 1, 1)]
@@ -121,6 +149,9 @@ def layer_microbatch_method(func: cst.FunctionDef, api: str, stream_tag: str) ->
         stage = stages[stage_index]
         suffix = f"_mb{mb}"
         renamed = [strip_leading(s).visit(_Suffix(local, suffix)) for s in stage.statements]
+        comm = "comm_stream_mb1" if second_group and mb == 1 else "comm_stream"
+        if second_group and mb == 1 and stage.comm:
+            renamed = [s.visit(_Group(second_group)) for s in renamed]
         if stage_index == len(stages) - 1 and isinstance(renamed[-1].body[0], cst.Return):  # type: ignore[union-attr]
             ret_value = renamed[-1].body[0].value  # type: ignore[union-attr]
             renamed[-1] = cst.SimpleStatementLine(
@@ -132,9 +163,9 @@ def layer_microbatch_method(func: cst.FunctionDef, api: str, stream_tag: str) ->
         what = "communication" if stage.comm else "compute"
         head = [f"# stage {stage_index} ({what}), micro-batch {mb}"]
         if stage.comm:
-            wait = [f"comm_stream.wait_event({previous})"] if previous else []
-            record = [] if last else [f"    {event} = comm_stream.record_event()"]
-            text = head + [f"with {api}.stream(comm_stream):", *("    " + w for w in wait), "    __ms_stage__", *record]
+            wait = [f"{comm}.wait_event({previous})"] if previous else []
+            record = [] if last else [f"    {event} = {comm}.record_event()"]
+            text = head + [f"with {api}.stream({comm}):", *("    " + w for w in wait), "    __ms_stage__", *record]
         else:
             wait = [f"current_stream.wait_event({previous})"] if previous else []
             record = [] if last else [f"{event} = current_stream.record_event()"]
@@ -142,10 +173,11 @@ def layer_microbatch_method(func: cst.FunctionDef, api: str, stream_tag: str) ->
         block = cst.parse_module("pass\n" + "\n".join(text) + "\n").body[1:]
         body_nodes += _splice_stage(block, renamed)
         produced_on[(stage_index, mb)] = event
+    streams = ["comm_stream", *(["comm_stream_mb1"] if second_group else [])]
     tail = [
-        "# both streams meet before the micro-batches leave the layer",
-        "current_stream.wait_stream(comm_stream)",
-        "comm_stream.wait_stream(current_stream)",
+        "# the streams meet before the micro-batches leave the layer",
+        *(f"current_stream.wait_stream({name})" for name in streams),
+        *(f"{name}.wait_stream(current_stream)" for name in streams),
         "return out_mb0, out_mb1",
     ]
     body_nodes += list(cst.parse_module("pass\n" + "\n".join(tail) + "\n").body[1:])
@@ -279,7 +311,10 @@ def _call_args(func: cst.FunctionDef) -> str:
     return ", ".join(parts)
 
 
-def microbatch_edit(module: cst.Module, mode: str, flag, target: str | None, stream_tag: str, dim: int = 0):
+def microbatch_edit(
+    module: cst.Module, mode: str, flag, target: str | None, stream_tag: str, dim: int = 0,
+    second_group: str | None = None,
+):
     """(new module, model function name): the forked micro-batch path for the first layer loop."""
     from msrewrite.emit.engine import Emission, add_helpers, flag_attribute
 
@@ -305,7 +340,7 @@ def microbatch_edit(module: cst.Module, mode: str, flag, target: str | None, str
     if layer_forward is None:
         raise NothingToDo(f"{model_name}: cannot tell which class fills self.{loop.attr}")
     api = "torch.cuda" if mode == "cuda" else "torch.npu"
-    layer_method = layer_microbatch_method(layer_forward, api, stream_tag)
+    layer_method = layer_microbatch_method(layer_forward, api, stream_tag, second_group)
 
     switch = flag_attribute(flag.name)
     default = "True" if flag.default else "False"

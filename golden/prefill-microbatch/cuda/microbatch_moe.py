@@ -50,6 +50,8 @@ class MoEDecoderLayer(nn.Module):
         self.post_norm = nn.LayerNorm(hidden_size)
         self.router = nn.Linear(hidden_size, num_experts, bias=False)
         self.experts = nn.Parameter(torch.randn(num_experts, hidden_size, hidden_size) * 0.05)
+        # a second expert-parallel group, so a second micro-batch can communicate on its own
+        self.ep_group_mb1 = dist.new_group() if dist.is_initialized() else None
 
     def forward(self, hidden_states):
         q, k, v = self.qkv(self.input_norm(hidden_states)).chunk(3, dim=-1)
@@ -115,7 +117,7 @@ class MoEDecoderLayer(nn.Module):
         # stage 4 (compute), micro-batch 1
         current_stream.wait_event(stage3_mb1_done)
         out_mb1 = hidden_states_mb1 + expert_out_mb1 / dist.get_world_size()
-        # both streams meet before the micro-batches leave the layer
+        # the streams meet before the micro-batches leave the layer
         current_stream.wait_stream(comm_stream)
         comm_stream.wait_stream(current_stream)
         return out_mb0, out_mb1
