@@ -18,6 +18,23 @@ def load_regen():
     return module
 
 
+def free_port() -> int:
+    """A free TCP port on loopback, for a gloo process group of this test's own processes."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def load_file(path, name):
+    """Import a model file under a name of our choosing (a fresh module each time)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the real console entry point in a subprocess, as a user would."""
     return subprocess.run(

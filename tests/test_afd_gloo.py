@@ -6,9 +6,7 @@ the flag off, edited with the flag on) and the outputs must be identical.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import socket
 import sys
 
 import pytest
@@ -16,23 +14,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import EXAMPLES, load_regen
+from conftest import EXAMPLES, free_port, load_file, load_regen
 
 regen = load_regen()
 RUNS = ("original", "flag off", "flag on")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _load(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _worker(rank: int, port: int, edited: str, results: str) -> None:
@@ -40,11 +25,11 @@ def _worker(rank: int, port: int, edited: str, results: str) -> None:
     sys.path.insert(0, str(EXAMPLES))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
-        original = _load(EXAMPLES / "afd_attention_node.py", "afd_original")
+        original = load_file(EXAMPLES / "afd_attention_node.py", "afd_original")
         if rank == 1:
             original.serve_ffn(attention_rank=0, steps=len(RUNS))
             return
-        rewritten = _load(edited, "afd_rewritten")
+        rewritten = load_file(edited, "afd_rewritten")
         outputs = {}
         for run in RUNS:
             os.environ["ENABLE_AFD_OVERLAP"] = "0" if run == "flag off" else "1"
@@ -64,7 +49,7 @@ def test_afd_overlap_with_a_real_gloo_group(tmp_path, mode):
     if mode == "cuda":  # the edit is the same torch.distributed code; run it on CPU tensors
         assert "dist.isend(" in text and "torch.cuda" not in text
     results = tmp_path / "results.pt"
-    mp.start_processes(_worker, args=(_free_port(), str(golden), str(results)), nprocs=2, join=True,
+    mp.start_processes(_worker, args=(free_port(), str(golden), str(results)), nprocs=2, join=True,
                        start_method="spawn")
     outputs = torch.load(results)
     assert torch.equal(outputs["original"], outputs["flag off"])

@@ -7,31 +7,16 @@ between the compute and communication streams is checked as well as the numbers.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import EXAMPLES, load_regen
+from conftest import EXAMPLES, free_port, load_file, load_regen
 
 regen = load_regen()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _load(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _worker(rank: int, port: int, edited: str, results: str) -> None:
@@ -41,18 +26,18 @@ def _worker(rank: int, port: int, edited: str, results: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
-        original = _load(EXAMPLES / "microbatch_moe.py", "microbatch_original")
+        original = load_file(EXAMPLES / "microbatch_moe.py", "microbatch_original")
         outputs, streams, findings = {}, {}, []
         with torch.no_grad():
             model, (x,) = original.make()
             outputs["original"] = model(x)
             os.environ["ENABLE_PREFILL_MICROBATCH"] = "0"
             with install():
-                model, (x,) = _load(edited, "microbatch_off").make()
+                model, (x,) = load_file(edited, "microbatch_off").make()
                 outputs["flag off"] = model(x)
             os.environ["ENABLE_PREFILL_MICROBATCH"] = "1"
             with install() as rt:
-                model, (x,) = _load(edited, "microbatch_on").make()
+                model, (x,) = load_file(edited, "microbatch_on").make()
                 with Sanitizer(rt, user_files=[edited]) as san, rt.record_ops() as ops:
                     outputs["flag on"] = model(x)
                     san.check_output(outputs["flag on"])
@@ -68,7 +53,7 @@ def _worker(rank: int, port: int, edited: str, results: str) -> None:
 def test_prefill_microbatch_with_a_real_gloo_group(tmp_path, mode):
     golden, _ = regen.golden_paths("prefill-microbatch", mode, "microbatch_moe")
     results = tmp_path / "results.pt"
-    mp.start_processes(_worker, args=(_free_port(), str(golden), str(results)), nprocs=2, join=True,
+    mp.start_processes(_worker, args=(free_port(), str(golden), str(results)), nprocs=2, join=True,
                        start_method="spawn")
     saved = torch.load(results)
     outputs = saved["outputs"]
@@ -88,7 +73,7 @@ def test_a_missing_event_wait_is_caught(tmp_path):
     edited = tmp_path / "microbatch_moe.py"
     edited.write_text(mutated)
     results = tmp_path / "results.pt"
-    mp.start_processes(_worker, args=(_free_port(), str(edited), str(results)), nprocs=2, join=True,
+    mp.start_processes(_worker, args=(free_port(), str(edited), str(results)), nprocs=2, join=True,
                        start_method="spawn")
     findings = torch.load(results)["findings"]
     assert any("race-raw" in f for f in findings), findings
@@ -108,7 +93,7 @@ def test_second_comm_group_gives_micro_batch_1_its_own_stream(tmp_path):
     edited.write_text(steps[-1].new)
     assert "group=self.ep_group_mb1" in steps[-1].new
     results = tmp_path / "results.pt"
-    mp.start_processes(_worker, args=(_free_port(), str(edited), str(results)), nprocs=2, join=True,
+    mp.start_processes(_worker, args=(free_port(), str(edited), str(results)), nprocs=2, join=True,
                        start_method="spawn")
     saved = torch.load(results)
     assert torch.allclose(saved["outputs"]["original"], saved["outputs"]["flag on"], atol=1e-5, rtol=1e-5)
