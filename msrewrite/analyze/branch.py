@@ -22,6 +22,7 @@ import libcst as cst
 from libcst.metadata import CodeRange
 
 from msrewrite.analyze.defuse import (
+    is_docstring,
     node_facts,
     StatementFacts,
     dotted_name,
@@ -259,7 +260,7 @@ def find_side_branch(
 
     # Fork: the earliest point where every input already holds the value the side reads, and
     # never before the docstring.
-    fork = 1 if _is_docstring(body[0]) else 0
+    fork = 1 if is_docstring(body[0]) else 0
     for index, loads, _ in units:
         for name in loads & set(inputs):
             d = reaching_def(name, index, side_idx)
@@ -335,14 +336,6 @@ def _allocates(stmt: cst.BaseStatement) -> bool:
         and isinstance(stmt.body[0].value, cst.Call)
     )
 
-
-def _is_docstring(stmt: cst.BaseStatement) -> bool:
-    return (
-        isinstance(stmt, cst.SimpleStatementLine)
-        and len(stmt.body) == 1
-        and isinstance(stmt.body[0], cst.Expr)
-        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-    )
 
 
 def _outer_loads(node: cst.CSTNode, is_seed: SeedPredicate) -> set[str]:

@@ -191,6 +191,16 @@ def statement_facts(
     return facts
 
 
+def is_docstring(stmt: cst.BaseStatement) -> bool:
+    """A bare string statement (a function's docstring when it comes first)."""
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Expr)
+        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+
+
 def node_facts(node: cst.CSTNode) -> StatementFacts:
     """Loads, stores and mutations of any node, without source positions."""
     item = StatementFacts(index=-1, node=node, first_line=0, last_line=0)  # type: ignore[arg-type]

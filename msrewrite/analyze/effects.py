@@ -21,7 +21,7 @@ import libcst as cst
 from libcst.metadata import CodeRange
 
 from msrewrite.analyze.branch import NoBranch, SideBranch
-from msrewrite.analyze.defuse import StatementFacts, statement_facts
+from msrewrite.analyze.defuse import StatementFacts, is_docstring, statement_facts
 
 INPLACE_WRITES = frozenset({"copy_", "index_copy_", "index_put_", "scatter_", "fill_", "zero_", "add_", "mul_"})
 
@@ -156,7 +156,7 @@ def find_copy_branch(
 
     # Fork: after the last main statement (before the first copy) that writes what the copies
     # read, or defines a name they read.
-    fork = 1 if _docstring(body) else 0
+    fork = 1 if body and is_docstring(body[0]) else 0
     for f in facts[:first]:
         if _overlap(uses[f.index].writes, side_reads) or (f.stores & side_reads):
             fork = max(fork, f.index + 1)
@@ -216,12 +216,3 @@ def find_copy_branch(
         facts=facts,
     )
 
-
-def _docstring(body: list[cst.BaseStatement]) -> bool:
-    first = body[0] if body else None
-    return (
-        isinstance(first, cst.SimpleStatementLine)
-        and len(first.body) == 1
-        and isinstance(first.body[0], cst.Expr)
-        and isinstance(first.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-    )

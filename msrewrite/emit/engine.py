@@ -667,7 +667,8 @@ def _class_inits(module: cst.Module) -> dict[str, cst.FunctionDef]:
     return inits
 
 
-def _constructed_classes(func: cst.FunctionDef, names: set[str]) -> set[str]:
+def _constructed_classes(func: cst.CSTNode, names: set[str]) -> set[str]:
+    """The classes among `names` that `func` (or any node) calls, i.e. constructs."""
     found: set[str] = set()
 
     class _Calls(cst.CSTVisitor):
@@ -754,7 +755,7 @@ class _Plumb(cst.CSTTransformer):
             return _add_keyword_param(updated, self.param)
         if cls in self.creators:
             body = list(updated.body.body)
-            at = next((i for i, stmt in enumerate(body) if _constructed_classes_stmt(stmt, self.receivers)), None)
+            at = next((i for i, stmt in enumerate(body) if _constructed_classes(stmt, self.receivers)), None)
             if at is None:
                 return updated
             create = _parse_block([
@@ -768,17 +769,6 @@ class _Plumb(cst.CSTTransformer):
         return updated
 
 
-def _constructed_classes_stmt(stmt: cst.CSTNode, names: set[str]) -> bool:
-    found = False
-
-    class _Calls(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            nonlocal found
-            if isinstance(call.func, cst.Name) and call.func.value in names:
-                found = True
-
-    stmt.visit(_Calls())
-    return found
 
 
 # Module level: helpers and imports ------------------------------------------------------------------

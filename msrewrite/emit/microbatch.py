@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from msrewrite.analyze.defuse import dotted_name, node_facts
+from msrewrite.analyze.defuse import dotted_name, is_docstring, node_facts
 from msrewrite.emit.engine import code_of, strip_leading
 from msrewrite.errors import NothingToDo
 
@@ -250,7 +250,7 @@ def model_microbatch_method(func: cst.FunctionDef, loop: LayerLoop, dim: int) ->
         leading_lines=[*body[loop.index].leading_lines, *replacement[0].leading_lines]
     )
     body[loop.index : loop.index + 1] = replacement
-    if body and _is_docstring(body[0]):
+    if body and is_docstring(body[0]):
         body = body[1:]
     doc = cst.parse_statement(f'"""{func.name.value} with its layers run as two micro-batches (msrewrite)."""\n')
     return func.with_changes(
@@ -260,13 +260,6 @@ def model_microbatch_method(func: cst.FunctionDef, loop: LayerLoop, dim: int) ->
         decorators=(),
     )
 
-
-def _is_docstring(stmt: cst.BaseStatement) -> bool:
-    return (
-        isinstance(stmt, cst.SimpleStatementLine)
-        and isinstance(stmt.body[0], cst.Expr)
-        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-    )
 
 
 # The whole edit -----------------------------------------------------------------------------------
@@ -367,7 +360,7 @@ def microbatch_edit(
             for stmt in updated.body.body:
                 if name == model_name and isinstance(stmt, cst.FunctionDef) and stmt.name.value == "forward":
                     inner = list(stmt.body.body)
-                    at = 1 if inner and _is_docstring(inner[0]) else 0
+                    at = 1 if inner and is_docstring(inner[0]) else 0
                     inner[at:at] = dispatch_nodes
                     body += [stmt.with_changes(body=stmt.body.with_changes(body=inner)), model_method]
                     continue
