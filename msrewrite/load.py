@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
+import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,37 +14,158 @@ import libcst as cst
 
 from msrewrite.errors import BadInput
 
+# Largest file read, in bytes (apply/suggest/verify --max-bytes). The biggest transformers
+# modeling file is about 0.3 MB; this only stops a runaway input (a log, a dump, /dev/zero).
+DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+max_bytes = DEFAULT_MAX_BYTES
+
+# Deepest expression nesting accepted (AST levels). libcst's code generator and our visitors
+# recurse once per level and stop near 250 under Python's default recursion limit, and libcst's
+# parser takes quadratic time on long operator chains (a 20,000-term `+` chain never returns),
+# so such files are refused up front with the line that holds the deepest node.
+MAX_NESTING = 150
+
+BOM = "\ufeff"
+
+
+def set_max_bytes(limit: int | None) -> None:
+    """The --max-bytes option: a positive byte count."""
+    global max_bytes
+    if limit is None:
+        max_bytes = DEFAULT_MAX_BYTES
+        return
+    if limit < 1:
+        raise BadInput(f"--max-bytes must be a positive byte count, got {limit}")
+    max_bytes = limit
+
 
 @dataclass
 class SourceFile:
     path: Path
-    text: str
+    text: str  # as parsed: no BOM, a CR-only file read with "\n"
     module: cst.Module
+    digest: str = ""  # sha256 of the bytes read: `-i` refuses to replace a file saved since
+    bom: bool = False
+    newline: str = "\n"  # "\r" for a file whose lines end in CR only
 
     @property
     def display(self) -> str:
         return str(self.path)
 
+    def on_disk(self, text: str) -> str:
+        """`text` (as parsed) the way this file is written: its BOM and its line endings back."""
+        if self.newline != "\n":
+            text = text.replace("\n", self.newline)
+        return BOM + text if self.bom else text
 
-def read_source(path: Path) -> str:
-    """The file's text, or BadInput naming what is wrong with it."""
-    if not path.exists():
-        raise BadInput(f"{path}: no such file")
-    if path.is_dir():
-        raise BadInput(f"{path}: is a directory, expected a Python file")
+
+def file_digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def read_bytes(path: Path, what: str = "") -> bytes:
+    """A regular file's bytes, at most max_bytes; anything else (a FIFO, a device, a folder) is
+    refused before it is opened, so nothing blocks on a pipe with no writer or reads forever."""
+    label = f"{what} {path}" if what else str(path)
     try:
-        data = path.read_bytes()
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise BadInput(f"{label}: no such file") from None
     except OSError as exc:
-        raise BadInput(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise BadInput(f"{label}: cannot read ({exc.strerror or exc})") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise BadInput(f"{label}: is a directory, expected a Python file")
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a FIFO" if stat.S_ISFIFO(info.st_mode) else "a socket" if stat.S_ISSOCK(info.st_mode) else "a device"
+        raise BadInput(f"{label}: is {kind}, expected a regular file")
+    if info.st_size > max_bytes:
+        raise BadInput(f"{label}: {info.st_size} bytes, over the --max-bytes limit of {max_bytes}")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(max_bytes + 1)
+    except OSError as exc:
+        raise BadInput(f"{label}: cannot read ({exc.strerror or exc})") from None
+    if len(data) > max_bytes:  # grew while we read it
+        raise BadInput(f"{label}: over the --max-bytes limit of {max_bytes} bytes")
+    return data
+
+
+def decode_source(path: Path, data: bytes) -> str:
     if b"\x00" in data:
         raise BadInput(f"{path}: binary file, expected Python source")
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadInput(f"{path}: not UTF-8 (byte {exc.start})") from None
-    if not text.strip():
+
+
+def read_source(path: Path, python: bool = True) -> str:
+    """The file's text, or BadInput naming what is wrong with it. With `python`, also refused:
+    nesting beyond what the parser and code generator can take (see MAX_NESTING)."""
+    text = decode_source(path, read_bytes(path))
+    if not text.strip(BOM + " \t\r\n\f"):
         raise BadInput(f"{path}: empty file")
+    if python:
+        check_nesting(path, text)
     return text
+
+
+_BRACKETS = re.compile(r"[()\[\]{}]")
+
+
+def _looks_deep(text: str) -> bool:
+    """Cheap screen (well under a millisecond on a 1,000-line file): deep brackets or a long
+    logical line are the only ways to build a deep expression."""
+    depth = deepest = 0
+    for char in _BRACKETS.findall(text):
+        if char in "([{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    if deepest > 40:
+        return True
+    longest = max(map(len, text.split("\n")))
+    return longest > 600 or "\\\n" in text and re.search(r"(?:\\\n[^\n]*){40}", text) is not None or _long_span(text)
+
+
+def _long_span(text: str) -> bool:
+    """An open bracket whose contents run over 4,000 characters (a chain wrapped in parentheses)."""
+    depth = 0
+    start = 0
+    for match in _BRACKETS.finditer(text):
+        if match.group() in "([{":
+            if depth == 0:
+                start = match.start()
+            depth += 1
+        else:
+            depth -= 1
+            if depth == 0 and match.start() - start > 4000:
+                return True
+    return False
+
+
+def check_nesting(path: Path, text: str) -> None:
+    if not _looks_deep(text):
+        return
+    import ast
+
+    try:
+        tree = ast.parse(text.lstrip(BOM))
+    except SyntaxError as exc:
+        raise BadInput(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from None
+    except (RecursionError, MemoryError):
+        raise BadInput(f"{path}: nested too deeply to parse") from None
+    deepest, line = 0, 0
+    stack = [(tree, 0)]
+    while stack:  # iterative: the tree may be deeper than Python's recursion limit
+        node, depth = stack.pop()
+        if depth > deepest:
+            deepest, line = depth, getattr(node, "lineno", line)
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    if deepest > MAX_NESTING:
+        raise BadInput(f"{path}:{line}: nested {deepest} levels deep (an expression or chain of operators); "
+                       f"msrewrite handles at most {MAX_NESTING}")
 
 
 def parse_source(path: Path, text: str) -> cst.Module:
@@ -54,8 +179,21 @@ def parse_source(path: Path, text: str) -> cst.Module:
 
 
 def load(path: Path) -> SourceFile:
-    text = read_source(path)
-    return SourceFile(path=path, text=text, module=parse_source(path, text))
+    data = read_bytes(path)
+    raw = decode_source(path, data)
+    if not raw.strip(BOM + " \t\r\n\f"):
+        raise BadInput(f"{path}: empty file")
+    check_nesting(path, raw)
+    text, bom = (raw[1:], True) if raw.startswith(BOM) else (raw, False)
+    newline = "\n"
+    if "\r" in text and "\n" not in text:
+        # Lines ending in CR only: git sees one line, libcst drops a final CR. Parse with "\n"
+        # and write CR back, so the edit and the diff keep the file's own line endings.
+        text, newline = text.replace("\r", "\n"), "\r"
+    elif text.endswith("\r"):
+        raise BadInput(f"{path}: mixed line endings ending in a lone CR; normalize them first")
+    return SourceFile(path=path, text=text, module=parse_source(path, text), digest=file_digest(data),
+                      bom=bom, newline=newline)
 
 
 def git_root(path: Path) -> Path | None:
@@ -69,6 +207,12 @@ def git_root(path: Path) -> Path | None:
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
-    if out.returncode != 0 or not out.stdout.strip():
-        return None
-    return Path(out.stdout.strip())
+    if out.returncode == 0 and out.stdout.strip():
+        return Path(out.stdout.strip())
+    if "dubious ownership" in out.stderr:
+        # git refuses to read a repository owned by someone else; the work tree is still the
+        # nearest folder holding .git, found without running git in it.
+        for folder in path.resolve().parents:
+            if (folder / ".git").exists():
+                return folder
+    return None

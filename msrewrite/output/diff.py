@@ -1,9 +1,23 @@
-"""Unified diffs that `git apply` and `patch -p1` accept."""
+"""Unified diffs that `git apply` and `patch -p1` accept.
+
+Lines are split as git splits them: at "\\n" only. Python's str.splitlines also breaks at a form
+feed, \\x85, U+2028 and lone CRs, which git keeps inside a line, so a diff built from it does not
+apply. A CRLF line keeps its CR as part of the line, as git does.
+"""
 
 from __future__ import annotations
 
 import difflib
 import hashlib
+
+
+def git_lines(text: str) -> list[str]:
+    """`text` split after each "\\n" (the last line may have none)."""
+    lines = text.split("\n")
+    out = [line + "\n" for line in lines[:-1]]
+    if lines[-1]:
+        out.append(lines[-1])
+    return out
 
 
 def git_blob_id(text: str) -> str:
@@ -15,8 +29,8 @@ def unified_diff(old: str, new: str, relpath: str, git_header: bool = False) -> 
     """`a/relpath` -> `b/relpath` diff; with git_header, the `diff --git` and `index` lines too."""
     lines = list(
         difflib.unified_diff(
-            old.splitlines(keepends=True),
-            new.splitlines(keepends=True),
+            git_lines(old),
+            git_lines(new),
             fromfile=f"a/{relpath}",
             tofile=f"b/{relpath}",
             n=3,
@@ -37,7 +51,7 @@ def unified_diff(old: str, new: str, relpath: str, git_header: bool = False) -> 
 
 def diffstat(old: str, new: str, relpath: str) -> tuple[str, int, int]:
     added = removed = 0
-    for line in difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=0):
+    for line in difflib.unified_diff(git_lines(old), git_lines(new), n=0):
         if line.startswith("+") and not line.startswith("+++"):
             added += 1
         elif line.startswith("-") and not line.startswith("---"):
