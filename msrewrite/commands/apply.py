@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from msrewrite.errors import EXIT_OK, BadInput, NothingToDo
 from msrewrite.load import git_root, load, parse_source, read_source
 from msrewrite.modes import resolve_mode
 from msrewrite.output.diff import unified_diff
+from msrewrite.output.inplace import write_in_place
 from msrewrite.output.patch import PatchStep, is_stage_folder, write_apply_script, write_series
 from msrewrite.plan import FlagSpec, OverlapPlan, StartGate, load_plans
 
@@ -229,20 +228,57 @@ def _plan_step(plan: OverlapPlan, old: str, new: str) -> EditStep:
     return EditStep(subject=subject, body=body, old=old, new=new, plans=[plan])
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    if not os.access(path, os.W_OK) or not os.access(path.parent, os.W_OK):
-        raise BadInput(f"{path}: read-only, cannot edit in place")
-    mode = path.stat().st_mode
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".msrewrite", dir=path.parent)
+def _compile_check(file: Path, src, new_text: str) -> None:
+    """The edit must compile under this Python. When the file itself does not (newer syntax than
+    the running interpreter), say so: that is the user's setup, not an internal error."""
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
-        os.chmod(tmp, mode & 0o7777)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        compile(new_text, str(file), "exec")
+        return
+    except SyntaxError as exc:
+        ours = exc
+    except (RecursionError, MemoryError, ValueError):
+        raise BadInput(f"{file}: too deeply nested for Python {_python()} to compile; nothing written") from None
+    try:
+        compile(src.text, str(file), "exec")
+    except SyntaxError as exc:
+        raise BadInput(f"{file}:{exc.lineno}: {exc.msg} under Python {_python()}: the file "
+                       f"{_needed_python(src.module)}; run msrewrite with that Python") from None
+    except (RecursionError, MemoryError, ValueError):
+        pass
+    # our bug, never the user's: refuse to write it
+    raise BadInput(f"internal error: the edit does not compile ({ours.msg} at line {ours.lineno}); nothing written")
+
+
+def _python() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def _needed_python(module) -> str:
+    """Which newer Python the file's syntax asks for, where libcst's tree shows it."""
+    import libcst as cst
+
+    class Finder(cst.CSTVisitor):
+        found = False
+
+        def visit_TypeAlias(self, node) -> None:
+            Finder.found = True
+
+        def visit_TypeParameters(self, node) -> None:
+            Finder.found = True
+
+    module.visit(Finder())
+    return "needs Python 3.12 (type parameters or a type statement)" if Finder.found else "needs a newer Python"
+
+
+def _write_stdout(text: str) -> None:
+    """A diff is data: its bytes are the file's bytes (UTF-8), whatever the terminal's encoding."""
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is None:
+        sys.stdout.write(text)
+        return
+    sys.stdout.flush()
+    buffer.write(text.encode("utf-8"))
+    buffer.flush()
 
 
 def run_apply(
@@ -266,6 +302,7 @@ def run_apply(
     output: Path | None,
     verify: bool,
     harness: str | None,
+    force: bool = False,
 ) -> int:
     if (case is None) == (plan_path is None):
         raise BadInput("give exactly one of --case or --plan")
@@ -275,6 +312,8 @@ def run_apply(
         raise BadInput("--candidate needs --plan")
     if output is not None and output.exists() and not output.is_dir():
         raise BadInput(f"-o {output}: exists and is not a folder")
+    if force and output is None:
+        raise BadInput("--force is for -o/--output (replace the patch series in that folder)")
     src = load(file)
     try:
         chosen_mode, why = resolve_mode(mode, src.text)
@@ -313,7 +352,7 @@ def run_apply(
         plans = [plan for step in steps for plan in step.plans]
     else:
         try:
-            plans = load_plans(read_source(plan_path))  # type: ignore[arg-type]
+            plans = load_plans(read_source(plan_path, python=False))  # type: ignore[arg-type]
         except (ValueError, KeyError, TypeError) as exc:
             raise BadInput(f"{plan_path}: {exc}") from None
         if candidate is not None:
@@ -342,10 +381,7 @@ def run_apply(
             steps.append(_plan_step(plans[k - 1], before, after))
             before = after
     new_text = steps[-1].new
-    try:
-        compile(new_text, str(file), "exec")
-    except SyntaxError as exc:  # our bug, never the user's: refuse to write it
-        raise BadInput(f"internal error: the edit does not compile ({exc.msg} at line {exc.lineno}); nothing written")
+    _compile_check(file, src, new_text)
     if new_text == src.text:
         raise NothingToDo(f"{file}: nothing to change")
 
@@ -354,20 +390,31 @@ def run_apply(
     if not plans:  # model-level edits (prefill-microbatch) carry no single-function plan
         for step in steps:
             _note(step.subject)
+    if verify:  # before anything is written: a failed proof leaves every file as it was
+        from msrewrite.commands.verify import verify_edit
+
+        if plans:
+            function, flag_spec, edit_mode = plans[0].function, plans[0].flag, plans[0].mode
+        else:  # model-level edits (prefill-microbatch): the case's switch and the chosen mode
+            function, flag_spec, edit_mode = None, spec, chosen_mode
+        code = verify_edit(file, new_text, function=function, flag=flag_spec, mode=edit_mode, harness=harness)
+        if code != EXIT_OK:
+            _note("verify found problems; nothing written")
+            return code
     if in_place:
-        _atomic_write(file, new_text)
+        write_in_place(file, src.on_disk(new_text).encode("utf-8"), src.digest)
         _note(f"rewrote {file}")
     elif output is not None:
         relpath = _relpath(file)
-        series = [PatchStep(step.subject, step.body, step.old, step.new, relpath) for step in steps]
-        for path in write_series(series, output):
-            typer.echo(str(path))
+        series = [
+            PatchStep(step.subject, step.body, src.on_disk(step.old), src.on_disk(step.new), relpath)
+            for step in steps
+        ]
+        paths = write_series(series, output, force=force)
         if is_stage_folder(output):  # SGLang-style patches/stageN/: one script applies every stage
-            typer.echo(str(write_apply_script(output.parent)))
+            paths.append(write_apply_script(output.parent))
+        for path in paths:
+            typer.echo(str(path))
     else:
-        sys.stdout.write(unified_diff(src.text, new_text, _relpath(file)))
-    if verify:
-        from msrewrite.commands.verify import verify_edit
-
-        return verify_edit(file, src.text, new_text, plans, harness=harness)
+        _write_stdout(unified_diff(src.on_disk(src.text), src.on_disk(new_text), _relpath(file)))
     return EXIT_OK

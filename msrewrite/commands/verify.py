@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from msrewrite.errors import EXIT_NOTHING_TO_DO, EXIT_OK, BadInput
-from msrewrite.plan import FlagSpec, OverlapPlan
+from msrewrite.plan import FlagSpec
 from msrewrite.verify import VerifyResult, summary, verify_files
 
 
@@ -49,21 +49,24 @@ def run_verify(
     return _report(result, json_out)
 
 
-def verify_edit(file: Path, old_text: str, new_text: str, plans: list[OverlapPlan], harness: str | None) -> int:
-    """`apply --verify`: check the edit just made without writing anything next to the user's file."""
+def verify_edit(
+    file: Path, new_text: str, *, function: str | None, flag: FlagSpec, mode: str, harness: str | None
+) -> int:
+    """`apply --verify`: check the edit just made without writing anything next to the user's file.
+    `function` is the edited Class.method (None for model-level edits such as prefill-microbatch)."""
     from msrewrite.harness import package_of
 
     with tempfile.TemporaryDirectory(prefix="msrewrite-verify-") as folder:
         edited = Path(folder) / file.name
         edited.write_text(new_text, encoding="utf-8")
-        target = plans[0].function.split(".")[0] if "." in plans[0].function else None
+        target = function.split(".")[0] if function and "." in function else None
         result = verify_files(
             edited,
             original=file,
             harness=harness,
             target=target,
-            flag=plans[0].flag,
-            mode=plans[0].mode,
+            flag=flag,
+            mode=mode,
             package=package_of(file),
             explicit_target=False,
         )

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import email.utils
 import hashlib
+import os
 import re
+import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,21 +68,66 @@ def format_patch(step: PatchStep, number: int, total: int, date: str | None = No
     )
 
 
-def write_series(steps: list[PatchStep], folder: Path) -> list[Path]:
-    """Write 0001-<slug>.patch ... into `folder`; returns the paths in order."""
+def _numbered_patches(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if re.fullmatch(r"\d{4}-.*\.patch", p.name))
+
+
+def write_series(steps: list[PatchStep], folder: Path, force: bool = False) -> list[Path]:
+    """Write 0001-<slug>.patch ... into `folder`; returns the paths in order.
+
+    The series is written into a temporary folder beside `folder` and then renamed into place, so
+    a failure (a full disk, a signal) leaves no partial series and no temporary file. A folder
+    that already holds a numbered series is refused unless `force`, which replaces that series."""
+    label = f"-o {folder}"
+    files = [
+        (f"{number:04d}-{slug(step.subject)}.patch", format_patch(step, number, len(steps)))
+        for number, step in enumerate(steps, start=1)
+    ]
+    if folder.is_dir():
+        old = _numbered_patches(folder)
+        if old and not force:
+            raise BadInput(f"{label}: already holds {len(old)} patch file(s) ({old[0].name}, ...); "
+                           "pass --force to replace them, or choose an empty folder")
+    elif folder.exists():
+        raise BadInput(f"{label}: exists and is not a folder")
+    else:
+        old = []
+    created = _first_missing(folder)
+    staging: Path | None = None
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".msrewrite", dir=folder.parent))
+        for name, text in files:
+            with open(staging / name, "w", encoding="utf-8", newline="") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+        if not folder.exists():
+            os.rename(staging, folder)
+            staging = None
+        else:
+            for path in old:
+                path.unlink()
+            for name, _ in files:
+                os.replace(staging / name, folder / name)
     except OSError as exc:
-        raise BadInput(f"-o {folder}: cannot create the folder ({exc.strerror or exc})") from None
-    paths = []
-    for number, step in enumerate(steps, start=1):
-        path = folder / f"{number:04d}-{slug(step.subject)}.patch"
-        text = format_patch(step, number, len(steps))
-        tmp = path.with_suffix(".patch.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
-        paths.append(path)
-    return paths
+        if created is not None and created != folder:
+            shutil.rmtree(created, ignore_errors=True)
+        raise BadInput(f"{label}: cannot write the patches ({exc.strerror or exc}); nothing written") from None
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    return [folder / name for name, _ in files]
+
+
+def _first_missing(folder: Path) -> Path | None:
+    """The outermost folder of `folder`'s path that does not exist yet (removed again on failure)."""
+    missing = None
+    for path in [folder, *folder.parents]:
+        if path.exists():
+            break
+        missing = path
+    return missing
 
 
 APPLY_SCRIPT = """#!/usr/bin/env bash
@@ -102,7 +150,11 @@ def write_apply_script(series_root: Path) -> Path:
     """apply_patches.sh beside the stage folders; the same text whichever stage wrote it."""
     path = series_root / "apply_patches.sh"
     tmp = path.with_suffix(".sh.tmp")
-    tmp.write_text(APPLY_SCRIPT, encoding="utf-8")
-    tmp.chmod(0o755)
-    tmp.replace(path)
+    try:
+        tmp.write_text(APPLY_SCRIPT, encoding="utf-8")
+        tmp.chmod(0o755)
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise BadInput(f"{path}: cannot write ({exc.strerror or exc})") from None
     return path

@@ -1,0 +1,108 @@
+"""`apply -i`: replace a file atomically, and never over a change made since it was read.
+
+The new text goes to a temporary file beside the real file (a symlink's target, not the link),
+with the file's mode, and is renamed over it. Right before the rename, under an advisory lock on
+the file's folder that every msrewrite `-i` run takes, the file is read again and compared with
+the bytes the edit was made from: a save in an editor or a second `-i` run in between makes this
+run fail with nothing written, instead of one of the two changes being lost. SIGINT, SIGTERM and
+SIGHUP during the write remove the temporary file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+from msrewrite.errors import BadInput
+from msrewrite.load import file_digest
+
+LOCK_WAIT_S = 10.0
+
+
+class Interrupted(BadInput):
+    """A signal arrived while writing: the temporary file is gone and the file is untouched."""
+
+
+@contextlib.contextmanager
+def signals_interrupt():
+    """SIGTERM and SIGHUP raise (as SIGINT already does), so cleanup code runs."""
+
+    def handler(signum, _frame):
+        raise Interrupted(f"interrupted by {signal.Signals(signum).name}; nothing written")
+
+    previous = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread: signals stay as they are
+        pass
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def folder_lock(folder: Path, label: str):
+    """An exclusive flock on the folder, waited for up to LOCK_WAIT_S."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:  # an unreadable folder cannot be locked; the content check still runs
+        yield
+        return
+    try:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    break  # a file system without flock: rely on the content check
+                if time.monotonic() > deadline:
+                    raise BadInput(f"{label}: another msrewrite run holds the lock on its folder; "
+                                   "nothing written, try again") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def write_in_place(path: Path, data: bytes, read_digest: str) -> Path:
+    """Replace the file at `path` (through a symlink) with `data`, if it still holds the bytes
+    whose sha256 is `read_digest`. Returns the file actually written."""
+    real = Path(os.path.realpath(path))
+    if not os.access(real, os.W_OK) or not os.access(real.parent, os.W_OK):
+        raise BadInput(f"{path}: read-only, cannot edit in place")
+    tmp: str | None = None
+    with signals_interrupt():
+        try:
+            with folder_lock(real.parent, str(path)):
+                mode = os.stat(real).st_mode
+                with open(real, "rb") as handle:
+                    current = handle.read()
+                if file_digest(current) != read_digest:
+                    raise BadInput(f"{path}: changed on disk since msrewrite read it (saved in an editor, or "
+                                   "another run); nothing written, run again on the new version")
+                fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".msrewrite", dir=real.parent)
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.chmod(tmp, mode & 0o7777)
+                os.replace(tmp, real)
+                tmp = None
+        except OSError as exc:
+            raise BadInput(f"{path}: cannot write ({exc.strerror or exc}); the file is unchanged") from None
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+    return real
