@@ -56,11 +56,15 @@ def apply(
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write git format-patch files to this folder."),
     verify: bool = typer.Option(False, "--verify", help="Run `msrewrite verify` on the edit."),
     harness: Optional[str] = typer.Option(None, "--harness", help="With --verify: H.py:make building model and inputs."),
+    force: bool = typer.Option(False, "--force", help="With -o: replace a patch series already in the folder."),
+    max_bytes: Optional[int] = typer.Option(None, "--max-bytes", help="Refuse input files larger than this (default 16 MiB)."),
 ) -> None:
     """Rewrite FILE: move a branch onto a side stream behind an enable flag."""
     from msrewrite.commands.apply import run_apply
+    from msrewrite.load import set_max_bytes
 
     try:
+        set_max_bytes(max_bytes)
         code = run_apply(
             file=file,
             case=case,
@@ -81,6 +85,7 @@ def apply(
             output=output,
             verify=verify,
             harness=harness,
+            force=force,
         )
     except MsrewriteError as exc:
         _fail(exc)
@@ -112,11 +117,14 @@ def verify(
     atol: float = typer.Option(0.0, "--atol", help="Absolute tolerance (default: exact)."),
     rtol: float = typer.Option(0.0, "--rtol", help="Relative tolerance (default: exact)."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    max_bytes: Optional[int] = typer.Option(None, "--max-bytes", help="Refuse input files larger than this (default 16 MiB)."),
 ) -> None:
     """Prove an edit on CPU: equivalence with the flag off and on, and a stream sanitizer run."""
     from msrewrite.commands.verify import run_verify
+    from msrewrite.load import set_max_bytes
 
     try:
+        set_max_bytes(max_bytes)
         code = run_verify(
             rewritten=rewritten,
             original=original,
@@ -146,11 +154,14 @@ def suggest(
     phase: str = typer.Option("decode", "--phase", help="prefill or decode (report name and cost shapes)."),
     jobs: int = typer.Option(1, "-j", "--jobs", help="Worker processes for several files."),
     extra: Optional[List[Path]] = typer.Argument(None, help="More files (static tier)."),
+    max_bytes: Optional[int] = typer.Option(None, "--max-bytes", help="Refuse input files larger than this (default 16 MiB)."),
 ) -> None:
     """Find independent branches worth overlapping, rank them, and name the case that applies."""
     from msrewrite.commands.suggest import run_suggest
+    from msrewrite.load import set_max_bytes
 
     try:
+        set_max_bytes(max_bytes)
         code = run_suggest(
             files=[file, *(extra or [])],
             static=static,
@@ -169,8 +180,10 @@ def suggest(
 
 
 def main() -> None:
+    from msrewrite.output.console import run_guarded
+
     try:
-        app()
+        run_guarded(app)
     except KeyboardInterrupt:
         typer.echo("msrewrite: interrupted", err=True)
         sys.exit(EXIT_BAD_INPUT)
