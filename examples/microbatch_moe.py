@@ -7,6 +7,8 @@ the experts with collectives over the expert-parallel group (all_reduce stands i
 all-to-all here, so it runs with gloo on a CPU).
 """
 
+import socket
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -50,5 +52,12 @@ class MoEModel(nn.Module):
 
 
 def make():
+    """The model and its input. Run alone (by `msrewrite verify` or `suggest`), it first starts a
+    one-process gloo group on loopback, so the collectives run for real."""
+    if not dist.is_initialized():
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     torch.manual_seed(0)
     return MoEModel().eval(), (torch.randn(4, 8, 64),)  # 4 sequences of 8 tokens

@@ -155,6 +155,10 @@ def load_module(path: Path, package: str | None = None, name: str | None = None)
         raise BadInput(f"cannot import {path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
+    # A loose file imports its siblings (`from hunyuan_moe import ...`), as `python FILE` allows.
+    folder = None if package else str(path.resolve().parent)
+    if folder is not None:
+        sys.path.insert(0, folder)
     try:
         spec.loader.exec_module(module)
     except BaseException as exc:
@@ -162,6 +166,9 @@ def load_module(path: Path, package: str | None = None, name: str | None = None)
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise BadInput(f"cannot import {path}: {one_line(exc)}") from None
+    finally:
+        if folder is not None and folder in sys.path:
+            sys.path.remove(folder)
     return module
 
 

@@ -6,6 +6,11 @@ result, while the local shortcut MLP runs on its own.
 """
 
 import os
+import datetime
+import socket
+import subprocess
+import sys
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -60,16 +65,41 @@ class AttentionNodeLayer(nn.Module):
 
 
 def serve_ffn(attention_rank=0, hidden_size=64, tokens=8, steps=1):
-    """The remote FFN node: receive, compute, send back, `steps` times."""
+    """The remote FFN node: receive, compute, send back, `steps` times (None: until the
+    attention node goes away)."""
     torch.manual_seed(1)
     ffn = nn.Sequential(nn.Linear(hidden_size, 256), nn.GELU(), nn.Linear(256, hidden_size)).eval()
-    for _ in range(steps):
+    step = 0
+    while steps is None or step < steps:
         activations = torch.empty(tokens, hidden_size)
         dist.recv(activations, src=attention_rank)
         with torch.no_grad():
             dist.send(ffn(activations), dst=attention_rank)
+        step += 1
 
 
 def make():
+    """The layer and its input. Run alone (by `msrewrite verify` or `suggest`), it first starts a
+    two-process gloo group on loopback whose rank 1, a child process, serves the FFN."""
+    if not dist.is_initialized():
+        _start_ffn_node()
     torch.manual_seed(0)
     return AttentionNodeLayer().eval(), (torch.randn(8, 64),)
+
+
+def _start_ffn_node():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    subprocess.Popen([sys.executable, __file__, "--serve-ffn", str(port)])
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--serve-ffn"]:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{sys.argv[2]}", rank=1, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        serve_ffn(steps=None)
+    except RuntimeError:  # the attention node exited: the connection is gone
+        pass
