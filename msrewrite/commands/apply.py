@@ -413,8 +413,7 @@ def run_apply(
         paths = write_series(series, output, force=force)
         if is_stage_folder(output):  # SGLang-style patches/stageN/: one script applies every stage
             paths.append(write_apply_script(output.parent))
-        for path in paths:
-            typer.echo(str(path))
+        _write_stdout("".join(f"{path}\n" for path in paths))
     else:
         _write_stdout(unified_diff(src.on_disk(src.text), src.on_disk(new_text), _relpath(file)))
     return EXIT_OK
