@@ -1,0 +1,32 @@
+"""Every bundled example traces with `msrewrite suggest` and proves its case with `apply --verify`,
+from the command line as a new user runs them (afd and microbatch start their own gloo group)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import EXAMPLES, load_regen, run_cli
+
+pytestmark = pytest.mark.slow
+
+CASE_OF = {}
+for _case, _examples in load_regen().GOLDEN_EXAMPLES.items():
+    for _example in _examples:
+        CASE_OF.setdefault(_example, _case)
+
+
+def test_every_example_has_a_case():
+    assert sorted(CASE_OF) == sorted(p.stem for p in EXAMPLES.glob("*.py"))
+
+
+@pytest.mark.parametrize("example", sorted(CASE_OF))
+def test_example_traces_and_verifies(example, tmp_path):
+    path = EXAMPLES / f"{example}.py"
+    traced = run_cli("suggest", str(path), cwd=tmp_path)
+    assert traced.returncode in (0, 1), traced.stderr
+    assert "error" not in traced.stderr and "static" not in traced.stderr, traced.stderr
+    proved = run_cli("apply", "--case", CASE_OF[example], "--verify", str(path), cwd=tmp_path)
+    assert proved.returncode == 0, proved.stderr
+    assert "OK: outputs equal exactly" in proved.stderr
+    assert proved.stdout.startswith("--- a/")
+    assert list(tmp_path.iterdir()) == []
