@@ -114,35 +114,24 @@ _BRACKETS = re.compile(r"[()\[\]{}]")
 
 
 def _looks_deep(text: str) -> bool:
-    """Cheap screen (well under a millisecond on a 1,000-line file): deep brackets or a long
-    logical line are the only ways to build a deep expression."""
-    depth = deepest = 0
-    for char in _BRACKETS.findall(text):
-        if char in "([{":
-            depth += 1
-            deepest = max(deepest, depth)
-        else:
-            depth -= 1
-    if deepest > 40:
-        return True
-    longest = max(map(len, text.split("\n")))
-    return longest > 600 or "\\\n" in text and re.search(r"(?:\\\n[^\n]*){40}", text) is not None or _long_span(text)
-
-
-def _long_span(text: str) -> bool:
-    """An open bracket whose contents run over 4,000 characters (a chain wrapped in parentheses)."""
-    depth = 0
-    start = 0
+    """Cheap screen (about a millisecond on a 1,000-line file): deep brackets, a long line, a
+    bracket whose contents run over 4,000 characters or a long run of backslash continuations are
+    the only ways to write a deep expression."""
+    depth = deepest = start = 0
     for match in _BRACKETS.finditer(text):
         if match.group() in "([{":
             if depth == 0:
                 start = match.start()
             depth += 1
+            if depth > deepest:
+                deepest = depth
         else:
             depth -= 1
             if depth == 0 and match.start() - start > 4000:
                 return True
-    return False
+    if deepest > 40 or max(map(len, text.split("\n"))) > 600:
+        return True
+    return "\\\n" in text and re.search(r"(?:\\\n[^\n]*){40}", text) is not None
 
 
 def check_nesting(path: Path, text: str) -> None:

@@ -199,7 +199,7 @@ def test_read_only_in_place_is_refused(tmp_path, monkeypatch):
     shutil.copy(EXAMPLES / "deepseek_moe.py", model)
     model.chmod(0o444)
     real_access = os.access
-    monkeypatch.setattr(apply_command.os, "access", lambda p, mode: False if Path(p) == model else real_access(p, mode))
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == model else real_access(p, mode))
     with pytest.raises(BadInput, match="read-only"):
         apply_command.run_apply(
             file=model, case="moe-shared-expert", plan_path=None, candidate=None, mode="auto", target=None,
