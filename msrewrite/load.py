@@ -195,13 +195,19 @@ def git_root(path: Path) -> Path | None:
             timeout=10,
         )
     except (OSError, subprocess.TimeoutExpired):
-        return None
+        return _nearest_dot_git(path)
     if out.returncode == 0 and out.stdout.strip():
         return Path(out.stdout.strip())
-    if "dubious ownership" in out.stderr:
-        # git refuses to read a repository owned by someone else; the work tree is still the
-        # nearest folder holding .git, found without running git in it.
-        for folder in path.resolve().parents:
-            if (folder / ".git").exists():
-                return folder
+    if "not a git repository" in out.stderr:
+        return None
+    return _nearest_dot_git(path)
+
+
+def _nearest_dot_git(path: Path) -> Path | None:
+    """Where git cannot answer (a repository owned by someone else, which it calls dubious; a
+    broken config; no git installed), the work tree is still the nearest folder holding .git,
+    found without running git in it."""
+    for folder in path.resolve().parents:
+        if (folder / ".git").exists():
+            return folder
     return None

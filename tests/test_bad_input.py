@@ -110,7 +110,24 @@ def make_files(folder: Path) -> None:
     (folder / "dirseries" / "0001-a-folder.patch").mkdir()
     (folder / "reports").mkdir()
     (folder / "reports" / "good-decode.md").mkdir()
+    # git state: what a checkout can hand over instead of a model
+    text = good.read_text()
+    (folder / "conflict.py").write_text(text.replace(
+        "        residuals = hidden_states\n",
+        "<<<<<<< HEAD\n        residuals = hidden_states\n=======\n        residuals = x\n>>>>>>> theirs\n", 1))
+    (folder / "lfs_pointer.py").write_text(
+        "version https://git-lfs.github.com/spec/v1\noid sha256:4d7a2146\nsize 12345\n")
+    (folder / "submodule").mkdir()
+    (folder / "submodule" / ".git").write_text("gitdir: ../.git/modules/submodule\n")
+    (folder / "a_patch.py").write_text("--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n")
+    (folder / "tabs.py").write_text(text.replace("        residuals = hidden_states\n",
+                                                 "        residuals = hidden_states\n\t\tunused = 0\n", 1))
+    (folder / "indent101.py").write_text(
+        text + "\n\ndef deep(x):\n" + "".join("    " * (i + 1) + "if x:\n" for i in range(101)) + "    " * 102 + "pass\n")
+    (folder / "cookie_latin1.py").write_bytes(b"# -*- coding: latin-1 -*-\n# caf\xe9\n" + good.read_bytes())
+    (folder / "comments.py").write_text("# nothing but a comment\n")
     # harness and user code
+    (folder / "exiting_harness.py").write_text("import sys\n\ndef make():\n    sys.exit(3)\n")
     (folder / "raising_harness.py").write_text("def make():\n    raise RuntimeError('no weights here')\n")
     (folder / "bad_return_harness.py").write_text("def make():\n    return 42\n")
     (folder / "import_error_harness.py").write_text("import no_such_module_xyz\n\ndef make():\n    pass\n")
@@ -260,6 +277,20 @@ ROWS += [
                                               "{import_error_harness.py}:make", "{good.py}"), 2, "no_such_module_xyz"),
     Row("verify-harness-raises", ("verify", "{applied.py}", "--harness", "{raising_harness.py}:make"), 2,
         "no weights here"),
+    Row("apply-verify-harness-exits", ("apply", *CASE, "-i", "--verify", "--harness", "{exiting_harness.py}:make",
+                                       "{good.py}"), 2, "exiting_harness",
+        xfail="sys.exit() in make() ends msrewrite with its code: harness isolation (wt-verify) must catch it"),
+    # git state and what a checkout may hand over
+    Row("apply-merge-conflict-markers", ("apply", *CASE, "{conflict.py}"), 2, "syntax error"),
+    Row("apply-git-lfs-pointer", ("apply", *CASE, "{lfs_pointer.py}"), 2, "syntax error"),
+    Row("apply-submodule-folder", ("apply", *CASE, "{submodule}"), 2, "is a directory"),
+    Row("apply-a-patch-not-a-model", ("apply", *CASE, "{a_patch.py}"), 2, "syntax error"),
+    Row("suggest-merge-conflict-markers", ("suggest", "--static", "{conflict.py}"), 2, "syntax error"),
+    # content Python itself refuses
+    Row("apply-tabs-and-spaces-mixed", ("apply", *CASE, "{tabs.py}"), 2, "tabs and spaces"),
+    Row("apply-101-indentation-levels", ("apply", *CASE, "{indent101.py}"), 2, "indentation levels"),
+    Row("apply-coding-cookie-latin1", ("apply", *CASE, "{cookie_latin1.py}"), 2, "not UTF-8"),
+    Row("apply-comments-only", ("apply", *CASE, "{comments.py}"), 1, "no moe-shared-expert target"),
 ]
 
 

@@ -245,3 +245,38 @@ def test_the_diff_is_utf8_bytes_on_an_ascii_terminal(tmp_path):
                             timeout=120)
     assert result.returncode == 0, result.stderr
     assert "→ experts".encode() in result.stdout
+
+
+def test_diff_paths_keep_their_folder_when_git_cannot_answer(git_repo, monkeypatch):
+    path = _model(git_repo / "models")
+    with open(git_repo / ".git" / "config", "a") as config:
+        config.write("[broken\n")  # git now fails on every command in this repository
+    diff = run_in_process([*CASE, str(path)], git_repo)
+    assert diff.returncode == 0, diff.stderr
+    assert "--- a/models/moe.py" in diff.stdout
+    monkeypatch.setenv("PATH", "/nonexistent")  # no git at all
+    diff = run_in_process([*CASE, str(path)], git_repo)
+    assert diff.returncode == 0, diff.stderr
+    assert "--- a/models/moe.py" in diff.stdout
+
+
+def test_a_signal_while_writing_patches_leaves_nothing(tmp_path, monkeypatch):
+    path = _model(tmp_path / "src")
+    from msrewrite.output import patch
+
+    monkeypatch.setattr(patch.os, "fsync", lambda fd: os.kill(os.getpid(), signal.SIGTERM))
+    result = run_in_process([*CASE, "-o", str(tmp_path / "out" / "patches"), str(path)], tmp_path)
+    assert result.returncode == 2
+    assert "interrupted by SIGTERM" in _one_error(result.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_what_the_harness_prints_stays_out_of_the_diff(tmp_path):
+    path = _model(tmp_path)
+    harness = tmp_path / "noisy.py"
+    harness.write_text(f"import sys\nsys.path.insert(0, {str(EXAMPLES)!r})\nfrom deepseek_moe import make as _make\n\n"
+                       "def make():\n    print('hello from make')\n    return _make()\n")
+    result = run_in_process([*CASE, "--verify", "--harness", f"{harness}:make", str(path)], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("--- a/moe.py\n") and "hello" not in result.stdout
+    assert "hello from make" in result.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 from dataclasses import dataclass
@@ -241,8 +242,10 @@ def _compile_check(file: Path, src, new_text: str) -> None:
     try:
         compile(src.text, str(file), "exec")
     except SyntaxError as exc:
-        raise BadInput(f"{file}:{exc.lineno}: {exc.msg} under Python {_python()}: the file "
-                       f"{_needed_python(src.module)}; run msrewrite with that Python") from None
+        needed = _needed_python(src.module)
+        advice = f": the file {needed}; run msrewrite with that Python" if needed else ""
+        raise BadInput(f"{file}:{exc.lineno}: Python {_python()} cannot compile the file ({exc.msg}){advice}; "
+                       "nothing written") from None
     except (RecursionError, MemoryError, ValueError):
         pass
     # our bug, never the user's: refuse to write it
@@ -254,7 +257,7 @@ def _python() -> str:
 
 
 def _needed_python(module) -> str:
-    """Which newer Python the file's syntax asks for, where libcst's tree shows it."""
+    """Which newer Python the file's syntax asks for, where libcst's tree shows it ("" if unknown)."""
     import libcst as cst
 
     class Finder(cst.CSTVisitor):
@@ -267,7 +270,9 @@ def _needed_python(module) -> str:
             Finder.found = True
 
     module.visit(Finder())
-    return "needs Python 3.12 (type parameters or a type statement)" if Finder.found else "needs a newer Python"
+    if Finder.found and sys.version_info < (3, 12):
+        return "needs Python 3.12 (type parameters or a type statement)"
+    return ""
 
 
 def _write_stdout(text: str) -> None:
@@ -397,7 +402,8 @@ def run_apply(
             function, flag_spec, edit_mode = plans[0].function, plans[0].flag, plans[0].mode
         else:  # model-level edits (prefill-microbatch): the case's switch and the chosen mode
             function, flag_spec, edit_mode = None, spec, chosen_mode
-        code = verify_edit(file, new_text, function=function, flag=flag_spec, mode=edit_mode, harness=harness)
+        with contextlib.redirect_stdout(sys.stderr):  # what the user's code prints must not enter the diff
+            code = verify_edit(file, new_text, function=function, flag=flag_spec, mode=edit_mode, harness=harness)
         if code != EXIT_OK:
             _note("verify found problems; nothing written")
             return code

@@ -15,6 +15,7 @@ from pathlib import Path
 from msrewrite import __version__
 from msrewrite.errors import BadInput
 from msrewrite.output.diff import diffstat, unified_diff
+from msrewrite.output.inplace import signals_interrupt
 
 
 @dataclass
@@ -95,25 +96,28 @@ def write_series(steps: list[PatchStep], folder: Path, force: bool = False) -> l
     created = _first_missing(folder)
     staging: Path | None = None
     try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".msrewrite", dir=folder.parent))
-        for name, text in files:
-            with open(staging / name, "w", encoding="utf-8", newline="") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-        if not folder.exists():
-            os.rename(staging, folder)
-            staging = None
-        else:
-            for path in old:
-                path.unlink()
-            for name, _ in files:
-                os.replace(staging / name, folder / name)
-    except OSError as exc:
-        if created is not None and created != folder:
+        with signals_interrupt():
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".msrewrite", dir=folder.parent))
+            for name, text in files:
+                with open(staging / name, "w", encoding="utf-8", newline="") as handle:
+                    handle.write(text)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+            if not folder.exists():
+                os.rename(staging, folder)
+                staging = None
+            else:
+                for path in old:
+                    path.unlink()
+                for name, _ in files:
+                    os.replace(staging / name, folder / name)
+    except BaseException as exc:
+        if created is not None and not (created == folder and staging is None):
             shutil.rmtree(created, ignore_errors=True)
-        raise BadInput(f"{label}: cannot write the patches ({exc.strerror or exc}); nothing written") from None
+        if isinstance(exc, OSError):
+            raise BadInput(f"{label}: cannot write the patches ({exc.strerror or exc}); nothing written") from None
+        raise
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
