@@ -260,17 +260,20 @@ def _needed_python(module) -> str:
     """Which newer Python the file's syntax asks for, where libcst's tree shows it ("" if unknown)."""
     import libcst as cst
 
-    class Finder(cst.CSTVisitor):
-        found = False
+    class NewSyntax(cst.CSTVisitor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.found = False
 
         def visit_TypeAlias(self, node) -> None:
-            Finder.found = True
+            self.found = True
 
         def visit_TypeParameters(self, node) -> None:
-            Finder.found = True
+            self.found = True
 
-    module.visit(Finder())
-    if Finder.found and sys.version_info < (3, 12):
+    finder = NewSyntax()
+    module.visit(finder)
+    if finder.found and sys.version_info < (3, 12):
         return "needs Python 3.12 (type parameters or a type statement)"
     return ""
 
