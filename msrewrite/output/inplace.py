@@ -1,7 +1,7 @@
 """`apply -i`: replace a file atomically, and never over a change made since it was read.
 
 The new text goes to a temporary file beside the real file (a symlink's target, not the link),
-with the file's mode, and is renamed over it. Right before the rename, under an advisory lock on
+with the file's mode (and owner, where allowed), and is renamed over it. Right before the rename, under an advisory lock on
 the file's folder that every msrewrite `-i` run takes, the file is read again and compared with
 the bytes the edit was made from: a save in an editor or a second `-i` run in between makes this
 run fail with nothing written, instead of one of the two changes being lost. SIGINT, SIGTERM and
@@ -85,7 +85,7 @@ def write_in_place(path: Path, data: bytes, read_digest: str) -> Path:
     with signals_interrupt():
         try:
             with folder_lock(real.parent, str(path)):
-                mode = os.stat(real).st_mode
+                info = os.stat(real)
                 with open(real, "rb") as handle:
                     current = handle.read()
                 if file_digest(current) != read_digest:
@@ -96,7 +96,9 @@ def write_in_place(path: Path, data: bytes, read_digest: str) -> Path:
                     handle.write(data)
                     handle.flush()
                     os.fsync(handle.fileno())
-                os.chmod(tmp, mode & 0o7777)
+                with contextlib.suppress(OSError):  # keep the owner where we may (root editing a user's file)
+                    os.chown(tmp, info.st_uid, info.st_gid)
+                os.chmod(tmp, info.st_mode & 0o7777)  # after chown, which clears set-id bits
                 os.replace(tmp, real)
                 tmp = None
         except OSError as exc:
