@@ -171,7 +171,8 @@ def branch_plan(case: Case, path: Path, function: str, branch: SideBranch, optio
         file=str(path),
         function=function,
         side=tuple(side),
-        fork_line=facts[branch.fork].first_line,
+        # a guarded branch that forks right at its `if` forks before the `if`
+        fork_line=branch.guard.line if branch.guard and branch.fork == branch.guard.index else facts[branch.fork].first_line,
         # a join past the last statement (a copy joined when the function ends) names the line after it
         join_line=facts[branch.join].first_line if branch.join < len(facts) else facts[-1].last_line + 1,
         side_inputs=tuple(branch.inputs),
@@ -190,4 +191,6 @@ def branch_plan(case: Case, path: Path, function: str, branch: SideBranch, optio
         phase_anchors=tuple(branch.phase_anchors),
         non_blocking=case.non_blocking,
         core_limits=options.core_limits if case.core_limits else None,
+        guard=branch.guard.condition if branch.guard else "",
+        guard_line=branch.guard.line if branch.guard else 0,
     )

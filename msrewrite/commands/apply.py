@@ -9,6 +9,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import libcst as cst
 import typer
 
 from msrewrite import cores
@@ -16,7 +17,7 @@ from msrewrite.cases import Case, Options, find_targets
 from msrewrite.emit.engine import apply_plans, iter_functions, locate
 from msrewrite.emit.inline import inline_and_flatten
 from msrewrite.errors import EXIT_OK, BadInput, NothingToDo
-from msrewrite.load import git_root, load, parse_source, read_source
+from msrewrite.load import git_root, load, read_source
 from msrewrite.modes import resolve_mode
 from msrewrite.output.diff import unified_diff
 from msrewrite.output.patch import PatchStep, is_stage_folder, write_apply_script, write_series
@@ -138,7 +139,7 @@ def case_steps(
     inlined_func = inline_and_flatten(module, located.cls, located.func, case.is_seed)
     inlined = module.deep_replace(located.func, inlined_func)
     inlined_text = inlined.code
-    inlined = parse_source(file, inlined_text)
+    inlined = _parse_own_edit(inlined_text, f"inlining {case.what[0]} into {function}")
     plans = plans_for_case(file, inlined, case, mode, function, flag, stream_tag, start_gates, phase_anchors,
                            text=inlined_text)
     steps = []
@@ -153,6 +154,14 @@ def case_steps(
         ))
     steps.append(_plan_step(plans[0], inlined_text, apply_plans(inlined, plans, inlined_text).code))
     return steps
+
+
+def _parse_own_edit(text: str, what: str):
+    """Parse code msrewrite itself produced: a failure is our bug, never the user's input."""
+    try:
+        return cst.parse_module(text)
+    except cst.ParserSyntaxError as exc:
+        raise BadInput(f"internal error: {what} produced code that does not parse (line {exc.raw_line}); nothing written") from None
 
 
 def _branch_steps(file: Path, text: str, module, case: Case, mode: str, target: str | None, flag: FlagSpec) -> list[EditStep]:
@@ -181,7 +190,7 @@ def _branch_steps(file: Path, text: str, module, case: Case, mode: str, target: 
         target = target or plans[0].function  # every later branch edits the same function
         new_text = apply_plans(module, plans, text).code
         steps.append(_plan_step(plans[0], text, new_text))
-        text, module = new_text, parse_source(file, new_text)
+        text, module = new_text, _parse_own_edit(new_text, f"the {spec.name} edit")
     if not steps:
         if applied:
             raise NothingToDo(f"{case.name}: already applied, nothing to do")

@@ -46,7 +46,11 @@ class _Namer:
 
 
 def _bare(expr: cst.BaseExpression) -> cst.BaseExpression:
-    return expr.with_changes(lpar=[], rpar=[]) if hasattr(expr, "lpar") else expr
+    """`expr` without its outer parentheses, unless they hold it together across lines
+    (`(a\n if c\n else b)` is only valid Python inside them)."""
+    if not getattr(expr, "lpar", None) or "\n" in cst.Module(body=[]).code_for_node(expr.with_changes(lpar=[], rpar=[])):
+        return expr
+    return expr.with_changes(lpar=[], rpar=[])
 
 
 def _assign(name: str, value: cst.BaseExpression) -> cst.SimpleStatementLine:
