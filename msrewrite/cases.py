@@ -14,6 +14,7 @@ import libcst as cst
 
 from msrewrite.analyze.positions import positions_for, self_calls
 from msrewrite.analyze.branch import NoBranch, SideBranch, find_side_branch, has_seed
+from msrewrite.analyze.seeds import Helpers, find_helpers, framework_overlap, stream_calls, uses_api
 from msrewrite.emit.engine import already_applied, code_of, iter_functions, strip_leading
 from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement, StartGate
 
@@ -95,10 +96,12 @@ def find_targets(
 ) -> list[Target]:
     """Every function with the case's (or one branch's) seed calls: a plan each, or why not.
     `text` is the module's source when the caller has it (saves rendering it again)."""
-    is_seed = branch.is_seed if branch is not None else case.is_seed
+    base_seed = branch.is_seed if branch is not None else case.is_seed
     targets = []
     calls = self_calls(text if text is not None else module.code) if case.analysis == "calls" else {}
-    for name, func, _cls in iter_functions(module):
+    seeds_of = _SeedsPerClass(module, base_seed, calls) if case.analysis == "calls" else None
+    for name, func, cls in iter_functions(module):
+        is_seed = seeds_of.predicate(name, cls) if seeds_of is not None else base_seed
         if case.analysis == "copies":
             if not _has_copy(func, case.is_copy):
                 continue
@@ -107,12 +110,26 @@ def find_targets(
             and getattr(is_seed, "on_call", None) is None
             and not any(is_seed(callee) for callee in calls[name])
         ):
+            if func.name.value != "__init__" and (overlapped := framework_overlap(cls, func, base_seed)):
+                targets.append(Target(name, reason=overlapped))
             continue  # cheap: ast saw no side call here
         elif not has_seed(func, is_seed):
             continue
-        # Only the function that runs the side call matters, not helpers that define it.
-        if func.name.value == "__init__":
+        # Only the function that runs the side call matters, not helpers that define it or that
+        # a caller reaches it through.
+        if func.name.value == "__init__" or (seeds_of is not None and seeds_of.is_helper(name, cls)):
             continue
+        if case.analysis == "calls" and not already_applied(func):
+            existing = stream_calls(func)
+            if not existing:
+                existing = [c for other in seeds_of.stream_siblings(cls, func) for c in stream_calls(other)]
+            if existing:
+                targets.append(Target(name, reason=_already_overlapped(existing[0], cls, func)))
+                continue
+            family = _other_family(func, options.mode)
+            if family:
+                targets.append(Target(name, reason=family))
+                continue
         if already_applied(func, marker=branch_marker(case.name, branch)):
             targets.append(Target(name, applied=True, reason="already applied"))
             continue
@@ -142,6 +159,74 @@ def find_targets(
             )
         targets.append(Target(name, plan=plan))
     return targets
+
+
+class _SeedsPerClass:
+    """The case's seed predicate, widened per class to the helpers that do only side work."""
+
+    def __init__(self, module: cst.Module, is_seed, calls: dict[str, frozenset[str]]) -> None:
+        self.module, self.is_seed, self.calls = module, is_seed, calls
+        self._helpers: dict[int, Helpers] = {}
+        self._functions: Helpers | None = None  # the file's free functions, the same for every class
+
+    def helpers(self, name: str, cls: cst.ClassDef | None) -> Helpers:
+        key = id(cls)
+        if key not in self._helpers:
+            if getattr(self.is_seed, "on_call", None) is not None:  # seeds that are not submodule calls
+                self._helpers[key] = Helpers()
+            else:
+                prefix = name.rsplit(".", 1)[0] + "." if cls is not None else ""
+                # cheap: only methods whose own calls (ast) reach a seed can be helpers
+                methods = {
+                    qualified[len(prefix):]
+                    for qualified, callees in self.calls.items()
+                    if cls is not None and qualified.startswith(prefix) and "." not in qualified[len(prefix):]
+                    and any(self.is_seed(c) for c in callees)
+                }
+                if self._functions is None:
+                    self._functions = find_helpers(self.module, None, self.is_seed)
+                own = find_helpers(self.module, cls, self.is_seed, methods, functions=False)
+                own.functions = self._functions.functions
+                own.refused = {**self._functions.refused, **own.refused}
+                self._helpers[key] = own
+        return self._helpers[key]
+
+    def predicate(self, name: str, cls: cst.ClassDef | None):
+        return self.helpers(name, cls).seed_predicate(self.is_seed)
+
+    def is_helper(self, name: str, cls: cst.ClassDef | None) -> bool:
+        helpers = self.helpers(name, cls)
+        short = name.rsplit(".", 1)[-1]
+        return (short in helpers.methods if cls is not None else short in helpers.functions)
+
+    def stream_siblings(self, cls: cst.ClassDef | None, func: cst.FunctionDef) -> list[cst.FunctionDef]:
+        """Other methods of the class that run the same side work by hand on a stream."""
+        if cls is None or not isinstance(cls.body, cst.IndentedBlock):
+            return []
+        return [
+            s for s in cls.body.body
+            if isinstance(s, cst.FunctionDef) and s is not func and has_seed(s, self.is_seed) and stream_calls(s)
+        ]
+
+
+def _already_overlapped(call: cst.Call, cls: cst.ClassDef | None, func: cst.FunctionDef) -> str:
+    where = "this function"
+    if cls is not None and isinstance(cls.body, cst.IndentedBlock) and not any(call is c for c in stream_calls(func)):
+        owner = next(s for s in cls.body.body if isinstance(s, cst.FunctionDef) and any(call is c for c in stream_calls(s)))
+        where = f"{cls.name.value}.{owner.name.value}"
+    return (
+        f"already overlapped: {where} runs it on a stream of its own (`{code_of(call.func).strip()}`); "
+        "msrewrite does not stack a second side stream on it"
+    )
+
+
+def _other_family(func: cst.FunctionDef, mode: str) -> str:
+    """Why `mode`'s stream API must not go into `func`, or ''."""
+    if mode == "cuda" and (uses_api(func, "npu") or "torch_npu" in code_of(func)):
+        return "the function uses torch.npu; msrewrite never mixes torch.cuda into it (pick an NPU --mode)"
+    if mode != "cuda" and uses_api(func, "cuda"):
+        return "the function uses torch.cuda; msrewrite never mixes torch.npu into it (use --mode cuda)"
+    return ""
 
 
 def _has_copy(func: cst.FunctionDef, is_copy) -> bool:

@@ -172,7 +172,7 @@ def _splittable_if(func: cst.FunctionDef, facts: list[StatementFacts], is_seed: 
             f"{problem}: it may not read the same at an earlier fork"
         )
     condition = negate(node.test) if in_orelse else source(node.test)
-    return Guard(holder.index, holder.first_line, condition, in_orelse, locals_read)
+    return Guard(holder.index, holder.first_line, condition, in_orelse, locals_read, len(block.body))
 
 
 def _find_side_branch(func, body, facts, positions, is_seed, anchors, phase_anchors, guard: Guard | None) -> SideBranch:
@@ -260,7 +260,8 @@ def _find_side_branch(func, body, facts, positions, is_seed, anchors, phase_anch
         # `shared = None` before `if self.shared_experts is not None: shared = ...`: the default
         # of a side output moves with it, when only the side branch sees it
         elif (
-            _binds_constant(f.node)
+            (guard is None or f.index in guard.inside)  # a default before a guarded `if` stays: see the fork
+            and _binds_constant(f.node)
             and all(g.index in pure for g in readers)
             and any(g.index in pure and f.stores <= g.stores for g in facts[f.index + 1 :])
         ):
@@ -354,6 +355,11 @@ def _find_side_branch(func, body, facts, positions, is_seed, anchors, phase_anch
             d = reaching_def(name, guard.index, side_idx)
             if d is not None:
                 fork = max(fork, d + 1)
+        # `shared = None` before the `if`: its default for when the condition is false; the
+        # side branch may only rebind it after it ran
+        for f in facts[fork : guard.index]:
+            if _binds_constant(f.node) and f.stores & set(side_stores):
+                fork = f.index + 1
     for anchor in anchors:
         d = reaching_def(anchor, join, side_idx)
         if d is None:
@@ -391,7 +397,7 @@ def _find_side_branch(func, body, facts, positions, is_seed, anchors, phase_anch
         raise NoBranch("no main-path work between the fork and the join: nothing to overlap")
 
     if guard is not None:
-        _check_guard(guard, facts, fork, join, side_idx, len(_guarded_block(body[guard.index], guard.in_orelse)))
+        _check_guard(guard, facts, fork, join, side_idx, guard.size)
     rebound = sorted({name for f in window for name in f.stores if name in inputs})
     # bound only inside an `if` of the side branch, with no default bound before it on the side
     maybe = [

@@ -58,6 +58,11 @@ class Guard:
     condition: str
     in_orelse: bool
     locals_read: frozenset[str]  # function locals the condition reads (must not change before the `if`)
+    size: int = 0  # statements in the guarded block
+
+    @property
+    def inside(self) -> range:
+        return range(self.index, self.index + self.size)
 
 
 def source(node: cst.CSTNode) -> str:

@@ -13,6 +13,7 @@ import libcst as cst
 import typer
 
 from msrewrite import cores
+from msrewrite.analyze.seeds import find_helpers
 from msrewrite.cases import Case, Options, find_targets
 from msrewrite.emit.engine import apply_plans, iter_functions, locate
 from msrewrite.emit.inline import inline_and_flatten
@@ -136,7 +137,9 @@ def case_steps(
         raise BadInput(f"case {case.name} does not support mode {mode} (supports {', '.join(case.modes)})")
     function = plans_for_case(file, module, base, mode, target, flag, stream_tag, text=text)[0].function
     located = locate(module, function)
-    inlined_func = inline_and_flatten(module, located.cls, located.func, case.is_seed)
+    # helpers that do only side work (`self._forward_shared_experts(h)`) are inlined too
+    is_seed = find_helpers(module, located.cls, case.is_seed, functions=False).seed_predicate(case.is_seed)
+    inlined_func = inline_and_flatten(module, located.cls, located.func, is_seed)
     inlined = module.deep_replace(located.func, inlined_func)
     inlined_text = inlined.code
     inlined = _parse_own_edit(inlined_text, f"inlining {case.what[0]} into {function}")
