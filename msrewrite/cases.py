@@ -110,8 +110,10 @@ def find_targets(
             and getattr(is_seed, "on_call", None) is None
             and not any(is_seed(callee) for callee in calls[name])
         ):
-            if func.name.value != "__init__" and (overlapped := framework_overlap(cls, func, base_seed)):
-                targets.append(Target(name, reason=overlapped))
+            if func.name.value != "__init__":
+                why = framework_overlap(cls, func, base_seed) or seeds_of.refused_helper(name, cls)
+                if why:
+                    targets.append(Target(name, reason=why))
             continue  # cheap: ast saw no side call here
         elif not has_seed(func, is_seed):
             continue
@@ -193,6 +195,16 @@ class _SeedsPerClass:
 
     def predicate(self, name: str, cls: cst.ClassDef | None):
         return self.helpers(name, cls).seed_predicate(self.is_seed)
+
+    def refused_helper(self, name: str, cls: cst.ClassDef | None) -> str:
+        """Why the side work `name` reaches through a helper method cannot move, or ''."""
+        if cls is None:
+            return ""
+        refused = self.helpers(name, cls).refused
+        callee = next((c for c in sorted(self.calls.get(name, ())) if c in refused), None)
+        if callee is None:
+            return ""
+        return f"the side work is reached through self.{callee}(), which is not side work only: {refused[callee]}"
 
     def is_helper(self, name: str, cls: cst.ClassDef | None) -> bool:
         helpers = self.helpers(name, cls)

@@ -314,3 +314,30 @@ def test_guarded_plan_round_trips_through_json(tmp_path):
     again = OverlapPlan.from_json(plan.to_json())
     assert again == plan
     assert apply_plans(src.module, [again]).code == apply_plans(src.module, [plan]).code
+
+
+REAL = {
+    "GraniteMoeSharedDecoderLayer": "transformers.models.granitemoeshared.modeling_granitemoeshared",
+    "Cohere2MoeSparseMoeBlock": "transformers.models.cohere2_moe.modeling_cohere2_moe",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["eager", "ge-graph"])
+@pytest.mark.parametrize("cls", sorted(REAL))
+def test_real_guarded_shared_expert_is_edited_and_verifies(tmp_path, cls, mode):
+    """transformers' GraniteMoeShared (`if self.shared_mlp is None: ... else: ... + self.shared_mlp(h)`) and
+    Cohere2-MoE (`if self.num_shared_experts > 0:`), refused before guards were split."""
+    import importlib
+
+    pytest.importorskip("transformers")
+    module_name = REAL[cls]
+    original = Path(importlib.import_module(module_name).__file__)
+    src = load(original)
+    steps = case_steps(original, src.text, src.module, "moe-shared-expert", mode, cls, FLAG, None)
+    edited = tmp_path / original.name
+    edited.write_text(steps[-1].new)
+    assert " and self.shared_mlp is not None:" in edited.read_text() or " and self.num_shared_experts > 0:" in edited.read_text()
+    result = verify_files(edited, original=original, target=cls, package=module_name.rsplit(".", 1)[0])
+    assert result.ok, result.problems
+    assert any(stream != "main" for stream in result.runs[2].streams)

@@ -43,7 +43,7 @@ def _calls(node: cst.CSTNode) -> list[cst.Call]:
         def visit_FunctionDef(self, n: cst.FunctionDef) -> bool:
             return False  # a nested def runs elsewhere
 
-    node.visit(_Calls())
+    (node.body if isinstance(node, cst.FunctionDef) else node).visit(_Calls())
     return found
 
 
@@ -57,8 +57,7 @@ def _last_name(func: cst.BaseExpression) -> str:
 
 def stream_calls(node: cst.CSTNode) -> list[cst.Call]:
     """Hand-written stream and event calls in `node` (none when msrewrite wrote them)."""
-    body = node.body if isinstance(node, cst.FunctionDef) else node
-    calls = _calls(body)
+    calls = _calls(node)
     if any((dotted_name(c.func) or "").startswith(_EMITTED_PREFIX) for c in calls):
         return []
     return [c for c in calls if _STREAM_CALL.search(_last_name(c.func))]
@@ -136,8 +135,8 @@ def find_helpers(
         if isinstance(stmt, cst.FunctionDef) and stmt.params.params:
             candidates.append((stmt.name.value, stmt, stmt.params.params[0].name.value, False))
     for name, func, self_name, is_method in candidates:
-        if not _reaches_seed(func, self_name, is_seed):
-            continue
+        if not _reaches_seed(func, self_name, is_seed) or _does_main_work(func, self_name, is_seed):
+            continue  # no helper: a function that also runs main work is a target of its own
         problem = side_work_problem(func, self_name, is_seed)
         if problem:
             helpers.refused[name] = problem
@@ -160,6 +159,10 @@ def _callee_on(call: cst.Call, self_name: str) -> str | None:
         if isinstance(renamed, cst.Name) and renamed.value == self_name and parts:
             callee = ".".join(reversed(parts))
     return callee
+
+
+def _does_main_work(func: cst.FunctionDef, self_name: str, is_seed: Callable[[str], bool]) -> bool:
+    return any((c := _callee_on(call, self_name)) is not None and not is_seed(c) for call in _calls(func.body))
 
 
 def _reaches_seed(func: cst.FunctionDef, self_name: str, is_seed: Callable[[str], bool]) -> bool:
