@@ -112,6 +112,8 @@ def find_targets(
         ):
             if func.name.value != "__init__":
                 why = framework_overlap(cls, func, base_seed) or seeds_of.refused_helper(name, cls)
+                if why and (existing := stream_calls(func)):  # the helper runs on the model's own stream
+                    why = _already_overlapped(existing[0], cls, func)
                 if why:
                     targets.append(Target(name, reason=why))
             continue  # cheap: ast saw no side call here

@@ -230,7 +230,7 @@ NOOP = {
             y = y + self.shared_experts(x)
         return y
         """,
-        "conditional",
+        "both branches of `if self.fp32` call the side branch",
     ),
     "condition_reads_router_output": (  # the fork would read `w` before the router wrote it
         """

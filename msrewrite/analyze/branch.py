@@ -159,7 +159,10 @@ def _splittable_if(func: cst.FunctionDef, facts: list[StatementFacts], is_seed: 
         return f"line {holder.first_line}: the side call sits in an `if`/`elif` chain, which msrewrite does not split"
     in_orelse = orelse is not None and has_seed(orelse.body, is_seed)
     if in_body and in_orelse:
-        return None  # both branches call it: the join is conditional either way
+        return (
+            f"line {holder.first_line}: both branches of `if {source(node.test)}` call the side branch; "
+            "msrewrite does not merge them into one fork"
+        )
     block = node.orelse.body if in_orelse else node.body  # type: ignore[union-attr]
     if not isinstance(block, cst.IndentedBlock):
         return f"line {holder.first_line}: a one-line `if` body cannot be split"

@@ -60,7 +60,12 @@ def stream_calls(node: cst.CSTNode) -> list[cst.Call]:
     calls = _calls(node)
     if any((dotted_name(c.func) or "").startswith(_EMITTED_PREFIX) for c in calls):
         return []
-    return [c for c in calls if _STREAM_CALL.search(_last_name(c.func))]
+    return [c for c in calls if _STREAM_CALL.search(_last_name(c.func)) and not _own_method(c.func)]
+
+
+def _own_method(func: cst.BaseExpression) -> bool:
+    """`self.forward_dual_stream(...)`: a method of the model, whatever its name says."""
+    return isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self"
 
 
 def uses_api(node: cst.CSTNode, family: str) -> bool:
