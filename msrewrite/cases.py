@@ -12,9 +12,19 @@ from typing import Callable
 
 import libcst as cst
 
-from msrewrite.analyze.positions import positions_for, self_calls
+from msrewrite.analyze.defuse import dotted_name
+from msrewrite.analyze.positions import parsed_tree, positions_for, self_calls
 from msrewrite.analyze.branch import NoBranch, SideBranch, find_side_branch, has_seed
-from msrewrite.analyze.seeds import Helpers, find_helpers, framework_overlap, stream_calls, uses_api
+from msrewrite.analyze.seeds import (
+    Helpers,
+    find_helpers,
+    framework_layers,
+    framework_overlap,
+    calls_in,
+    free_function_candidates,
+    stream_calls,
+    uses_api,
+)
 from msrewrite.emit.engine import already_applied, code_of, iter_functions, strip_leading
 from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement, StartGate
 
@@ -99,7 +109,10 @@ def find_targets(
     base_seed = branch.is_seed if branch is not None else case.is_seed
     targets = []
     calls = self_calls(text if text is not None else module.code) if case.analysis == "calls" else {}
-    seeds_of = _SeedsPerClass(module, base_seed, calls) if case.analysis == "calls" else None
+    seeds_of = (
+        _SeedsPerClass(module, base_seed, calls, text if text is not None else module.code)
+        if case.analysis == "calls" else None
+    )
     for name, func, cls in iter_functions(module):
         is_seed = seeds_of.predicate(name, cls) if seeds_of is not None else base_seed
         if case.analysis == "copies":
@@ -111,7 +124,7 @@ def find_targets(
             and not any(is_seed(callee) for callee in calls[name])
         ):
             if func.name.value != "__init__":
-                why = framework_overlap(cls, func, base_seed) or seeds_of.refused_helper(name, cls)
+                why = framework_overlap(seeds_of.layers(name, cls), calls.get(name, ())) or seeds_of.refused_helper(name, cls)
                 if why and (existing := stream_calls(func)):  # the helper runs on the model's own stream
                     why = _already_overlapped(existing[0], cls, func)
                 if why:
@@ -123,20 +136,21 @@ def find_targets(
         # a caller reaches it through.
         if func.name.value == "__init__" or (seeds_of is not None and seeds_of.is_helper(name, cls)):
             continue
-        if case.analysis == "calls" and not already_applied(func):
-            existing = stream_calls(func)
-            if not existing:
-                existing = [c for other in seeds_of.stream_siblings(cls, func) for c in stream_calls(other)]
-            if existing:
-                targets.append(Target(name, reason=_already_overlapped(existing[0], cls, func)))
-                continue
-            family = _other_family(func, options.mode)
-            if family:
-                targets.append(Target(name, reason=family))
-                continue
         if already_applied(func, marker=branch_marker(case.name, branch)):
             targets.append(Target(name, applied=True, reason="already applied"))
             continue
+        if case.analysis == "calls":  # msrewrite's own stream code (a branch done before) is not counted
+            func_calls = calls_in(func)
+            existing = stream_calls(func, func_calls)
+            if not existing:
+                existing = [c for other in seeds_of.stream_siblings(name, cls, func) for c in stream_calls(other)]
+            if existing:
+                targets.append(Target(name, reason=_already_overlapped(existing[0], cls, func)))
+                continue
+            family = _other_family(func, func_calls, options.mode)
+            if family:
+                targets.append(Target(name, reason=family))
+                continue
         positions = positions_for(module, name, func, text)
         try:
             if case.analysis == "copies":
@@ -168,8 +182,10 @@ def find_targets(
 class _SeedsPerClass:
     """The case's seed predicate, widened per class to the helpers that do only side work."""
 
-    def __init__(self, module: cst.Module, is_seed, calls: dict[str, frozenset[str]]) -> None:
+    def __init__(self, module: cst.Module, is_seed, calls: dict[str, frozenset[str]], text: str) -> None:
         self.module, self.is_seed, self.calls = module, is_seed, calls
+        self.tree = parsed_tree(text)
+        self._layers: dict[str, dict[str, str]] | None = None
         self._helpers: dict[int, Helpers] = {}
         self._functions: Helpers | None = None  # the file's free functions, the same for every class
 
@@ -188,12 +204,21 @@ class _SeedsPerClass:
                     and any(self.is_seed(c) for c in callees)
                 }
                 if self._functions is None:
-                    self._functions = find_helpers(self.module, None, self.is_seed)
+                    candidates = free_function_candidates(self.tree, self.is_seed)
+                    self._functions = find_helpers(self.module, None, self.is_seed, functions=candidates)
                 own = find_helpers(self.module, cls, self.is_seed, methods, functions=False)
                 own.functions = self._functions.functions
                 own.refused = {**self._functions.refused, **own.refused}
                 self._helpers[key] = own
         return self._helpers[key]
+
+    def layers(self, name: str, cls: cst.ClassDef | None) -> dict[str, str]:
+        """self.<attr> -> the framework layer it is, for the class of `name`."""
+        if cls is None:
+            return {}
+        if self._layers is None:
+            self._layers = framework_layers(self.tree, self.is_seed)
+        return self._layers.get(name.rsplit(".", 1)[0], {})
 
     def predicate(self, name: str, cls: cst.ClassDef | None):
         return self.helpers(name, cls).seed_predicate(self.is_seed)
@@ -213,13 +238,18 @@ class _SeedsPerClass:
         short = name.rsplit(".", 1)[-1]
         return (short in helpers.methods if cls is not None else short in helpers.functions)
 
-    def stream_siblings(self, cls: cst.ClassDef | None, func: cst.FunctionDef) -> list[cst.FunctionDef]:
+    def stream_siblings(self, name: str, cls: cst.ClassDef | None, func: cst.FunctionDef) -> list[cst.FunctionDef]:
         """Other methods of the class that run the same side work by hand on a stream."""
         if cls is None or not isinstance(cls.body, cst.IndentedBlock):
             return []
+        prefix = name.rsplit(".", 1)[0] + "."
+        seeded = {  # cheap (ast): the methods that call the side work at all
+            qualified[len(prefix):] for qualified, callees in self.calls.items()
+            if qualified.startswith(prefix) and any(self.is_seed(c) for c in callees)
+        }
         return [
             s for s in cls.body.body
-            if isinstance(s, cst.FunctionDef) and s is not func and has_seed(s, self.is_seed) and stream_calls(s)
+            if isinstance(s, cst.FunctionDef) and s is not func and s.name.value in seeded and stream_calls(s)
         ]
 
 
@@ -234,11 +264,11 @@ def _already_overlapped(call: cst.Call, cls: cst.ClassDef | None, func: cst.Func
     )
 
 
-def _other_family(func: cst.FunctionDef, mode: str) -> str:
-    """Why `mode`'s stream API must not go into `func`, or ''."""
-    if mode == "cuda" and (uses_api(func, "npu") or "torch_npu" in code_of(func)):
+def _other_family(func: cst.FunctionDef, calls: list[cst.Call], mode: str) -> str:
+    """Why `mode`'s stream API must not go into `func` (which makes `calls`), or ''."""
+    if mode == "cuda" and (uses_api(calls, "npu") or any("torch_npu" in (dotted_name(c.func) or "") for c in calls)):
         return "the function uses torch.npu; msrewrite never mixes torch.cuda into it (pick an NPU --mode)"
-    if mode != "cuda" and uses_api(func, "cuda"):
+    if mode != "cuda" and uses_api(calls, "cuda"):
         return "the function uses torch.cuda; msrewrite never mixes torch.npu into it (use --mode cuda)"
     return ""
 

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, field
 from typing import Callable
@@ -55,9 +56,10 @@ def _last_name(func: cst.BaseExpression) -> str:
     return ""
 
 
-def stream_calls(node: cst.CSTNode) -> list[cst.Call]:
-    """Hand-written stream and event calls in `node` (none when msrewrite wrote them)."""
-    calls = _calls(node)
+def stream_calls(node: cst.CSTNode, calls: list[cst.Call] | None = None) -> list[cst.Call]:
+    """Hand-written stream and event calls in `node` (none when msrewrite wrote them); `calls`
+    are its calls when the caller has them already."""
+    calls = _calls(node) if calls is None else calls
     if any((dotted_name(c.func) or "").startswith(_EMITTED_PREFIX) for c in calls):
         return []
     return [c for c in calls if _STREAM_CALL.search(_last_name(c.func)) and not _own_method(c.func)]
@@ -68,10 +70,15 @@ def _own_method(func: cst.BaseExpression) -> bool:
     return isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self"
 
 
-def uses_api(node: cst.CSTNode, family: str) -> bool:
-    """Does `node` call into `torch.<family>` (npu, cuda)?"""
+def calls_in(node: cst.CSTNode) -> list[cst.Call]:
+    """Every call `node` makes (a function: its body, nested defs left out)."""
+    return _calls(node)
+
+
+def uses_api(calls: list[cst.Call], family: str) -> bool:
+    """Do these calls go into `torch.<family>` (npu, cuda)?"""
     prefix = f"torch.{family}."
-    return any((dotted_name(c.func) or "").startswith(prefix) for c in _calls(node))
+    return any((dotted_name(c.func) or "").startswith(prefix) for c in calls)
 
 
 # Helpers -------------------------------------------------------------------------------------------
@@ -120,7 +127,7 @@ def find_helpers(
     cls: cst.ClassDef | None,
     is_seed: Callable[[str], bool],
     methods: set[str] | None = None,
-    functions: bool = True,
+    functions: bool | set[str] = True,
 ) -> Helpers:
     """The methods of `cls` (only those named in `methods`, when given) and the module's functions
     that reach a seed and do nothing else."""
@@ -137,6 +144,8 @@ def find_helpers(
                 if params and params[0].name.value == "self":
                     candidates.append((stmt.name.value, stmt, "self", True))
     for stmt in module.body if functions else ():
+        if isinstance(functions, set) and not (isinstance(stmt, cst.FunctionDef) and stmt.name.value in functions):
+            continue
         if isinstance(stmt, cst.FunctionDef) and stmt.params.params:
             candidates.append((stmt.name.value, stmt, stmt.params.params[0].name.value, False))
     for name, func, self_name, is_method in candidates:
@@ -239,33 +248,64 @@ def _assignments(node: cst.CSTNode) -> list[cst.Assign]:
 
 
 # Framework overlap -----------------------------------------------------------------------------------
-def framework_overlap(cls: cst.ClassDef | None, func: cst.FunctionDef, is_seed: Callable[[str], bool]) -> str | None:
-    """'already overlapped by the framework (X)' when `__init__` hands a seed to a layer (as
-    `shared_experts=self.shared_expert`) that `func` calls; None otherwise."""
-    if cls is None or not isinstance(cls.body, cst.IndentedBlock):
-        return None
-    init = next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
-    if init is None:
-        return None
-    owners: dict[str, str] = {}  # self.<attr> -> the layer class it was built from
+def framework_overlap(layers: dict[str, str], callees) -> str | None:
+    """'already overlapped by the framework (X, given `shared_experts=` in __init__)' when the
+    function calls a layer that `__init__` handed side work (`layers`, from framework_layers)."""
+    for callee in sorted(callees):
+        if callee in layers:
+            return f"already overlapped by the framework ({layers[callee]}): it runs that work itself"
+    return None
 
-    class _Builds(cst.CSTVisitor):
-        def visit_Assign(self, node: cst.Assign) -> None:
-            if len(node.targets) != 1 or not isinstance(node.value, cst.Call):
-                return
-            target = node.targets[0].target
-            if not (isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self"):
-                return
-            for arg in node.value.args:
-                if arg.keyword is not None and is_seed(arg.keyword.value):
-                    layer = dotted_name(node.value.func) or source(node.value.func)
-                    owners[target.attr.value] = f"{layer}, given `{arg.keyword.value}=` in __init__"
 
-    init.visit(_Builds())
-    if not owners:
-        return None
-    for call in _calls(func.body):
-        callee = self_callee(call.func)
-        if callee in owners:
-            return f"already overlapped by the framework ({owners[callee]}): it runs that work itself"
+# Cheap pre-filters over the file's `ast` (libcst visits cost more than the parse) -------------------
+def free_function_candidates(tree: ast.Module | None, is_seed: Callable[[str], bool]) -> set[str]:
+    """Top-level functions that call a seed on their first parameter (`block.shared_experts(x)`)."""
+    names: set[str] = set()
+    for node in tree.body if tree is not None else ():
+        if isinstance(node, ast.FunctionDef) and node.args.args:
+            first = node.args.args[0].arg
+            for call in ast.walk(node):
+                if isinstance(call, ast.Call) and _ast_callee(call.func, first) and is_seed(_ast_callee(call.func, first)):
+                    names.add(node.name)
+                    break
+    return names
+
+
+def framework_layers(tree: ast.Module | None, is_seed: Callable[[str], bool]) -> dict[str, dict[str, str]]:
+    """Class name (dotted when nested) -> {self.<attr>: the layer class built in __init__ with a seed
+    keyword (`shared_experts=`)}."""
+    found: dict[str, dict[str, str]] = {}
+
+    def walk(body, prefix: str) -> None:
+        for node in body:
+            if not isinstance(node, ast.ClassDef):
+                continue
+            name = prefix + node.name
+            walk(node.body, name + ".")
+            for item in node.body:
+                if not (isinstance(item, ast.FunctionDef) and item.name == "__init__"):
+                    continue
+                for assign in ast.walk(item):
+                    if not (isinstance(assign, ast.Assign) and len(assign.targets) == 1 and isinstance(assign.value, ast.Call)):
+                        continue
+                    target = assign.targets[0]
+                    if not (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self"):
+                        continue
+                    for keyword in assign.value.keywords:
+                        if keyword.arg and is_seed(keyword.arg):
+                            layer = ast.unparse(assign.value.func)
+                            found.setdefault(name, {})[target.attr] = f"{layer}, given `{keyword.arg}=` in __init__"
+
+    walk(tree.body if tree is not None else [], "")
+    return found
+
+
+def _ast_callee(func: ast.expr, owner: str) -> str | None:
+    parts: list[str] = []
+    while isinstance(func, (ast.Attribute, ast.Subscript)):
+        if isinstance(func, ast.Attribute):
+            parts.append(func.attr)
+        func = func.value
+    if isinstance(func, ast.Name) and func.id == owner and parts:
+        return ".".join(reversed(parts))
     return None
