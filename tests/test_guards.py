@@ -341,3 +341,17 @@ def test_real_guarded_shared_expert_is_edited_and_verifies(tmp_path, cls, mode):
     result = verify_files(edited, original=original, target=cls, package=module_name.rsplit(".", 1)[0])
     assert result.ok, result.problems
     assert any(stream != "main" for stream in result.runs[2].streams)
+
+
+def test_plan_whose_guard_is_not_the_ifs_condition_is_refused(tmp_path):
+    """The guard is emitted as code: a plan may only carry the `if`'s own condition."""
+    from msrewrite.commands.apply import plans_for_case
+    from msrewrite.emit.engine import apply_plans
+    from msrewrite.errors import BadInput
+
+    forward, _ = SAFE["if_not_none_with_consumer"]
+    original = write_model(tmp_path, "stale_guard", model_source(forward))
+    src = load(original)
+    plan = plans_for_case(original, src.module, "moe-shared-expert", "eager", None, FLAG, None)[0]
+    with pytest.raises(BadInput, match="tests 'self.shared_experts is not None'"):
+        apply_plans(src.module, [plan.with_changes(guard="__import__('os').system('true')")])

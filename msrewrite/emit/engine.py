@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import libcst as cst
 
 from msrewrite.analyze.defuse import function_names
-from msrewrite.analyze.guards import conjoin
+from msrewrite.analyze.guards import conjoin, negate
+from msrewrite.analyze.guards import source as guard_source
 from msrewrite.analyze.positions import positions_for
 from msrewrite.emit import helpers as helper_text
 from msrewrite.emit.strategies import STRATEGIES, Context, Emission, Names, async_comm
@@ -299,6 +300,9 @@ def _guarded_if(body, spans, positions, plan: OverlapPlan) -> _GuardedIf:
         and isinstance(orelse.body, cst.IndentedBlock)
         and positions[orelse].start.line <= first <= positions[orelse].end.line
     )
+    expected = negate(node.test) if in_orelse else guard_source(node.test)
+    if plan.guard != expected:  # the guard is emitted as code: it must be the `if`'s own condition
+        raise BadInput(f"stale plan for {plan.function}: the `if` at line {plan.guard_line} tests {expected!r}, not {plan.guard!r}")
     return _GuardedIf(index, node, in_orelse)
 
 
