@@ -22,6 +22,7 @@ from msrewrite.analyze.seeds import (
     framework_overlap,
     calls_in,
     free_function_candidates,
+    most_telling,
     stream_calls,
     uses_api,
 )
@@ -126,7 +127,7 @@ def find_targets(
             if func.name.value != "__init__":
                 why = framework_overlap(seeds_of.layers(name, cls), calls.get(name, ())) or seeds_of.refused_helper(name, cls)
                 if why and (existing := stream_calls(func)):  # the helper runs on the model's own stream
-                    why = _already_overlapped(existing[0], cls, func)
+                    why = _already_overlapped(most_telling(existing), cls, func)
                 if why:
                     targets.append(Target(name, reason=why))
             continue  # cheap: ast saw no side call here
@@ -145,7 +146,7 @@ def find_targets(
             if not existing:
                 existing = [c for other in seeds_of.stream_siblings(name, cls, func) for c in stream_calls(other)]
             if existing:
-                targets.append(Target(name, reason=_already_overlapped(existing[0], cls, func)))
+                targets.append(Target(name, reason=_already_overlapped(most_telling(existing), cls, func)))
                 continue
             family = _other_family(func, func_calls, options.mode)
             if family:

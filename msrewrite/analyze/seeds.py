@@ -65,6 +65,11 @@ def stream_calls(node: cst.CSTNode, calls: list[cst.Call] | None = None) -> list
     return [c for c in calls if _STREAM_CALL.search(_last_name(c.func)) and not _own_method(c.func)]
 
 
+def most_telling(calls: list[cst.Call]) -> cst.Call:
+    """The call that shows the overlap best: a stream switch or wait, not the `current_stream()` lookup."""
+    return next((c for c in calls if _last_name(c.func) != "current_stream"), calls[0])
+
+
 def _own_method(func: cst.BaseExpression) -> bool:
     """`self.forward_dual_stream(...)`: a method of the model, whatever its name says."""
     return isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self"
