@@ -24,7 +24,7 @@ from msrewrite.plan import FlagSpec  # noqa: E402
 
 # case -> example models (examples/<name>.py) its goldens cover
 GOLDEN_EXAMPLES = {
-    "moe-shared-expert": ["deepseek_moe", "qwen_gated_moe", "inplace_moe"],
+    "moe-shared-expert": ["deepseek_moe", "qwen_gated_moe", "inplace_moe", "guarded_moe"],
     "moe-shared-mlp-init": ["hunyuan_moe", "hunyuan_moe_patch"],
     "moe-shared-expert-phased": ["deepep_moe", "qwen_gated_moe"],
     "indexer-prolog": ["indexer_prolog"],

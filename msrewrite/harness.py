@@ -52,6 +52,8 @@ TINY_CONFIG: dict[str, Any] = {
     "num_experts_per_tok": 2,
     "moe_topk": 2,
     "n_shared_experts": 1,
+    "num_shared_experts": 1,  # Cohere2-MoE, Ernie-4.5 and others default to none: the tiny model has one
+    "shared_intermediate_size": 32,  # GraniteMoeShared: 0 (the default) builds no shared MLP
     "n_group": 2,
     "topk_group": 1,
     "first_k_dense_replace": 1,  # DeepseekV3: layer 0 dense, layer 1 MoE

@@ -116,6 +116,11 @@ class OverlapPlan:
     non_blocking: bool = False
     # AI-core budgets (side aicore, side vector, main aicore, main vector) for the two branches.
     core_limits: tuple[int, int, int, int] | None = None
+    # The side statements sit inside the `if` that starts at `guard_line`, and run only when
+    # `guard` holds (already negated for its `else:` block). The condition is invariant over the
+    # window, so the fork runs under `<stream> and <guard>`; the `if` keeps the join.
+    guard: str = ""
+    guard_line: int = 0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -126,6 +131,8 @@ class OverlapPlan:
             raise ValueError("the fork must come before the join")
         if self.stream_source not in ("lazy", "constructor"):
             raise ValueError(f"stream_source must be lazy or constructor, got {self.stream_source!r}")
+        if bool(self.guard) != bool(self.guard_line):
+            raise ValueError("a guarded plan needs both guard and guard_line")
         if self.sync not in ("wait_stream", "events", "async-comm"):
             raise ValueError(f"sync must be wait_stream, events or async-comm, got {self.sync!r}")
 
@@ -171,6 +178,8 @@ class OverlapPlan:
                 case_branch=data.get("case_branch", ""),
                 non_blocking=bool(data.get("non_blocking", False)),
                 core_limits=tuple(data["core_limits"]) if data.get("core_limits") else None,
+                guard=str(data.get("guard", "")),
+                guard_line=int(data.get("guard_line", 0)),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed plan: {exc}") from None

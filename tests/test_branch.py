@@ -135,6 +135,26 @@ FIX = {
         """,
         {"side": [(3, 4)], "fork": 3, "join": 7, "maybe": ("shared",)},
     ),
+    "guarded_side_and_main_work": (  # split: guarded fork before the if, guarded join after it
+        """
+        if self.use_shared:
+            s = self.shared_experts(x)
+            y = self.experts(x)
+        return y + s
+        """,
+        {"side": [(4, 4)], "fork": 3, "join": 6, "guard": ("self.use_shared", 3)},
+    ),
+    "guarded_join_in_else": (
+        """
+        w, idx = self.gate(x)
+        y = self.experts(x, w, idx)
+        if self.shared_mlp is None:
+            return y
+        else:
+            return y + self.shared_mlp(x)
+        """,
+        {"side": [(8, 8)], "fork": 3, "join": 8, "hoist": "shared_mlp_output", "guard": ("self.shared_mlp is not None", 5)},
+    ),
 }
 
 
@@ -148,6 +168,7 @@ def test_fix(name):
     if "hoist" in expected:
         assert plan.side[-1].hoist == expected["hoist"]
     assert plan.outputs_maybe_unbound == expected.get("maybe", ())
+    assert (plan.guard, plan.guard_line) == expected.get("guard", ("", 0))
 
 
 NOOP = {
@@ -209,16 +230,37 @@ NOOP = {
             y = y + self.shared_experts(x)
         return y
         """,
-        "conditional",
+        "both branches of `if self.fp32` call the side branch",
     ),
-    "compound_mixing_main_work": (
+    "condition_reads_router_output": (  # the fork would read `w` before the router wrote it
         """
-        if self.use_shared:
-            s = self.shared_experts(x)
-            y = self.experts(x)
-        return y + s
+        w, idx = self.gate(x)
+        y = self.experts(x, w, idx)
+        if w.sum() > 0:
+            y = y + self.shared_experts(x)
+        return y
         """,
-        "does not split",
+        "calls `w.sum`, which msrewrite cannot see into",
+    ),
+    "condition_reads_attribute_the_forward_assigns": (
+        """
+        w, idx = self.gate(x)
+        self.use_shared = w is not None
+        y = self.experts(x, w, idx)
+        if self.use_shared:
+            y = y + self.shared_experts(x)
+        return y
+        """,
+        "which this function assigns",
+    ),
+    "conditional_expression_in_join": (
+        """
+        w, idx = self.gate(x)
+        y = self.experts(x, w, idx)
+        y = y + (self.shared_experts(x) if self.has_shared else 0)
+        return y
+        """,
+        "conditional expression",
     ),
 }
 

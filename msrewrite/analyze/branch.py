@@ -21,6 +21,7 @@ from typing import Callable
 import libcst as cst
 from libcst.metadata import CodeRange
 
+from msrewrite.analyze.guards import Guard, invariance_problem, negate, source
 from msrewrite.analyze.defuse import (
     is_docstring,
     node_facts,
@@ -54,6 +55,9 @@ class SideBranch:
     phases: dict[int, int] = field(default_factory=dict)  # side statement index -> phase
     phase_anchors: list[str] = field(default_factory=list)
     facts: list[StatementFacts] = field(default_factory=list)
+    # The side statements sit inside this `if` (its block is spliced into `facts`, so indices are
+    # those of the function with the block flattened in place of the `if`).
+    guard: Guard | None = None
 
 
 class NoBranch(Exception):
@@ -107,9 +111,74 @@ def find_side_branch(
     anchors: tuple[str, ...] = (),
     phase_anchors: tuple[str, ...] | None = None,
 ) -> SideBranch:
-    """The side branch of `func`; `anchors` are main-stream values the side must start after."""
+    """The side branch of `func`; `anchors` are main-stream values the side must start after.
+
+    A side call inside an `if` that also does main work (or consumes the side result) is tried
+    again with that `if` split into a guarded fork and a guarded join, when its condition is
+    invariant over the window (analyze/guards.py)."""
     body = list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else []
     facts = statement_facts(body, positions)
+    try:
+        return _find_side_branch(func, body, facts, positions, is_seed, anchors, phase_anchors, None)
+    except NoBranch as unsplit:
+        guard = _splittable_if(func, facts, is_seed)
+        if guard is None:
+            raise
+        if isinstance(guard, str):
+            raise NoBranch(guard) from None
+        block = _guarded_block(facts[guard.index].node, guard.in_orelse)
+        flat = body[: guard.index] + block + body[guard.index + 1 :]
+        flat_facts = statement_facts(flat, positions)
+        try:
+            return _find_side_branch(func, body, flat_facts, positions, is_seed, anchors, phase_anchors, guard)
+        except NoBranch as split:
+            if "does not split" in str(unsplit) or "conditional inside the join" in str(unsplit):
+                raise NoBranch(f"{split} (with the `if` at line {guard.line} split)") from None
+            raise unsplit from None
+
+
+def _guarded_block(node: cst.If, in_orelse: bool) -> list[cst.BaseStatement]:
+    block = node.orelse.body if in_orelse else node.body  # type: ignore[union-attr]
+    return list(block.body)  # type: ignore[union-attr]
+
+
+def _splittable_if(func: cst.FunctionDef, facts: list[StatementFacts], is_seed: SeedPredicate) -> Guard | str | None:
+    """The one top-level `if` holding the side calls, when its condition is invariant; a reason
+    when it is there but cannot be split; None when no `if` holds them."""
+    holders = [f for f in facts if isinstance(f.node, cst.If) and has_seed(f.node, is_seed)]
+    if not holders:
+        return None
+    if len(holders) > 1 or any(has_seed(f.node, is_seed) for f in facts if f not in holders):
+        return None  # side calls in several places: the unsplit analysis's reason stands
+    holder = holders[0]
+    node = holder.node
+    assert isinstance(node, cst.If)
+    in_body = has_seed(node.body, is_seed)
+    orelse = node.orelse
+    if isinstance(orelse, cst.If):
+        return f"line {holder.first_line}: the side call sits in an `if`/`elif` chain, which msrewrite does not split"
+    in_orelse = orelse is not None and has_seed(orelse.body, is_seed)
+    if in_body and in_orelse:
+        return (
+            f"line {holder.first_line}: both branches of `if {source(node.test)}` call the side branch; "
+            "msrewrite does not merge them into one fork"
+        )
+    block = node.orelse.body if in_orelse else node.body  # type: ignore[union-attr]
+    if not isinstance(block, cst.IndentedBlock):
+        return f"line {holder.first_line}: a one-line `if` body cannot be split"
+    params = {p.name.value for p in (*func.params.params, *func.params.kwonly_params, *func.params.posonly_params)}
+    local_names = params | {name for f in facts for name in f.stores}
+    problem, locals_read = invariance_problem(node.test, func, facts, local_names)
+    if problem:
+        return (
+            f"line {holder.first_line}: the side call is inside `if {source(node.test)}`, whose condition "
+            f"{problem}: it may not read the same at an earlier fork"
+        )
+    condition = negate(node.test) if in_orelse else source(node.test)
+    return Guard(holder.index, holder.first_line, condition, in_orelse, locals_read, len(block.body))
+
+
+def _find_side_branch(func, body, facts, positions, is_seed, anchors, phase_anchors, guard: Guard | None) -> SideBranch:
     seeds = [f for f in facts if has_seed(f.node, is_seed)]
     if not seeds:
         raise NoBranch("no side-branch call in this function")
@@ -191,6 +260,15 @@ def find_side_branch(
             and all(g.index in pure for g in readers)
         ):
             pure.add(f.index)
+        # `shared = None` before `if self.shared_experts is not None: shared = ...`: the default
+        # of a side output moves with it, when only the side branch sees it
+        elif (
+            (guard is None or f.index in guard.inside)  # a default before a guarded `if` stays: see the fork
+            and _binds_constant(f.node)
+            and all(g.index in pure for g in readers)
+            and any(g.index in pure and f.stores <= g.stores for g in facts[f.index + 1 :])
+        ):
+            pure.add(f.index)
     whole = [facts[i] for i in sorted(pure)]
     impure = [f for f in seeds if depends_on_main[f.index]]
     side_idx = {f.index for f in whole}
@@ -235,6 +313,11 @@ def find_side_branch(
         )
     if join_fact in impure:
         for call in _seed_calls(join_fact.node, is_seed):
+            if id(call) in _conditional_calls(join_fact.node):
+                raise NoBranch(
+                    f"line {join_fact.first_line}: the side call is conditional inside the join (a conditional "
+                    "expression or `and`/`or`); hoisting it would run it unconditionally"
+                )
             where = positions[call]
             hoists.append(
                 Hoist(
@@ -252,8 +335,10 @@ def find_side_branch(
     defined: set[str] = set()
     units: list[tuple[int, set[str], set[str]]] = [(f.index, f.loads, f.stores) for f in whole]
     units += [(join, expression_loads(h.call), {h.temp}) for h in hoists]
+    params = {p.name.value for p in (*func.params.params, *func.params.kwonly_params, *func.params.posonly_params)}
+    local_names = params | {name for f in facts for name in f.stores}
     for _, loads, stores in units:
-        for name in sorted(loads - defined):
+        for name in sorted((loads & local_names) - defined):  # globals, builtins and None are no inputs
             if name not in inputs:
                 inputs.append(name)
         defined |= stores
@@ -267,6 +352,17 @@ def find_side_branch(
             if d is None:
                 continue
             fork = max(fork, d + 1)  # after the input exists, even when the main path made it
+    if guard is not None:
+        # the guarded fork evaluates the `if`'s condition: after every local it reads exists
+        for name in guard.locals_read:
+            d = reaching_def(name, guard.index, side_idx)
+            if d is not None:
+                fork = max(fork, d + 1)
+        # `shared = None` before the `if`: its default for when the condition is false; the
+        # side branch may only rebind it after it ran
+        for f in facts[fork : guard.index]:
+            if _binds_constant(f.node) and f.stores & set(side_stores):
+                fork = f.index + 1
     for anchor in anchors:
         d = reaching_def(anchor, join, side_idx)
         if d is None:
@@ -281,8 +377,6 @@ def find_side_branch(
                 )
 
     start = min([fork, *side_idx])
-    params = {p.name.value for p in (*func.params.params, *func.params.kwonly_params, *func.params.posonly_params)}
-    local_names = params | {name for f in facts for name in f.stores}
     aliases = _alias_closure(facts, set(inputs) & local_names, upto=join, local_names=local_names)
     for f in facts[start:join]:
         if f.index in side_idx:
@@ -305,8 +399,16 @@ def find_side_branch(
     if not any(f.has_call and f.self_calls for f in window):
         raise NoBranch("no main-path work between the fork and the join: nothing to overlap")
 
+    if guard is not None:
+        _check_guard(guard, facts, fork, join, side_idx, guard.size)
     rebound = sorted({name for f in window for name in f.stores if name in inputs})
-    maybe = [name for name in outputs if any(name in f.stores for f in whole if not isinstance(f.node, cst.SimpleStatementLine))]
+    # bound only inside an `if` of the side branch, with no default bound before it on the side
+    maybe = [
+        name
+        for name in outputs
+        if any(name in f.stores for f in whole if not isinstance(f.node, cst.SimpleStatementLine))
+        and not any(name in f.stores and _binds_constant(f.node) for f in whole)
+    ]
     phases: dict[int, int] = {}
     chosen_anchors: list[str] = []
     if phase_anchors is not None:
@@ -324,7 +426,69 @@ def find_side_branch(
         outputs=outputs,
         rebound_inputs=rebound,
         facts=facts,
+        guard=guard,
     )
+
+
+def _check_guard(guard: Guard, facts, fork: int, join: int, side_idx: set[int], block_len: int) -> None:
+    """The split is right only if the side work stays in the `if`'s block, the fork comes before
+    the `if`, and the condition reads the same at the fork as at the `if` (and at a join after it)."""
+    inside = range(guard.index, guard.index + block_len)
+    outside = sorted(i for i in side_idx if i not in inside)
+    if outside:
+        raise NoBranch(
+            f"line {facts[outside[0]].first_line}: side work outside the `if` at line {guard.line} "
+            "would run even when its condition is false"
+        )
+    if fork > guard.index:
+        raise NoBranch(
+            f"the side branch's inputs are computed inside the `if` at line {guard.line}: nothing to overlap before it"
+        )
+    # the condition is evaluated at the fork, at the `if`, and again at a join placed after it
+    until = guard.index if join in inside else join
+    for f in facts[fork:until]:
+        changed = (f.stores | f.mutates) & guard.locals_read
+        if changed:
+            raise NoBranch(
+                f"line {f.first_line} changes '{sorted(changed)[0]}', which the `if` at line {guard.line} "
+                "reads, between the fork and the `if`"
+            )
+    for i in side_idx:
+        changed = facts[i].stores & guard.locals_read
+        if changed:
+            raise NoBranch(f"line {facts[i].first_line}: the side branch rebinds '{sorted(changed)[0]}', which its `if` reads")
+
+
+def _conditional_calls(node: cst.CSTNode) -> set[int]:
+    """ids of the calls in `node` that run only on some paths: a conditional expression's branches,
+    the right side of `and`/`or`, lambdas and comprehensions."""
+    found: set[int] = set()
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            found.add(id(call))
+
+    class _Conditional(cst.CSTVisitor):
+        def _all(self, *parts: cst.CSTNode) -> None:
+            for part in parts:
+                part.visit(_Calls())
+
+        def visit_IfExp(self, n: cst.IfExp) -> None:
+            self._all(n.body, n.orelse)
+
+        def visit_BooleanOperation(self, n: cst.BooleanOperation) -> None:
+            self._all(n.right)
+
+        def visit_Lambda(self, n: cst.Lambda) -> None:
+            self._all(n.body)
+
+        def visit_ListComp(self, n) -> None:
+            self._all(n)
+
+        visit_SetComp = visit_GeneratorExp = visit_DictComp = visit_ListComp
+
+    node.visit(_Conditional())
+    return found
 
 
 def _allocates(stmt: cst.BaseStatement) -> bool:
@@ -336,6 +500,22 @@ def _allocates(stmt: cst.BaseStatement) -> bool:
         and isinstance(stmt.body[0].value, cst.Call)
     )
 
+
+
+def _binds_constant(stmt: cst.BaseStatement) -> bool:
+    """`name = None` (or another literal): a default, not work."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)):
+        return False
+    assign = stmt.body[0]
+    value = assign.value
+    return (
+        len(assign.targets) == 1
+        and isinstance(assign.targets[0].target, cst.Name)
+        and (
+            isinstance(value, (cst.Integer, cst.Float, cst.SimpleString))
+            or (isinstance(value, cst.Name) and value.value in ("None", "True", "False"))
+        )
+    )
 
 
 def _outer_loads(node: cst.CSTNode, is_seed: SeedPredicate) -> set[str]:

@@ -40,6 +40,11 @@ def _tree(text: str) -> ast.Module | None:
         return None
 
 
+def parsed_tree(text: str) -> ast.Module | None:
+    """The file's `ast` (cached, shared, read only), None when it does not parse."""
+    return _tree(text)
+
+
 @lru_cache(maxsize=8)
 def def_lines(text: str) -> dict[str, int]:
     """Qualified function name ("Class.method", nested classes dotted) -> line of its `def`."""

@@ -8,14 +8,16 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import libcst as cst
 import typer
 
 from msrewrite import cores
+from msrewrite.analyze.seeds import find_helpers
 from msrewrite.cases import Case, Options, find_targets
 from msrewrite.emit.engine import apply_plans, iter_functions, locate
 from msrewrite.emit.inline import inline_and_flatten
 from msrewrite.errors import EXIT_OK, BadInput, NothingToDo
-from msrewrite.load import git_root, load, parse_source, read_source
+from msrewrite.load import git_root, load, read_source
 from msrewrite.modes import resolve_mode
 from msrewrite.output.diff import unified_diff
 from msrewrite.output.inplace import write_in_place
@@ -135,10 +137,12 @@ def case_steps(
         raise BadInput(f"case {case.name} does not support mode {mode} (supports {', '.join(case.modes)})")
     function = plans_for_case(file, module, base, mode, target, flag, stream_tag, text=text)[0].function
     located = locate(module, function)
-    inlined_func = inline_and_flatten(module, located.cls, located.func, case.is_seed)
+    # helpers that do only side work (`self._forward_shared_experts(h)`) are inlined too
+    is_seed = find_helpers(module, located.cls, case.is_seed, functions=False).seed_predicate(case.is_seed)
+    inlined_func = inline_and_flatten(module, located.cls, located.func, is_seed)
     inlined = module.deep_replace(located.func, inlined_func)
     inlined_text = inlined.code
-    inlined = parse_source(file, inlined_text)
+    inlined = _parse_own_edit(inlined_text, f"inlining {case.what[0]} into {function}")
     plans = plans_for_case(file, inlined, case, mode, function, flag, stream_tag, start_gates, phase_anchors,
                            text=inlined_text)
     steps = []
@@ -153,6 +157,14 @@ def case_steps(
         ))
     steps.append(_plan_step(plans[0], inlined_text, apply_plans(inlined, plans, inlined_text).code))
     return steps
+
+
+def _parse_own_edit(text: str, what: str):
+    """Parse code msrewrite itself produced: a failure is our bug, never the user's input."""
+    try:
+        return cst.parse_module(text)
+    except cst.ParserSyntaxError as exc:
+        raise BadInput(f"internal error: {what} produced code that does not parse (line {exc.raw_line}); nothing written") from None
 
 
 def _branch_steps(file: Path, text: str, module, case: Case, mode: str, target: str | None, flag: FlagSpec) -> list[EditStep]:
@@ -181,7 +193,7 @@ def _branch_steps(file: Path, text: str, module, case: Case, mode: str, target: 
         target = target or plans[0].function  # every later branch edits the same function
         new_text = apply_plans(module, plans, text).code
         steps.append(_plan_step(plans[0], text, new_text))
-        text, module = new_text, parse_source(file, new_text)
+        text, module = new_text, _parse_own_edit(new_text, f"the {spec.name} edit")
     if not steps:
         if applied:
             raise NothingToDo(f"{case.name}: already applied, nothing to do")

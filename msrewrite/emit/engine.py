@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import libcst as cst
 
 from msrewrite.analyze.defuse import function_names
+from msrewrite.analyze.guards import conjoin, negate
+from msrewrite.analyze.guards import source as guard_source
 from msrewrite.analyze.positions import positions_for
 from msrewrite.emit import helpers as helper_text
 from msrewrite.emit.strategies import STRATEGIES, Context, Emission, Names, async_comm
@@ -262,6 +264,48 @@ def _splice(stmts: list[cst.BaseStatement], mapping) -> list[cst.BaseStatement]:
     return list(module.body)
 
 
+# Guarded side branches ------------------------------------------------------------------------------
+@dataclass
+class _GuardedIf:
+    """The top-level `if` (statement `index`) whose block holds a guarded plan's side statements."""
+
+    index: int
+    node: cst.If
+    in_orelse: bool
+
+    @property
+    def block(self) -> list[cst.BaseStatement]:
+        return list((self.node.orelse if self.in_orelse else self.node).body.body)  # type: ignore[union-attr]
+
+    @property
+    def inside(self) -> range:
+        return range(self.index, self.index + len(self.block))
+
+    def rebuild(self, statements: list[cst.BaseStatement]) -> cst.If:
+        if self.in_orelse:
+            orelse = self.node.orelse
+            return self.node.with_changes(orelse=orelse.with_changes(body=orelse.body.with_changes(body=statements)))  # type: ignore[union-attr]
+        return self.node.with_changes(body=self.node.body.with_changes(body=statements))
+
+
+def _guarded_if(body, spans, positions, plan: OverlapPlan) -> _GuardedIf:
+    index = _find_index(spans, plan.guard_line, "guarded if", plan)
+    node = body[index]
+    if not isinstance(node, cst.If) or not isinstance(node.body, cst.IndentedBlock):
+        raise BadInput(f"stale plan for {plan.function}: line {plan.guard_line} is not an `if` with a block")
+    first = min(s.first_line for s in plan.side)
+    orelse = node.orelse
+    in_orelse = (
+        isinstance(orelse, cst.Else)
+        and isinstance(orelse.body, cst.IndentedBlock)
+        and positions[orelse].start.line <= first <= positions[orelse].end.line
+    )
+    expected = negate(node.test) if in_orelse else guard_source(node.test)
+    if plan.guard != expected:  # the guard is emitted as code: it must be the `if`'s own condition
+        raise BadInput(f"stale plan for {plan.function}: the `if` at line {plan.guard_line} tests {expected!r}, not {plan.guard!r}")
+    return _GuardedIf(index, node, in_orelse)
+
+
 # The transform ----------------------------------------------------------------------------------
 @dataclass
 class PlannedEdit:
@@ -336,7 +380,17 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         raise BadInput(f"{plan.function}: a one-line function body cannot be split")
     body = list(func.body.body)
     spans = _body_positions(func, positions)
-    fork = _find_index(spans, plan.fork_line, "fork", plan)
+    guarded = _guarded_if(body, spans, positions, plan) if plan.guard else None
+    if guarded is not None:
+        # the `if`'s block spliced in its place: the indices below are those of the flat body
+        body = body[: guarded.index] + guarded.block + body[guarded.index + 1 :]
+        spans = spans[: guarded.index] + [(positions[s].start.line, positions[s].end.line) for s in guarded.block] + spans[guarded.index + 1 :]
+    if guarded is not None and plan.fork_line == plan.guard_line:
+        fork = guarded.index
+    else:
+        fork = _find_index(spans, plan.fork_line, "fork", plan)
+    if guarded is not None and fork > guarded.index:
+        raise BadInput(f"plan for {plan.function}: a guarded side branch must fork before its `if` (line {plan.guard_line})")
     at_end = plan.join_line == spans[-1][1] + 1  # join when the function falls off its end
     join = len(body) if at_end else _find_index(spans, plan.join_line, "join", plan)
 
@@ -429,6 +483,11 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         core_limits=plan.core_limits,
     )
     em = async_comm(ctx) if plan.sync == "async-comm" else STRATEGIES[plan.mode](ctx)
+    if guarded is not None:
+        if em.main_limit or em.main_limit_reset:
+            raise BadInput(f"plan for {plan.function}: core limits on a guarded side branch are not supported")
+        if any(i not in guarded.inside for i in whole):
+            raise BadInput(f"plan for {plan.function}: a guarded side statement lies outside its `if` (line {plan.guard_line})")
 
     # Side statements as they run on the side stream, by phase (0 = at the fork).
     hoist_assigns = [
@@ -454,7 +513,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         sends = [h for kind, h in handles if kind == "send"]
         em.join = [f"{h}.wait()" for h in recvs + sends]
     side_nodes = phase_nodes.get(0, [])
-    phase_blocks = _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what)
+    phase_blocks = _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what, guarded)
 
     # Runs of side statements left at their original place (they form the off path).
     runs: list[list[int]] = []
@@ -465,6 +524,12 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
             runs.append([i])
     fork_run = next((r for r in runs if r[0] == fork), None)
     join_run = next((r for r in runs if r[-1] == join - 1 and r is not fork_run), None)
+    join_guard = ""  # a join after a guarded `if` runs under its condition too
+    if guarded is not None:
+        fork_run = None  # the fork sits before the `if`; the side statements stay in it
+        if join not in guarded.inside:
+            join_run = None
+            join_guard = plan.guard
 
     def off_nodes(run: list[int] | None) -> list[cst.BaseStatement]:
         if not run:
@@ -488,8 +553,14 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         if em.async_comm
         else f"msrewrite({label}): {what} runs on side stream \"{plan.stream_tag}\" during {_main}."
     )
-    prelude = _with_leading(_parse_block(em.prelude), [_comment(opening)])
-    fork_block = _if_block(em.on_cond, on_branch, em.off_cond, off_nodes(fork_run))
+    notes = [_comment(opening)]
+    if plan.guard:
+        notes.append(
+            _comment(f"Only when {plan.guard}, as in the `if` below; nothing in between can change that.")
+        )
+    prelude = _with_leading(_parse_block(em.prelude), notes)
+    fork_cond = conjoin(em.on_cond, plan.guard) if plan.guard else em.on_cond
+    fork_block = _if_block(fork_cond, on_branch, em.off_cond, off_nodes(fork_run))
     if prelude_at == fork:
         fork_block = prelude + fork_block
     if fork_run:
@@ -498,7 +569,8 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
     # Join block.
     join_off = off_nodes(join_run) + hoist_assigns  # the off path computes what the join reads, as before
     join_on = _parse_block(em.join) if em.join else []
-    join_block = _if_block(em.on_cond, join_on, em.off_cond, join_off) if (join_on or join_off) else []
+    join_cond = conjoin(em.on_cond, join_guard) if join_guard else em.on_cond
+    join_block = _if_block(join_cond, join_on, em.off_cond, join_off) if (join_on or join_off) else []
     join_stmt = body[join] if join < len(body) else cst.SimpleStatementLine(body=[cst.Pass()])
     for call, temp in hoists:
         join_stmt = join_stmt.deep_replace(call, cst.Name(temp))  # type: ignore[assignment]
@@ -527,7 +599,10 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
     new_body: list[cst.BaseStatement] = []
     window_start: int | None = None  # where the main work between fork and join begins in new_body
     in_fork_or_join = set(fork_run or []) | set(join_run or [])
+    block_start = block_end = None  # where the guarded `if`'s block lies in new_body
     for i, stmt in enumerate(body):
+        if guarded is not None and i == guarded.index + len(guarded.block):
+            block_end = len(new_body)
         if i == join and window_start is not None and em.main_limit:
             new_body[window_start:] = _wrap(em.main_limit, new_body[window_start:], plan, label)
         if i == prelude_at and prelude_at != fork:
@@ -537,6 +612,8 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         if i == fork:
             new_body += fork_block
             window_start = len(new_body)
+        if guarded is not None and i == guarded.index:
+            block_start = len(new_body)
         if i in whole:
             if i in in_fork_or_join:
                 continue
@@ -551,6 +628,9 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
             continue
         new_body.append(stmt)
         new_body += phase_blocks.get(i, [])
+    if guarded is not None:
+        end = len(new_body) if block_end is None else block_end
+        new_body[block_start:end] = [guarded.rebuild(new_body[block_start:end])]
     if join == len(body):
         if window_start is not None and em.main_limit:
             new_body[window_start:] = _wrap(em.main_limit, new_body[window_start:], plan, label)
@@ -568,7 +648,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
     return PlannedEdit(plan, func, new_func, init, new_init, em, cls, names.stream_attr)
 
 
-def _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what) -> dict[int, list[cst.BaseStatement]]:
+def _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what, guarded=None) -> dict[int, list[cst.BaseStatement]]:
     """body index of each phase's anchor -> the block that re-enters the side stream after it."""
     from msrewrite.analyze.defuse import node_facts, statement_facts
 
@@ -602,7 +682,9 @@ def _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what) -> 
         with_stmt = (
         _splice(_parse_block([em.with_open, "    __ms_side__"]), {"__ms_side__": inner}) if em.with_open else inner
     )
-        block = _if_block(em.on_cond, [*_parse_block(em.phase_head), *with_stmt], em.off_cond, [])
+        # a phase re-entered before the guarded `if` runs under its condition too
+        cond = conjoin(em.on_cond, plan.guard) if guarded is not None and at not in guarded.inside else em.on_cond
+        block = _if_block(cond, [*_parse_block(em.phase_head), *with_stmt], em.off_cond, [])
         note = f"msrewrite({plan.case}): phase {p} of {what} re-enters the side stream after {anchor}."
         blocks[at] = _with_leading(block, [_comment(note)])
     return blocks

@@ -46,7 +46,11 @@ class _Namer:
 
 
 def _bare(expr: cst.BaseExpression) -> cst.BaseExpression:
-    return expr.with_changes(lpar=[], rpar=[]) if hasattr(expr, "lpar") else expr
+    """`expr` without its outer parentheses, unless they hold it together across lines
+    (`(a\n if c\n else b)` is only valid Python inside them)."""
+    if not getattr(expr, "lpar", None) or "\n" in cst.Module(body=[]).code_for_node(expr.with_changes(lpar=[], rpar=[])):
+        return expr
+    return expr.with_changes(lpar=[], rpar=[])
 
 
 def _assign(name: str, value: cst.BaseExpression) -> cst.SimpleStatementLine:
@@ -111,12 +115,12 @@ def flatten(
 class _Rebase(cst.CSTTransformer):
     """Inside an inlined forward: self -> self.<sub>, parameters -> arguments, locals -> fresh names."""
 
-    def __init__(self, sub: str, renames: dict[str, str]) -> None:
+    def __init__(self, sub: str | None, renames: dict[str, str]) -> None:
         self.sub, self.renames = sub, renames
 
     def leave_Attribute(self, original, updated):
         updated = updated.with_changes(attr=original.attr)  # a field name, never a local
-        if isinstance(original.value, cst.Name) and original.value.value == "self":
+        if self.sub is not None and isinstance(original.value, cst.Name) and original.value.value == "self":
             return updated.with_changes(value=cst.Attribute(value=cst.Name("self"), attr=cst.Name(self.sub)))
         return updated
 
@@ -155,18 +159,7 @@ def _simple_forward(module: cst.Module, class_name: str) -> cst.FunctionDef | No
         if isinstance(stmt, cst.ClassDef) and stmt.name.value == class_name:
             for item in stmt.body.body:  # type: ignore[union-attr]
                 if isinstance(item, cst.FunctionDef) and item.name.value == "forward":
-                    body = item.body.body if isinstance(item.body, cst.IndentedBlock) else []
-                    if not body or not all(isinstance(s, cst.SimpleStatementLine) for s in body):
-                        return None
-                    last = body[-1].body  # type: ignore[union-attr]
-                    if len(last) != 1 or not isinstance(last[0], cst.Return) or last[0].value is None:
-                        return None
-                    params = item.params
-                    if params.star_arg is not cst.MaybeSentinel.DEFAULT and params.star_arg is not None:
-                        return None
-                    if params.kwonly_params or params.star_kwarg:
-                        return None
-                    return item
+                    return item if _straight_line(item) else None
     return None
 
 
@@ -190,13 +183,21 @@ def _fold_named_return(body: list[cst.BaseStatement]) -> list[cst.BaseStatement]
 
 
 def _inline_call(
-    call: cst.Call, sub: str, forward: cst.FunctionDef, namer: _Namer, out: list[cst.BaseStatement]
+    call: cst.Call,
+    sub: str | None,
+    forward: cst.FunctionDef,
+    namer: _Namer,
+    out: list[cst.BaseStatement],
+    inline: "Inliner | None" = None,
 ) -> cst.BaseExpression | None:
+    """The statements of `forward` for `call` appended to `out`, its result returned; `sub` is the
+    submodule `self` stands for inside it (None: a method of the caller's own class)."""
     params = [p.name.value for p in forward.params.params][1:]
     if len(call.args) != len(params) or any(a.keyword is not None or a.star for a in call.args):
         return None
     body = list(forward.body.body)  # type: ignore[union-attr]
     body = _fold_named_return(body)
+    prefix = f"{sub}_" if sub else ""
     stored = set()
     for stmt in body[:-1]:
         stored |= node_facts(stmt).stores
@@ -206,36 +207,77 @@ def _inline_call(
         if isinstance(value, cst.Name) and param not in stored:
             renames[param] = value.value
         else:  # the forward reassigns its parameter: never rebind the caller's variable
-            renames[param] = namer(f"{sub}_{param}", suffix="")
+            renames[param] = namer(f"{prefix}{param}", suffix="")
             out.append(_assign(renames[param], value))
     local_names = function_names(forward.body) - set(params) - {"self"}
     for name in sorted(stored & local_names):
-        renames[name] = namer(f"{sub}_{name}", suffix="")
+        renames[name] = namer(f"{prefix}{name}", suffix="")
     rebase = _Rebase(sub, renames)
     for stmt in body[:-1]:
         for small in stmt.visit(rebase).body:  # type: ignore[union-attr]
             if isinstance(small, cst.Assign) and len(small.targets) == 1:
-                value = flatten(small.value, namer, out, False)
+                value = flatten(small.value, namer, out, False, inline)
                 out.append(cst.SimpleStatementLine(body=[small.with_changes(value=_bare(value))]))
             else:
                 out.append(cst.SimpleStatementLine(body=[small]))
     result = body[-1].body[0].value.visit(rebase)  # type: ignore[union-attr]
-    return flatten(result, namer, out, False)
+    return flatten(result, namer, out, False, inline)
+
+
+def _simple_method(cls: cst.ClassDef | None, name: str) -> cst.FunctionDef | None:
+    """A method of `cls` written as straight-line statements ending in `return <value>`."""
+    if cls is None or not isinstance(cls.body, cst.IndentedBlock):
+        return None
+    for item in cls.body.body:
+        if isinstance(item, cst.FunctionDef) and item.name.value == name:
+            return item if _straight_line(item) else None
+    return None
+
+
+def _straight_line(item: cst.FunctionDef) -> bool:
+    body = item.body.body if isinstance(item.body, cst.IndentedBlock) else []
+    if not body or not all(isinstance(s, cst.SimpleStatementLine) for s in body):
+        return False
+    last = body[-1].body  # type: ignore[union-attr]
+    if len(last) != 1 or not isinstance(last[0], cst.Return) or last[0].value is None:
+        return False
+    params = item.params
+    if params.star_arg is not cst.MaybeSentinel.DEFAULT and params.star_arg is not None:
+        return False
+    return not (params.kwonly_params or params.star_kwarg)
 
 
 def inline_and_flatten(
     module: cst.Module, cls: cst.ClassDef | None, func: cst.FunctionDef, is_seed: Callable[[str], bool]
 ) -> cst.FunctionDef:
     """`func` with every top-level side statement (`name = <expr with seed calls>`) flattened and
-    its `self.<sub>(...)` calls inlined where the submodule's forward allows it."""
+    its `self.<sub>(...)` calls inlined where the submodule's forward allows it; a helper method
+    of the same class (`self._forward_shared_experts(x)`) is inlined with `self` unchanged. Side
+    statements in the block of a top-level `if` (a guarded shared expert) are flattened too."""
     subclasses = _submodule_classes(cls) if cls is not None else {}
     namer = _Namer(function_names(func))
-    new_body: list[cst.BaseStatement] = []
-    for stmt in func.body.body:  # type: ignore[union-attr]
+
+    def in_block(block: cst.BaseSuite) -> cst.BaseSuite:
+        if not isinstance(block, cst.IndentedBlock):
+            return block
+        return block.with_changes(body=flatten_statements(block.body))
+
+    def flatten_statements(statements) -> list[cst.BaseStatement]:
+        new_body: list[cst.BaseStatement] = []
+        for stmt in statements:
+            if isinstance(stmt, cst.If) and statements is func.body.body:  # type: ignore[union-attr]
+                orelse = stmt.orelse
+                if isinstance(orelse, cst.Else):
+                    orelse = orelse.with_changes(body=in_block(orelse.body))
+                new_body.append(stmt.with_changes(body=in_block(stmt.body), orelse=orelse))
+                continue
+            new_body += flatten_statement(stmt)
+        return new_body
+
+    def flatten_statement(stmt: cst.BaseStatement) -> list[cst.BaseStatement]:
         small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
         if not (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name)):
-            new_body.append(stmt)
-            continue
+            return [stmt]
         seeds = []
 
         class _Seeds(cst.CSTVisitor):
@@ -246,16 +288,18 @@ def inline_and_flatten(
 
         small.value.visit(_Seeds())
         if not seeds:
-            new_body.append(stmt)
-            continue
+            return [stmt]
         out: list[cst.BaseStatement] = []
 
         def inline(call: cst.Call, namer: _Namer, out: list) -> cst.BaseExpression | None:
             callee = self_callee(call.func)
             if not callee or "." in callee or not is_seed(callee):
                 return None
-            forward = _simple_forward(module, subclasses.get(callee, ""))
-            return _inline_call(call, callee, forward, namer, out) if forward is not None else None
+            if callee in subclasses:
+                forward = _simple_forward(module, subclasses[callee])
+                return _inline_call(call, callee, forward, namer, out) if forward is not None else None
+            method = _simple_method(cls, callee)  # a helper method: its body, `self` unchanged
+            return _inline_call(call, None, method, namer, out, inline) if method is not None else None
 
         value = flatten(small.value, namer, out, False, inline)
         out.append(
@@ -264,5 +308,6 @@ def inline_and_flatten(
             )
         )
         out[0] = out[0].with_changes(leading_lines=stmt.leading_lines)
-        new_body += out
-    return func.with_changes(body=func.body.with_changes(body=new_body))
+        return out
+
+    return func.with_changes(body=func.body.with_changes(body=flatten_statements(func.body.body)))  # type: ignore[union-attr]

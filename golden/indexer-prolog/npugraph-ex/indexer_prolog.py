@@ -120,7 +120,7 @@ class Indexer(nn.Module):
         indexer_q_stream = self.indexer_q_stream
         if indexer_q_stream is not None:
             fork_event, join_event = self.indexer_q_events
-            _ms_record_stream(indexer_q_stream, qr, bsz, seqlen, torch, None, apply_rope, cos, sin)
+            _ms_record_stream(indexer_q_stream, qr, bsz, seqlen, cos, sin)
             fork_event.record()
             with torch.npu.stream(indexer_q_stream):
                 fork_event.wait()

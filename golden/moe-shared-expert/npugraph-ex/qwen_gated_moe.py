@@ -84,7 +84,7 @@ class SparseMoeBlock(nn.Module):
         shared_expert_stream = self.shared_expert_stream
         if shared_expert_stream is not None:
             fork_event, join_event = self.shared_expert_events
-            _ms_record_stream(shared_expert_stream, hidden_states, F)
+            _ms_record_stream(shared_expert_stream, hidden_states)
             fork_event.record()
             with torch.npu.stream(shared_expert_stream):
                 fork_event.wait()

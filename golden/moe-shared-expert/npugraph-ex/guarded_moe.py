@@ -1,0 +1,123 @@
+"""A serving-style MoE block: the shared expert is optional, built only when the config asks for it.
+
+The block tests `self.shared_experts is not None` where it uses the shared expert, after the
+routed experts, as SGLang and vLLM model files do. `make()` builds it with example inputs for
+`msrewrite verify`.
+"""
+
+import os
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# msrewrite: multi-stream helpers (npugraph-ex mode). With the flag off, or without
+# the backend, each one falls back to the original single-stream behaviour.
+try:
+    import torch_npu  # noqa: F401  (registers torch.npu)
+except ImportError:  # no NPU stack: the side stream stays off
+    torch_npu = None
+
+_MS_SIDE_STREAMS = {}  # tag -> stream, one per process, shared by every layer
+
+
+def _ms_env_flag(name, default):
+    """A boolean switch from the environment: 1/true/yes/on enable it, 0/false/no/off disable it."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    return value in ("1", "true", "yes", "on")
+
+
+def _ms_side_stream(tag, enabled=True):
+    """The side stream for `tag`, created on first use and shared by every layer; None when off."""
+    if not enabled or not hasattr(torch, "npu"):
+        return None
+    stream = _MS_SIDE_STREAMS.get(tag)
+    if stream is None:
+        stream = _MS_SIDE_STREAMS[tag] = torch.npu.Stream()
+    return stream
+
+
+def _ms_stream_events(stream):
+    """The (fork, join) event pair of one module: created once so graph capture and replay reuse them."""
+    if stream is None:
+        return None
+    return torch.npu.Event(), torch.npu.Event()
+
+
+def _ms_record_stream(stream, *values):
+    """Mark tensors as in use on `stream`, so the caching allocator cannot hand their memory out early."""
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            value.record_stream(stream)
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden_size, intermediate_size):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class Experts(nn.Module):
+    def __init__(self, hidden_size, intermediate_size, num_experts):
+        super().__init__()
+        self.experts = nn.ModuleList(MLP(hidden_size, intermediate_size) for _ in range(num_experts))
+
+    def forward(self, hidden_states, topk_weights, topk_ids):
+        out = torch.zeros_like(hidden_states)
+        for expert_idx, expert in enumerate(self.experts):
+            token_idx, slot = torch.where(topk_ids == expert_idx)
+            if token_idx.numel() == 0:
+                continue
+            out.index_add_(0, token_idx, expert(hidden_states[token_idx]) * topk_weights[token_idx, slot, None])
+        return out
+
+
+class SparseMoeBlock(nn.Module):
+    def __init__(self, hidden_size=64, intermediate_size=32, num_experts=8, top_k=2, n_shared_experts=1):
+        super().__init__()
+        self.top_k = top_k
+        self.gate = nn.Linear(hidden_size, num_experts, bias=False)
+        self.experts = Experts(hidden_size, intermediate_size, num_experts)
+        self.shared_experts = MLP(hidden_size, intermediate_size * n_shared_experts) if n_shared_experts else None
+        # msrewrite(moe-shared-expert): ENABLE_MOE_SHARED_EXPERT_STREAM=0 turns the side stream off.
+        self.enable_moe_shared_expert_stream = _ms_env_flag("ENABLE_MOE_SHARED_EXPERT_STREAM", True)
+        # Stream and events are created once: graph capture and replay must see the same objects.
+        self.shared_expert_stream = _ms_side_stream("shared_expert", self.enable_moe_shared_expert_stream)
+        self.shared_expert_events = _ms_stream_events(self.shared_expert_stream)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        # msrewrite(moe-shared-expert): the shared expert runs on side stream "shared_expert" during the routed experts.
+        # Only when self.shared_experts is not None, as in the `if` below; nothing in between can change that.
+        shared_expert_stream = self.shared_expert_stream
+        if shared_expert_stream is not None and self.shared_experts is not None:
+            fork_event, join_event = self.shared_expert_events
+            _ms_record_stream(shared_expert_stream, hidden_states)
+            fork_event.record()
+            with torch.npu.stream(shared_expert_stream):
+                fork_event.wait()
+                shared_output = self.shared_experts(hidden_states)
+                join_event.record()
+        num_tokens, hidden_dim = hidden_states.shape
+        router_logits = self.gate(hidden_states)
+        topk_weights, topk_ids = torch.topk(router_logits.softmax(dim=-1), self.top_k, dim=-1)
+        final_hidden_states = self.experts(hidden_states, topk_weights, topk_ids)
+        if self.shared_experts is not None:
+            # msrewrite(moe-shared-expert): join the side stream before the first use of shared_output.
+            if shared_expert_stream is not None:
+                join_event.wait()
+                _ms_record_stream(torch.npu.current_stream(), shared_output)
+            else:
+                shared_output = self.shared_experts(hidden_states)
+            final_hidden_states += shared_output
+        return final_hidden_states.view(num_tokens, hidden_dim)
+
+
+def make():
+    torch.manual_seed(0)
+    return SparseMoeBlock().eval(), (torch.randn(16, 64),)

@@ -1,0 +1,301 @@
+"""Conditions that cannot change over an overlap window, and the `if`s they guard.
+
+Serving code wraps the shared expert in an `if` on configuration:
+
+    if self.shared_experts is not None:
+        shared = self.shared_experts(hidden_states)
+        out += shared
+
+The side call cannot move out of that `if` unconditionally, but it can move under the same
+condition: a guarded fork (`if <stream> and <condition>:`) as early as its inputs exist, and the
+original `if`, which now holds the join. That is only right when the condition reads the same
+at the fork as at the `if`; `invariance_problem` says why not when it cannot show that.
+
+A condition is invariant when it reads only
+  - attributes of `self` (configuration, submodules) that the function never assigns,
+  - tensor shapes (`x.shape[0]`, `x.size(0)`, `x.dim()`, `x.ndim`, `x.numel()`, `len(x)`),
+  - `NAME is None` / `NAME is not None` on a local (identity, not data),
+  - locals bound only from such expressions (`num_tokens = x.shape[0]`),
+  - constants and module-level names that no function rebinds (`global`),
+combined by comparisons, `not`, `and`, `or` and arithmetic; the caller checks that no local it
+reads is rebound or written in place between the fork and the `if`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from msrewrite.analyze.defuse import StatementFacts, dotted_name
+
+_EMPTY = cst.Module(body=[])
+_SHAPE_ATTRS = frozenset({"shape", "ndim", "is_cuda", "device", "dtype"})
+_SHAPE_METHODS = frozenset({"size", "dim", "numel", "ndimension", "nelement"})
+_PURE_BUILTINS = frozenset({"len", "isinstance", "hasattr", "getattr"})
+# the negation of each comparison operator, for `else:` branches (`is None` -> `is not None`)
+_NEGATED = {
+    cst.Is: cst.IsNot,
+    cst.IsNot: cst.Is,
+    cst.Equal: cst.NotEqual,
+    cst.NotEqual: cst.Equal,
+    cst.LessThan: cst.GreaterThanEqual,
+    cst.GreaterThanEqual: cst.LessThan,
+    cst.GreaterThan: cst.LessThanEqual,
+    cst.LessThanEqual: cst.GreaterThan,
+    cst.In: cst.NotIn,
+    cst.NotIn: cst.In,
+}
+
+
+@dataclass(frozen=True)
+class Guard:
+    """The `if` at top-level statement `index` runs the side branch in its `body` (or `orelse`)
+    when `condition` (already negated for the `else:` branch) holds."""
+
+    index: int
+    line: int
+    condition: str
+    in_orelse: bool
+    locals_read: frozenset[str]  # function locals the condition reads (must not change before the `if`)
+    size: int = 0  # statements in the guarded block
+
+    @property
+    def inside(self) -> range:
+        return range(self.index, self.index + self.size)
+
+
+def source(node: cst.CSTNode) -> str:
+    return _EMPTY.code_for_node(node).strip()
+
+
+def negate(test: cst.BaseExpression) -> str:
+    """`not test`, written the way a person would: `x is None` -> `x is not None`."""
+    bare = test.with_changes(lpar=[], rpar=[]) if hasattr(test, "lpar") else test
+    if isinstance(bare, cst.UnaryOperation) and isinstance(bare.operator, cst.Not):
+        return source(bare.expression.with_changes(lpar=[], rpar=[]))
+    if isinstance(bare, cst.Comparison) and len(bare.comparisons) == 1:
+        target = bare.comparisons[0]
+        flipped = _NEGATED.get(type(target.operator))
+        if flipped is not None:
+            op = target.operator
+            new_op = flipped(whitespace_before=op.whitespace_before, whitespace_after=op.whitespace_after) if flipped not in (
+                cst.IsNot,
+                cst.NotIn,
+            ) else flipped(
+                whitespace_before=op.whitespace_before,
+                whitespace_between=cst.SimpleWhitespace(" "),
+                whitespace_after=op.whitespace_after,
+            )
+            return source(bare.with_changes(comparisons=[target.with_changes(operator=new_op)]))
+    if isinstance(bare, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
+        return f"not {source(bare)}"
+    return f"not ({source(bare)})"
+
+
+def conjoin(first: str, condition: str) -> str:
+    """`first and condition`, parenthesizing a condition that `and` would otherwise split."""
+    expr = cst.parse_expression(condition)
+    if isinstance(expr, (cst.BooleanOperation, cst.IfExp, cst.Lambda, cst.NamedExpr)) and not expr.lpar:
+        condition = f"({condition})"
+    return f"{first} and {condition}"
+
+
+def assigned_self_attrs(func: cst.FunctionDef) -> set[str]:
+    """First attribute of every `self.<a>...` the function assigns, deletes or setattr()s."""
+    names: set[str] = set()
+
+    def note(target: cst.BaseExpression) -> None:
+        while isinstance(target, (cst.Attribute, cst.Subscript)):
+            inner = target.value
+            if isinstance(target, cst.Attribute) and isinstance(inner, cst.Name) and inner.value == "self":
+                names.add(target.attr.value)
+                return
+            target = inner
+        if isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                note(element.value)
+
+    class _Writes(cst.CSTVisitor):
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            note(node.target)
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            note(node.target)
+
+        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+            note(node.target)
+
+        def visit_Del(self, node: cst.Del) -> None:
+            note(node.target)
+
+        def visit_Call(self, node: cst.Call) -> None:
+            if dotted_name(node.func) in ("setattr", "delattr", "object.__setattr__") and node.args:
+                first = node.args[0].value
+                if isinstance(first, cst.Name) and first.value == "self":
+                    names.add("*")  # any attribute
+
+    func.body.visit(_Writes())
+    return names
+
+
+def global_names(module_or_func: cst.CSTNode) -> set[str]:
+    """Names some function declares `global` (so a call may rebind them)."""
+    names: set[str] = set()
+
+    class _Globals(cst.CSTVisitor):
+        def visit_Global(self, node: cst.Global) -> None:
+            names.update(item.name.value for item in node.names)
+
+    module_or_func.visit(_Globals())
+    return names
+
+
+class _Checker:
+    """Walks a condition; `problem` is the first reason it is not provably invariant."""
+
+    def __init__(self, func: cst.FunctionDef, facts: list[StatementFacts], locals_: set[str]) -> None:
+        self.self_writes = assigned_self_attrs(func)
+        self.globals = global_names(func)
+        self.facts = facts
+        self.locals = locals_
+        self.locals_read: set[str] = set()
+        self.seen: set[str] = set()
+
+    def check(self, expr: cst.BaseExpression) -> str | None:
+        if isinstance(expr, (cst.Integer, cst.Float, cst.SimpleString, cst.ConcatenatedString)):
+            return None
+        if isinstance(expr, cst.Name):
+            return self._name(expr.value)
+        if isinstance(expr, cst.Attribute):
+            return self._attribute(expr)
+        if isinstance(expr, cst.UnaryOperation):
+            return self.check(expr.expression)
+        if isinstance(expr, cst.BooleanOperation):
+            return self.check(expr.left) or self.check(expr.right)
+        if isinstance(expr, cst.BinaryOperation):
+            return self.check(expr.left) or self.check(expr.right)
+        if isinstance(expr, cst.Comparison):
+            if self._identity_test(expr):
+                return None
+            return self.check(expr.left) or next(
+                (p for p in (self.check(c.comparator) for c in expr.comparisons) if p), None
+            )
+        if isinstance(expr, cst.Subscript):
+            bad = self.check(expr.value)
+            for element in expr.slice:
+                index = element.slice
+                if isinstance(index, cst.Index):
+                    bad = bad or self.check(index.value)
+                else:
+                    bad = bad or "slices a value"
+            return bad
+        if isinstance(expr, (cst.Tuple, cst.List)):
+            return next((p for p in (self.check(e.value) for e in expr.elements) if p), None)
+        if isinstance(expr, cst.Call):
+            return self._call(expr)
+        return f"uses {type(expr).__name__.lower()} `{source(expr)}`"
+
+    # pieces --------------------------------------------------------------------------------
+    def _name(self, name: str) -> str | None:
+        if name in ("None", "True", "False", "self"):
+            return None
+        if name in self.locals:
+            return self._local_value(name)
+        if name in self.globals:
+            return f"reads `{name}`, which a function rebinds with `global`"
+        return None  # a module-level constant, a builtin or an import
+
+    def _local_value(self, name: str) -> str | None:
+        """A bare local is invariant only when every binding of it is itself invariant."""
+        self.locals_read.add(name)
+        if name in self.seen:
+            return None
+        self.seen.add(name)
+        bindings = [f for f in self.facts if name in f.stores]
+        if not bindings:
+            return f"reads the value of `{name}`, which may change"  # a parameter: its value is data
+        for f in bindings:
+            value = _assigned_value(f.node, name)
+            if value is None:
+                return f"reads `{name}`, bound at line {f.first_line} by more than a plain assignment"
+            bad = self.check(value)
+            if bad:
+                return bad
+        return None
+
+    def _attribute(self, expr: cst.Attribute) -> str | None:
+        chain = dotted_name(expr)
+        if chain is not None and chain.startswith("self."):
+            first = chain.split(".")[1]
+            if first in self.self_writes or "*" in self.self_writes:
+                return f"reads `{chain}`, which this function assigns"
+            return None
+        if expr.attr.value in _SHAPE_ATTRS:
+            return self._shape_of(expr.value)
+        return f"reads `{source(expr)}`, an attribute of a value that may change"
+
+    def _shape_of(self, value: cst.BaseExpression) -> str | None:
+        root = value
+        while isinstance(root, (cst.Attribute, cst.Subscript)):
+            root = root.value
+        if isinstance(root, cst.Name):
+            if root.value in self.locals:
+                self.locals_read.add(root.value)
+                return None
+            return self._name(root.value)
+        return f"reads the shape of `{source(value)}`"
+
+    def _call(self, call: cst.Call) -> str | None:
+        func = call.func
+        if isinstance(func, cst.Attribute) and func.attr.value in _SHAPE_METHODS:
+            bad = self._shape_of(func.value)
+            return bad or next((p for p in (self.check(a.value) for a in call.args) if p), None)
+        name = dotted_name(func)
+        if name in _PURE_BUILTINS and name not in self.locals:
+            if name == "len" and call.args:
+                return self._shape_of(call.args[0].value)
+            return next((p for p in (self.check(a.value) for a in call.args) if p), None)
+        return f"calls `{source(func)}`, which msrewrite cannot see into"
+
+    def _identity_test(self, expr: cst.Comparison) -> bool:
+        """`NAME is None` / `NAME is not None` on a local: identity does not depend on tensor data."""
+        if len(expr.comparisons) != 1 or not isinstance(expr.comparisons[0].operator, (cst.Is, cst.IsNot)):
+            return False
+        left, right = expr.left, expr.comparisons[0].comparator
+        if isinstance(right, cst.Name) and right.value == "None" and isinstance(left, cst.Name):
+            if left.value in self.locals:
+                self.locals_read.add(left.value)
+                return True
+        return False
+
+
+def _assigned_value(stmt: cst.BaseStatement, name: str) -> cst.BaseExpression | None:
+    """The value of `name = <value>` (or `a, name = <shape>`), else None."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return None
+    small = stmt.body[0]
+    if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name):
+        return small.value
+    if not isinstance(small, cst.Assign) or len(small.targets) != 1:
+        return None
+    target = small.targets[0].target
+    if isinstance(target, cst.Name):
+        return small.value if target.value == name else None
+    if isinstance(target, (cst.Tuple, cst.List)):
+        # `num_tokens, hidden = x.shape`: each element of a shape is a shape
+        value = small.value
+        if isinstance(value, cst.Attribute) and value.attr.value == "shape":
+            return value
+        if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "size":
+            return value
+    return None
+
+
+def invariance_problem(
+    test: cst.BaseExpression, func: cst.FunctionDef, facts: list[StatementFacts], locals_: set[str]
+) -> tuple[str | None, frozenset[str]]:
+    """(why `test` may change during the window, or None; the locals it reads)."""
+    checker = _Checker(func, facts, locals_)
+    problem = checker.check(test)
+    return problem, frozenset(checker.locals_read)

@@ -1,0 +1,265 @@
+"""Side work behind helpers, side work the framework or the model already overlaps, the API family
+a function speaks, and the phased inliner on serving code.
+
+The helper model (tests/fixtures/deepep_helper_moe.py) has the shape of SGLang 0.5's
+`Qwen2MoeSparseMoeBlock._forward_deepep`: the shared expert reached through
+`self._forward_shared_experts(h)`, next to the router inside `if hidden_states.shape[0] > 0:`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from msrewrite.commands.apply import case_steps
+from msrewrite.errors import BadInput, NothingToDo
+from msrewrite.load import load
+from msrewrite.modes import detect_mode
+from msrewrite.plan import FlagSpec
+from msrewrite.verify import verify_files
+
+FIXTURES = Path(__file__).parent / "fixtures"
+FLAG = FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM")
+
+
+def edit(path: Path, case: str = "moe-shared-expert", mode: str = "eager", target: str | None = None) -> str:
+    src = load(path)
+    return case_steps(path, src.text, src.module, case, mode, target, FLAG, None)[-1].new
+
+
+def edit_and_verify(tmp_path: Path, source: Path, case: str, mode: str) -> str:
+    original = tmp_path / source.name
+    shutil.copy(source, original)
+    edited = tmp_path / f"{source.stem}_ms.py"
+    text = edit(original, case, mode)
+    edited.write_text(text)
+    result = verify_files(edited, original=original)
+    assert result.ok, result.problems
+    assert any(stream != "main" for stream in result.runs[2].streams)
+    return text
+
+
+@pytest.mark.parametrize("mode", ["eager", "npugraph-ex", "ge-graph", "cuda"])
+def test_deepep_helper_gets_the_shared_expert_edit(tmp_path, mode):
+    text = edit_and_verify(tmp_path, FIXTURES / "deepep_helper_moe.py", "moe-shared-expert", mode)
+    deepep = text[text.index("def _forward_deepep") :]
+    # the helper call is the side work, forked under the `if`'s condition before the router
+    assert "and hidden_states.shape[0] > 0:" in deepep.split("router_logits = self.gate")[0]
+    assert "shared_output = self._forward_shared_experts(hidden_states)" in deepep
+
+
+@pytest.mark.parametrize("mode", ["eager", "ge-graph", "cuda"])
+def test_deepep_helper_gets_the_phased_edit(tmp_path, mode):
+    text = edit_and_verify(tmp_path, FIXTURES / "deepep_helper_moe.py", "moe-shared-expert-phased", mode)
+    deepep = text[text.index("def _forward_deepep") :]
+    assert "self._forward_shared_experts(" not in deepep  # inlined, `self` kept
+    assert "self.shared_expert.down_proj(" in deepep
+    assert "phase 1 of the shared expert re-enters the side stream after router_logits" in deepep
+    assert "phase 2 of the shared expert re-enters the side stream after topk_output" in deepep
+
+
+BLOCK = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden):
+        super().__init__()
+        self.up = nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x):
+        return F.silu(self.up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, hidden=16, num_experts=4):
+        super().__init__()
+        self.gate = nn.Linear(hidden, num_experts, bias=False)
+        self.experts = MLP(hidden)
+        self.shared_experts = MLP(hidden)
+{methods}
+
+def make():
+    torch.manual_seed(0)
+    return Block().eval(), (torch.randn(6, 16),)
+'''
+
+
+def block_file(tmp_path: Path, methods: str, name: str = "block") -> Path:
+    path = tmp_path / f"{name}.py"
+    path.write_text(BLOCK.format(methods=textwrap.indent(textwrap.dedent(methods), " " * 4)))
+    return path
+
+
+def refusal(path: Path, mode: str = "eager", case: str = "moe-shared-expert") -> str:
+    with pytest.raises(NothingToDo) as refused:
+        edit(path, case, mode)
+    return str(refused.value)
+
+
+FORWARD_THROUGH_HELPER = """
+def forward(self, x):
+    shared = self._shared(x)
+    logits = self.gate(x)
+    return self.experts(x) * logits.sum() + shared
+"""
+
+
+def test_free_function_helper_is_a_seed(tmp_path):
+    path = block_file(tmp_path, """
+    def forward(self, x):
+        shared = run_shared(self, x)
+        logits = self.gate(x)
+        return self.experts(x) * logits.sum() + shared
+    """)
+    path.write_text(path.read_text() + "\n\ndef run_shared(block, x):\n    return block.shared_experts(x) * 2\n")
+    edited = tmp_path / "block_ms.py"
+    edited.write_text(edit(path))
+    assert "with torch.npu.stream(shared_expert_stream):\n                shared = run_shared(self, x)" in edited.read_text()
+    result = verify_files(edited, original=path)
+    assert result.ok, result.problems
+
+
+@pytest.mark.parametrize(
+    "helper,reason",
+    [
+        ("def _shared(self, x):\n    return custom_kernel(self.shared_experts(x))\n",
+         "_shared() calls `custom_kernel`, which msrewrite cannot see into"),
+        ("def _shared(self, x):\n    x.mul_(2)\n    return self.shared_experts(x)\n",
+         "_shared() writes its argument `x` in place"),
+        ("def _shared(self, x):\n    self.last = self.shared_experts(x)\n    return self.last\n",
+         "_shared() assigns `self.last`"),
+        ("def _shared(self, x):\n    return torch.relu_(self.shared_experts(x))\n",
+         "_shared() calls `torch.relu_`, which msrewrite cannot see into"),
+    ],
+)
+def test_helper_that_does_more_than_side_work_is_refused_naming_why(tmp_path, helper, reason):
+    path = block_file(tmp_path, FORWARD_THROUGH_HELPER + "\n" + helper)
+    message = refusal(path)
+    assert "reached through self._shared()" in message and reason in message, message
+
+
+def test_framework_overlap_is_named_instead_of_no_target(tmp_path):
+    path = tmp_path / "vllm_style.py"
+    path.write_text(textwrap.dedent('''
+        class SparseMoeBlock(nn.Module):
+            def __init__(self, config):
+                super().__init__()
+                self.shared_expert = MLP(config)
+                self.gate = ReplicatedLinear(config.hidden_size, config.num_experts)
+                self.experts = SharedFusedMoE(shared_experts=self.shared_expert, num_experts=config.num_experts)
+
+            def forward(self, hidden_states):
+                router_logits, _ = self.gate(hidden_states)
+                return self.experts(hidden_states=hidden_states, router_logits=router_logits)
+    '''))
+    message = refusal(path)
+    assert "already overlapped by the framework (SharedFusedMoE, given `shared_experts=` in __init__)" in message
+
+
+def test_hand_written_overlap_is_not_stacked(tmp_path):
+    path = block_file(tmp_path, """
+    def forward(self, x):
+        current_stream = torch.cuda.current_stream()
+        self.alt_stream.wait_stream(current_stream)
+        with torch.cuda.stream(self.alt_stream):
+            shared = self.shared_experts(x)
+        logits = self.gate(x)
+        out = self.experts(x) * logits.sum()
+        current_stream.wait_stream(self.alt_stream)
+        return out + shared
+    """)
+    for mode in ("eager", "cuda"):
+        message = refusal(path, mode)
+        assert "already overlapped: this function runs it on a stream of its own" in message, message
+
+
+def test_overlap_in_a_sibling_method_is_not_stacked(tmp_path):
+    """SGLang hunyuan_v3: forward picks a dual-stream method or a single-stream one."""
+    path = block_file(tmp_path, """
+    def forward(self, x):
+        if self.alt_stream is not None:
+            return self._forward_dual_stream(x)
+        return self._forward_single_stream(x)
+
+    def _forward_single_stream(self, x):
+        shared = self.shared_experts(x)
+        logits = self.gate(x)
+        return self.experts(x) * logits.sum() + shared
+
+    def _forward_dual_stream(self, x):
+        current_stream = torch.cuda.current_stream()
+        self.alt_stream.wait_stream(current_stream)
+        shared = self.shared_experts(x)
+        with torch.cuda.stream(self.alt_stream):
+            logits = self.gate(x)
+            out = self.experts(x) * logits.sum()
+        current_stream.wait_stream(self.alt_stream)
+        return out + shared
+    """)
+    message = refusal(path, "cuda")
+    assert "Block._forward_single_stream: already overlapped: Block._forward_dual_stream runs it" in message, message
+
+
+def test_npu_code_never_goes_into_a_cuda_function(tmp_path):
+    path = block_file(tmp_path, """
+    def forward(self, x):
+        shared = self.shared_experts(x)
+        logits = self.gate(x)
+        torch.cuda.nvtx.range_push("experts")
+        return self.experts(x) * logits.sum() + shared
+    """)
+    assert "uses torch.cuda; msrewrite never mixes torch.npu into it" in refusal(path, "eager")
+    assert "torch.cuda.stream(shared_expert_stream)" in edit(path, mode="cuda")
+
+
+def test_auto_mode_follows_a_file_that_drives_cuda_streams():
+    mode, why = detect_mode("import torch\nalt = torch.cuda.Stream()\n")
+    assert mode == "cuda" and "torch.cuda.Stream" in why
+    assert detect_mode("import torch_npu\nalt = torch.cuda.Stream()\n")[0] == "eager"
+    assert detect_mode("ok = torch.cuda.is_available()\n")[0] == "eager"
+
+
+def test_phased_inliner_keeps_a_multi_line_conditional_expression(tmp_path):
+    """SGLang ernie4: `shared = (\\n self.shared_experts(h)\\n if ... \\n else None\\n)` used to lose
+    its parentheses and be reported as the user's syntax error."""
+    path = block_file(tmp_path, """
+    def forward(self, x):
+        shared = (
+            self.shared_experts(x)
+            if self.gate is not None
+            else None
+        )
+        logits = self.gate(x)
+        out = self.experts(x) * logits.sum()
+        return out + shared
+    """)
+    edited = tmp_path / "block_ms.py"
+    edited.write_text(edit(path, "moe-shared-expert-phased"))
+    result = verify_files(edited, original=path)
+    assert result.ok, result.problems
+
+
+def test_inliner_failure_is_an_internal_error_not_the_users_syntax_error(tmp_path, monkeypatch):
+    import msrewrite.commands.apply as apply_command
+
+    path = block_file(tmp_path, FORWARD_THROUGH_HELPER.replace("self._shared(x)", "self.shared_experts(x)"))
+
+    def broken(module, cls, func, is_seed):  # what the old inliner made of a multi-line expression
+        bad = cst.parse_statement("y = (1\n    if x\n    else 2)\n")
+        value = bad.body[0].value.with_changes(lpar=[], rpar=[])
+        stmt = bad.with_changes(body=[bad.body[0].with_changes(value=value)])
+        return func.with_changes(body=func.body.with_changes(body=[stmt, *func.body.body]))
+
+    monkeypatch.setattr(apply_command, "inline_and_flatten", broken)
+    with pytest.raises(BadInput) as failed:
+        edit(path, "moe-shared-expert-phased")
+    message = str(failed.value)
+    assert message.startswith("internal error:") and "syntax error" not in message
+    assert str(path) not in message
