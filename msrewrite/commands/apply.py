@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from msrewrite import cores
+from msrewrite import cores, validate
 from msrewrite.cases import Case, Options, find_targets
 from msrewrite.emit.engine import apply_plans, iter_functions, locate
 from msrewrite.emit.inline import inline_and_flatten
@@ -46,6 +46,14 @@ def _parse_flag(flag: str, flag_default: str, max_tokens: int | None, case_flag:
         raise BadInput(f"--max-tokens must be a positive token count, got {max_tokens}")
     try:
         return FlagSpec.parse(flag or f"env:{case_flag}", default=flag_default == "on", max_tokens=max_tokens)
+    except ValueError as exc:
+        raise BadInput(f"--flag: {exc}") from None
+
+
+def _checked(check, value, option: str):
+    """An option's value through its validator (msrewrite/validate.py), or a one-line BadInput."""
+    try:
+        return check(value, option)
     except ValueError as exc:
         raise BadInput(str(exc)) from None
 
@@ -275,6 +283,16 @@ def run_apply(
         raise BadInput("--candidate needs --plan")
     if output is not None and output.exists() and not output.is_dir():
         raise BadInput(f"-o {output}: exists and is not a folder")
+    if target is not None:
+        _checked(validate.qualified_name, target, "--target")
+    if stream_tag is not None:
+        _checked(validate.stream_tag, stream_tag, "--stream-tag")
+    if start_after is not None:
+        _checked(validate.identifier, start_after, "--start-after")
+    for name in anchors:
+        _checked(validate.identifier, name, "--anchor")
+    if second_comm_group is not None:
+        _checked(validate.attribute, second_comm_group, "--second-comm-group")
     src = load(file)
     try:
         chosen_mode, why = resolve_mode(mode, src.text)
@@ -291,12 +309,7 @@ def run_apply(
         if start_after:
             if chosen_mode != "ge-graph":
                 raise BadInput("--start-after is a ge-graph start gate; native modes order the fork by the stream wait")
-            if not start_after.isidentifier():
-                raise BadInput(f"--start-after needs a variable name, got {start_after!r}")
             gates = (StartGate("", start_after),)
-        bad = [a for a in anchors if not a.isidentifier()]
-        if bad:
-            raise BadInput(f"--anchor needs a variable name, got {bad[0]!r}")
         if anchors and not (known and known.phased):
             raise BadInput(f"--anchor is for phased cases; {case} runs its side branch in one piece")
         budget = None
@@ -306,8 +319,6 @@ def run_apply(
             raise BadInput(f"--cores and --core-limit are for core-limit cases; {case} does not split cores")
         if second_comm_group and not (known and known.analysis == "microbatch"):
             raise BadInput(f"--second-comm-group is for prefill-microbatch; {case} has no micro-batches")
-        if second_comm_group and not second_comm_group.isidentifier():
-            raise BadInput(f"--second-comm-group needs an attribute name, got {second_comm_group!r}")
         steps = case_steps(file, src.text, src.module, case, chosen_mode, target, spec, stream_tag, gates,
                            tuple(anchors), budget, second_comm_group)
         plans = [plan for step in steps for plan in step.plans]
@@ -316,6 +327,12 @@ def run_apply(
             plans = load_plans(read_source(plan_path))  # type: ignore[arg-type]
         except (ValueError, KeyError, TypeError) as exc:
             raise BadInput(f"{plan_path}: {exc}") from None
+        lines = src.text.count("\n") + (not src.text.endswith("\n"))
+        for plan in plans:  # a plan for another file, or for this one before it changed
+            try:
+                plan.check_lines(lines)
+            except ValueError as exc:
+                raise BadInput(f"{plan_path}: stale plan: {exc}") from None
         if candidate is not None:
             if not 1 <= candidate <= len(plans):
                 raise BadInput(f"--candidate {candidate}: the plan file has {len(plans)} candidate(s)")
@@ -331,7 +348,10 @@ def run_apply(
             overrides["flag"] = _parse_flag(flag, flag_default, max_tokens, plans[0].flag.name)
         if stream_tag:
             overrides["stream_tag"] = stream_tag
-        plans = [p.with_changes(**overrides) for p in plans]
+        try:
+            plans = [p.with_changes(**overrides) for p in plans]
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
         _note(f"mode {plans[0].mode} ({'from the plan' if mode == 'auto' else why})")
 
     if plan_path is not None:
