@@ -289,7 +289,7 @@ _PART_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
 
 def _type_errors(data: Any, fields: dict[str, tuple[tuple[type, ...], bool]], where: str) -> list[str]:
     if not isinstance(data, dict):
-        return [f"{where} must be an object, got {type(data).__name__}"]
+        return [f"{where.removesuffix(': ') or 'plan'} must be an object, got {validate.shown(data)}"]
     errors = [f"{where}unknown field {key!r}" for key in data if key not in fields]
     for key, (types, required) in fields.items():
         if key not in data:

@@ -584,7 +584,7 @@ def _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what) -> 
     for p, anchor in enumerate(plan.phase_anchors, start=1):
         at = next((f.index for f in reversed(facts[:join]) if anchor in f.stores), None)
         if at is None:
-            raise BadInput(f"stale plan for {plan.function}: phase anchor '{anchor}' is not assigned before the join")
+            raise BadInput(f"stale plan for {plan.function}: phase anchor {anchor!r} is not assigned before the join")
         nodes = phase_nodes.get(p, [])
         if not nodes:
             continue

@@ -306,7 +306,7 @@ STRATEGIES = {"eager": eager, "npugraph-ex": npugraph_ex, "ge-graph": ge_graph, 
 
 
 def _quote(names: list[str]) -> str:
-    return ", ".join(f"'{name}'" for name in names)
+    return ", ".join(f"{name!r}" for name in names)  # identifiers (validated plan fields)
 
 
 def _is_are(names: list[str]) -> str:
