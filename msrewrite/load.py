@@ -8,7 +8,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from msrewrite.errors import BadInput
+from msrewrite.errors import BadInput, EmptyFile
 
 
 @dataclass
@@ -39,7 +39,7 @@ def read_source(path: Path) -> str:
     except UnicodeDecodeError as exc:
         raise BadInput(f"{path}: not UTF-8 (byte {exc.start})") from None
     if not text.strip():
-        raise BadInput(f"{path}: empty file")
+        raise EmptyFile(f"{path}: empty file")
     return text
 
 

@@ -94,7 +94,7 @@ ROWS = [
     # apply: the file itself
     Row("apply-syntax-error", ("apply", *CASE, "{syntax.py}"), 2, "syntax error"),
     Row("apply-not-utf8", ("apply", *CASE, "{latin1.py}"), 2, "not UTF-8"),
-    Row("apply-empty", ("apply", *CASE, "{empty.py}"), 2, "empty file"),
+    Row("apply-empty", ("apply", *CASE, "{empty.py}"), 1, "empty file, nothing to do"),
     Row("apply-binary", ("apply", *CASE, "{binary.py}"), 2, "binary file"),
     Row("apply-directory", ("apply", *CASE, "{adir}"), 2, "is a directory"),
     Row("apply-missing", ("apply", *CASE, "{missing.py}"), 2, "no such file"),
@@ -133,7 +133,7 @@ ROWS = [
     Row("suggest-syntax-error", ("suggest", "--static", "{syntax.py}"), 2, "syntax error"),
     Row("suggest-traced-syntax-error", ("suggest", "{syntax.py}"), 2, "syntax error"),
     Row("suggest-not-utf8", ("suggest", "--static", "{latin1.py}"), 2, "latin1.py"),
-    Row("suggest-empty", ("suggest", "--static", "{empty.py}"), 2, "empty file"),
+    Row("suggest-empty", ("suggest", "--static", "{empty.py}"), 1, "empty file, nothing to do"),
     Row("suggest-binary", ("suggest", "--static", "{binary.py}"), 2, "binary file"),
     Row("suggest-directory", ("suggest", "--static", "{adir}"), 2, "adir"),
     Row("suggest-missing", ("suggest", "--static", "{missing.py}"), 2, "no such file"),

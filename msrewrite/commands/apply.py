@@ -9,13 +9,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import typer
-
 from msrewrite import cores, validate
 from msrewrite.cases import Case, Options, find_targets
 from msrewrite.emit.engine import apply_plans, iter_functions, locate
 from msrewrite.emit.inline import inline_and_flatten
-from msrewrite.errors import EXIT_OK, BadInput, NothingToDo
+from msrewrite.errors import EXIT_OK, BadInput, EmptyFile, NothingToDo
 from msrewrite.load import git_root, load, parse_source, read_source
 from msrewrite.modes import resolve_mode
 from msrewrite.output.diff import unified_diff
@@ -24,7 +22,7 @@ from msrewrite.plan import FlagSpec, OverlapPlan, StartGate, load_plans
 
 
 def _note(message: str) -> None:
-    typer.echo(f"msrewrite: {message}", err=True)
+    print(f"msrewrite: {message}", file=sys.stderr)
 
 
 def _relpath(file: Path) -> str:
@@ -293,7 +291,10 @@ def run_apply(
         _checked(validate.identifier, name, "--anchor")
     if second_comm_group is not None:
         _checked(validate.attribute, second_comm_group, "--second-comm-group")
-    src = load(file)
+    try:
+        src = load(file)
+    except EmptyFile as exc:
+        raise exc.as_nothing_to_do() from None
     try:
         chosen_mode, why = resolve_mode(mode, src.text)
     except ValueError as exc:
@@ -381,9 +382,9 @@ def run_apply(
         relpath = _relpath(file)
         series = [PatchStep(step.subject, step.body, step.old, step.new, relpath) for step in steps]
         for path in write_series(series, output):
-            typer.echo(str(path))
+            print(path)
         if is_stage_folder(output):  # SGLang-style patches/stageN/: one script applies every stage
-            typer.echo(str(write_apply_script(output.parent)))
+            print(write_apply_script(output.parent))
     else:
         sys.stdout.write(unified_diff(src.text, new_text, _relpath(file)))
     if verify:
