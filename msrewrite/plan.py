@@ -252,31 +252,32 @@ def _enum(value: Any, allowed: tuple[str, ...], what: str) -> None:
         raise ValueError(f"{what} must be one of {', '.join(allowed)}, got {validate.shown(value)}")
 
 
-# The plan file's schema: field -> (JSON type(s), required). Values are then checked by the
+# The plan file's schema: field -> (JSON type(s), required; tuples from to_dict count as
+# lists). Values are then checked by the
 # dataclasses' __post_init__ (validate.py); unknown fields are refused, not ignored.
 _PLAN_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "version": ((int,), False),
     "case": ((str,), True),
     "file": ((str,), True),
     "function": ((str,), True),
-    "side": ((list,), True),
+    "side": ((list, tuple), True),
     "fork_line": ((int,), True),
     "join_line": ((int,), True),
-    "side_inputs": ((list,), True),
-    "side_outputs": ((list,), True),
+    "side_inputs": ((list, tuple), True),
+    "side_outputs": ((list, tuple), True),
     "stream_tag": ((str,), False),
     "flag": ((dict,), False),
     "mode": ((str,), False),
-    "start_gates": ((list,), False),
+    "start_gates": ((list, tuple), False),
     "summary": ((str,), False),
-    "inputs_rebound_before_join": ((list,), False),
-    "outputs_maybe_unbound": ((list,), False),
+    "inputs_rebound_before_join": ((list, tuple), False),
+    "outputs_maybe_unbound": ((list, tuple), False),
     "stream_source": ((str,), False),
     "sync": ((str,), False),
-    "phase_anchors": ((list,), False),
+    "phase_anchors": ((list, tuple), False),
     "case_branch": ((str,), False),
     "non_blocking": ((bool,), False),
-    "core_limits": ((list, type(None)), False),
+    "core_limits": ((list, tuple, type(None)), False),
 }
 _PART_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "side": {"first_line": ((int,), True), "last_line": ((int,), True), "source": ((str,), True),
@@ -299,7 +300,7 @@ def _type_errors(data: Any, fields: dict[str, tuple[tuple[type, ...], bool]], wh
         value = data[key]
         wrong_bool = isinstance(value, bool) and bool not in types
         if wrong_bool or not isinstance(value, types):
-            names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            names = " or ".join("null" if t is type(None) else t.__name__ for t in types if t is not tuple)
             errors.append(f"{where}{key} must be {names}, got {validate.shown(value)}")
     return errors
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +16,6 @@ from msrewrite.errors import EXIT_OK, BadInput, EmptyFile, NothingToDo
 from msrewrite.load import git_root, load, parse_source, read_source
 from msrewrite.modes import resolve_mode
 from msrewrite.output.diff import unified_diff
-from msrewrite.output.patch import PatchStep, is_stage_folder, write_apply_script, write_series
 from msrewrite.plan import FlagSpec, OverlapPlan, StartGate, load_plans
 
 
@@ -239,6 +237,8 @@ def _atomic_write(path: Path, text: str) -> None:
     if not os.access(path, os.W_OK) or not os.access(path.parent, os.W_OK):
         raise BadInput(f"{path}: read-only, cannot edit in place")
     mode = path.stat().st_mode
+    import tempfile  # here, not at the top: every import is start-up time for every command
+
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".msrewrite", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
@@ -379,6 +379,8 @@ def run_apply(
         _atomic_write(file, new_text)
         _note(f"rewrote {file}")
     elif output is not None:
+        from msrewrite.output.patch import PatchStep, is_stage_folder, write_apply_script, write_series
+
         relpath = _relpath(file)
         series = [PatchStep(step.subject, step.body, step.old, step.new, relpath) for step in steps]
         for path in write_series(series, output):

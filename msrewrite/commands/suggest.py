@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from msrewrite.errors import EXIT_NOTHING_TO_DO, EXIT_OK, BadInput, EmptyFile, NothingToDo
@@ -92,6 +91,8 @@ def run_suggest(
         print(f"msrewrite: {first.name}: trace {trace_tier}; fell back to the static tier", file=sys.stderr)
     if extra:  # more files: static tier only
         if jobs > 1:
+            from concurrent.futures import ProcessPoolExecutor  # only here: multiprocessing is slow to import
+
             with ProcessPoolExecutor(max_workers=jobs) as pool:
                 analyses += list(pool.map(_static_worker, [(str(f), device, phase) for f in extra]))
         else:
