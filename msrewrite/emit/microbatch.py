@@ -24,8 +24,8 @@ import libcst as cst
 
 from msrewrite.analyze.defuse import dotted_name, is_docstring, node_facts
 from msrewrite.emit.engine import code_of, strip_leading
-from msrewrite.errors import NothingToDo
 from msrewrite import validate
+from msrewrite.errors import BadInput, NothingToDo
 from msrewrite.validate import literal
 
 COLLECTIVES = frozenset(
@@ -308,8 +308,6 @@ def _call_args(func: cst.FunctionDef) -> str:
 
 def _existing_attribute(cls: cst.ClassDef, name: str, what: str) -> str:
     """`name` is an attribute the class assigns (`self.name = ...`): the edit will read it."""
-    from msrewrite.errors import BadInput
-
     try:
         validate.attribute(name, what)
     except ValueError as exc:
