@@ -328,6 +328,11 @@ def run_apply(
             plans = load_plans(read_source(plan_path))  # type: ignore[arg-type]
         except (ValueError, KeyError, TypeError) as exc:
             raise BadInput(f"{plan_path}: {exc}") from None
+        from msrewrite.codemods import get_case
+
+        for plan in plans:
+            if plan.case != "generic" and get_case(plan.case) is None:
+                raise BadInput(f"{plan_path}: unknown case {plan.case!r} in the plan")
         lines = src.text.count("\n") + (not src.text.endswith("\n"))
         for plan in plans:  # a plan for another file, or for this one before it changed
             try:
