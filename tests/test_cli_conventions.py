@@ -42,6 +42,14 @@ def test_usage_errors_are_one_line(args, message):
     assert result.stdout == ""
 
 
+def test_every_command_builds_a_parser():
+    """Options of a type cliargs does not parse fail here, not in a user's hands."""
+    from msrewrite.cliargs import parser_for
+
+    for name, func in COMMANDS.items():
+        parser_for(name, func)
+
+
 def test_version():
     result = run_cli("--version")
     assert result.returncode == 0 and result.stdout == f"msrewrite {__version__}\n"
