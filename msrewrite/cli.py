@@ -2,6 +2,8 @@
 
 Every failure the user can cause ends as one line on stderr and a documented exit code
 (0 done, 1 nothing to do / problems found, 2 bad input); tracebacks are for our own bugs.
+Options are declared as typer would (`Option(default, "--name", help=...)`), but parsed by
+msrewrite/cliargs.py without importing typer: only `--help` loads it.
 """
 
 from __future__ import annotations
@@ -10,180 +12,176 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-import typer
-
+from msrewrite import __version__
+from msrewrite.cliargs import Argument, Option, UsageError, command
+from msrewrite.cliargs import main as cliargs_main
 from msrewrite.errors import EXIT_BAD_INPUT, MsrewriteError
 
-app = typer.Typer(
-    add_completion=False,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    help="Insert multi-stream overlaps into PyTorch model code (Ascend NPU and CUDA).",
-)
+SUMMARY = "Insert multi-stream overlaps into PyTorch model code (Ascend NPU and CUDA)."
 
 
-def _fail(exc: MsrewriteError) -> None:
-    typer.echo(f"msrewrite: error: {exc}", err=True)
-    raise typer.Exit(exc.exit_code)
-
-
-@app.command()
+@command
 def apply(
-    file: Path = typer.Argument(..., help="Model source file to edit."),
-    case: Optional[str] = typer.Option(None, "--case", help="Case to apply (see `msrewrite cases`)."),
-    plan: Optional[Path] = typer.Option(None, "--plan", help="Carry out plans from a JSON file (suggest --json)."),
-    candidate: Optional[int] = typer.Option(None, "--candidate", help="With --plan: only this candidate (1-based)."),
-    mode: str = typer.Option("auto", "--mode", help="auto, eager, npugraph-ex, ge-graph or cuda."),
-    target: Optional[str] = typer.Option(None, "--target", help="Class.method to edit when several match."),
-    flag: str = typer.Option("", "--flag", help="Enable flag: env:NAME (default) or attr:NAME."),
-    flag_default: str = typer.Option("on", "--flag-default", help="Value when the flag is unset: on or off."),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Overlap only for at most N tokens."),
-    stream_tag: Optional[str] = typer.Option(None, "--stream-tag", help="Side stream tag (shared by every layer)."),
-    start_after: Optional[str] = typer.Option(
+    file: Path = Argument(..., help="Model source file to edit."),
+    case: Optional[str] = Option(None, "--case", help="Case to apply (see `msrewrite cases`)."),
+    plan: Optional[Path] = Option(None, "--plan", help="Carry out plans from a JSON file (suggest --json)."),
+    candidate: Optional[int] = Option(None, "--candidate", help="With --plan: only this candidate (1-based)."),
+    mode: str = Option("auto", "--mode", help="auto, eager, npugraph-ex, ge-graph or cuda."),
+    target: Optional[str] = Option(None, "--target", help="Class.method to edit when several match."),
+    flag: str = Option("", "--flag", help="Enable flag: env:NAME (default) or attr:NAME."),
+    flag_default: str = Option("on", "--flag-default", help="Value when the flag is unset: on or off."),
+    max_tokens: Optional[int] = Option(None, "--max-tokens", help="Overlap only for at most N tokens."),
+    stream_tag: Optional[str] = Option(None, "--stream-tag", help="Side stream tag (shared by every layer)."),
+    start_after: Optional[str] = Option(
         None, "--start-after", help="ge-graph: start the side work only after this main-stream tensor exists."
     ),
-    anchor: Optional[List[str]] = typer.Option(
+    anchor: Optional[List[str]] = Option(
         None, "--anchor", help="Phased cases: a main-stream value after which the next side phase starts (repeat)."
     ),
-    core_preset: str = typer.Option("a3", "--cores", help="Core-limit cases: device preset a2, a3 or a3-even."),
-    core_limit: Optional[str] = typer.Option(
+    core_preset: str = Option("a3", "--cores", help="Core-limit cases: device preset a2, a3 or a3-even."),
+    core_limit: Optional[str] = Option(
         None, "--core-limit", help="Core-limit cases: SIDE_AIC/SIDE_AIV,MAIN_AIC/MAIN_AIV, e.g. 8/16,16/32."
     ),
-    second_comm_group: Optional[str] = typer.Option(
+    second_comm_group: Optional[str] = Option(
         None, "--second-comm-group", help="prefill-microbatch: the layer's second process group (self.NAME) for micro-batch 1."
     ),
-    in_place: bool = typer.Option(False, "--in-place", "-i", help="Rewrite the file in place (atomic)."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write git format-patch files to this folder."),
-    verify: bool = typer.Option(False, "--verify", help="Run `msrewrite verify` on the edit."),
-    harness: Optional[str] = typer.Option(None, "--harness", help="With --verify: H.py:make building model and inputs."),
-    force: bool = typer.Option(False, "--force", help="With -o: replace a patch series already in the folder."),
-    max_bytes: Optional[int] = typer.Option(None, "--max-bytes", help="Refuse input files larger than this (default 16 MiB)."),
-) -> None:
+    in_place: bool = Option(False, "--in-place", "-i", help="Rewrite the file in place (atomic)."),
+    output: Optional[Path] = Option(None, "-o", "--output", help="Write git format-patch files to this folder."),
+    verify: bool = Option(False, "--verify", help="Run `msrewrite verify` on the edit."),
+    harness: Optional[str] = Option(None, "--harness", help="With --verify: H.py:make building model and inputs."),
+    force: bool = Option(False, "--force", help="With -o: replace a patch series already in the folder."),
+    max_bytes: Optional[int] = Option(None, "--max-bytes", help="Refuse input files larger than this (default 16 MiB)."),
+) -> int:
     """Rewrite FILE: move a branch onto a side stream behind an enable flag."""
     from msrewrite.commands.apply import run_apply
     from msrewrite.load import set_max_bytes
 
-    try:
-        set_max_bytes(max_bytes)
-        code = run_apply(
-            file=file,
-            case=case,
-            plan_path=plan,
-            candidate=candidate,
-            mode=mode,
-            target=target,
-            flag=flag,
-            flag_default=flag_default,
-            max_tokens=max_tokens,
-            stream_tag=stream_tag,
-            start_after=start_after,
-            anchors=tuple(anchor or ()),
-            core_preset=core_preset,
-            core_limit=core_limit,
-            second_comm_group=second_comm_group,
-            in_place=in_place,
-            output=output,
-            verify=verify,
-            harness=harness,
-            force=force,
-        )
-    except MsrewriteError as exc:
-        _fail(exc)
-    raise typer.Exit(code)
+    set_max_bytes(max_bytes)
+    return run_apply(
+        file=file,
+        case=case,
+        plan_path=plan,
+        candidate=candidate,
+        mode=mode,
+        target=target,
+        flag=flag,
+        flag_default=flag_default,
+        max_tokens=max_tokens,
+        stream_tag=stream_tag,
+        start_after=start_after,
+        anchors=tuple(anchor or ()),
+        core_preset=core_preset,
+        core_limit=core_limit,
+        second_comm_group=second_comm_group,
+        in_place=in_place,
+        output=output,
+        verify=verify,
+        harness=harness,
+        force=force,
+    )
 
 
-@app.command()
-def cases() -> None:
-    """List the cases, one line each, with the modes they support."""
+@command
+def cases() -> int:
+    """List the cases with the modes they support (and why a mode is left out)."""
+    import textwrap
+
     from msrewrite.codemods import all_cases
 
     items = all_cases()
     width = max(len(item.name) for item in items) + 2
-    mode_width = max(len(", ".join(item.modes)) for item in items) + 4
     for item in items:
-        modes = f"[{', '.join(item.modes)}]"
+        print(f"{item.name:<{width}}{', '.join(item.modes)}")
         notes = f" ({item.notes})" if item.notes else ""
-        typer.echo(f"{item.name:<{width}}{modes:<{mode_width}}{item.summary}{notes}")
+        print(textwrap.fill(item.summary + notes, width=79, initial_indent="    ", subsequent_indent="    "))
+    return 0
 
 
-@app.command()
+@command
 def verify(
-    rewritten: Path = typer.Argument(..., help="Rewritten model file."),
-    original: Optional[Path] = typer.Option(None, "--original", help="Original model file to compare against."),
-    harness: Optional[str] = typer.Option(None, "--harness", help="H.py:make returning (module, inputs)."),
-    target: Optional[str] = typer.Option(None, "--target", help="Module class to build when the file has several."),
-    flag: str = typer.Option("", "--flag", help="Enable flag of the edit: env:NAME or attr:NAME."),
-    mode: str = typer.Option("auto", "--mode", help="auto, eager, npugraph-ex, ge-graph or cuda."),
-    atol: float = typer.Option(0.0, "--atol", help="Absolute tolerance (default: exact)."),
-    rtol: float = typer.Option(0.0, "--rtol", help="Relative tolerance (default: exact)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-    max_bytes: Optional[int] = typer.Option(None, "--max-bytes", help="Refuse input files larger than this (default 16 MiB)."),
-) -> None:
+    rewritten: Path = Argument(..., help="Rewritten model file."),
+    original: Optional[Path] = Option(None, "--original", help="Original model file to compare against."),
+    harness: Optional[str] = Option(None, "--harness", help="H.py:make returning (module, inputs)."),
+    target: Optional[str] = Option(None, "--target", help="Module class to build when the file has several."),
+    flag: str = Option("", "--flag", help="Enable flag of the edit: env:NAME or attr:NAME."),
+    mode: str = Option("auto", "--mode", help="auto, eager, npugraph-ex, ge-graph or cuda."),
+    atol: float = Option(0.0, "--atol", help="Absolute tolerance (default: exact)."),
+    rtol: float = Option(0.0, "--rtol", help="Relative tolerance (default: exact)."),
+    json_out: bool = Option(False, "--json", help="Print the result as JSON."),
+    max_bytes: Optional[int] = Option(None, "--max-bytes", help="Refuse input files larger than this (default 16 MiB)."),
+) -> int:
     """Prove an edit on CPU: equivalence with the flag off and on, and a stream sanitizer run."""
     from msrewrite.commands.verify import run_verify
     from msrewrite.load import set_max_bytes
 
-    try:
-        set_max_bytes(max_bytes)
-        code = run_verify(
-            rewritten=rewritten,
-            original=original,
-            harness=harness,
-            target=target,
-            flag=flag,
-            mode=mode,
-            atol=atol,
-            rtol=rtol,
-            json_out=json_out,
-        )
-    except MsrewriteError as exc:
-        _fail(exc)
-    raise typer.Exit(code)
+    set_max_bytes(max_bytes)
+    return run_verify(
+        rewritten=rewritten,
+        original=original,
+        harness=harness,
+        target=target,
+        flag=flag,
+        mode=mode,
+        atol=atol,
+        rtol=rtol,
+        json_out=json_out,
+    )
 
 
-@app.command()
+@command
 def suggest(
-    file: Path = typer.Argument(..., help="Model source file to analyze."),
-    static: bool = typer.Option(False, "--static", help="Static dataflow only: never import or run the file."),
-    harness: Optional[str] = typer.Option(None, "--harness", help="H.py:make returning (module, inputs)."),
-    target: Optional[str] = typer.Option(None, "--target", help="Module class to analyze."),
-    input_shape: Optional[str] = typer.Option(None, "--input-shape", help="Input shape for an nn.Module, e.g. 1,8,64."),
-    device: str = typer.Option("a3", "--device", help="Cost-model device profile: a2, a3 or h200."),
-    json_out: bool = typer.Option(False, "--json", help="Print candidates as JSON, nothing else on stdout."),
-    report: Optional[Path] = typer.Option(None, "--report", help="Write the analysis report into this folder."),
-    phase: str = typer.Option("decode", "--phase", help="prefill or decode (report name and cost shapes)."),
-    jobs: int = typer.Option(1, "-j", "--jobs", help="Worker processes for several files."),
-    extra: Optional[List[Path]] = typer.Argument(None, help="More files (static tier)."),
-    max_bytes: Optional[int] = typer.Option(None, "--max-bytes", help="Refuse input files larger than this (default 16 MiB)."),
-) -> None:
+    file: Path = Argument(..., help="Model source file to analyze."),
+    static: bool = Option(False, "--static", help="Static dataflow only: never import or run the file."),
+    harness: Optional[str] = Option(None, "--harness", help="H.py:make returning (module, inputs)."),
+    target: Optional[str] = Option(None, "--target", help="Module class to analyze."),
+    input_shape: Optional[str] = Option(None, "--input-shape", help="Input shape for an nn.Module, e.g. 1,8,64."),
+    device: str = Option("a3", "--device", help="Cost-model device profile: a2, a3 or h200."),
+    json_out: bool = Option(False, "--json", help="Print candidates as JSON, nothing else on stdout."),
+    report: Optional[Path] = Option(None, "--report", help="Write the analysis report into this folder."),
+    phase: str = Option("decode", "--phase", help="prefill or decode (report name and cost shapes)."),
+    jobs: int = Option(1, "-j", "--jobs", help="Worker processes for several files."),
+    quiet: bool = Option(False, "--quiet", "-q", help="No progress lines on stderr (shown only on a terminal)."),
+    extra: Optional[List[Path]] = Argument(None, help="More files (static tier)."),
+    max_bytes: Optional[int] = Option(None, "--max-bytes", help="Refuse input files larger than this (default 16 MiB)."),
+) -> int:
     """Find independent branches worth overlapping, rank them, and name the case that applies."""
     from msrewrite.commands.suggest import run_suggest
     from msrewrite.load import set_max_bytes
 
-    try:
-        set_max_bytes(max_bytes)
-        code = run_suggest(
-            files=[file, *(extra or [])],
-            static=static,
-            harness=harness,
-            target=target,
-            input_shape=input_shape,
-            device=device,
-            json_out=json_out,
-            report=report,
-            phase=phase,
-            jobs=jobs,
-        )
-    except MsrewriteError as exc:
-        _fail(exc)
-    raise typer.Exit(code)
+    set_max_bytes(max_bytes)
+    return run_suggest(
+        files=[file, *(extra or [])],
+        static=static,
+        harness=harness,
+        target=target,
+        input_shape=input_shape,
+        device=device,
+        json_out=json_out,
+        report=report,
+        phase=phase,
+        jobs=jobs,
+        quiet=quiet,
+    )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from msrewrite.output.console import run_guarded
 
-    try:
-        run_guarded(app)
-    except KeyboardInterrupt:
-        typer.echo("msrewrite: interrupted", err=True)
-        sys.exit(EXIT_BAD_INPUT)
+    args = sys.argv[1:] if argv is None else argv
+
+    def run() -> None:
+        try:
+            code = cliargs_main(args, __version__, SUMMARY)
+        except UsageError as exc:
+            print(f"msrewrite: error: {exc}", file=sys.stderr)
+            code = EXIT_BAD_INPUT
+        except MsrewriteError as exc:
+            print(f"msrewrite: error: {exc}", file=sys.stderr)
+            code = exc.exit_code
+        except KeyboardInterrupt:
+            print("msrewrite: interrupted", file=sys.stderr)
+            code = EXIT_BAD_INPUT
+        sys.exit(code)
+
+    # run_guarded turns OS-level failures (full disk, closed stdout, broken pipe) into one line.
+    run_guarded(run)

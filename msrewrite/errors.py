@@ -17,3 +17,12 @@ class BadInput(MsrewriteError):
 
 class NothingToDo(MsrewriteError):
     exit_code = EXIT_NOTHING_TO_DO
+
+
+class EmptyFile(BadInput):
+    """An empty (or whitespace-only) source file: valid Python with nothing to do. Commands that
+    edit or analyze source report it as NothingToDo; a plan or harness file that is empty stays
+    bad input."""
+
+    def as_nothing_to_do(self) -> NothingToDo:
+        return NothingToDo(f"{self}, nothing to do")

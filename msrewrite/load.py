@@ -12,7 +12,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from msrewrite.errors import BadInput
+from msrewrite.errors import BadInput, EmptyFile
 
 # Largest file read, in bytes (apply/suggest/verify --max-bytes). The biggest transformers
 # modeling file is about 0.3 MB; this only stops a runaway input (a log, a dump, /dev/zero).
@@ -104,7 +104,7 @@ def read_source(path: Path, python: bool = True) -> str:
     nesting beyond what the parser and code generator can take (see MAX_NESTING)."""
     text = decode_source(path, read_bytes(path))
     if not text.strip(BOM + " \t\r\n\f"):
-        raise BadInput(f"{path}: empty file")
+        raise EmptyFile(f"{path}: empty file")
     if python:
         check_nesting(path, text)
     return text
@@ -171,7 +171,7 @@ def load(path: Path) -> SourceFile:
     data = read_bytes(path)
     raw = decode_source(path, data)
     if not raw.strip(BOM + " \t\r\n\f"):
-        raise BadInput(f"{path}: empty file")
+        raise EmptyFile(f"{path}: empty file")
     check_nesting(path, raw)
     text, bom = (raw[1:], True) if raw.startswith(BOM) else (raw, False)
     newline = "\n"

@@ -12,8 +12,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from msrewrite import validate
+
 MODES = ("eager", "npugraph-ex", "ge-graph", "cuda")
+FLAG_KINDS = ("env", "attr")
+STREAM_SOURCES = ("lazy", "constructor")
+SYNCS = ("wait_stream", "events", "async-comm")
 PLAN_VERSION = 1
+MAX_PLAN_ERRORS = 3  # shown in the one error line; the rest are counted
 
 
 @dataclass(frozen=True)
@@ -30,15 +36,27 @@ class FlagSpec:
     default: bool = True
     max_tokens: int | None = None
 
+    def __post_init__(self) -> None:
+        if self.kind == "none":  # verify's "no flag found" marker; never emitted
+            return
+        if self.kind not in FLAG_KINDS:
+            raise ValueError(f"flag kind must be env or attr, got {validate.shown(self.kind)}")
+        if self.kind == "env":
+            validate.env_name(self.name, "env flag name")
+        else:
+            validate.attribute(self.name, "attr flag name")
+        if not isinstance(self.default, bool):
+            raise ValueError(f"flag default must be true or false, got {validate.shown(self.default)}")
+        if self.max_tokens is not None and (
+            isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1
+        ):
+            raise ValueError(f"flag max_tokens must be a positive token count, got {validate.shown(self.max_tokens)}")
+
     @classmethod
     def parse(cls, text: str, default: bool = True, max_tokens: int | None = None) -> "FlagSpec":
         kind, sep, name = text.partition(":")
-        if not sep or kind not in ("env", "attr") or not name:
-            raise ValueError(f"flag must be env:NAME or attr:NAME, got {text!r}")
-        if not all(part.isidentifier() for part in name.split(".")):
-            raise ValueError(f"flag name {name!r} is not a valid identifier")
-        if kind == "attr" and "." in name:
-            raise ValueError(f"attr flag {name!r} must be a plain attribute name")
+        if not sep or kind not in FLAG_KINDS or not name:
+            raise ValueError(f"flag must be env:NAME or attr:NAME, got {validate.shown(text)}")
         return cls(kind=kind, name=name, default=default, max_tokens=max_tokens)
 
     def describe(self) -> str:
@@ -64,6 +82,18 @@ class SideStatement:
     hoist: str | None = None
     phase: int = 0  # phased plans: 0 issues at the fork, p >= 1 right after phase_anchors[p - 1]
 
+    def __post_init__(self) -> None:
+        validate.line_number(self.first_line, "side first_line")
+        validate.line_number(self.last_line, "side last_line")
+        if self.last_line < self.first_line:
+            raise ValueError(f"side statement ends (line {self.last_line}) before it starts ({self.first_line})")
+        if not isinstance(self.source, str):  # matched against the file, never pasted into it
+            raise ValueError(f"side source must be text, got {validate.shown(self.source)}")
+        if self.hoist is not None:
+            validate.identifier(self.hoist, "side hoist")
+        if isinstance(self.phase, bool) or not isinstance(self.phase, int) or self.phase < 0:
+            raise ValueError(f"side phase must be a phase number >= 0, got {validate.shown(self.phase)}")
+
 
 @dataclass(frozen=True)
 class StartGate:
@@ -73,8 +103,13 @@ class StartGate:
     express the same order by the fork's wait, so they ignore gates.
     """
 
-    tensor: str
+    tensor: str  # "" while options are parsed: the case fills in its first side input
     anchor: str
+
+    def __post_init__(self) -> None:
+        if self.tensor != "":
+            validate.identifier(self.tensor, "start gate tensor")
+        validate.identifier(self.anchor, "start gate anchor")
 
 
 @dataclass(frozen=True)
@@ -123,18 +158,61 @@ class OverlapPlan:
     guard_line: int = 0
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"unknown mode {self.mode!r}; expected one of {', '.join(MODES)}")
+        # Every field that reaches emitted code (names, literals, comments) is checked here, so no
+        # plan, from a case or from a JSON file, can carry code into the edit (validate.py).
+        _enum(self.mode, MODES, "mode")
+        validate.case_name(self.case, "case")
+        if not isinstance(self.file, str):
+            raise ValueError(f"file must be a path, got {validate.shown(self.file)}")
+        validate.qualified_name(self.function, "function")
         if not self.side:
             raise ValueError("a plan needs at least one side statement")
+        if not all(isinstance(s, SideStatement) for s in self.side):
+            raise ValueError("side must be a list of side statements")
+        validate.line_number(self.fork_line, "fork_line")
+        validate.line_number(self.join_line, "join_line")
         if not self.fork_line <= self.join_line:
             raise ValueError("the fork must come before the join")
-        if self.stream_source not in ("lazy", "constructor"):
-            raise ValueError(f"stream_source must be lazy or constructor, got {self.stream_source!r}")
+        for what in ("side_inputs", "side_outputs", "inputs_rebound_before_join", "outputs_maybe_unbound",
+                     "phase_anchors"):
+            for name in getattr(self, what):
+                validate.identifier(name, f"{what} entry", constants=what == "side_inputs")
+        validate.stream_tag(self.stream_tag, "stream_tag")
+        if not isinstance(self.flag, FlagSpec) or self.flag.kind not in FLAG_KINDS:
+            raise ValueError("flag must be an env or attr flag")
+        for gate in self.start_gates:
+            if not isinstance(gate, StartGate) or not gate.tensor:
+                raise ValueError("start_gates entries need a tensor and an anchor")
+        if isinstance(self.summary, str):  # prose for notes and commit messages: one line
+            object.__setattr__(self, "summary", " ".join(self.summary.split()))
+        validate.comment_text(self.summary, "summary")
+        _enum(self.stream_source, STREAM_SOURCES, "stream_source")
+        _enum(self.sync, SYNCS, "sync")
         if bool(self.guard) != bool(self.guard_line):
             raise ValueError("a guarded plan needs both guard and guard_line")
-        if self.sync not in ("wait_stream", "events", "async-comm"):
-            raise ValueError(f"sync must be wait_stream, events or async-comm, got {self.sync!r}")
+        if self.guard:
+            # emitted as code: the emitter also refuses a guard that is not the `if`'s own condition
+            validate.comment_text(self.guard, "guard")
+            validate.line_number(self.guard_line, "guard_line")
+        if self.case_branch:
+            validate.case_name(self.case_branch, "case_branch")
+        if not isinstance(self.non_blocking, bool):
+            raise ValueError(f"non_blocking must be true or false, got {validate.shown(self.non_blocking)}")
+        if self.core_limits is not None and (
+            len(self.core_limits) != 4
+            or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= 4096 for n in self.core_limits)
+        ):
+            raise ValueError(f"core_limits must be four core counts, got {validate.shown(self.core_limits)}")
+
+    def check_lines(self, line_count: int) -> None:
+        """The plan's line numbers lie inside a file of `line_count` lines (the join may name
+        the line after the last one: a join when the function falls off the end)."""
+        for side in self.side:
+            validate.line_number(side.last_line, f"{self.function}: side last_line", line_count)
+        validate.line_number(self.fork_line, f"{self.function}: fork_line", line_count)
+        validate.line_number(self.join_line, f"{self.function}: join_line", line_count + 1)
+        if self.guard_line:
+            validate.line_number(self.guard_line, f"{self.function}: guard_line", line_count)
 
     @property
     def side_lines(self) -> list[list[int]]:
@@ -150,38 +228,28 @@ class OverlapPlan:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "OverlapPlan":
+    def from_dict(cls, data: Any) -> "OverlapPlan":
+        """A plan from JSON, checked field by field: ValueError lists what is wrong (one line)."""
+        errors = plan_errors(data)
+        if errors:
+            more = f" (and {len(errors) - MAX_PLAN_ERRORS} more)" if len(errors) > MAX_PLAN_ERRORS else ""
+            raise ValueError("malformed plan: " + "; ".join(errors[:MAX_PLAN_ERRORS]) + more)
         data = dict(data)
-        version = data.pop("version", PLAN_VERSION)
-        if version != PLAN_VERSION:
-            raise ValueError(f"plan version {version} is not supported (expected {PLAN_VERSION})")
+        data.pop("version", None)
         try:
             return cls(
-                case=data["case"],
-                file=data["file"],
-                function=data["function"],
-                side=tuple(SideStatement(**s) for s in data["side"]),
-                fork_line=int(data["fork_line"]),
-                join_line=int(data["join_line"]),
-                side_inputs=tuple(data["side_inputs"]),
-                side_outputs=tuple(data["side_outputs"]),
-                stream_tag=data.get("stream_tag", "shared_expert"),
-                flag=FlagSpec(**data.get("flag", {})),
-                mode=data.get("mode", "eager"),
-                start_gates=tuple(StartGate(**g) for g in data.get("start_gates", ())),
-                summary=data.get("summary", ""),
-                inputs_rebound_before_join=tuple(data.get("inputs_rebound_before_join", ())),
-                outputs_maybe_unbound=tuple(data.get("outputs_maybe_unbound", ())),
-                stream_source=data.get("stream_source", "lazy"),
-                sync=data.get("sync", "wait_stream"),
-                phase_anchors=tuple(data.get("phase_anchors", ())),
-                case_branch=data.get("case_branch", ""),
-                non_blocking=bool(data.get("non_blocking", False)),
-                core_limits=tuple(data["core_limits"]) if data.get("core_limits") else None,
-                guard=str(data.get("guard", "")),
-                guard_line=int(data.get("guard_line", 0)),
+                **{**data,
+                   "side": tuple(SideStatement(**s) for s in data["side"]),
+                   "side_inputs": tuple(data["side_inputs"]),
+                   "side_outputs": tuple(data["side_outputs"]),
+                   "flag": FlagSpec(**data.get("flag", {})),
+                   "start_gates": tuple(StartGate(**g) for g in data.get("start_gates", ())),
+                   "inputs_rebound_before_join": tuple(data.get("inputs_rebound_before_join", ())),
+                   "outputs_maybe_unbound": tuple(data.get("outputs_maybe_unbound", ())),
+                   "phase_anchors": tuple(data.get("phase_anchors", ())),
+                   "core_limits": tuple(data["core_limits"]) if data.get("core_limits") is not None else None}
             )
-        except (KeyError, TypeError) as exc:
+        except ValueError as exc:
             raise ValueError(f"malformed plan: {exc}") from None
 
     def to_json(self) -> str:
@@ -192,13 +260,117 @@ class OverlapPlan:
         return cls.from_dict(json.loads(text))
 
 
+def _enum(value: Any, allowed: tuple[str, ...], what: str) -> None:
+    if value not in allowed:
+        raise ValueError(f"{what} must be one of {', '.join(allowed)}, got {validate.shown(value)}")
+
+
+# The plan file's schema: field -> (JSON type(s), required; tuples from to_dict count as
+# lists). Values are then checked by the
+# dataclasses' __post_init__ (validate.py); unknown fields are refused, not ignored.
+_PLAN_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "version": ((int,), False),
+    "case": ((str,), True),
+    "file": ((str,), True),
+    "function": ((str,), True),
+    "side": ((list, tuple), True),
+    "fork_line": ((int,), True),
+    "join_line": ((int,), True),
+    "side_inputs": ((list, tuple), True),
+    "side_outputs": ((list, tuple), True),
+    "stream_tag": ((str,), False),
+    "flag": ((dict,), False),
+    "mode": ((str,), False),
+    "start_gates": ((list, tuple), False),
+    "summary": ((str,), False),
+    "inputs_rebound_before_join": ((list, tuple), False),
+    "outputs_maybe_unbound": ((list, tuple), False),
+    "stream_source": ((str,), False),
+    "sync": ((str,), False),
+    "phase_anchors": ((list, tuple), False),
+    "case_branch": ((str,), False),
+    "non_blocking": ((bool,), False),
+    "core_limits": ((list, tuple, type(None)), False),
+    "guard": ((str,), False),
+    "guard_line": ((int,), False),
+}
+_PART_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
+    "side": {"first_line": ((int,), True), "last_line": ((int,), True), "source": ((str,), True),
+             "hoist": ((str, type(None)), False), "phase": ((int,), False)},
+    "flag": {"kind": ((str,), False), "name": ((str,), False), "default": ((bool,), False),
+             "max_tokens": ((int, type(None)), False)},
+    "start_gates": {"tensor": ((str,), True), "anchor": ((str,), True)},
+}
+
+
+def _type_errors(data: Any, fields: dict[str, tuple[tuple[type, ...], bool]], where: str) -> list[str]:
+    if not isinstance(data, dict):
+        return [f"{where.removesuffix(': ') or 'plan'} must be an object, got {validate.shown(data)}"]
+    errors = [f"{where}unknown field {key!r}" for key in data if key not in fields]
+    for key, (types, required) in fields.items():
+        if key not in data:
+            if required:
+                errors.append(f"{where}missing field {key!r}")
+            continue
+        value = data[key]
+        wrong_bool = isinstance(value, bool) and bool not in types
+        if wrong_bool or not isinstance(value, types):
+            names = " or ".join("null" if t is type(None) else t.__name__ for t in types if t is not tuple)
+            errors.append(f"{where}{key} must be {names}, got {validate.shown(value)}")
+    return errors
+
+
+def plan_errors(data: Any) -> list[str]:
+    """What is wrong with one plan's JSON (types and shape; values are checked on construction)."""
+    if not isinstance(data, dict):
+        return [f"a plan must be an object, got {validate.shown(data)}"]
+    if data.get("version", PLAN_VERSION) != PLAN_VERSION:
+        return [f"plan version {validate.shown(data['version'])} is not supported (expected {PLAN_VERSION})"]
+    errors = _type_errors(data, _PLAN_FIELDS, "")
+    if errors:
+        return errors
+    errors += _type_errors(data.get("flag", {}), _PART_FIELDS["flag"], "flag: ")
+    for part in ("side", "start_gates"):
+        for k, item in enumerate(data.get(part, ())):
+            errors += _type_errors(item, _PART_FIELDS[part], f"{part}[{k}]: ")
+    for part in ("side_inputs", "side_outputs", "inputs_rebound_before_join", "outputs_maybe_unbound",
+                 "phase_anchors", "core_limits"):
+        items = data.get(part) or ()
+        kind = int if part == "core_limits" else str
+        errors += [f"{part}[{k}] must be {kind.__name__}, got {validate.shown(v)}"
+                   for k, v in enumerate(items) if isinstance(v, bool) or not isinstance(v, kind)]
+    return errors
+
+
 def load_plans(text: str) -> list[OverlapPlan]:
-    """Plans from a JSON file: one plan, a list of plans, or `suggest --json` output."""
-    data = json.loads(text)
+    """Plans from a JSON file: one plan, a list of plans, or `suggest --json` output.
+    Every problem is a ValueError with a one-line message."""
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise ValueError("not a plan file: the JSON is nested too deeply") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     if isinstance(data, dict) and "candidates" in data:
-        data = [c["plan"] for c in data["candidates"] if c.get("plan")]
+        candidates = data["candidates"]
+        if not isinstance(candidates, list):
+            raise ValueError(f"candidates must be a list, got {type(candidates).__name__}")
+        items = []
+        for k, candidate in enumerate(candidates, start=1):
+            if not isinstance(candidate, dict):
+                raise ValueError(f"candidate {k} must be an object, got {validate.shown(candidate)}")
+            if candidate.get("plan") is not None:
+                items.append((f"candidate {k}", candidate["plan"]))
     elif isinstance(data, dict):
-        data = [data]
-    if not isinstance(data, list):
+        items = [("plan", data)]
+    elif isinstance(data, list):
+        items = [(f"plan {k}", item) for k, item in enumerate(data, start=1)]
+    else:
         raise ValueError("a plan file holds a plan, a list of plans, or suggest --json output")
-    return [OverlapPlan.from_dict(item) for item in data]
+    plans = []
+    for where, item in items:
+        try:
+            plans.append(OverlapPlan.from_dict(item))
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+    return plans

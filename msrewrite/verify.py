@@ -49,7 +49,10 @@ def detect_flag(text: str) -> FlagSpec | None:
         return FlagSpec(kind="env", name=env.group(1), default=env.group(2) == "True")
     attr = _ATTR_FLAG.search(text)
     if attr and attr.group(1) not in ("True", "False"):
-        return FlagSpec(kind="attr", name=attr.group(1))
+        try:
+            return FlagSpec(kind="attr", name=attr.group(1))
+        except ValueError:  # not a name an edit would use as its switch (None, training, ...)
+            return None
     return None
 
 

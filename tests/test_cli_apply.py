@@ -142,7 +142,7 @@ def test_target_picks_one_and_reports_unknown(tmp_path):
 
 BAD_INPUTS = {
     "syntax-error": ("def broken(:\n", 2, "syntax error"),
-    "empty": ("", 2, "empty file"),
+    "empty": ("", 1, "empty file, nothing to do"),  # valid Python with nothing in it
     "not-utf8": (b"x = '\xff\xfe'\n", 2, "not UTF-8"),
     "binary": (b"\x00\x01\x02", 2, "binary"),
     "no-target": ("import torch\n\nclass M:\n    def forward(self, x):\n        return x\n", 1, "no moe-shared-expert target"),

@@ -316,6 +316,23 @@ def test_guarded_plan_round_trips_through_json(tmp_path):
     assert apply_plans(src.module, [again]).code == apply_plans(src.module, [plan]).code
 
 
+def test_guard_that_is_not_the_if_condition_is_refused(tmp_path):
+    """A plan's guard becomes code: a forged one (here carrying a call) never reaches the edit."""
+    import dataclasses
+
+    from msrewrite.commands.apply import plans_for_case
+    from msrewrite.emit.engine import apply_plans
+    from msrewrite.errors import BadInput
+
+    forward, _ = SAFE["is_none_else"]
+    original = write_model(tmp_path, "else_branch", model_source(forward))
+    src = load(original)
+    plan = plans_for_case(original, src.module, "moe-shared-expert", "eager", None, FLAG, None)[0]
+    forged = dataclasses.replace(plan, guard='self.shared_mlp is not None and __import__("os").getpid()')
+    with pytest.raises(BadInput, match="stale plan"):
+        apply_plans(src.module, [forged])
+
+
 REAL = {
     "GraniteMoeSharedDecoderLayer": "transformers.models.granitemoeshared.modeling_granitemoeshared",
     "Cohere2MoeSparseMoeBlock": "transformers.models.cohere2_moe.modeling_cohere2_moe",

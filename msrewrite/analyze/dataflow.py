@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import libcst as cst
-import networkx as nx
 from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionProvider
 from libcst.metadata.position_provider import PositionProvidingCodegenState
 
+from msrewrite.analyze.digraph import DiGraph
 from msrewrite.analyze.positions import function_positions
 from msrewrite.errors import BadInput
 
@@ -74,7 +74,7 @@ class FunctionInfo:
                 return stmt
         return None
 
-    def graph(self, *, renaming: bool = True) -> nx.DiGraph:
+    def graph(self, *, renaming: bool = True) -> DiGraph:
         """Statement DAG: u -> v when v must stay after u.
 
         Edge kinds: "data" (v reads a name u binds), "state" (in-place writes and `self` state,
@@ -82,7 +82,7 @@ class FunctionInfo:
         dependence that renaming removes). With renaming=True the "name" edges are left out,
         which is the view branch detection wants; the planner checks rebinding itself.
         """
-        dag = nx.DiGraph()
+        dag = DiGraph()
         dag.add_nodes_from(s.index for s in self.statements)
         last_def: dict[str, int] = {}
         last_write: dict[str, int] = {}  # in-place writes to the object a name holds
@@ -118,7 +118,7 @@ class FunctionInfo:
         return dag
 
 
-def _link(dag: nx.DiGraph, u: int, v: int, kind: str, name: str) -> None:
+def _link(dag: DiGraph, u: int, v: int, kind: str, name: str) -> None:
     """Add u -> v; a data edge wins over weaker kinds on the same pair."""
     if u == v:
         return

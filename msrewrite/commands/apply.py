@@ -9,24 +9,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import libcst as cst
-import typer
 
-from msrewrite import cores
+from msrewrite import cores, validate
 from msrewrite.analyze.seeds import find_helpers
 from msrewrite.cases import Case, Options, find_targets
 from msrewrite.emit.engine import apply_plans, iter_functions, locate
 from msrewrite.emit.inline import inline_and_flatten
-from msrewrite.errors import EXIT_OK, BadInput, NothingToDo
+from msrewrite.errors import EXIT_OK, BadInput, EmptyFile, NothingToDo
 from msrewrite.load import git_root, load, read_source
 from msrewrite.modes import resolve_mode
 from msrewrite.output.diff import unified_diff
 from msrewrite.output.inplace import write_in_place
-from msrewrite.output.patch import PatchStep, is_stage_folder, write_apply_script, write_series
 from msrewrite.plan import FlagSpec, OverlapPlan, StartGate, load_plans
 
 
 def _note(message: str) -> None:
-    typer.echo(f"msrewrite: {message}", err=True)
+    print(f"msrewrite: {message}", file=sys.stderr)
 
 
 def _relpath(file: Path) -> str:
@@ -48,6 +46,14 @@ def _parse_flag(flag: str, flag_default: str, max_tokens: int | None, case_flag:
         raise BadInput(f"--max-tokens must be a positive token count, got {max_tokens}")
     try:
         return FlagSpec.parse(flag or f"env:{case_flag}", default=flag_default == "on", max_tokens=max_tokens)
+    except ValueError as exc:
+        raise BadInput(f"--flag: {exc}") from None
+
+
+def _checked(check, value, option: str):
+    """An option's value through its validator (msrewrite/validate.py), or a one-line BadInput."""
+    try:
+        return check(value, option)
     except ValueError as exc:
         raise BadInput(str(exc)) from None
 
@@ -334,7 +340,20 @@ def run_apply(
         raise BadInput(f"-o {output}: exists and is not a folder")
     if force and output is None:
         raise BadInput("--force is for -o/--output (replace the patch series in that folder)")
-    src = load(file)
+    if target is not None:
+        _checked(validate.qualified_name, target, "--target")
+    if stream_tag is not None:
+        _checked(validate.stream_tag, stream_tag, "--stream-tag")
+    if start_after is not None:
+        _checked(validate.identifier, start_after, "--start-after")
+    for name in anchors:
+        _checked(validate.identifier, name, "--anchor")
+    if second_comm_group is not None:
+        _checked(validate.attribute, second_comm_group, "--second-comm-group")
+    try:
+        src = load(file)
+    except EmptyFile as exc:
+        raise exc.as_nothing_to_do() from None
     try:
         chosen_mode, why = resolve_mode(mode, src.text)
     except ValueError as exc:
@@ -350,12 +369,7 @@ def run_apply(
         if start_after:
             if chosen_mode != "ge-graph":
                 raise BadInput("--start-after is a ge-graph start gate; native modes order the fork by the stream wait")
-            if not start_after.isidentifier():
-                raise BadInput(f"--start-after needs a variable name, got {start_after!r}")
             gates = (StartGate("", start_after),)
-        bad = [a for a in anchors if not a.isidentifier()]
-        if bad:
-            raise BadInput(f"--anchor needs a variable name, got {bad[0]!r}")
         if anchors and not (known and known.phased):
             raise BadInput(f"--anchor is for phased cases; {case} runs its side branch in one piece")
         budget = None
@@ -365,8 +379,6 @@ def run_apply(
             raise BadInput(f"--cores and --core-limit are for core-limit cases; {case} does not split cores")
         if second_comm_group and not (known and known.analysis == "microbatch"):
             raise BadInput(f"--second-comm-group is for prefill-microbatch; {case} has no micro-batches")
-        if second_comm_group and not second_comm_group.isidentifier():
-            raise BadInput(f"--second-comm-group needs an attribute name, got {second_comm_group!r}")
         steps = case_steps(file, src.text, src.module, case, chosen_mode, target, spec, stream_tag, gates,
                            tuple(anchors), budget, second_comm_group)
         plans = [plan for step in steps for plan in step.plans]
@@ -375,6 +387,17 @@ def run_apply(
             plans = load_plans(read_source(plan_path, python=False))  # type: ignore[arg-type]
         except (ValueError, KeyError, TypeError) as exc:
             raise BadInput(f"{plan_path}: {exc}") from None
+        from msrewrite.codemods import get_case
+
+        for plan in plans:
+            if plan.case != "generic" and get_case(plan.case) is None:
+                raise BadInput(f"{plan_path}: unknown case {plan.case!r} in the plan")
+        lines = src.text.count("\n") + (not src.text.endswith("\n"))
+        for plan in plans:  # a plan for another file, or for this one before it changed
+            try:
+                plan.check_lines(lines)
+            except ValueError as exc:
+                raise BadInput(f"{plan_path}: stale plan: {exc}") from None
         if candidate is not None:
             if not 1 <= candidate <= len(plans):
                 raise BadInput(f"--candidate {candidate}: the plan file has {len(plans)} candidate(s)")
@@ -390,7 +413,10 @@ def run_apply(
             overrides["flag"] = _parse_flag(flag, flag_default, max_tokens, plans[0].flag.name)
         if stream_tag:
             overrides["stream_tag"] = stream_tag
-        plans = [p.with_changes(**overrides) for p in plans]
+        try:
+            plans = [p.with_changes(**overrides) for p in plans]
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
         _note(f"mode {plans[0].mode} ({'from the plan' if mode == 'auto' else why})")
 
     if plan_path is not None:
@@ -426,6 +452,8 @@ def run_apply(
         write_in_place(file, src.on_disk(new_text).encode("utf-8"), src.digest)
         _note(f"rewrote {file}")
     elif output is not None:
+        from msrewrite.output.patch import PatchStep, is_stage_folder, write_apply_script, write_series
+
         relpath = _relpath(file)
         series = [
             PatchStep(step.subject, step.body, src.on_disk(step.old), src.on_disk(step.new), relpath)

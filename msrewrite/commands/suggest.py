@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import re
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from msrewrite.errors import EXIT_NOTHING_TO_DO, EXIT_OK, BadInput
+from msrewrite.errors import EXIT_NOTHING_TO_DO, EXIT_OK, BadInput, EmptyFile, NothingToDo
 from msrewrite.load import read_source
 
 PHASES = ("decode", "prefill")
@@ -46,6 +45,7 @@ def run_suggest(
     report: Path | None = None,
     phase: str = "decode",
     jobs: int = 1,
+    quiet: bool = False,
 ) -> int:
     from msrewrite.suggest.pipeline import analyze
     from msrewrite.suggest.profiles import profile
@@ -57,8 +57,18 @@ def run_suggest(
         raise BadInput(str(exc)) from None
     if phase not in PHASES:
         raise BadInput(f"--phase must be one of {', '.join(PHASES)}, got {phase!r}")
+    empty = []
     for file in files:
-        read_source(Path(file))  # missing, directory, binary, not UTF-8, empty: one clear line
+        try:
+            read_source(Path(file))  # missing, directory, binary, not UTF-8: one clear line
+        except EmptyFile as exc:  # valid Python with nothing in it
+            if len(files) == 1:
+                raise exc.as_nothing_to_do() from None
+            print(f"msrewrite: {exc}, skipped", file=sys.stderr)
+            empty.append(file)
+    files = [f for f in files if f not in empty]
+    if not files:
+        raise NothingToDo("every file is empty, nothing to do")
     if report is not None and report.exists() and not report.is_dir():
         raise BadInput(f"--report {report}: exists and is not a folder")
     if report is not None:
@@ -71,11 +81,18 @@ def run_suggest(
     first, extra = Path(files[0]), [Path(f) for f in files[1:]]
     if harness is None and not static and input_shape is None and re.search(r"^def make\(", read_source(first), re.M):
         harness = f"{first}:make"  # the file builds its own model and inputs, as verify assumes
+    progress = _progress(quiet) if not static else None
     analyses = [
-        analyze(first, device=device_profile, phase=phase, static=static, harness=harness, target=target, input_shape=shape)
+        analyze(first, device=device_profile, phase=phase, static=static, harness=harness, target=target,
+                input_shape=shape, progress=progress)
     ]
+    trace_tier = analyses[0].tiers.get("trace", "")
+    if trace_tier.startswith("failed") and not quiet:  # said even when stderr is not a terminal
+        print(f"msrewrite: {first.name}: trace {trace_tier}; fell back to the static tier", file=sys.stderr)
     if extra:  # more files: static tier only
         if jobs > 1:
+            from concurrent.futures import ProcessPoolExecutor  # only here: multiprocessing is slow to import
+
             with ProcessPoolExecutor(max_workers=jobs) as pool:
                 analyses += list(pool.map(_static_worker, [(str(f), device, phase) for f in extra]))
         else:
@@ -94,26 +111,62 @@ def run_suggest(
     return EXIT_OK if candidates else EXIT_NOTHING_TO_DO
 
 
-def _print_table(analyses) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def _progress(quiet: bool):
+    """Stage lines on stderr while the traced path runs (it can take a minute): only for a person
+    watching a terminal, never with --quiet."""
+    if quiet or not sys.stderr.isatty():
+        return None
+    step = 0
 
-    console = Console() if sys.stdout.isatty() else Console(width=160)
+    def say(stage: str) -> None:
+        nonlocal step
+        step += 1
+        print(f"msrewrite: [{step}] {stage}", file=sys.stderr, flush=True)
+
+    return say
+
+
+TABLE_WIDTH = 80
+
+
+def fit_table(header: list[str], rows: list[list[str]], shrink: dict[int, int], width: int = TABLE_WIDTH) -> list[str]:
+    """Rows as aligned text lines of at most `width` columns. `shrink` maps the columns that may
+    give up characters, in order, to the width each keeps at least; cut cells end with "…"."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    gap = 2
+    excess = sum(widths) + gap * (len(widths) - 1) - width
+    for k, least in shrink.items():
+        if excess <= 0:
+            break
+        give = min(excess, max(0, widths[k] - least))
+        widths[k] -= give
+        excess -= give
+
+    def cell(text: str, w: int) -> str:
+        return text if len(text) <= w else text[: w - 1] + "…"
+
+    return [(" " * gap).join(cell(t, w).ljust(w) for t, w in zip(row, widths)).rstrip() for row in [header, *rows]]
+
+
+def _print_table(analyses) -> None:
     for analysis in analyses:
         tiers = ", ".join(f"{k}: {v}" for k, v in analysis.tiers.items())
-        table = Table(title=f"{analysis.file.name}  [{tiers}]", title_justify="left")
-        for column in ("#", "function", "side lines", "join", "case", "est. saving", "confidence", "tier"):
-            table.add_column(column)
+        print(fit_table([f"{analysis.file.name}  [{tiers}]"], [], shrink={0: 20})[0])
+        rows = []
         for rank, c in enumerate(analysis.candidates, 1):
             saving = "N/A" if c.estimated_saving is None else f"{c.estimated_saving * 1e6:.2f} µs"
             if c.cost and c.cost.too_small:
                 saving += " (too small)"
             if c.cost and c.cost.same_resource:
                 saving += f" (both {c.cost.same_resource}-bound)"
-            lines = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in c.plan.side_lines)
-            table.add_row(str(rank), c.plan.function, lines, str(c.plan.join_line), c.case, saving, c.confidence, c.tier)
-        console.print(table)
-        if analysis.candidates:
-            console.print(f"best: {analysis.candidates[0].command}", highlight=False, soft_wrap=True)
+            lines = ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in c.plan.side_lines)
+            rows.append([str(rank), c.plan.function, lines, str(c.plan.join_line), c.case, saving, c.confidence, c.tier])
+        if rows:
+            header = ["#", "function", "side", "join", "case", "saving", "conf.", "tier"]
+            if len({row[-1] for row in rows}) == 1:  # one tier for all: the title says which
+                header, rows = header[:-1], [row[:-1] for row in rows]
+            for line in fit_table(header, rows, shrink={2: 6, 1: 20, 4: 10, 5: 10, 6: 4}):
+                print(line)
+            print(f"best: {analysis.candidates[0].command}")
         else:
-            console.print("no candidates found")
+            print("no candidates found")

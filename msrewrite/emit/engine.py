@@ -36,6 +36,7 @@ from msrewrite.emit import helpers as helper_text
 from msrewrite.emit.strategies import STRATEGIES, Context, Emission, Names, async_comm
 from msrewrite.errors import BadInput, NothingToDo
 from msrewrite.plan import OverlapPlan
+from msrewrite.validate import comment_text, literal
 
 _EMPTY = cst.Module(body=[])
 
@@ -238,7 +239,7 @@ class _Rename(cst.CSTTransformer):
 
 
 def _comment(text: str) -> cst.EmptyLine:
-    return cst.EmptyLine(comment=cst.Comment("# " + text))
+    return cst.EmptyLine(comment=cst.Comment("# " + comment_text(text, "comment")))
 
 
 def _with_leading(stmts: list[cst.BaseStatement], leading) -> list[cst.BaseStatement]:
@@ -551,7 +552,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
     opening = (
         f"msrewrite({label}): {what} start as soon as their tensors exist, overlapping {_main}."
         if em.async_comm
-        else f"msrewrite({label}): {what} runs on side stream \"{plan.stream_tag}\" during {_main}."
+        else f"msrewrite({label}): {what} runs on side stream {literal(plan.stream_tag)} during {_main}."
     )
     notes = [_comment(opening)]
     if plan.guard:
@@ -663,7 +664,7 @@ def _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what, gua
     for p, anchor in enumerate(plan.phase_anchors, start=1):
         at = next((f.index for f in reversed(facts[:join]) if anchor in f.stores), None)
         if at is None:
-            raise BadInput(f"stale plan for {plan.function}: phase anchor '{anchor}' is not assigned before the join")
+            raise BadInput(f"stale plan for {plan.function}: phase anchor {anchor!r} is not assigned before the join")
         nodes = phase_nodes.get(p, [])
         if not nodes:
             continue
@@ -789,8 +790,8 @@ def plumb_constructor_stream(module: cst.Module, target: str, param: str, plan: 
 def _creator_flag(plan: OverlapPlan, em: Emission) -> str:
     default = "True" if plan.flag.default else "False"
     if plan.flag.kind == "env":
-        return f'_ms_env_flag("{plan.flag.name}", {default})'
-    return f'getattr(config, "{plan.flag.name}", {default})'
+        return f"_ms_env_flag({literal(plan.flag.name)}, {default})"
+    return f"getattr(config, {literal(plan.flag.name)}, {default})"
 
 
 class _Plumb(cst.CSTTransformer):
@@ -842,7 +843,7 @@ class _Plumb(cst.CSTTransformer):
                 return updated
             create = _parse_block([
                 f"# msrewrite({self.case}): one side stream for every layer, created once with the model.",
-                f'{self.param} = _ms_side_stream("{self.tag}", {self.flag})',
+                f"{self.param} = _ms_side_stream({literal(self.tag)}, {self.flag})",
             ])
             create = _with_leading(create, list(body[at].leading_lines))
             body[at] = strip_leading(body[at])

@@ -24,7 +24,9 @@ import libcst as cst
 
 from msrewrite.analyze.defuse import dotted_name, is_docstring, node_facts
 from msrewrite.emit.engine import code_of, strip_leading
-from msrewrite.errors import NothingToDo
+from msrewrite import validate
+from msrewrite.errors import BadInput, NothingToDo
+from msrewrite.validate import literal
 
 COLLECTIVES = frozenset(
     {"all_reduce", "all_to_all", "all_to_all_single", "all_gather", "all_gather_into_tensor",
@@ -130,13 +132,13 @@ def layer_microbatch_method(
         f"def forward_microbatch(self, {x}_mb0, {x}_mb1):",
         '    """forward for two micro-batches: collectives on the comm stream, one micro-batch behind (msrewrite)."""',
         f"    current_stream = {api}.current_stream()",
-        f'    comm_stream = _ms_side_stream("{stream_tag}")',
+        f"    comm_stream = _ms_side_stream({literal(stream_tag)})",
         "    comm_stream.wait_stream(current_stream)",
     ]
     if second_group:
         lines += [
             f"    # micro-batch 1 communicates over self.{second_group} on its own stream",
-            f'    comm_stream_mb1 = _ms_side_stream("{stream_tag}_mb1")',
+            f"    comm_stream_mb1 = _ms_side_stream({literal(stream_tag + '_mb1')})",
             "    comm_stream_mb1.wait_stream(current_stream)",
         ]
     order: list[tuple[int, int]] = [(0, 0)]
@@ -304,6 +306,31 @@ def _call_args(func: cst.FunctionDef) -> str:
     return ", ".join(parts)
 
 
+def _existing_attribute(cls: cst.ClassDef, name: str, what: str) -> str:
+    """`name` is an attribute the class assigns (`self.name = ...`): the edit will read it."""
+    try:
+        validate.attribute(name, what)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    assigned: set[str] = set()
+
+    class _Assigned(cst.CSTVisitor):
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            self._add(node.target)
+
+        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+            self._add(node.target)
+
+        def _add(self, target: cst.BaseExpression) -> None:
+            if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self":
+                assigned.add(target.attr.value)
+
+    cls.visit(_Assigned())
+    if name not in assigned:
+        raise BadInput(f"{what} {name}: {cls.name.value} never sets self.{name}")
+    return name
+
+
 def microbatch_edit(
     module: cst.Module, mode: str, flag, target: str | None, stream_tag: str, dim: int = 0,
     second_group: str | None = None,
@@ -332,6 +359,9 @@ def microbatch_edit(
     layer_forward = _forward_of(classes[layer_name]) if layer_name else None
     if layer_forward is None:
         raise NothingToDo(f"{model_name}: cannot tell which class fills self.{loop.attr}")
+    stream_tag = validate.stream_tag(stream_tag)
+    if second_group is not None:
+        second_group = _existing_attribute(classes[layer_name], second_group, "--second-comm-group")
     api = "torch.cuda" if mode == "cuda" else "torch.npu"
     layer_method = layer_microbatch_method(layer_forward, api, stream_tag, second_group)
 
@@ -339,7 +369,7 @@ def microbatch_edit(
     default = "True" if flag.default else "False"
     init_lines = [
         f"# msrewrite(prefill-microbatch): {flag.name}=0 keeps the single-batch layer loop.",
-        f'self.{switch} = _ms_env_flag("{flag.name}", {default})',
+        f"self.{switch} = _ms_env_flag({literal(flag.name)}, {default})",
     ]
     dispatch = [
         "# msrewrite(prefill-microbatch): two micro-batches on two streams when enabled (forward_microbatch);",

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from msrewrite.validate import literal
+
 
 @dataclass
 class Names:
@@ -83,7 +85,7 @@ def _flag(ctx: Context, em: Emission) -> str:
     if ctx.flag_kind == "env":
         em.helpers.append("_ms_env_flag")
         em.needs_os = True
-        read = f'_ms_env_flag("{ctx.flag_name}", {default})'
+        read = f"_ms_env_flag({literal(ctx.flag_name)}, {default})"
         if not ctx.has_init:
             return read
         if ctx.init_sets_flag:  # another stream behind the same switch set it already
@@ -95,10 +97,10 @@ def _flag(ctx: Context, em: Emission) -> str:
         return f"self.{ctx.names.flag_attr}"
     # attr flag
     if not ctx.has_init:
-        return f'getattr(self, "{ctx.flag_name}", {default})'
+        return f"getattr(self, {literal(ctx.flag_name)}, {default})"
     if not ctx.init_sets_flag:
         source = (
-            f'getattr({ctx.init_config_param}, "{ctx.flag_name}", {default})'
+            f"getattr({ctx.init_config_param}, {literal(ctx.flag_name)}, {default})"
             if ctx.init_config_param
             else default
         )
@@ -148,13 +150,13 @@ def _native(ctx: Context, api: str) -> Emission:
             "# Handed down by the model so every layer shares one stream; built directly, the layer",
             "# falls back to the same process-wide stream, created on first use.",
             f"if {param} is None:",
-            f'    {param} = _ms_side_stream("{ctx.tag}", {flag})',
+            f"    {param} = _ms_side_stream({literal(ctx.tag)}, {flag})",
             f"self.{n.stream_attr} = {param}",
         ]
         stream_expr = f"self.{n.stream_attr}" + (f" if {gate} else None" if gate else "")
         em.prelude = [f"{n.stream} = {stream_expr}"]
     else:
-        em.prelude = [f'{n.stream} = _ms_side_stream("{ctx.tag}", {enabled})']
+        em.prelude = [f"{n.stream} = _ms_side_stream({literal(ctx.tag)}, {enabled})"]
     em.on_cond, em.off_cond = f"{n.stream} is not None", f"{n.stream} is None"
     if ctx.sync == "events":
         # Fresh events each call, recorded on the stream that produced the data.
@@ -224,13 +226,13 @@ def npugraph_ex(ctx: Context) -> Emission:
     if ctx.has_init:
         em.init_lines += [
             "# Stream and events are created once: graph capture and replay must see the same objects.",
-            f'self.{n.stream_attr} = _ms_side_stream("{ctx.tag}", {enabled})',
+            f"self.{n.stream_attr} = _ms_side_stream({literal(ctx.tag)}, {enabled})",
             f"self.{n.events_attr} = _ms_stream_events(self.{n.stream_attr})",
         ]
         stream_expr = f"self.{n.stream_attr}"
         events_expr = f"self.{n.events_attr}"
     else:
-        stream_expr = f'_ms_side_stream("{ctx.tag}", {enabled})'
+        stream_expr = f"_ms_side_stream({literal(ctx.tag)}, {enabled})"
         events_expr = None
     gate = _token_gate(ctx, em)
     if gate:
@@ -239,7 +241,7 @@ def npugraph_ex(ctx: Context) -> Emission:
     em.on_cond, em.off_cond = f"{n.stream} is not None", f"{n.stream} is None"
     if events_expr is None:
         em.helpers.append("_ms_module_events")
-        events_expr = f'_ms_module_events(self, "{ctx.tag}", {n.stream})'
+        events_expr = f"_ms_module_events(self, {literal(ctx.tag)}, {n.stream})"
     em.on_head = [f"{n.fork_event}, {n.join_event} = {events_expr}"]
     if ctx.inputs:
         em.on_head += [f"_ms_record_stream({n.stream}, {', '.join(ctx.inputs)})"]
@@ -268,14 +270,14 @@ def ge_graph(ctx: Context) -> Emission:
     em.imports.append("torchair")
     em.prelude = [f"{n.stream} = _ms_graph_streams({enabled})"]
     em.on_cond, em.off_cond = n.stream, f"not {n.stream}"
-    em.with_open = f'with torchair.scope.npu_stream_switch("{ctx.tag}", 0):'
+    em.with_open = f"with torchair.scope.npu_stream_switch({literal(ctx.tag)}, 0):"
     if ctx.core_limits:
         # limit_core_num nests inside the stream switch; the main branch gets its own budget
         side_c, side_v, main_c, main_v = ctx.core_limits
         em.helpers.append("_ms_core_limit:ge-graph")
         em.stdlib.append("contextlib")
         em.with_open = (
-            f'with torchair.scope.npu_stream_switch("{ctx.tag}", 0), _ms_core_limit(True, {side_c}, {side_v}):'
+            f"with torchair.scope.npu_stream_switch({literal(ctx.tag)}, 0), _ms_core_limit(True, {side_c}, {side_v}):"
         )
         em.main_limit = f"with _ms_core_limit({n.stream}, {main_c}, {main_v}):"
     if ctx.phased:
@@ -304,7 +306,7 @@ STRATEGIES = {"eager": eager, "npugraph-ex": npugraph_ex, "ge-graph": ge_graph, 
 
 
 def _quote(names: list[str]) -> str:
-    return ", ".join(f"'{name}'" for name in names)
+    return ", ".join(f"{name!r}" for name in names)  # identifiers (validated plan fields)
 
 
 def _is_are(names: list[str]) -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import networkx as nx
-
 from msrewrite.analyze.dataflow import FunctionInfo, ModuleInfo
+from msrewrite.analyze import digraph
+from msrewrite.analyze.digraph import DiGraph
 from msrewrite.plan import OverlapPlan
 from msrewrite.suggest import graph as g
 from msrewrite.suggest.profiles import DeviceProfile
@@ -201,23 +201,23 @@ def _choice(scope, info, side_ops, main_ops, join_op, ops_of_stmt, by_index, dag
     # but none the main branch needs.
     for s in whole:
         for o in ops_of_stmt.get(s, ()):
-            if o not in side_ops and (o in main_ops or nx.descendants(dag, o) & main_ops):
+            if o not in side_ops and (o in main_ops or digraph.descendants(dag, o) & main_ops):
                 return None
     return SideChoice(statements=tuple(sorted(whole)), hoist=hoist)
 
 
-def _independent(side: list[OpRecord], main: list[OpRecord], dag: nx.DiGraph) -> bool:
+def _independent(side: list[OpRecord], main: list[OpRecord], dag: DiGraph) -> bool:
     """No path between the side ops and the main window ops, either way (convexity)."""
     side_ids = {o.index for o in side}
     main_ids = {o.index for o in main}
     reach = set()
     for o in side_ids:
-        reach |= nx.descendants(dag, o)
+        reach |= digraph.descendants(dag, o)
     if reach & main_ids:
         return False
     back = set()
     for o in main_ids:
-        back |= nx.descendants(dag, o)
+        back |= digraph.descendants(dag, o)
     return not (back & side_ids)
 
 
@@ -288,7 +288,7 @@ def _static_choices(info: FunctionInfo) -> list[SideChoice]:
                     dag.add_edge(src, node, kind="data")
             dag.add_edge(node, stmt.index, kind="data")
     choices: list[SideChoice] = []
-    ancestors = {n: nx.ancestors(dag, n) | {n} for n in dag}
+    ancestors = {n: digraph.ancestors(dag, n) | {n} for n in dag}
     for join in dag:
         preds = list(dag.predecessors(join))
         for i, a in enumerate(preds):
@@ -301,7 +301,7 @@ def _static_choices(info: FunctionInfo) -> list[SideChoice]:
     return choices
 
 
-def _static_choice(info: FunctionInfo, dag: nx.DiGraph, side: set, main: set, join) -> SideChoice | None:
+def _static_choice(info: FunctionInfo, dag: DiGraph, side: set, main: set, join) -> SideChoice | None:
     if not side or not main or not any(_heavy(info, n, dag) for n in main):
         return None
     # Cheap roots (aliases, shapes) stay on the main stream: they only feed the side.
@@ -326,7 +326,7 @@ def _static_choice(info: FunctionInfo, dag: nx.DiGraph, side: set, main: set, jo
     return SideChoice(statements=tuple(sorted(whole)), hoist=hoist)
 
 
-def _heavy(info: FunctionInfo, node, dag: nx.DiGraph) -> bool:
+def _heavy(info: FunctionInfo, node, dag: DiGraph) -> bool:
     if isinstance(node, tuple):
         return True
     return bool(info.statements[node].calls)
@@ -361,4 +361,4 @@ def _static_syncs(info: FunctionInfo, candidate: Candidate) -> dict[str, int]:
     for n in list(dag.nodes):
         if n != g.ENTRY and dag.in_degree(n) == 0:
             dag.add_edge(g.ENTRY, n)  # reads the function's parameters
-    return g.sync_points(nx.transitive_reduction(dag), position, side)
+    return g.sync_points(digraph.transitive_reduction(dag), position, side)

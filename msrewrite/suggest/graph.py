@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import networkx as nx
-
 from msrewrite.analyze.dataflow import FunctionInfo, Statement
+from msrewrite.analyze.digraph import DiGraph, transitive_reduction
 
 if TYPE_CHECKING:
     from msrewrite.suggest.trace import OpRecord, Trace
@@ -40,8 +39,8 @@ class BranchPair:
     b_ops: frozenset[int]
 
 
-def op_dag(ops: list[OpRecord]) -> nx.DiGraph:
-    dag = nx.DiGraph()
+def op_dag(ops: list[OpRecord]) -> DiGraph:
+    dag = DiGraph()
     present = {op.index for op in ops}
     for op in ops:
         dag.add_node(op.index)
@@ -130,9 +129,9 @@ def statements_of(scope: Scope, ops: frozenset[int]) -> set[int]:
     return {scope.stmt_of[o] for o in ops if o in scope.stmt_of}
 
 
-def statement_dag(scope: Scope, info: FunctionInfo) -> nx.DiGraph:
+def statement_dag(scope: Scope, info: FunctionInfo) -> DiGraph:
     """Statements of one forward, with an edge where an op of one feeds an op of the other."""
-    dag = nx.DiGraph()
+    dag = DiGraph()
     dag.add_nodes_from(sorted(set(scope.stmt_of.values())))
     for op in scope.ops:
         v = scope.stmt_of[op.index]
@@ -167,7 +166,7 @@ def call_for_submodule(stmt: Statement, submodule: str):
 ENTRY = "entry"  # the main-stream work before the scope (its inputs were produced there)
 
 
-def reduced_dag(ops: list[OpRecord]) -> tuple[nx.DiGraph, dict]:
+def reduced_dag(ops: list[OpRecord]) -> tuple[DiGraph, dict]:
     """Transitive reduction of a scope's op DAG, with ENTRY feeding ops that read scope inputs.
 
     Returns (reduced DAG, position of each node in issue order; ENTRY is -1).
@@ -178,13 +177,13 @@ def reduced_dag(ops: list[OpRecord]) -> tuple[nx.DiGraph, dict]:
     for op in ops:
         if op.deps - present:
             dag.add_edge(ENTRY, op.index)
-    reduced = nx.transitive_reduction(dag)
+    reduced = transitive_reduction(dag)
     position = {op.index: i for i, op in enumerate(ops)}
     position[ENTRY] = -1
     return reduced, position
 
 
-def sync_points(reduced: nx.DiGraph, position: dict, side: set) -> dict[str, int]:
+def sync_points(reduced: DiGraph, position: dict, side: set) -> dict[str, int]:
     """Fewest fork and join synchronizations for one side stream running `side` in issue order.
 
     Crossing edges of the transitive reduction are the dependences a sync must cover. One event

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from pathlib import Path
+from typing import Callable
 
 from msrewrite.analyze.dataflow import analyze_file, analyze_static
 from msrewrite.errors import BadInput
@@ -25,7 +26,10 @@ def analyze(
     target: str | None = None,
     input_shape: tuple[int, ...] | None = None,
     full_size: bool = True,
+    progress: Callable[[str], None] | None = None,
 ) -> FileAnalysis:
+    """`progress`, when given, hears each stage of the traced path before it starts."""
+    say = progress or (lambda _stage: None)
     file = Path(file)
     display = str(file)
     if static:
@@ -42,9 +46,11 @@ def analyze(
     # Model code may print; keep stdout clean for --json.
     with contextlib.redirect_stdout(sys.stderr):
         try:
+            say(f"building the model in {file.name} (imports torch and the file)")
             built = build_harness(file, harness=harness, target=target, input_shape=input_shape)
             from msrewrite.suggest.trace import record
 
+            say("tracing one forward on tiny inputs")
             trace = record(built.module, built.args, built.kwargs, file)
         except BadInput as exc:
             if harness or input_shape:
@@ -67,8 +73,10 @@ def analyze(
         analysis.tiers = {"trace": "ok", "fx": "no candidate function to trace", "static": "not needed"}
         analysis.scopes = {s.qualname: s for s in g.scopes(trace, module.functions)}
         candidates = trace_candidates(trace, module, display, device)
+        say("cross-checking candidates with torch.fx")
         _fx_tier(candidates, built, trace, module, analysis)
         if full_size and built.config is not None:
+            say(f"estimating full-size {phase} costs")
             _full_size_costs(candidates, built, file, module, device, phase, analysis)
     analysis.candidates = rank(candidates)
     return analysis
