@@ -112,6 +112,9 @@ def verify(
     atol: float = typer.Option(0.0, "--atol", help="Absolute tolerance (default: exact)."),
     rtol: float = typer.Option(0.0, "--rtol", help="Relative tolerance (default: exact)."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds before user code (harness, model) is stopped."),
+    inputs: int = typer.Option(2, "--inputs", help="Random input draws (with outliers) besides make()'s own."),
+    plan_path: Optional[Path] = typer.Option(None, "--plan", help="Plans behind the edit (with --original): schedules."),
 ) -> None:
     """Prove an edit on CPU: equivalence with the flag off and on, and a stream sanitizer run."""
     from msrewrite.commands.verify import run_verify
@@ -127,6 +130,9 @@ def verify(
             atol=atol,
             rtol=rtol,
             json_out=json_out,
+            timeout=timeout,
+            inputs=inputs,
+            plan_path=plan_path,
         )
     except MsrewriteError as exc:
         _fail(exc)

@@ -163,10 +163,13 @@ MUTANTS = {
 }
 
 
-def run_verify(tmp_path: Path, example: str, text: str):
+def run_verify(tmp_path: Path, example: str, text: str, full: bool = False):
+    """A mutant breaks a sync: the default eval run shows it. `full`: every scenario and schedule."""
     edited = tmp_path / f"{example}.py"
     edited.write_text(text)
-    return verify_files(edited, original=EXAMPLES / f"{example}.py")
+    if full:
+        return verify_files(edited, original=EXAMPLES / f"{example}.py")
+    return verify_files(edited, original=EXAMPLES / f"{example}.py", inputs=0, train=False)
 
 
 MUTATED_EXAMPLES = {
@@ -215,9 +218,15 @@ GOLDENS = [
 @pytest.mark.parametrize("case,mode,example", GOLDENS, ids=["-".join(g) for g in GOLDENS])
 def test_unmutated_golden_verifies_clean(tmp_path, case, mode, example):
     golden, _ = regen.golden_paths(case, mode, example)
-    result = run_verify(tmp_path, example, golden.read_text())
+    result = run_verify(tmp_path, example, golden.read_text(), full=True)
     assert result.ok, result.problems
     assert not result.findings
+    assert {"train", "draw 1", "draw 2"} <= set(result.scenarios), result.scenarios
+    # the side work deferred to the join (and split around main work) gives the original's outputs
+    if "phased" not in case:
+        assert result.schedules == ["early", "late", "interleaved"], result.schedule_note
+        late = [r for r in result.runs if r.name.endswith("late schedule")]
+        assert len(late) == len(result.scenarios), [r.name for r in result.runs]
 
 
 def _ge_edit_with_gate(example: str) -> str:

@@ -369,5 +369,11 @@ def run_apply(
     if verify:
         from msrewrite.commands.verify import verify_edit
 
-        return verify_edit(file, src.text, new_text, plans, harness=harness)
+        from msrewrite.emit.schedules import ScheduleSource
+
+        # the plans and the text they address, so verify can issue the side work under other schedules
+        last = ScheduleSource(src.text, plans) if plan_path is not None else (
+            ScheduleSource(steps[-1].old, steps[-1].plans) if steps[-1].plans else None
+        )
+        return verify_edit(file, src.text, new_text, plans, harness=harness, schedule_source=last)
     return EXIT_OK
