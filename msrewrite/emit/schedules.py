@@ -26,7 +26,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from msrewrite.analyze.defuse import function_names
+from msrewrite.analyze.defuse import function_names, node_facts
 from msrewrite.emit.engine import (
     PlannedEdit, _comment, _if_block, _parse_block, _unique, apply_plans, code_of, strip_leading,
 )
@@ -118,11 +118,19 @@ def reschedule(edit: PlannedEdit, schedule: str) -> cst.FunctionDef:
     fork_body[with_at : with_at + 1] = at_fork
     new_fork_if = fork_if.with_changes(body=fork_if.body.with_changes(body=fork_body))
 
-    swap_in = [f"{saved[n]} = {n}" for n in inputs] + [f"{n} = {captured[n]}" for n in inputs]
-    swap_out = [f"{n} = {saved[n]}" for n in inputs if n not in outputs]
+    # The deferred side work reads the tensors it was handed at the fork: its reads of the inputs are
+    # renamed to the captures (a main-path rebinding or `del` of the name does not matter). An input
+    # the side work itself rebinds is swapped in and out instead.
+    stored = set().union(*(node_facts(n).stores for n in later_part)) if later_part else set()
+    renamed = {n: captured[n] for n in inputs if n not in stored}
+    swapped = [n for n in inputs if n in stored]
+    later_part = [n.visit(_RenameLoads(renamed)) for n in later_part] if renamed else list(later_part)
+    head_part = [n.visit(_RenameLoads(renamed)) for n in head] if renamed else list(head)
+    swap_in = [f"{saved[n]} = {n}" for n in swapped] + [f"{n} = {captured[n]}" for n in swapped]
+    swap_out = [f"{n} = {saved[n]}" for n in swapped if n not in outputs]
     moved = [
         *_parse_block(swap_in),
-        with_body([*([] if early_part else head), *later_part, *tail]),
+        with_body([*([] if early_part else head_part), *later_part, *tail]),
         *_parse_block(swap_out),
     ]
     block = _if_block(edit.emission.on_cond, moved, None, [])
@@ -182,11 +190,29 @@ def window_size(source: ScheduleSource) -> int:
     return len(source.window_statements)
 
 
+class _RenameLoads(cst.CSTTransformer):
+    """Rename variables, never attribute names, keyword names or parameters."""
+
+    def __init__(self, names: dict[str, str]) -> None:
+        self.names = names
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.Attribute:
+        return updated.with_changes(attr=original.attr)
+
+    def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
+        return updated.with_changes(keyword=original.keyword)
+
+    def leave_Param(self, original: cst.Param, updated: cst.Param) -> cst.Param:
+        return updated.with_changes(name=original.name)
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.Name:
+        new = self.names.get(updated.value)
+        return updated.with_changes(value=new) if new else updated
+
+
 def _locals(func: cst.FunctionDef) -> set[str]:
     """Parameters and names bound in the function: only these can be captured and swapped (a global
     assigned inside the function would become a local everywhere in it)."""
-    from msrewrite.analyze.defuse import node_facts
-
     params = func.params
     names = {p.name.value for p in [*params.posonly_params, *params.params, *params.kwonly_params]}
     for star in (params.star_arg, params.star_kwarg):
