@@ -508,8 +508,8 @@ def _check_rng_order(result, ops, scenario) -> None:
 
 
 def _leak(source, scenario, reference, reference_run, build_edited, switch, atol, rtol) -> str:
-    """Name the main statement whose effect leaks into the side work: the first K for which the
-    side work issued right after the K-th main statement of the window gives another result."""
+    """Name the main statement the side work races with: the first K for which the side work
+    issued right after the K-th main statement of the window gives another result."""
     from msrewrite.emit.schedules import NoSchedule, variant
     from msrewrite.runtime import install
 
@@ -532,8 +532,8 @@ def _leak(source, scenario, reference, reference_run, build_edited, switch, atol
             if differs:
                 line, code = statements[k - 1]
                 at = f"line {line}: " if line else ""
-                return f"race: the side work sees the effect of the main statement at {at}{code}"
-    return "race: the side work result depends on when it runs"
+                return f"race: the result changes when the side work runs after the main statement at {at}{code}"
+    return "race: the result depends on when the side work runs"
 
 
 def _verify_as_written(rewritten, original, harness, target, mode, atol, rtol, package, phase) -> VerifyResult:
