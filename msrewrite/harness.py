@@ -515,6 +515,16 @@ class ChildFailed(Exception):
         self.phase = phase
 
 
+_child_pid: int | None = None  # set in the child run_in_child made
+
+
+def exit_if_forked() -> None:
+    """Called after each forward: a process that user code forked inside the child ends here,
+    silently, instead of running (and forking) on and reporting twice."""
+    if _child_pid is not None and os.getpid() != _child_pid:
+        os._exit(0)
+
+
 class ChildProgress:
     """Handed to the function run in the child: `progress.phase("running the model")` says where
     user code is, so a death or a hang can be blamed on the harness or on the model."""
@@ -523,8 +533,8 @@ class ChildProgress:
         self._fd, self._pid = fd, pid
 
     def phase(self, name: str) -> None:
-        if os.getpid() == self._pid:
-            _send(self._fd, ("phase", name))
+        exit_if_forked()
+        _send(self._fd, ("phase", name))
 
 
 def _send(fd: int, message: Any) -> None:
@@ -554,6 +564,8 @@ def run_in_child(fn: Callable[[ChildProgress], Any], *, timeout: float, stdout_t
             if stdout_to_stderr:
                 os.dup2(2, 1)
             me = os.getpid()
+            global _child_pid
+            _child_pid = me
             progress = ChildProgress(write_fd, me)
             try:
                 value = ("ok", fn(progress))
@@ -596,6 +608,8 @@ def run_in_child(fn: Callable[[ChildProgress], Any], *, timeout: float, stdout_t
                     phase = value
                 else:
                     result = (kind, value)
+            if result is not None:
+                break  # a process user code forked may still hold the pipe open: do not wait for it
     finally:
         os.close(read_fd)
     _, status = os.waitpid(pid, 0)

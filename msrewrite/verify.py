@@ -178,7 +178,7 @@ def run_module(built, scenario: Scenario, seed: int = 0, restore: bool = False) 
     Train runs enable grad and compare the buffers after the forward (running statistics, caches);
     every run starts from the same RNG seed, so dropout draws match when their order does.
     `restore` puts the module's parameters and buffers back afterwards (a module run again)."""
-    from msrewrite.harness import clone_tree
+    from msrewrite.harness import clone_tree, exit_if_forked
 
     module = built.module
     state = {k: v.detach().clone() for k, v in module.state_dict(keep_vars=True).items()} if restore else {}
@@ -188,6 +188,7 @@ def run_module(built, scenario: Scenario, seed: int = 0, restore: bool = False) 
     try:
         with torch.enable_grad() if scenario.training else torch.no_grad():
             out = module(*clone_tree(args), **clone_tree(kwargs))
+        exit_if_forked()
         buffers = [(name, b.detach().clone()) for name, b in module.named_buffers()] if scenario.training else []
     finally:
         if restore:
