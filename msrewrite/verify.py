@@ -457,21 +457,26 @@ def _run_scenario(
         flag_on_runs.append((f"flag on, {name} schedule", mode == "ge-graph", path))
     with switch(True):
         for name, graph, path in flag_on_runs:
+            san = None
             with install() as rt:
                 on = build_edited(reference, on=True, path=path or rewritten)
                 try:
                     with rt.graph_mode() if graph else contextlib.nullcontext():
                         if path is None:
-                            with Sanitizer(rt, user_files=[str(rewritten)]) as san, rt.record_ops() as ops:
+                            san = Sanitizer(rt, user_files=[str(rewritten)])
+                            with san, rt.record_ops() as ops:
                                 out = run_module(on, scenario)
                                 san.check_output(out.raw)
-                            result.findings += [f for f in san.findings if f not in result.findings]
                         else:
                             with rt.record_ops() as ops:
                                 out = run_module(on, scenario)
                 except Exception as exc:  # the edit itself failed: that is a finding, not a crash
                     result.problems.append(f"{scenario.label(name)}: raised {one_line(exc)}")
-                    continue
+                    out = None
+            if san is not None:  # what it saw before a failure counts too (a free, then a crash)
+                result.findings += [f for f in san.findings if f not in result.findings]
+            if out is None:
+                continue
             out.name, out.streams = scenario.label(name), _count_streams(ops)
             runs.append(out)
             if path is None and (graph or mode != "ge-graph") and not scenario.name:
