@@ -115,6 +115,8 @@ def verify(
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds before user code (harness, model) is stopped."),
     inputs: int = typer.Option(2, "--inputs", help="Random input draws (with outliers) besides make()'s own."),
     plan_path: Optional[Path] = typer.Option(None, "--plan", help="Plans behind the edit (with --original): schedules."),
+    schedules: str = typer.Option("early,late,interleaved", "--schedules", help="Side-work schedules to run."),
+    train: bool = typer.Option(True, "--train/--no-train", help="Also run in train mode (grad, buffers compared)."),
 ) -> None:
     """Prove an edit on CPU: equivalence with the flag off and on, and a stream sanitizer run."""
     from msrewrite.commands.verify import run_verify
@@ -133,6 +135,8 @@ def verify(
             timeout=timeout,
             inputs=inputs,
             plan_path=plan_path,
+            schedules=schedules,
+            train=train,
         )
     except MsrewriteError as exc:
         _fail(exc)

@@ -78,8 +78,16 @@ def run_verify(
     timeout: float = DEFAULT_TIMEOUT,
     inputs: int = 2,
     plan_path: Path | None = None,
+    schedules: str = "early,late,interleaved",
+    train: bool = True,
 ) -> int:
+    from msrewrite.emit.schedules import SCHEDULES
+
     check_tolerances(atol, rtol)
+    chosen = tuple(s.strip() for s in schedules.split(",") if s.strip())
+    unknown = [s for s in chosen if s not in SCHEDULES]
+    if unknown or "early" not in chosen:
+        raise BadInput(f"--schedules: choose from {', '.join(SCHEDULES)}, early included (got {schedules!r})")
     if not (math.isfinite(timeout) and timeout > 0):
         raise BadInput("--timeout must be a positive number of seconds")
     if inputs < 0:
@@ -96,7 +104,7 @@ def run_verify(
         _one_thread()
         return verify_files(
             rewritten, original=original, harness=harness, target=target, flag=spec, mode=mode, atol=atol,
-            rtol=rtol, schedule_source=source, inputs=inputs, progress=progress,
+            rtol=rtol, schedule_source=source, inputs=inputs, progress=progress, schedules=chosen, train=train,
         )
 
     result = _isolated(work, timeout, json_out)
