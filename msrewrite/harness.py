@@ -602,7 +602,11 @@ def run_in_child(fn: Callable[[ChildProgress], Any], *, timeout: float, stdout_t
             buffer += chunk
             while len(buffer) >= 8 and len(buffer) >= 8 + int.from_bytes(buffer[:8], "little"):
                 size = int.from_bytes(buffer[:8], "little")
-                kind, value = pickle.loads(buffer[8 : 8 + size])
+                try:
+                    kind, value = pickle.loads(buffer[8 : 8 + size])
+                except Exception as exc:  # noqa: BLE001 - e.g. an object of a class only the child imported
+                    _kill_group(pid)
+                    raise ChildFailed(f"returned a result this process cannot read ({one_line(exc)})", phase) from None
                 buffer = buffer[8 + size :]
                 if kind == "phase":
                     phase = value

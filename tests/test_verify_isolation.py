@@ -141,3 +141,14 @@ def test_non_finite_tolerance_is_bad_input(files, value):
     proc = verify(files, "", "--atol", value)
     assert proc.returncode == 2
     assert "--atol and --rtol must be finite" in one_error_line(proc)
+
+
+def test_traced_suggest_survives_an_import_that_never_returns(tmp_path):
+    """suggest imports the model file in a child: an import-time `while True` ends in one line."""
+    from msrewrite.commands.suggest import run_suggest
+    from msrewrite.errors import BadInput
+
+    model = tmp_path / "spins.py"
+    model.write_text("while True:\n    pass\n")
+    with pytest.raises(BadInput, match=r"user code timed out after 2 s"):
+        run_suggest(files=[model], input_shape="1,8,16", timeout=2)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 import sys
@@ -46,10 +48,10 @@ def run_suggest(
     report: Path | None = None,
     phase: str = "decode",
     jobs: int = 1,
+    timeout: float = 300.0,
 ) -> int:
     from msrewrite.suggest.pipeline import analyze
     from msrewrite.suggest.profiles import profile
-    from msrewrite.suggest.report import write_report
 
     try:
         device_profile = profile(device)
@@ -71,6 +73,29 @@ def run_suggest(
     first, extra = Path(files[0]), [Path(f) for f in files[1:]]
     if harness is None and not static and input_shape is None and re.search(r"^def make\(", read_source(first), re.M):
         harness = f"{first}:make"  # the file builds its own model and inputs, as verify assumes
+    if not static:  # the traced tier imports and runs user code: all of it in a child, with a timeout
+        from msrewrite.harness import ChildFailed, run_in_child
+
+        def traced(_progress):  # user prints go to stderr there; our output comes back as text
+            return _finish(analyze, first, extra, device_profile, device, phase, False, harness, target, shape,
+                           jobs, json_out, report)
+
+        try:
+            code, text = run_in_child(traced, timeout=timeout)
+        except ChildFailed as exc:
+            raise BadInput(f"{first}: user code {exc}") from None
+    else:
+        code, text = _finish(analyze, first, extra, device_profile, device, phase, True, harness, target, shape,
+                             jobs, json_out, report)
+    sys.stdout.write(text)
+    return code
+
+
+def _finish(analyze, first, extra, device_profile, device, phase, static, harness, target, shape, jobs, json_out,
+            report) -> tuple[int, str]:
+    """(exit code, what goes to stdout) of the analysis."""
+    from msrewrite.suggest.report import write_report
+
     analyses = [
         analyze(first, device=device_profile, phase=phase, static=static, harness=harness, target=target, input_shape=shape)
     ]
@@ -82,16 +107,17 @@ def run_suggest(
             analyses += [analyze(f, device=device_profile, phase=phase, static=True) for f in extra]
 
     candidates = [c for a in analyses for c in a.candidates]
-    if json_out:
-        json.dump({"candidates": [c.to_dict() for c in candidates]}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        _print_table(analyses)
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        if json_out:
+            json.dump({"candidates": [c.to_dict() for c in candidates]}, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            _print_table(analyses)
     if report is not None:
         for analysis in analyses:
             path = write_report(analysis, Path(report))
             print(f"report: {path}", file=sys.stderr)
-    return EXIT_OK if candidates else EXIT_NOTHING_TO_DO
+    return (EXIT_OK if candidates else EXIT_NOTHING_TO_DO), out.getvalue()
 
 
 def _print_table(analyses) -> None:
