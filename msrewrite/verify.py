@@ -74,6 +74,7 @@ class VerifyResult:
     schedules: list[str] = field(default_factory=lambda: ["early"])  # side work issued at the fork, ...
     schedule_note: str = ""  # why some schedules were not run
     scenarios: list[str] = field(default_factory=lambda: ["eval"])
+    skipped: list[str] = field(default_factory=list)  # scenarios the original itself cannot run
 
     @property
     def ok(self) -> bool:
@@ -88,6 +89,7 @@ class VerifyResult:
                 "schedules": self.schedules,
                 "schedule_note": self.schedule_note,
                 "scenarios": self.scenarios,
+                "skipped": self.skipped,
                 "runs": {r.name: {"streams": r.streams, "outputs": len(r.outputs)} for r in self.runs},
                 "problems": self.problems,
                 "findings": [
@@ -422,8 +424,9 @@ def _run_scenario(
             try:
                 ref = run_module(reference, scenario, restore=True)
             except Exception as exc:  # the user's model, before any edit: bad input, not our crash
-                if scenario.name and scenario.name != "train":
-                    return None  # the model does not take this input shape: nothing to compare
+                if scenario.name:  # an inference-only model, or one that rejects this input shape
+                    result.skipped.append(f"{scenario.name} (the original raises {one_line(exc)[:120]})")
+                    return None
                 raise BadInput(
                     f"the original {reference.target} fails on the harness inputs"
                     f"{' (' + scenario.name + ')' if scenario.name else ''}: {one_line(exc)}"
@@ -436,7 +439,8 @@ def _run_scenario(
                 with rt.record_ops() as ops:
                     out = run_module(off, scenario)
             except Exception as exc:
-                if not runs and scenario.name and scenario.name != "train":
+                if not runs and scenario.name:  # flag off is the reference: as for the original
+                    result.skipped.append(f"{scenario.name} (flag off raises {one_line(exc)[:120]})")
                     return None
                 result.problems.append(f"{scenario.label('flag off')}: raised {one_line(exc)}")
                 return runs
@@ -612,6 +616,8 @@ def summary(result: VerifyResult) -> list[str]:
         if others:
             count = len(result.runs) - len(main_runs)
             lines.append(f"also run: {', '.join(others)} ({count} runs)")
+        if result.skipped:
+            lines.append(f"not run: {'; '.join(result.skipped)}")
     if result.ok:
         names = " = ".join(r.name for r in main_runs)
         atol, rtol = result.tolerance

@@ -165,3 +165,20 @@ def test_forced_plan_through_the_cli(tmp_path):
     report = json.loads(verified.stdout)
     assert report["schedules"] == ["early", "late", "interleaved"]
     assert any("late schedule" in p and "x.mul_(2)" in p for p in report["problems"]), report["problems"]
+
+
+def test_inference_only_model_skips_train_and_says_so(tmp_path):
+    """A model that refuses train mode is not bad input: the train runs are skipped, by name."""
+    model = tmp_path / "inference_only.py"
+    model.write_text((MODELS / "plain_shared_expert.py").read_text().replace(
+        "        s = self.shared_experts(x)  # side\n",
+        "        if self.training:\n            raise RuntimeError(\"inference only\")\n"
+        "        s = self.shared_experts(x)  # side\n",
+    ))
+    edited_text, source, _ = edit_of(model, model.read_text())
+    edited = tmp_path / "inference_only_ms.py"
+    edited.write_text(edited_text)
+    result = verify_files(edited, original=model, schedule_source=source)
+    assert result.ok, result.problems
+    assert "train" not in result.scenarios
+    assert any(s.startswith("train (the original raises RuntimeError: inference only") for s in result.skipped)
