@@ -372,8 +372,11 @@ def run_apply(
         from msrewrite.emit.schedules import ScheduleSource
 
         # the plans and the text they address, so verify can issue the side work under other schedules
+        several = sum(1 for step in steps if step.plans) > 1
         last = ScheduleSource(src.text, plans) if plan_path is not None else (
-            ScheduleSource(steps[-1].old, steps[-1].plans) if steps[-1].plans else None
+            ScheduleSource(steps[-1].old, steps[-1].plans,
+                           "later schedules move the last side stream's work only" if several else "")
+            if steps[-1].plans else None
         )
         return verify_edit(file, src.text, new_text, plans, harness=harness, schedule_source=last)
     return EXIT_OK
