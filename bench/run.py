@@ -14,6 +14,10 @@ Figures (targets from the issue):
   traced     `msrewrite suggest FILE --target LAYER` in a fresh process
              / import the model file and run its tiny decoder layer once in a fresh process
                                                                                   target <= 1.5x
+  verify     `msrewrite verify` on a golden edit (early, late and interleaved schedules; eval, train,
+             a zero-token batch, 2 random draws) in a fresh process
+             / the same command with --schedules early --inputs 0 --no-train (what verify ran
+             before issue 11)                                                     target <= 2x
   memory     peak Python allocations (tracemalloc) of each side, in a worker process, and the
              worker's max RSS (resource.getrusage)
 
@@ -49,7 +53,10 @@ TRACED = [
     ("longcat_flash/modeling_longcat_flash.py", "LongcatFlashDecoderLayer"),
     ("hunyuan_v1_moe/modeling_hunyuan_v1_moe.py", "HunYuanMoEV1DecoderLayer"),
 ]
-TARGETS = {"apply": 1.3, "static": 2.0, "traced": 1.5}
+TARGETS = {"apply": 1.3, "static": 2.0, "traced": 1.5, "verify": 2.0}
+VERIFY_EDIT = ("golden/moe-shared-expert/eager/deepseek_moe.py", "examples/deepseek_moe.py")
+# verify as it was before issue 11: original, flag off and flag on (early schedule, sanitized), eval only
+VERIFY_BEFORE = ["--schedules", "early", "--inputs", "0", "--no-train"]
 
 
 def models_dir() -> Path:
@@ -298,6 +305,25 @@ def worker_traced(args) -> dict:
     return {"in_process_s": time.perf_counter() - start, "exit": code, "candidates": candidates, "max_rss_mib": max_rss_mib()}
 
 
+def verify_figure(repeat: int) -> dict:
+    """`msrewrite verify` on a golden edit with the default schedules, modes and inputs, against the
+    same command limited to what verify ran before (early schedule, eval, make()'s inputs): whole
+    fresh processes, alternated, best of `repeat`."""
+    edited, original = VERIFY_EDIT
+    command = [sys.executable, "-m", "msrewrite", "verify", edited, "--original", original]
+    walls: dict[str, list[float]] = {"default": [], "before": []}
+    for _ in range(repeat):
+        for kind, extra in (("before", VERIFY_BEFORE), ("default", [])):
+            start = time.perf_counter()
+            proc = subprocess.run([*command, *extra], capture_output=True, text=True, cwd=ROOT)
+            walls[kind].append(time.perf_counter() - start)
+            if proc.returncode != 0:
+                raise SystemExit(f"verify failed:\n{proc.stdout}{proc.stderr}")
+    best = {k: min(v) for k, v in walls.items()}
+    return {"file": edited, "msrewrite_s": best["default"], "baseline_s": best["before"],
+            "ratio": best["default"] / best["before"]}
+
+
 WORKERS = {"apply": worker_apply, "static": worker_static, "run-once": worker_run_once, "traced": worker_traced}
 
 
@@ -329,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=None)
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the apply path")
     parser.add_argument("--no-json", action="store_true", help="do not write bench/results/<timestamp>.json")
-    parser.add_argument("--only", choices=["static", "apply"], help="run only this figure (no JSON written)")
+    parser.add_argument("--only", choices=["static", "apply", "verify"], help="run only this figure (no JSON written)")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--file", help=argparse.SUPPRESS)
     parser.add_argument("--target", help=argparse.SUPPRESS)
@@ -349,6 +375,11 @@ def main(argv: list[str] | None = None) -> int:
         return _only_static(args, common)
     if args.only == "apply":
         return _only_apply(common)
+    if args.only == "verify":
+        row = verify_figure(args.repeat)
+        print(f"verify {row['file']}: {row['msrewrite_s']:.2f}s vs {row['baseline_s']:.2f}s before issue 11's runs "
+              f"= {row['ratio']:.2f}x (target {TARGETS['verify']:.1f}x) {verdict(row['ratio'], TARGETS['verify'])}")
+        return 0
     results: dict = {
         "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "commit": _git_commit(),
@@ -377,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
             "baseline_rss_mib": info["run-once"]["max_rss_mib"], "msrewrite_rss_mib": info["traced"]["max_rss_mib"],
         })
 
+    print("verify ...", file=sys.stderr, flush=True)
+    verified = verify_figure(2 if args.quick else 3)
     applied["ratio"] = applied["msrewrite_s"] / applied["baseline_s"]
     static["ratio"] = static["msrewrite_s"] / static["baseline_s"]
     static["ratio_cli_serial"] = static["cli_serial_s"] / static["baseline_s"]
@@ -384,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     static["ratio_with_prescan"] = static["msrewrite_with_prescan_s"] / static["baseline_s"]
     for row in traced_rows:
         row["ratio"] = row["msrewrite_s"] / row["baseline_s"]
-    results.update(apply=applied, static=static, traced=traced_rows)
+    results.update(apply=applied, static=static, traced=traced_rows, verify=verified)
 
     rows = [
         ("apply moe-shared-expert", f"{APPLY_FILE} ({applied['lines']} lines)", applied["msrewrite_s"], applied["baseline_s"],
@@ -402,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in traced_rows:
         rows.append(("suggest (traced)", row["target"], row["msrewrite_s"], row["baseline_s"], "import+run once, fresh proc",
                      row["ratio"], TARGETS["traced"], f"RSS {row['msrewrite_rss_mib']:.0f} vs {row['baseline_rss_mib']:.0f} MiB"))
+    rows.append(("verify (golden edit)", verified["file"], verified["msrewrite_s"], verified["baseline_s"],
+                 "early/eval only, fresh proc", verified["ratio"], TARGETS["verify"], ""))
     print(f"\n{'figure':<26}{'input':<50}{'msrewrite':>10}{'baseline':>10}  {'baseline is':<28}{'ratio':>7}{'target':>8}  {'':<5}peak memory (msrewrite vs baseline)")
     for name, what, tool, base, base_name, ratio, target, mem in rows:
         print(f"{name:<26}{what:<50}{tool:>9.3f}s{base:>9.3f}s  {base_name:<28}{ratio:>6.2f}x{target:>7.1f}x  {verdict(ratio, target):<5}{mem}")

@@ -109,6 +109,11 @@ def verify(
     rtol: float = Option(0.0, "--rtol", help="Relative tolerance (default: exact)."),
     json_out: bool = Option(False, "--json", help="Print the result as JSON."),
     max_bytes: Optional[int] = Option(None, "--max-bytes", help="Refuse input files larger than this (default 16 MiB)."),
+    timeout: float = Option(300.0, "--timeout", help="Seconds before user code (harness, model) is stopped."),
+    inputs: int = Option(2, "--inputs", help="Random input draws (with outliers) besides make()'s own."),
+    plan_path: Optional[Path] = Option(None, "--plan", help="Plans behind the edit (with --original): schedules."),
+    schedules: str = Option("early,late,interleaved", "--schedules", help="Side-work schedules to run."),
+    train: bool = Option(True, "--train/--no-train", help="Also run in train mode (grad, buffers compared)."),
 ) -> int:
     """Prove an edit on CPU: equivalence with the flag off and on, and a stream sanitizer run."""
     from msrewrite.commands.verify import run_verify
@@ -125,6 +130,11 @@ def verify(
         atol=atol,
         rtol=rtol,
         json_out=json_out,
+        timeout=timeout,
+        inputs=inputs,
+        plan_path=plan_path,
+        schedules=schedules,
+        train=train,
     )
 
 

@@ -82,6 +82,10 @@ def parser_for(name: str, func: Callable[..., int]) -> argparse.ArgumentParser:
         if spec.argument:
             parser.add_argument(pname, metavar=pname.upper(), type=convert,
                                 nargs="*" if many else None, default=[] if many else argparse.SUPPRESS)
+        elif element is bool and any("/" in decl for decl in spec.decls):  # "--train/--no-train"
+            on, off = next(decl for decl in spec.decls if "/" in decl).split("/")
+            parser.add_argument(on, dest=pname, action="store_true", default=spec.default)
+            parser.add_argument(off, dest=pname, action="store_false")
         elif element is bool:
             parser.add_argument(*spec.decls, dest=pname, action="store_true")
         elif many:

@@ -11,22 +11,28 @@ the same class from a rewritten copy of the file and compare the two on the same
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import itertools
+import os
+import pickle
 import re
+import select
+import signal
 import sys
+import time
 import types
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
-from msrewrite.errors import BadInput
+from msrewrite.errors import BadInput, MsrewriteError
 
 TOKENS = 8  # sequence length of the example input
 _unique = itertools.count()
@@ -507,3 +513,137 @@ def _call_arguments(frame: types.FrameType) -> tuple[tuple, dict]:
     if info.keywords:
         kwargs.update(info.locals[info.keywords])
     return tuple(positional), kwargs
+
+
+# Isolation -------------------------------------------------------------------------------------
+class ChildFailed(Exception):
+    """The child running user code died, hung or exited before it reported (`phase`: where)."""
+
+    def __init__(self, message: str, phase: str) -> None:
+        super().__init__(message)
+        self.phase = phase
+
+
+_child_pid: int | None = None  # set in the child run_in_child made
+
+
+def exit_if_forked() -> None:
+    """Called after each forward: a process that user code forked inside the child ends here,
+    silently, instead of running (and forking) on and reporting twice."""
+    if _child_pid is not None and os.getpid() != _child_pid:
+        os._exit(0)
+
+
+class ChildProgress:
+    """Handed to the function run in the child: `progress.phase("running the model")` says where
+    user code is, so a death or a hang can be blamed on the harness or on the model."""
+
+    def __init__(self, fd: int, pid: int) -> None:
+        self._fd, self._pid = fd, pid
+
+    def phase(self, name: str) -> None:
+        exit_if_forked()
+        _send(self._fd, ("phase", name))
+
+
+def _send(fd: int, message: Any) -> None:
+    data = pickle.dumps(message)
+    os.write(fd, len(data).to_bytes(8, "little"))
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def run_in_child(fn: Callable[[ChildProgress], Any], *, timeout: float, stdout_to_stderr: bool = True) -> Any:
+    """`fn(progress)` in a forked child process; its return value (pickled) or its MsrewriteError.
+
+    User code (a harness, a model import, a forward) can exit, `os._exit`, die of a signal, hang or
+    print: the child's stdout goes to stderr (so `--json` output stays clean), a process the user
+    code forks never reports, and the whole child process group is killed after `timeout` seconds.
+    Raises ChildFailed with a one-line reason naming the phase."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 0
+        try:
+            os.close(read_fd)
+            os.setpgid(0, 0)
+            if stdout_to_stderr:
+                os.dup2(2, 1)
+            me = os.getpid()
+            global _child_pid
+            _child_pid = me
+            progress = ChildProgress(write_fd, me)
+            try:
+                value = ("ok", fn(progress))
+            except MsrewriteError as exc:
+                value = ("error", exc)
+            except SystemExit as exc:
+                value = ("exit", f"user code called sys.exit({exc.code!r})")
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent as one line
+                value = ("crash", one_line(exc))
+            if os.getpid() == me:  # a process forked by user code never reports
+                sys.stdout.flush()
+                _send(write_fd, value)
+        except BaseException:  # noqa: BLE001
+            code = 70
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    phase = "starting"
+    deadline = time.monotonic() + timeout
+    buffer = b""
+    result: Any = None
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                _kill_group(pid)
+                raise ChildFailed(f"timed out after {timeout:g} s while {phase}", phase)
+            ready, _, _ = select.select([read_fd], [], [], min(left, 1.0))
+            if not ready:
+                continue
+            chunk = os.read(read_fd, 1 << 20)
+            if not chunk:
+                break
+            buffer += chunk
+            while len(buffer) >= 8 and len(buffer) >= 8 + int.from_bytes(buffer[:8], "little"):
+                size = int.from_bytes(buffer[:8], "little")
+                try:
+                    kind, value = pickle.loads(buffer[8 : 8 + size])
+                except Exception as exc:  # noqa: BLE001 - e.g. an object of a class only the child imported
+                    _kill_group(pid)
+                    raise ChildFailed(f"returned a result this process cannot read ({one_line(exc)})", phase) from None
+                buffer = buffer[8 + size :]
+                if kind == "phase":
+                    phase = value
+                else:
+                    result = (kind, value)
+            if result is not None:
+                break  # a process user code forked may still hold the pipe open: do not wait for it
+    finally:
+        os.close(read_fd)
+    _, status = os.waitpid(pid, 0)
+    _kill_group(pid)  # anything user code left running in the child's group
+    if result is None:
+        if os.WIFSIGNALED(status):
+            name = signal.Signals(os.WTERMSIG(status)).name
+            raise ChildFailed(f"killed by {name} while {phase}", phase)
+        raise ChildFailed(f"exited with status {os.WEXITSTATUS(status)} while {phase} (os._exit in user code?)", phase)
+    kind, value = result
+    if kind == "ok":
+        return value
+    if kind == "error":
+        raise value
+    if kind == "exit":
+        raise ChildFailed(f"{value} while {phase}", phase)
+    raise ChildFailed(f"crashed while {phase}: {value}", phase)
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)

@@ -16,6 +16,7 @@ import itertools
 import json
 import os
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -61,6 +62,8 @@ class RunResult:
     name: str
     outputs: list[torch.Tensor]
     streams: dict[str, int] = field(default_factory=dict)  # stream name -> op count
+    buffers: list[tuple[str, torch.Tensor]] = field(default_factory=list)  # train runs: after the forward
+    raw: Any = None  # the module's own return value (for the sanitizer's output check)
 
 
 @dataclass
@@ -71,6 +74,10 @@ class VerifyResult:
     problems: list[str] = field(default_factory=list)
     findings: list[Any] = field(default_factory=list)
     tolerance: tuple[float, float] = (0.0, 0.0)  # (atol, rtol); zero means exact
+    schedules: list[str] = field(default_factory=lambda: ["early"])  # side work issued at the fork, ...
+    schedule_note: str = ""  # why some schedules were not run
+    scenarios: list[str] = field(default_factory=lambda: ["eval"])
+    skipped: list[str] = field(default_factory=list)  # scenarios the original itself cannot run
 
     @property
     def ok(self) -> bool:
@@ -82,6 +89,10 @@ class VerifyResult:
                 "ok": self.ok,
                 "mode": self.mode,
                 "flag": f"{self.flag.kind}:{self.flag.name}",
+                "schedules": self.schedules,
+                "schedule_note": self.schedule_note,
+                "scenarios": self.scenarios,
+                "skipped": self.skipped,
                 "runs": {r.name: {"streams": r.streams, "outputs": len(r.outputs)} for r in self.runs},
                 "problems": self.problems,
                 "findings": [
@@ -138,7 +149,129 @@ def compare(reference: RunResult, other: RunResult, atol: float, rtol: float) ->
         if not same:
             diff = (a.float() - b.float()).abs().max().item()
             return f"{other.name}: output {i} differs from {reference.name} (max |diff| {diff:.3g})"
+    for (name, a), (_n, b) in zip(reference.buffers, other.buffers):
+        same = a.shape == b.shape and (
+            torch.equal(a, b) if atol == 0 and rtol == 0 or not a.is_floating_point()
+            else torch.allclose(a, b, atol=atol, rtol=rtol)
+        )
+        if not same:
+            return f"{other.name}: buffer {name} differs from {reference.name} after the forward"
     return None
+
+
+RANDOM_OPS = re.compile(
+    r"^aten\.(bernoulli|native_dropout|dropout|rand|randn|randint|randperm|rand_like|randn_like|randint_like|"
+    r"normal|uniform|multinomial|exponential|geometric|cauchy|log_normal|random)_?\."
+)
+
+
+@dataclass
+class Scenario:
+    """One way of running the model: train or eval, on which inputs."""
+
+    name: str  # "" for the default run (eval, make()'s inputs); "train", "zero tokens", "draw 1", ...
+    training: bool = False
+    inputs: tuple[tuple, dict] | None = None  # None: the harness's own
+
+    def label(self, run: str) -> str:
+        return f"{self.name}: {run}" if self.name else run
+
+
+def run_module(built, scenario: Scenario, seed: int = 0, restore: bool = False) -> RunResult:
+    """One forward of a built harness under `scenario`.
+
+    Train runs enable grad and compare the buffers after the forward (running statistics, caches);
+    every run starts from the same RNG seed, so dropout draws match when their order does.
+    `restore` puts the module's parameters and buffers back afterwards (a module run again)."""
+    from msrewrite.harness import clone_tree, exit_if_forked
+
+    module = built.module
+    state = {k: v.detach().clone() for k, v in module.state_dict(keep_vars=True).items()} if restore else {}
+    args, kwargs = scenario.inputs or (built.args, built.kwargs)
+    module.train(scenario.training)
+    torch.manual_seed(seed)
+    try:
+        with torch.enable_grad() if scenario.training else torch.no_grad():
+            out = module(*clone_tree(args), **clone_tree(kwargs))
+        exit_if_forked()
+        buffers = [(name, b.detach().clone()) for name, b in module.named_buffers()] if scenario.training else []
+    finally:
+        if restore:
+            with torch.no_grad():
+                for key, value in module.state_dict(keep_vars=True).items():
+                    if key in state and value.shape == state[key].shape:
+                        value.copy_(state[key])
+        module.eval()
+    result = RunResult("", flatten_outputs(out), buffers=buffers)
+    result.raw = out
+    return result
+
+
+def scenarios_for(reference, inputs: int, train: bool = True) -> list[Scenario]:
+    """eval on make()'s inputs, train on them, a zero-token batch and `inputs` random draws with
+    outliers (the zero-token batch is dropped later when the original rejects it)."""
+    found = [Scenario("")]
+    if train:
+        found.append(Scenario("train", training=True))
+    zero = zero_token_inputs(reference.args, reference.kwargs)
+    if zero is not None:
+        found.append(Scenario("zero tokens", inputs=zero))
+    for k in range(1, inputs + 1):
+        found.append(Scenario(f"draw {k}", inputs=random_inputs(reference.args, reference.kwargs, k)))
+    return found
+
+
+def zero_token_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """The inputs with no tokens: the token dim (-2 of the first float tensor with 2+ dims) cut to
+    0 in every float tensor that has the same size there."""
+    first = next((t for t in (*args, *kwargs.values()) if _is_float(t) and t.dim() >= 2), None)
+    if first is None:
+        return None
+    dim = first.dim() - 2
+    size = first.shape[dim]
+
+    def cut(value):
+        if _is_float(value) and value.dim() == first.dim() and value.shape[dim] == size:
+            return value.narrow(dim, 0, 0).clone()
+        return value
+
+    return tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}
+
+
+def random_inputs(args: tuple, kwargs: dict, draw: int) -> tuple[tuple, dict]:
+    """Fresh normal values in every float tensor, with a few outliers (|x| = 3e4): data-dependent
+    paths such as a clamp that fires only on outliers get exercised."""
+    gen = torch.Generator().manual_seed(1000 + draw)
+
+    def redraw(value):
+        if not _is_float(value) or value.numel() == 0:
+            return value
+        fresh = torch.randn(value.shape, generator=gen, dtype=torch.float32).to(value.dtype)
+        flat = fresh.view(-1)
+        picks = torch.randint(0, flat.numel(), (max(1, flat.numel() // 64),), generator=gen)
+        flat[picks] = 3e4 * torch.sign(torch.randn(picks.shape, generator=gen)).to(value.dtype)
+        return fresh
+
+    return tuple(redraw(a) for a in args), {k: redraw(v) for k, v in kwargs.items()}
+
+
+def _is_float(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.is_floating_point()
+
+
+def _compiles(text: str) -> bool:
+    try:
+        compile(text, "<edited>", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return False  # loading the file reports it, with its line
+    return True
+
+
+def flag_is_read(text: str, flag: FlagSpec) -> bool:
+    """Whether the edited file reads the switch at all (a misspelled --flag is bad input)."""
+    if flag.kind == "env":
+        return re.search(rf"[\"']{re.escape(flag.name)}[\"']", text) is not None
+    return re.search(rf"\b{re.escape(flag.name)}\b", text) is not None
 
 
 def verify_files(
@@ -153,11 +286,18 @@ def verify_files(
     rtol: float = 0.0,
     package: str | None = None,
     explicit_target: bool = True,
+    schedule_source: Any = None,
+    inputs: int = 2,
+    train: bool = True,
+    schedules: tuple[str, ...] | None = None,
+    progress: Any = None,
 ) -> VerifyResult:
+    """`schedule_source` (emit.schedules.ScheduleSource): the plans behind the edit; derived from
+    `original` when not given. `schedules`: which to run (default: every one the edit allows).
+    `progress` (harness.ChildProgress): told where user code is, when run in a child process."""
     from msrewrite.harness import build_harness, load_module, one_line, package_of
     from msrewrite.load import read_source
     from msrewrite.runtime import install
-    from msrewrite.sanitizer import Sanitizer
 
     text = read_source(rewritten)
     if mode == "auto":
@@ -167,6 +307,8 @@ def verify_files(
         mode = detected
     elif mode not in MODES:
         raise BadInput(f"unknown mode {mode!r}; choose auto, {', '.join(MODES)}")
+    if flag is not None and _compiles(text) and not flag_is_read(text, flag):
+        raise BadInput(f"no such flag: {rewritten} never reads {flag.kind}:{flag.name}")
     flag = flag or detect_flag(text)
     reference_file = original or rewritten
     package = package or package_of(reference_file)
@@ -174,20 +316,26 @@ def verify_files(
         harness = f"{reference_file}:make"
     if harness is not None and target is not None and not explicit_target:
         target = None  # make() may build the whole model around the edited class
+    phase = progress.phase if progress is not None else (lambda name: None)
+    phase("building the harness")
     if flag is None:  # hand-written multi-stream code without a switch: check it as written
-        return _verify_as_written(rewritten, original, harness, target, mode, atol, rtol, package)
+        return _stripped(_verify_as_written(rewritten, original, harness, target, mode, atol, rtol, package, phase))
 
     result = VerifyResult(mode=mode, flag=flag, tolerance=(atol, rtol))
+    variants, result.schedule_note, schedule_source = _schedule_variants(
+        text, original, mode, flag, schedule_source, schedules
+    )
+    result.schedules = ["early", *variants]
 
     def switch(on: bool):
         if flag.kind == "env":
             return _env(flag.name, "1" if on else "0")
         return contextlib.nullcontext()
 
-    def build_edited(reference, on: bool):
+    def build_edited(reference, on: bool, path: Path = rewritten):
         # A fresh module each run: module-level stream caches must belong to this runtime.
         fresh = f"_msrewrite_verify_{next(_counter)}"
-        module = load_module(rewritten, package=package, name=f"{package}.{fresh}" if package else fresh)
+        module = load_module(path, package=package, name=f"{package}.{fresh}" if package else fresh)
         if flag.kind == "attr":
             _set_attr_flag(reference.config, flag.name, on)
         built = reference.rebuild_from(module)
@@ -200,66 +348,210 @@ def verify_files(
     with switch(False):
         if original is not None:
             reference = build_harness(original, harness=harness, target=target, package=package)
-            try:
-                runs = [RunResult("original", flatten_outputs(reference.run()))]
-            except Exception as exc:  # the user's model, before any edit: bad input, not our crash
-                raise BadInput(f"the original {reference.target} fails on the harness inputs: {one_line(exc)}") from None
         else:
             with install():
                 reference = build_harness(rewritten, harness=harness, target=target, package=package)
-            runs = []
+    phase("running the model")
+    scenarios = scenarios_for(reference, inputs, train)
+    result.scenarios = []
+    extra_runs: list[RunResult] = []
+    with tempfile.TemporaryDirectory(prefix="msrewrite-schedules-") as folder:
+        variant_paths = {}
+        for name, variant_text in variants.items():
+            variant_paths[name] = Path(folder) / f"{rewritten.stem}_{name}.py"
+            variant_paths[name].write_text(variant_text, encoding="utf-8")
+        for scenario in scenarios:
+            runs = _run_scenario(
+                scenario, result, reference, original, build_edited, switch, variant_paths, schedule_source,
+                rewritten, atol, rtol,
+            )
+            if runs is None:
+                continue
+            result.scenarios.append(scenario.name or "eval")
+            if not scenario.name:
+                result.runs = runs
+            else:
+                extra_runs += runs
+    result.runs += extra_runs
+    seen = set()
+    for finding in result.findings:
+        line = f"sanitizer: [{finding.kind}] {finding.message}"
+        if line not in seen and line not in result.problems:
+            seen.add(line)
+            result.problems.append(line)
+    return _stripped(result)
+
+
+def _stripped(result: VerifyResult) -> VerifyResult:
+    """Without the modules' raw return values (the result crosses a process boundary)."""
+    for run in result.runs:
+        run.raw = None
+    return result
+
+
+def _schedule_variants(text, original, mode, flag, source, wanted):
+    """({schedule: variant source} beyond early, a note on what was not run, the ScheduleSource)."""
+    from msrewrite.emit.schedules import SCHEDULES, NoSchedule, derive_source, variant
+
+    wanted = tuple(s for s in (wanted or SCHEDULES) if s != "early")
+    if not wanted:
+        return {}, "", None
+    if source is None:
+        source, why = derive_source(text, original, mode, flag)
+        if source is None:
+            return {}, f"early schedule only: {why}", None
+    found: dict[str, str] = {}
+    try:
+        if variant(source, "early") != text:
+            return {}, "early schedule only: the plans do not reproduce this edit", None
+        for name in wanted:
+            found[name] = variant(source, name)
+    except NoSchedule as exc:
+        return {}, f"early schedule only: {exc}", None
+    return found, source.note, source
+
+
+def _run_scenario(
+    scenario, result, reference, original, build_edited, switch, variant_paths, window_source, rewritten, atol, rtol
+):
+    """original, flag off, flag on (early, sanitized) and the other schedules under one scenario;
+    problems go to `result`. None when the original itself rejects a derived scenario."""
+    from msrewrite.harness import one_line
+    from msrewrite.runtime import install
+    from msrewrite.sanitizer import Sanitizer
+
+    mode = result.mode
+    runs: list[RunResult] = []
+    with switch(False):
+        if original is not None:
+            try:
+                ref = run_module(reference, scenario, restore=True)
+            except Exception as exc:  # the user's model, before any edit: bad input, not our crash
+                if scenario.name:  # an inference-only model, or one that rejects this input shape
+                    result.skipped.append(f"{scenario.name} (the original raises {one_line(exc)[:120]})")
+                    return None
+                raise BadInput(
+                    f"the original {reference.target} fails on the harness inputs"
+                    f"{' (' + scenario.name + ')' if scenario.name else ''}: {one_line(exc)}"
+                ) from None
+            ref.name = scenario.label("original")
+            runs.append(ref)
         with install() as rt:
             off = build_edited(reference, on=False)
             try:
                 with rt.record_ops() as ops:
-                    out = off.run()
+                    out = run_module(off, scenario)
             except Exception as exc:
-                result.problems.append(f"flag off: raised {one_line(exc)}")
-                return result
-        runs.append(RunResult("flag off", flatten_outputs(out), _count_streams(ops)))
+                if not runs and scenario.name:  # flag off is the reference: as for the original
+                    result.skipped.append(f"{scenario.name} (flag off raises {one_line(exc)[:120]})")
+                    return None
+                result.problems.append(f"{scenario.label('flag off')}: raised {one_line(exc)}")
+                return runs
+        out.name, out.streams = scenario.label("flag off"), _count_streams(ops)
+        runs.append(out)
     side_off = {s: n for s, n in runs[-1].streams.items() if s != "main"}
     if side_off:
-        result.problems.append(f"flag off: {sum(side_off.values())} ops still ran off the main stream ({', '.join(side_off)})")
+        result.problems.append(
+            f"{runs[-1].name}: {sum(side_off.values())} ops still ran off the main stream ({', '.join(side_off)})"
+        )
 
     # An async-comm edit (afd-overlap: isend/irecv issued early) moves no op to a stream.
-    uses_streams = re.search(r"^[^#\n]*stream\w*\s*\(", text, re.M) is not None
-    flag_on_runs = [("flag on", mode == "ge-graph")]
+    uses_streams = re.search(r"^[^#\n]*stream\w*\s*\(", Path(rewritten).read_text(encoding="utf-8"), re.M) is not None
+    flag_on_runs = [("flag on", mode == "ge-graph", None)]
     if mode == "ge-graph":
-        flag_on_runs.append(("flag on, eager (prefill)", False))
+        flag_on_runs.append(("flag on, eager (prefill)", False, None))
+    for name, path in variant_paths.items():
+        if scenario.name and name != "late":  # the other scenarios: early and late only (time)
+            continue
+        flag_on_runs.append((f"flag on, {name} schedule", mode == "ge-graph", path))
     with switch(True):
-        for name, graph in flag_on_runs:
+        for name, graph, path in flag_on_runs:
+            san = None
             with install() as rt:
-                on = build_edited(reference, on=True)
+                on = build_edited(reference, on=True, path=path or rewritten)
                 try:
                     with rt.graph_mode() if graph else contextlib.nullcontext():
-                        with Sanitizer(rt, user_files=[str(rewritten)]) as san, rt.record_ops() as ops:
-                            out = on.run()
-                            san.check_output(out)
+                        if path is None:
+                            san = Sanitizer(rt, user_files=[str(rewritten)])
+                            with san, rt.record_ops() as ops:
+                                out = run_module(on, scenario)
+                                san.check_output(out.raw)
+                        else:
+                            with rt.record_ops() as ops:
+                                out = run_module(on, scenario)
                 except Exception as exc:  # the edit itself failed: that is a finding, not a crash
-                    result.problems.append(f"{name}: raised {one_line(exc)}")
-                    continue
-            run = RunResult(name, flatten_outputs(out), _count_streams(ops))
-            runs.append(run)
-            result.findings += list(san.findings)
-            if (graph or mode != "ge-graph") and uses_streams:
-                if not any(s != "main" for s in run.streams):
+                    result.problems.append(f"{scenario.label(name)}: raised {one_line(exc)}")
+                    out = None
+            if san is not None:  # what it saw before a failure counts too (a free, then a crash)
+                result.findings += [f for f in san.findings if f not in result.findings]
+            if out is None:
+                continue
+            out.name, out.streams = scenario.label(name), _count_streams(ops)
+            runs.append(out)
+            if path is None and (graph or mode != "ge-graph") and not scenario.name and uses_streams:
+                if not any(s != "main" for s in out.streams):
                     result.problems.append(f"{name}: no op ran on a side stream (is the flag wired?)")
-    result.runs = runs
+            if path is None:
+                _check_rng_order(result, ops, scenario)
     reference_run = runs[0]
     for run in runs[1:]:
         problem = compare(reference_run, run, atol, rtol)
-        if problem:
-            result.problems.append(problem)
-    seen = set()
-    for finding in result.findings:
-        line = f"sanitizer: [{finding.kind}] {finding.message}"
-        if line not in seen:
-            seen.add(line)
+        if problem is None:
+            continue
+        schedule = next((s for s in variant_paths if run.name.endswith(f"{s} schedule")), None)
+        if schedule is not None and window_source is not None:
+            problem += "; " + _leak(window_source, scenario, reference, reference_run, build_edited, switch, atol, rtol)
+        result.problems.append(problem)
+    return runs
+
+
+def _check_rng_order(result, ops, scenario) -> None:
+    """Random draws on both streams: the side work moved before main draws, so the order changed."""
+    drawn: dict[str, list] = {}
+    for op in ops:
+        if RANDOM_OPS.match(op.name):
+            drawn.setdefault("main" if op.stream == "main" else "side", []).append(op)
+    if "main" in drawn and "side" in drawn:
+        side, main = drawn["side"][0], drawn["main"][0]
+        line = (
+            f"rng-order: {scenario.label('flag on')}: the side stream draws random numbers ({side.name} at "
+            f"{Path(side.file).name}:{side.line}) and so does the main path ({main.name} at "
+            f"{Path(main.file).name}:{main.line}): moving the side work changes the order of the draws"
+        )
+        if line not in result.problems:
             result.problems.append(line)
-    return result
 
 
-def _verify_as_written(rewritten, original, harness, target, mode, atol, rtol, package) -> VerifyResult:
+def _leak(source, scenario, reference, reference_run, build_edited, switch, atol, rtol) -> str:
+    """Name the main statement the side work races with: the first K for which the side work
+    issued right after the K-th main statement of the window gives another result."""
+    from msrewrite.emit.schedules import NoSchedule, variant
+    from msrewrite.runtime import install
+
+    statements = list(source.window_statements)
+    with tempfile.TemporaryDirectory(prefix="msrewrite-leak-") as folder:
+        for k in range(1, len(statements) + 1):
+            try:
+                text = variant(source, f"after:{k}")
+            except NoSchedule:
+                break
+            path = Path(folder) / f"after_{k}.py"
+            path.write_text(text, encoding="utf-8")
+            try:
+                with switch(True), install():
+                    out = run_module(build_edited(reference, on=True, path=path), scenario)
+                out.name = "probe"
+                differs = compare(reference_run, out, atol, rtol) is not None
+            except Exception:
+                differs = True
+            if differs:
+                line, code = statements[k - 1]
+                at = f"line {line}: " if line else ""
+                return f"race: the result changes when the side work runs after the main statement at {at}{code}"
+    return "race: the result depends on when the side work runs"
+
+
+def _verify_as_written(rewritten, original, harness, target, mode, atol, rtol, package, phase) -> VerifyResult:
     """Multi-stream code with no enable flag (written by hand): run it once under the stand-ins
     and the sanitizer, and compare with the original when one is given."""
     from msrewrite.harness import build_harness, load_module, one_line
@@ -267,10 +559,12 @@ def _verify_as_written(rewritten, original, harness, target, mode, atol, rtol, p
     from msrewrite.sanitizer import Sanitizer
 
     result = VerifyResult(mode=mode, flag=FlagSpec(kind="none", name="-"), tolerance=(atol, rtol))
+    result.schedule_note = "early schedule only: hand-written multi-stream code has no plan to move its side work"
     runs: list[RunResult] = []
     reference = None
     if original is not None:
         reference = build_harness(original, harness=harness, target=target, package=package)
+        phase("running the model")
         try:
             runs.append(RunResult("original", flatten_outputs(reference.run())))
         except Exception as exc:
@@ -283,6 +577,7 @@ def _verify_as_written(rewritten, original, harness, target, mode, atol, rtol, p
             )
         else:
             built = build_harness(rewritten, harness=harness, target=target, package=package)
+        phase("running the model")
         try:
             with rt.graph_mode() if mode == "ge-graph" else contextlib.nullcontext():
                 with Sanitizer(rt, user_files=[str(rewritten)]) as san, rt.record_ops() as ops:
@@ -315,15 +610,25 @@ def _count_streams(ops) -> dict[str, int]:
 
 def summary(result: VerifyResult) -> list[str]:
     lines = []
-    for run in result.runs:
+    main_runs = [r for r in result.runs if ": " not in r.name]  # the default scenario, run by run
+    for run in main_runs:
         streams = ", ".join(f"{n} ops on {s}" for s, n in sorted(run.streams.items()))
         lines.append(f"{run.name}: {len(run.outputs)} output tensor(s)" + (f"; {streams}" if streams else ""))
+    note = f" ({result.schedule_note})" if result.schedule_note else ""
+    lines.append(f"schedules: {', '.join(result.schedules)}{note}")
+    if result.flag.kind != "none":
+        others = [s for s in result.scenarios if s != "eval"]
+        if others:
+            count = len(result.runs) - len(main_runs)
+            lines.append(f"also run: {', '.join(others)} ({count} runs)")
+        if result.skipped:
+            lines.append(f"not run: {'; '.join(result.skipped)}")
     if result.ok:
-        names = " = ".join(r.name for r in result.runs)
+        names = " = ".join(r.name for r in main_runs)
         atol, rtol = result.tolerance
         how = "exactly" if atol == rtol == 0 else f"within atol={atol:g}, rtol={rtol:g}"
         flag = "no flag, checked as written" if result.flag.kind == "none" else f"flag {result.flag.kind}:{result.flag.name}"
-        if len(result.runs) > 1:
+        if len(main_runs) > 1:
             lines.append(f"OK: outputs equal {how} ({names}); sanitizer clean [{result.mode}, {flag}]")
         else:
             lines.append(f"OK: sanitizer clean [{result.mode}, {flag}]")

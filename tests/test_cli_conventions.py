@@ -83,7 +83,8 @@ def _options_in(text: str) -> set[str]:
 
 
 def _declared(command: str) -> set[str]:
-    return {decl for _n, _k, spec in params(COMMANDS[command]) for decl in spec.decls}
+    # "--train/--no-train" declares two options
+    return {part for _n, _k, spec in params(COMMANDS[command]) for decl in spec.decls for part in decl.split("/")}
 
 
 @pytest.mark.parametrize("command", ["apply", "suggest", "verify"])

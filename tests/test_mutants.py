@@ -94,6 +94,33 @@ class Mutant:
     mutate: Callable[[str], str]
     kind: str  # the finding kind that must be reported
     line_marker: str  # a regex for the line the finding must point at (either location)
+    full: bool = False  # needs the train run and the random draws, not only the eval run
+
+
+def in_window(template: str) -> Callable[[str], str]:
+    """Insert a main-path statement just before the join block: `{x}` is the side input the shared
+    expert reads, `{m}` the shared expert attribute."""
+
+    def mutate(text: str) -> str:
+        lines = text.splitlines(keepends=True)
+        call = re.search(r"self\.(shared_experts?)\((\w+)\)", text)
+        start, _ = join_block(lines)
+        indent = lines[start][: len(lines[start]) - len(lines[start].lstrip())]
+        statement = template.format(x=call.group(2), m=call.group(1))
+        lines[start:start] = [indent + line + "\n" for line in statement.split("\n")]
+        return "".join(lines)
+
+    return mutate
+
+
+# New finding kinds (issue 11): each one is a main-path statement inside the window.
+WINDOW = [
+    Mutant("storage-free-in-window", in_window("{x}.untyped_storage().resize_(0)"), "lifetime", r"resize_\(0\)"),
+    Mutant("data-dependent-write", in_window("{x}[{x} > 1.0] = 0.0"), "race-war", r"\] = 0\.0"),
+    Mutant("train-only-write", in_window("if self.training:\n    {x}.mul_(1.01)"), "race-war", r"mul_\(1\.01\)", True),
+    Mutant("shared-buffer-write", in_window("next(self.{m}.parameters()).data.mul_(1.0)"), "race-war",
+           r"parameters\(\)\)\.data\.mul_"),
+]
 
 
 NATIVE = [
@@ -157,18 +184,21 @@ MUTANTS = {
     ("kvcache-offload", "eager"): OFFLOAD,
     ("indexer-prolog", "eager"): INDEXER,
     ("moe-shared-expert-phased", "eager"): PHASED,
-    ("moe-shared-expert", "eager"): NATIVE,
-    ("moe-shared-expert", "cuda"): NATIVE,
+    ("moe-shared-expert", "eager"): NATIVE + WINDOW,
+    ("moe-shared-expert", "cuda"): NATIVE + WINDOW,
     ("moe-shared-expert", "npugraph-ex"): NPUGRAPH_EX,
     ("moe-shared-mlp-init", "eager"): EVENTS,
     ("moe-shared-mlp-init", "cuda"): EVENTS,
 }
 
 
-def run_verify(tmp_path: Path, example: str, text: str):
+def run_verify(tmp_path: Path, example: str, text: str, full: bool = False):
+    """A mutant breaks a sync: the default eval run shows it. `full`: every scenario and schedule."""
     edited = tmp_path / f"{example}.py"
     edited.write_text(text)
-    return verify_files(edited, original=EXAMPLES / f"{example}.py")
+    if full:
+        return verify_files(edited, original=EXAMPLES / f"{example}.py")
+    return verify_files(edited, original=EXAMPLES / f"{example}.py", inputs=0, train=False)
 
 
 MUTATED_EXAMPLES = {
@@ -192,7 +222,7 @@ def test_mutant_is_caught(tmp_path, case, mode, example, mutant):
     golden, _ = regen.golden_paths(case, mode, example)
     text = mutant.mutate(golden.read_text())
     assert text != golden.read_text()
-    result = run_verify(tmp_path, example, text)
+    result = run_verify(tmp_path, example, text, full=mutant.full)
     kinds = {f.kind for f in result.findings}
     assert mutant.kind in kinds, (kinds, result.problems)
     lines = text.splitlines()
@@ -217,9 +247,17 @@ GOLDENS = [
 @pytest.mark.parametrize("case,mode,example", GOLDENS, ids=["-".join(g) for g in GOLDENS])
 def test_unmutated_golden_verifies_clean(tmp_path, case, mode, example):
     golden, _ = regen.golden_paths(case, mode, example)
-    result = run_verify(tmp_path, example, golden.read_text())
+    result = run_verify(tmp_path, example, golden.read_text(), full=True)
     assert result.ok, result.problems
     assert not result.findings
+    assert {"train", "draw 1", "draw 2"} <= set(result.scenarios), result.scenarios
+    # the side work deferred to the join (and split around main work) gives the original's outputs
+    if example == "guarded_moe":  # known gap: the late/interleaved variants of a guarded join are not emitted yet
+        assert result.schedules == ["early"] and "guarded" in result.schedule_note
+    elif "phased" not in case:
+        assert result.schedules == ["early", "late", "interleaved"], result.schedule_note
+        late = [r for r in result.runs if r.name.endswith("late schedule")]
+        assert len(late) == len(result.scenarios), [r.name for r in result.runs]
 
 
 def _ge_edit_with_gate(example: str) -> str:

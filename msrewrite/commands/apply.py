@@ -438,13 +438,23 @@ def run_apply(
             _note(step.subject)
     if verify:  # before anything is written: a failed proof leaves every file as it was
         from msrewrite.commands.verify import verify_edit
+        from msrewrite.emit.schedules import ScheduleSource
 
         if plans:
             function, flag_spec, edit_mode = plans[0].function, plans[0].flag, plans[0].mode
         else:  # model-level edits (prefill-microbatch): the case's switch and the chosen mode
             function, flag_spec, edit_mode = None, spec, chosen_mode
+
+        # the plans and the text they address, so verify can issue the side work under other schedules
+        several = sum(1 for step in steps if step.plans) > 1
+        last = ScheduleSource(src.text, plans) if plan_path is not None else (
+            ScheduleSource(steps[-1].old, steps[-1].plans,
+                           "later schedules move the last side stream's work only" if several else "")
+            if steps[-1].plans else None
+        )
         with contextlib.redirect_stdout(sys.stderr):  # what the user's code prints must not enter the diff
-            code = verify_edit(file, new_text, function=function, flag=flag_spec, mode=edit_mode, harness=harness)
+            code = verify_edit(file, new_text, function=function, flag=flag_spec, mode=edit_mode, harness=harness,
+                               schedule_source=last)
         if code != EXIT_OK:
             _note("verify found problems; nothing written")
             return code

@@ -46,10 +46,9 @@ def run_suggest(
     phase: str = "decode",
     jobs: int = 1,
     quiet: bool = False,
+    timeout: float = 300.0,
 ) -> int:
-    from msrewrite.suggest.pipeline import analyze
     from msrewrite.suggest.profiles import profile
-    from msrewrite.suggest.report import write_report
 
     try:
         device_profile = profile(device)
@@ -82,6 +81,34 @@ def run_suggest(
     if harness is None and not static and input_shape is None and re.search(r"^def make\(", read_source(first), re.M):
         harness = f"{first}:make"  # the file builds its own model and inputs, as verify assumes
     progress = _progress(quiet) if not static else None
+    if not static:  # the traced tier imports and runs user code: all of it in a child, with a timeout
+        from msrewrite.harness import ChildFailed, run_in_child
+
+        def traced(_child_progress):  # user prints go to stderr there; our output comes back as text
+            return _analyze_and_print(first, extra, device, device_profile, phase, False, harness, target, shape, jobs,
+                                      json_out, report, progress, quiet)
+
+        try:
+            code, text = run_in_child(traced, timeout=timeout)
+        except ChildFailed as exc:
+            raise BadInput(f"{first}: user code {exc}") from None
+    else:
+        code, text = _analyze_and_print(first, extra, device, device_profile, phase, True, harness, target, shape, jobs,
+                                        json_out, report, progress, quiet)
+    sys.stdout.write(text)
+    return code
+
+
+def _analyze_and_print(first, extra, device, device_profile, phase, static, harness, target, shape, jobs, json_out, report,
+                       progress, quiet) -> tuple[int, str]:
+    """(exit code, what goes to stdout) of the analysis; stdout is gathered as text so that a traced
+    run can hand it back from its child process."""
+    import contextlib
+    import io
+
+    from msrewrite.suggest.pipeline import analyze
+    from msrewrite.suggest.report import write_report
+
     analyses = [
         analyze(first, device=device_profile, phase=phase, static=static, harness=harness, target=target,
                 input_shape=shape, progress=progress)
@@ -99,16 +126,17 @@ def run_suggest(
             analyses += [analyze(f, device=device_profile, phase=phase, static=True) for f in extra]
 
     candidates = [c for a in analyses for c in a.candidates]
-    if json_out:
-        json.dump({"candidates": [c.to_dict() for c in candidates]}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        _print_table(analyses)
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        if json_out:
+            json.dump({"candidates": [c.to_dict() for c in candidates]}, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            _print_table(analyses)
     if report is not None:
         for analysis in analyses:
             path = write_report(analysis, Path(report))
             print(f"report: {path}", file=sys.stderr)
-    return EXIT_OK if candidates else EXIT_NOTHING_TO_DO
+    return (EXIT_OK if candidates else EXIT_NOTHING_TO_DO), out.getvalue()
 
 
 def _progress(quiet: bool):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 import libcst as cst
 
@@ -318,6 +319,11 @@ class PlannedEdit:
     emission: Emission
     cls: cst.ClassDef | None = None
     stream_param: str = ""
+    # Where the edit put things in new_func's body, for schedule variants (emit/schedules.py):
+    # the side statements issued at the fork (the very nodes), and [start, end) of the main work
+    # between the fork block and the join block.
+    side_nodes: tuple[cst.BaseStatement, ...] = ()
+    window: tuple[int, int] | None = None
 
 
 def _body_positions(func: cst.FunctionDef, positions) -> list[tuple[int, int]]:
@@ -599,6 +605,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
 
     new_body: list[cst.BaseStatement] = []
     window_start: int | None = None  # where the main work between fork and join begins in new_body
+    window_end: int | None = None
     in_fork_or_join = set(fork_run or []) | set(join_run or [])
     block_start = block_end = None  # where the guarded `if`'s block lies in new_body
     for i, stmt in enumerate(body):
@@ -624,6 +631,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
                 new_body += _with_leading(guard, list(body[i].leading_lines))
             continue
         if i == join:
+            window_end = len(new_body)
             new_body += join_block
             new_body.append(join_stmt)
             continue
@@ -635,6 +643,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
     if join == len(body):
         if window_start is not None and em.main_limit:
             new_body[window_start:] = _wrap(em.main_limit, new_body[window_start:], plan, label)
+        window_end = len(new_body)
         new_body += join_block
     new_func = func.with_changes(body=func.body.with_changes(body=new_body))
 
@@ -646,7 +655,8 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         )
         if plan.stream_source == "constructor":
             new_init = _add_keyword_param(new_init, names.stream_attr)
-    return PlannedEdit(plan, func, new_func, init, new_init, em, cls, names.stream_attr)
+    window = (window_start, window_end) if window_start is not None and window_end is not None else None
+    return PlannedEdit(plan, func, new_func, init, new_init, em, cls, names.stream_attr, tuple(side_nodes), window)
 
 
 def _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what, guarded=None) -> dict[int, list[cst.BaseStatement]]:
@@ -988,8 +998,12 @@ def add_helpers(module: cst.Module, emissions: list[Emission], mode: str) -> cst
     return module.with_changes(body=body)
 
 
-def apply_plans(module: cst.Module, plans: list[OverlapPlan], text: str | None = None) -> cst.Module:
-    """The module with every plan carried out; plans address the given (unedited) module's lines."""
+def apply_plans(
+    module: cst.Module, plans: list[OverlapPlan], text: str | None = None,
+    reschedule: Callable[[PlannedEdit], cst.FunctionDef] | None = None,
+) -> cst.Module:
+    """The module with every plan carried out; plans address the given (unedited) module's lines.
+    `reschedule` (verify's schedule variants) returns the edited function with its side work moved."""
     if not plans:
         return module
     modes = {p.mode for p in plans}
@@ -999,6 +1013,8 @@ def apply_plans(module: cst.Module, plans: list[OverlapPlan], text: str | None =
     for plan in plans:
         located = locate(module, plan.function)
         edits.append(plan_edit(module, positions_for(module, plan.function, located.func, text), plan))
+        if reschedule is not None:
+            edits[-1].new_func = reschedule(edits[-1])
     functions = [e.old_func for e in edits]
     if len(set(map(id, functions))) != len(functions):
         raise BadInput("two plans edit the same function; apply them one at a time")

@@ -7,6 +7,7 @@ compiler orders data dependencies itself, so a conflict becomes a join instead.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import weakref
 from dataclasses import dataclass, field
@@ -79,12 +80,15 @@ class Sanitizer(RuntimeListener):
     # --- context -----------------------------------------------------------------
     def __enter__(self) -> "Sanitizer":
         self.runtime.listeners.append(self)
+        self._storage_hooks = _StorageHooks(self)
+        self._storage_hooks.install()
         self._mode.__enter__()
         self._active = True
         return self
 
     def __exit__(self, *exc) -> None:
         self._mode.__exit__(*exc)
+        self._storage_hooks.remove()
         try:
             if exc[0] is None:
                 self._check_unjoined(self.runtime.default_stream(), self._here(), "the sanitized block ends")
@@ -146,8 +150,10 @@ class Sanitizer(RuntimeListener):
 
     def _write(self, tensor, stream, seq, loc) -> None:
         info = self._info(tensor)
-        if info is None:
-            return
+        if info is not None:
+            self._write_info(info, stream, seq, loc)
+
+    def _write_info(self, info: StorageInfo, stream, seq, loc) -> None:
         if info.reads:
             for read in info.reads.values():
                 if not self.clocks.covers(stream, read.seq, read.stream):
@@ -206,6 +212,9 @@ class Sanitizer(RuntimeListener):
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError):
             return None
+        return self._storage_info(storage, alloc_stream)
+
+    def _storage_info(self, storage, alloc_stream=None) -> StorageInfo:
         key = storage._cdata
         info = self._storages.get(key)
         if info is None:
@@ -214,6 +223,21 @@ class Sanitizer(RuntimeListener):
             self._storages[key] = info
             self._finalizers[key] = weakref.finalize(storage, self._on_free, key)
         return info
+
+    # --- storage operations outside the dispatcher ------------------------------------
+    def on_storage_change(self, storage, what: str) -> None:
+        """`untyped_storage().resize_(n)` or `t.data = other`, seen before it happens: a write to the
+        storage (its contents change under every tensor using it) and, for a resize, a free of its
+        memory while another stream may still use it."""
+        if not self._active:
+            return
+        stream, loc = self.runtime.current_stream(), self._here()
+        seq = self.clocks.launch(stream)
+        self._launches.setdefault(stream, []).append((seq, loc))
+        info = self._storage_info(storage)
+        self._write_info(info, stream, seq, loc)
+        if what == "resize":
+            self._check_lifetime(info, loc, "freed by untyped_storage().resize_")
 
     # --- runtime hooks -----------------------------------------------------------------
     def on_event_record(self, event, stream) -> None:
@@ -308,3 +332,45 @@ class Sanitizer(RuntimeListener):
 
     def _here(self) -> Location:
         return location(user_frame(sys._getframe(1), self.user_files))
+
+
+class _StorageHooks:
+    """Storage changes that never reach a TorchDispatchMode, patched while a sanitizer runs:
+    `UntypedStorage.resize_` and the `Tensor.data` setter."""
+
+    def __init__(self, sanitizer: Sanitizer) -> None:
+        self.sanitizer = sanitizer
+        self._saved: list[tuple[type, str, object]] = []
+
+    def install(self) -> None:
+        sanitizer = self.sanitizer
+        resize = torch.UntypedStorage.resize_
+
+        def resize_(storage, size, *args, **kwargs):
+            sanitizer.on_storage_change(storage, "resize")
+            return resize(storage, size, *args, **kwargs)
+
+        base = torch._C.TensorBase.data
+
+        def set_data(tensor, value):
+            with contextlib.suppress(RuntimeError, NotImplementedError):
+                sanitizer.on_storage_change(tensor.untyped_storage(), "data")
+            base.__set__(tensor, value)
+
+        self._patch(torch.UntypedStorage, "resize_", resize_)
+        self._patch(torch.Tensor, "data", property(base.__get__, set_data))
+
+    def _patch(self, owner: type, name: str, value: object) -> None:
+        self._saved.append((owner, name, owner.__dict__.get(name, _MISSING)))
+        setattr(owner, name, value)
+
+    def remove(self) -> None:
+        for owner, name, old in reversed(self._saved):
+            if old is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, old)
+        self._saved.clear()
+
+
+_MISSING = object()
