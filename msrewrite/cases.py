@@ -14,6 +14,7 @@ import libcst as cst
 
 from msrewrite.analyze.positions import positions_for, self_calls
 from msrewrite.analyze.branch import NoBranch, SideBranch, find_side_branch, has_seed
+from msrewrite.analyze.summaries import ModuleSummaries
 from msrewrite.emit.engine import already_applied, code_of, iter_functions, strip_leading
 from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement, StartGate
 
@@ -82,6 +83,8 @@ class Options:
     start_gates: tuple = field(default_factory=tuple)  # StartGate; tensor "" = the first side input
     phase_anchors: tuple[str, ...] = ()
     core_limits: tuple[int, int, int, int] | None = None
+    protect: str = ""  # "clone": snapshot side inputs the main path may write, instead of refusing
+    assume_pure: tuple[str, ...] = ()  # callees a reviewer vouched for (class, function or attribute names)
 
 
 def branch_marker(case_name: str, branch: BranchSpec | None) -> str | None:
@@ -98,7 +101,8 @@ def find_targets(
     is_seed = branch.is_seed if branch is not None else case.is_seed
     targets = []
     calls = self_calls(text if text is not None else module.code) if case.analysis == "calls" else {}
-    for name, func, _cls in iter_functions(module):
+    summaries = ModuleSummaries(module, options.assume_pure, path=path)
+    for name, func, cls in iter_functions(module):
         if case.analysis == "copies":
             if not _has_copy(func, case.is_copy):
                 continue
@@ -131,6 +135,8 @@ def find_targets(
                 is_seed,
                 anchors=anchors,
                 phase_anchors=options.phase_anchors if case.phased else None,
+                scope=summaries.scope_for(cls.name.value if cls is not None else None, func.name.value),
+                protect=options.protect == "clone",
             )
         except NoBranch as exc:
             targets.append(Target(name, reason=str(exc)))
@@ -190,4 +196,7 @@ def branch_plan(case: Case, path: Path, function: str, branch: SideBranch, optio
         phase_anchors=tuple(branch.phase_anchors),
         non_blocking=case.non_blocking,
         core_limits=options.core_limits if case.core_limits else None,
+        protect_inputs=tuple(branch.protected_inputs),
+        trust_boundary=tuple(branch.trust_boundary),
+        assume_pure=tuple(options.assume_pure),
     )

@@ -116,6 +116,13 @@ class OverlapPlan:
     non_blocking: bool = False
     # AI-core budgets (side aicore, side vector, main aicore, main vector) for the two branches.
     core_limits: tuple[int, int, int, int] | None = None
+    # Side inputs the main path may write before the join: the side stream reads a copy made at
+    # the fork (`--protect clone`; costs one copy of each).
+    protect_inputs: tuple[str, ...] = ()
+    # Callees the analysis could not see into (it trusted them), and those a reviewer vouched for
+    # with --assume-pure: printed with every edit.
+    trust_boundary: tuple[str, ...] = ()
+    assume_pure: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -171,6 +178,9 @@ class OverlapPlan:
                 case_branch=data.get("case_branch", ""),
                 non_blocking=bool(data.get("non_blocking", False)),
                 core_limits=tuple(data["core_limits"]) if data.get("core_limits") else None,
+                protect_inputs=tuple(data.get("protect_inputs", ())),
+                trust_boundary=tuple(data.get("trust_boundary", ())),
+                assume_pure=tuple(data.get("assume_pure", ())),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed plan: {exc}") from None
