@@ -316,8 +316,9 @@ def find_side_branch(
             leaves = "raise" if f.raises and not _returns(f.node) else "return"
             raise NoBranch(f"line {f.first_line} can {leaves} before the join")
         for name, group in groups.items():
-            known = sorted(f.mutates & group)
-            unseen = sorted(n for n in group if n in f.may_write)
+            first = lambda names: sorted(names, key=lambda n: (n != name, n))  # noqa: E731 - the input's own name first
+            known = first(f.mutates & group)
+            unseen = first(n for n in group if n in f.may_write)
             if not known and not unseen:
                 continue
             if protect and f.index >= fork:
@@ -339,6 +340,12 @@ def find_side_branch(
         clash = (f.loads | f.stores) & (set(outputs) | set(side_stores))
         if clash:
             raise NoBranch(f"line {f.first_line} uses '{sorted(clash)[0]}' between the fork and the join")
+    rebound_by_side = [name for name in protected if name in side_stores]
+    if rebound_by_side:
+        raise NoBranch(f"'{rebound_by_side[0]}' is both read and rebound by the side branch; --protect clone cannot snapshot it")
+    window = [f for f in facts[fork:join] if f.index not in side_idx]
+    if not any(f.has_call and f.self_calls for f in window):
+        raise NoBranch("no main-path work between the fork and the join: nothing to overlap")
     every_input = set().union(*groups.values()) if groups else set()
     for f in [*whole, *hoist_facts]:
         line = f.first_line or facts[join].first_line
@@ -352,9 +359,6 @@ def find_side_branch(
                 f"line {line}: {callee} may write its input '{unseen[0]}', which the main path still "
                 f"reads; a snapshot cannot help here; pass --assume-pure {vouch_name(callee)} if it does not"
             )
-    window = [f for f in facts[fork:join] if f.index not in side_idx]
-    if not any(f.has_call and f.self_calls for f in window):
-        raise NoBranch("no main-path work between the fork and the join: nothing to overlap")
 
     rebound = sorted({name for f in window for name in f.stores if name in inputs})
     maybe = [name for name in outputs if any(name in f.stores for f in whole if not isinstance(f.node, cst.SimpleStatementLine))]

@@ -86,7 +86,7 @@ class ModuleSummaries:
                             name = dotted_name(target.target) or ""
                             if name.count(".") == 1:
                                 self.patched[small.value.value] = name.split(".")[0]
-        self._cache: dict[tuple[str, str], Summary] = {}
+        self._cache: dict[tuple[str, str, int], Summary] = {}
         self._attrs: dict[str, dict[str, list[cst.BaseExpression]]] = {}
 
     # classes ----------------------------------------------------------------------------
@@ -185,7 +185,9 @@ class ModuleSummaries:
 
     # summaries ---------------------------------------------------------------------------
     def function_summary(self, cls: str | None, func: cst.FunctionDef) -> Summary:
-        key = (cls or "", func.name.value)
+        """Summary of `func` called on an instance of `cls` (None: a free function)."""
+        # keyed by the class `self` is (an inherited forward sees the subclass's submodules)
+        key = (cls or "", func.name.value, id(func))
         if key in self._cache:
             return self._cache[key]
         params = [p.name.value for p in (*func.params.posonly_params, *func.params.params)]
@@ -272,7 +274,7 @@ class ModuleSummaries:
                 for base in self._bases(cls):
                     found = self._method(base, func.attr.value)
                     if found is not None:
-                        return _apply(self.function_summary(found[0], found[1]), call, f"super().{func.attr.value}")
+                        return _apply(self.function_summary(cls, found[1]), call, f"super().{func.attr.value}")
         callee = dotted_name(func) or _short(func)
         if self._vouched(callee, callee.split(".")[-1]):
             return _vouched_effect(call)
@@ -288,7 +290,7 @@ class ModuleSummaries:
             if method is not None and not rest:
                 if self._vouched(head, f"self.{head}"):
                     return _vouched_effect(call)
-                return _apply(self.function_summary(method[0], method[1]), call, f"self.{head}")
+                return _apply(self.function_summary(cls, method[1]), call, f"self.{head}")
         if self._vouched(head, label):
             return _vouched_effect(call)
         values = self.attribute_values(cls).get(head)
@@ -352,7 +354,7 @@ class ModuleSummaries:
                 if forward is None:
                     base = (owner._external_bases(name) or ["no forward"])[0]
                     return _unknown(call, f"{label} ({ctor} from {base}, not visible to msrewrite)")
-                return _apply(owner.function_summary(forward[0], forward[1]), call, f"{label} ({ctor})")
+                return _apply(owner.function_summary(name, forward[1]), call, f"{label} ({ctor})")
             return _unknown(call, f"{label} ({ctor or _short(value.func)}, not visible to msrewrite)")
         return _unknown(call, f"{label} (set from {_short(value)}, not visible to msrewrite)")
 

@@ -168,6 +168,8 @@ def torch_call_effect(call: cst.Call) -> CallEffect | None:
     name = dotted(func)
     if name is not None:
         module, _, leaf = name.rpartition(".")
+        if name.startswith("_ms_"):
+            return CallEffect(stream=True)  # msrewrite's own helpers: streams, events, record_stream
         if module in COLLECTIVE_MODULES:
             effect = CallEffect(collective=leaf not in ("get_rank", "get_world_size", "is_initialized"))
             if leaf in WRITES_FIRST_ARG and first is not None:
@@ -198,7 +200,11 @@ def torch_call_effect(call: cst.Call) -> CallEffect | None:
     if isinstance(func, cst.Attribute):
         method = func.attr.value
         receiver = func.value
+        if method in ("wait_stream", "record_stream", "wait_event", "record_event", "wait", "record", "synchronize"):
+            return CallEffect(stream=True)  # stream and event order: no tensor data written
         owner = dotted(receiver) or ""
+        if owner.startswith("self.") and owner.count(".") == 1 and is_inplace_name(method) and method in _TENSOR_METHODS:
+            return CallEffect(writes=[receiver], returns=[receiver])  # self.cache.copy_(x): module state
         if owner.split(".")[0] in ("torch", "F", "nn", "dist", "torch_npu", "torchair", "self"):
             return None  # a namespace or a submodule, not a tensor: torch.ops.x.y(...), self.experts.forward(...)
         if method in _TENSOR_METHODS or method in ALIAS_METHODS:
@@ -223,8 +229,10 @@ def nn_module_effect(constructor: cst.Call) -> CallEffect | None:
         return None
     placeholder = cst.Name("__input__")
     effect = CallEffect(rng=leaf.startswith("Dropout"))
-    # nn.ReLU(inplace=True), nn.ReLU(True), nn.Dropout(0.1, True)
-    inplace = is_true(_keyword(constructor, "inplace")) or any(is_true(a) for a in positional(constructor))
+    # nn.ReLU(inplace=True), nn.ReLU(True), nn.Dropout(0.1, True); inplace=<a variable> may be True
+    flag = _keyword(constructor, "inplace")
+    literal_false = isinstance(flag, cst.Name) and flag.value == "False"
+    inplace = (flag is not None and not literal_false) or any(is_true(a) for a in positional(constructor))
     if inplace:
         effect.writes.append(placeholder)
     if leaf in IDENTITY_MODULES or inplace:
