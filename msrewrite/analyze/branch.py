@@ -192,7 +192,7 @@ def find_side_branch(
             continue
         # statements that see this very definition (not a later rewrite, such as a recv filling it)
         readers = [
-            g for g in facts[f.index + 1 :] if any(last_writer(n, g.index) == f.index for n in f.stores & g.loads)
+            g for g in facts[f.index + 1 :] if any(reaching_def(n, g.index, set()) == f.index for n in f.stores & g.loads)
         ]
         if (
             _allocates(f.node)
@@ -309,6 +309,7 @@ def find_side_branch(
     if hoists:
         _check_join_statement(facts[join], hoists, hoist_facts, groups, is_seed, scope)
     protected: list[str] = []
+    unseen_hits: list[tuple[int, str, str]] = []  # (line, callee, name): writes msrewrite cannot rule out
     for f in facts[start:join]:
         if f.index in side_idx:
             continue
@@ -332,14 +333,18 @@ def find_side_branch(
                 raise NoBranch(
                     f"line {f.first_line} writes '{known[0]}' in place while the side stream reads it{hint}"
                 )
-            callee = f.may_write[unseen[0]]
-            raise NoBranch(
-                f"line {f.first_line}: {callee} may write '{unseen[0]}' which the side stream reads; "
-                f"pass --protect clone or --assume-pure {vouch_name(callee)}"
-            )
+            unseen_hits.append((f.first_line, f.may_write[unseen[0]], unseen[0]))
         clash = (f.loads | f.stores) & (set(outputs) | set(side_stores))
         if clash:
             raise NoBranch(f"line {f.first_line} uses '{sorted(clash)[0]}' between the fork and the join")
+    if unseen_hits:
+        line, callee, name = unseen_hits[0]
+        others = "".join(f"; line {ln}: {c} may write '{n}' too" for ln, c, n in unseen_hits[1:])
+        names = " ".join(f"--assume-pure {v}" for v in dict.fromkeys(vouch_name(c) for _, c, _ in unseen_hits))
+        raise NoBranch(
+            f"line {line}: {callee} may write '{name}' which the side stream reads{others}; "
+            f"pass --protect clone or {names}"
+        )
     rebound_by_side = [name for name in protected if name in side_stores]
     if rebound_by_side:
         raise NoBranch(f"'{rebound_by_side[0]}' is both read and rebound by the side branch; --protect clone cannot snapshot it")
@@ -355,9 +360,11 @@ def find_side_branch(
         unseen = sorted(n for n in every_input if n in f.may_write)
         if unseen:
             callee = f.may_write[unseen[0]]
+            others = sorted({vouch_name(u) for u in f.unknown_callees} - {vouch_name(callee)})
+            also = f" (also not seen into: {', '.join(others)})" if others else ""
             raise NoBranch(
                 f"line {line}: {callee} may write its input '{unseen[0]}', which the main path still "
-                f"reads; a snapshot cannot help here; pass --assume-pure {vouch_name(callee)} if it does not"
+                f"reads; a snapshot cannot help here; pass --assume-pure {vouch_name(callee)} if it does not{also}"
             )
 
     rebound = sorted({name for f in window for name in f.stores if name in inputs})
