@@ -225,6 +225,7 @@ SAFE_WRITES = {
     "out_into_fresh_buffer": "buf = torch.empty_like(x); torch.mul(x, 2, out=buf)",
     "write_to_a_copy": "h = x.clone(); h.view(-1)[:32] = 0",
     "metadata_only": "n = x.shape[0]; x2 = x.float().sum()",
+    "rebound_then_written": "x = x * 2\n    x.mul_(2)",  # the write hits the new object, not the one the side read
 }
 
 

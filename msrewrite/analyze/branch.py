@@ -31,7 +31,7 @@ from msrewrite.analyze.defuse import (
     function_names,
     statement_facts,
 )
-from msrewrite.analyze.summaries import alias_closure
+from msrewrite.analyze.summaries import Storage
 
 
 @dataclass
@@ -284,13 +284,19 @@ def find_side_branch(
     # Storage each input may share (views, containers, attributes), from the bindings before the join.
     params = {p.name.value for p in (*func.params.params, *func.params.kwonly_params, *func.params.posonly_params)}
     local_names = params | {name for f in facts for name in f.stores}
-    groups = {name: alias_closure(facts[: join + 1], {name}) for name in inputs if name in local_names}
+    storage = Storage(facts, params)
+    # The objects each side input names where the side reads it.
+    groups: dict[str, frozenset] = {}
+    for index, loads, _ in units:
+        for name in loads & set(inputs) & local_names:
+            groups[name] = groups.get(name, frozenset()) | storage.held(name, index)
     # The side reads an input after every main-path write to it that came first in the original
     # order (in place, through an alias, or by a callee msrewrite cannot see into): fork after those.
     for index, loads, _ in units:
         for name in loads & set(groups):
+            mine = storage.held(name, index)
             for g in facts[:index]:
-                if g.index not in side_idx and _writes(g, groups[name]):
+                if g.index not in side_idx and _writes(storage, g, mine):
                     fork = max(fork, g.index + 1)
     for anchor in anchors:
         d = reaching_def(anchor, join, side_idx)
@@ -307,7 +313,7 @@ def find_side_branch(
 
     start = min([fork, *side_idx])
     if hoists:
-        _check_join_statement(facts[join], hoists, hoist_facts, groups, is_seed, scope)
+        _check_join_statement(facts[join], hoists, hoist_facts, storage, is_seed, scope)
     protected: list[str] = []
     unseen_hits: list[tuple[int, str, str]] = []  # (line, callee, name): writes msrewrite cannot rule out
     for f in facts[start:join]:
@@ -318,8 +324,8 @@ def find_side_branch(
             raise NoBranch(f"line {f.first_line} can {leaves} before the join")
         for name, group in groups.items():
             first = lambda names: sorted(names, key=lambda n: (n != name, n))  # noqa: E731 - the input's own name first
-            known = first(f.mutates & group)
-            unseen = first(n for n in group if n in f.may_write)
+            known = first(storage.written(f, f.index, group))
+            unseen = first(storage.maybe_written(f, f.index, group))
             if not known and not unseen:
                 continue
             if protect and f.index >= fork:
@@ -351,13 +357,13 @@ def find_side_branch(
     window = [f for f in facts[fork:join] if f.index not in side_idx]
     if not any(f.has_call and f.self_calls for f in window):
         raise NoBranch("no main-path work between the fork and the join: nothing to overlap")
-    every_input = set().union(*groups.values()) if groups else set()
-    for f in [*whole, *hoist_facts]:
+    every_input = frozenset().union(*groups.values()) if groups else frozenset()
+    for f, at in [*((f, f.index) for f in whole), *((hf, join) for hf in hoist_facts)]:
         line = f.first_line or facts[join].first_line
-        bad = f.mutates & every_input
+        bad = storage.written(f, at, every_input)
         if bad:
-            raise NoBranch(f"line {line}: the side branch writes its input '{sorted(bad)[0]}' in place")
-        unseen = sorted(n for n in every_input if n in f.may_write)
+            raise NoBranch(f"line {line}: the side branch writes its input '{bad[0]}' in place")
+        unseen = storage.maybe_written(f, at, every_input)
         if unseen:
             callee = f.may_write[unseen[0]]
             others = sorted({vouch_name(u) for u in f.unknown_callees} - {vouch_name(callee)})
@@ -459,9 +465,9 @@ def _assign_phases(facts, whole, anchors, fork, join, side_idx, reaching_def, in
     return phases
 
 
-def _writes(f: StatementFacts, names: set[str]) -> bool:
-    """Does the statement write (in place, or possibly through an unseen callee) any of `names`?"""
-    return bool(f.mutates & names) or any(n in f.may_write for n in names)
+def _writes(storage: Storage, f: StatementFacts, tokens: frozenset) -> bool:
+    """Does the statement write (in place, or possibly through an unseen callee) that storage?"""
+    return bool(storage.written(f, f.index, tokens) or storage.maybe_written(f, f.index, tokens))
 
 
 def _returns(node: cst.CSTNode) -> bool:
@@ -490,7 +496,7 @@ def vouch_name(callee: str) -> str:
     return name.removeprefix("self.")
 
 
-def _check_join_statement(join_fact, hoists, hoist_facts, groups, is_seed, scope) -> None:
+def _check_join_statement(join_fact, hoists, hoist_facts, storage: Storage, is_seed, scope) -> None:
     """Hoisting a side call out of its statement runs it before the rest of that statement, also
     with the flag off. Refuse when that changes what it reads: the statement writes (or binds with
     :=) one of the call's inputs before the call ran, or the call itself binds a name."""
@@ -520,11 +526,14 @@ def _check_join_statement(join_fact, hoists, hoist_facts, groups, is_seed, scope
     rest = node_facts(stripped, scope, after)
     walrus = _walrus_targets(stripped)
     inputs = {name for hf in hoist_facts for name in hf.loads}
-    for name in sorted(inputs & set(groups)):
+    at = join_fact.index
+    for name in sorted(inputs):
         if name in walrus:
             raise NoBranch(f"line {line} binds '{name}' (:=) before the side call reads it; msrewrite does not hoist the call")
-        if _writes(rest, groups[name]):
-            written = sorted((rest.mutates | set(rest.may_write)) & groups[name])[0]
+        mine = storage.held(name, at)
+        hits = storage.written(rest, at, mine) + storage.maybe_written(rest, at, mine)
+        if hits:
+            written = sorted(hits, key=lambda n: (n != name, n))[0]
             raise NoBranch(
                 f"line {line} writes '{written}' before the side call in the same statement reads it; "
                 "hoisting the call would change its input"

@@ -154,7 +154,7 @@ class _Collector(cst.CSTVisitor):
             return
         for source in self._roots(node):
             for target in targets:
-                if source != target and source != "self":
+                if source != "self":  # x = x.view(-1) links x to itself: the same storage
                     self.facts.links.add((source, target))
 
     def _write(self, node: cst.BaseExpression) -> None:

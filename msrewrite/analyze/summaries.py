@@ -208,28 +208,33 @@ class ModuleSummaries:
 
         for item in facts:
             item.node.visit(_Collector(item, scope))
-        returns: set[str] = set()
+        returns: dict[int, set[str]] = {}  # statement -> names its return values may alias
 
         class _Returns(cst.CSTVisitor):
+            def __init__(self, at: int) -> None:
+                self.at = at
+
             def visit_Return(self, node: cst.Return) -> None:
                 if node.value is not None:
-                    returns.update(alias_roots(node.value, scope))
+                    returns.setdefault(self.at, set()).update(alias_roots(node.value, scope))
 
             def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
                 return False
 
-        func.body.visit(_Returns())
+        for item in facts:
+            item.node.visit(_Returns(item.index))
         names = [*params, *(n for n in (vararg, kwarg) if n)]
+        storage = Storage(facts, names)
         for name in names:
-            group = alias_closure(facts, {name})
-            if any(n in group for f in facts for n in f.mutates):
-                summary.writes.add(name)
+            mine = frozenset({("param", name)})
             for f in facts:
-                hit = next((f.may_write[n] for n in sorted(group) if n in f.may_write), None)
-                if hit is not None:
-                    summary.may_write.setdefault(name, hit)
-            if group & returns:
-                summary.returns.add(name)
+                if storage.written(f, f.index, mine):
+                    summary.writes.add(name)
+                hit = storage.maybe_written(f, f.index, mine)
+                if hit:
+                    summary.may_write.setdefault(name, f.may_write[hit[0]])
+                if returns.get(f.index) and any(storage._around(r, f.index) & mine for r in returns[f.index]):
+                    summary.returns.add(name)
         for f in facts:
             summary.unknown |= f.unknown_callees
             summary.collective |= f.collective
@@ -359,18 +364,55 @@ class ModuleSummaries:
         return _unknown(call, f"{label} (set from {_short(value)}, not visible to msrewrite)")
 
 
-def alias_closure(facts: list[StatementFacts], names: set[str]) -> set[str]:
-    """Names that may share storage with `names` through the links the statements make."""
-    links = [link for f in facts for link in f.links]
-    group = set(names)
-    changed = True
-    while changed:
-        changed = False
-        for a, b in links:
-            if (a in group) != (b in group):
-                group |= {a, b}
-                changed = True
-    return group
+class Storage:
+    """Which storage each name may hold before each top-level statement, in program order.
+
+    A storage token stands for one tensor object: a parameter's, or one a statement made fresh.
+    A binding from an alias (`h = x.view(-1)`, `lst[0] = x`, `self.last = x`) hands on the source's
+    tokens, so a later write through `h` is a write of x's object, while `x = x + 1` (fresh) leaves
+    the old object behind: a write to the new x does not touch what was read before.
+    """
+
+    def __init__(self, facts: list[StatementFacts], params: list[str] | set[str]) -> None:
+        state: dict[str, frozenset] = {p: frozenset({("param", p)}) for p in params}
+        self.states: list[dict[str, frozenset]] = []
+        for f in facts:
+            self.states.append(state)
+            whole = isinstance(f.node, cst.SimpleStatementLine)  # a compound statement binds on some paths only
+            targets = {t for _, t in f.links}
+            bound = f.stores | targets
+            new = dict(state)
+            for name in bound:
+                kept = state.get(name, frozenset()) if not whole or name not in f.stores else frozenset()
+                fresh = frozenset({("fresh", f.index, name)}) if name in f.stores and name not in targets else frozenset()
+                new[name] = kept | fresh
+            changed = True
+            while changed:  # links made in one statement can chain (a = x; b = a)
+                changed = False
+                for source, target in f.links:
+                    tokens = state.get(source, frozenset({("free", source)}))
+                    if source in bound and source != target:
+                        tokens |= new.get(source, frozenset())
+                    if not tokens <= new[target]:
+                        new[target] = new[target] | tokens
+                        changed = True
+            state = new
+        self.states.append(state)
+
+    def held(self, name: str, at: int) -> frozenset:
+        """The storage `name` may hold just before statement `at`."""
+        return self.states[min(at, len(self.states) - 1)].get(name, frozenset({("free", name)}))
+
+    def _around(self, name: str, at: int) -> frozenset:
+        return self.held(name, at) | self.held(name, at + 1)
+
+    def written(self, f: StatementFacts, at: int, tokens: frozenset | set) -> list[str]:
+        """Names whose in-place writes in statement `f` (at body index `at`) reach `tokens`."""
+        return sorted(n for n in f.mutates if self._around(n, at) & tokens)
+
+    def maybe_written(self, f: StatementFacts, at: int, tokens: frozenset | set) -> list[str]:
+        """Names an unseen callee in `f` may write whose storage reaches `tokens`."""
+        return sorted(n for n in f.may_write if self._around(n, at) & tokens)
 
 
 def _makes_tensor(ctor: str) -> bool:
