@@ -391,3 +391,36 @@ def test_plan_carries_protect_and_assume_pure(tmp_path):
     plan, _, _ = edit(tmp_path, model(SGLANG_SHAPE, experts="FusedMoE", fused_inplace=True), protect="clone")
     again = OverlapPlan.from_json(plan.to_json())
     assert again.protect_inputs == ("x",) and again.trust_boundary == plan.trust_boundary
+
+
+def test_apply_plan_respects_protect(tmp_path):
+    """The snapshot travels in the plan: apply --plan emits it, and --protect clone adds it to a plan without."""
+    from conftest import run_cli
+
+    plan, _, original = edit(tmp_path, model(SGLANG_SHAPE, experts="FusedMoE", fused_inplace=True), protect="clone")
+    with_snapshot = tmp_path / "with.json"
+    with_snapshot.write_text(plan.to_json())
+    result = run_cli("apply", "--plan", str(with_snapshot), str(original))
+    assert result.returncode == 0, result.stderr
+    assert "+            x_side = x.clone()" in result.stdout
+    without = tmp_path / "without.json"
+    without.write_text(plan.with_changes(protect_inputs=()).to_json())
+    plain = run_cli("apply", "--plan", str(without), str(original))
+    assert plain.returncode == 0 and "clone()" not in plain.stdout
+    added = run_cli("apply", "--plan", str(without), str(original), "--protect", "clone")
+    assert added.returncode == 0 and "x_side = x.clone()" in added.stdout, added.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--protect", "copy"), "--protect must be clone"),
+    (("--assume-pure", "not a name"), "--assume-pure needs a class, function or attribute name"),
+])
+def test_bad_effect_options_are_one_line_errors(tmp_path, args, message):
+    from conftest import run_cli
+
+    path = tmp_path / "block.py"
+    path.write_text(model(SGLANG_SHAPE))
+    result = run_cli("apply", "--case", "moe-shared-expert", str(path), *args)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"msrewrite: error: {result.stderr.split('error: ', 1)[1].strip()}"]
+    assert message in result.stderr
