@@ -92,6 +92,15 @@ class Experts(nn.Module):
         return out
 
 
+class IndexedExperts(Experts):
+    def forward(self, x, weights):
+        out = torch.zeros_like(x)
+        for i in range(len(self.experts)):
+            expert = self.experts[i]
+            out = out + expert(x) * weights[:, i : i + 1]
+        return out
+
+
 def _fused_class(inplace):
     # built at run time: msrewrite cannot read its source (like a kernel library's FusedMoE)
     class FusedMoE(Experts):
@@ -287,6 +296,11 @@ def test_protect_clone_makes_the_in_place_fused_experts_safe(tmp_path):
 def test_assume_pure_vouches_for_a_callee(tmp_path):
     plan, _ = verified(tmp_path, model(SGLANG_SHAPE, experts="FusedMoE", fused_inplace=False), assume_pure=("FusedMoE",))
     assert plan.assume_pure == ("FusedMoE",) and plan.protect_inputs == ()
+
+
+def test_experts_picked_by_index_are_followed(tmp_path):
+    plan, _ = verified(tmp_path, model(SGLANG_SHAPE, experts="IndexedExperts"))
+    assert plan.trust_boundary == ()
 
 
 def test_a_helper_method_is_followed(tmp_path):

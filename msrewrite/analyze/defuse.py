@@ -196,6 +196,8 @@ class _Collector(cst.CSTVisitor):
     def visit_Assign(self, node: cst.Assign) -> bool:
         for target in node.targets:
             self._store_target(target.target, node.value)
+            if isinstance(node.value, cst.Subscript):  # expert = self.experts[i]
+                self._bind_module(target.target, node.value.value)
         node.value.visit(self)
         return False
 
