@@ -22,7 +22,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from msrewrite.analyze.defuse import Scope, StatementFacts, alias_roots, dotted_name, statement_facts
+from msrewrite.analyze.defuse import Scope, StatementFacts, alias_roots, dotted_name, node_facts
 from msrewrite.analyze.torch_effects import CallEffect, nn_module_effect, positional, torch_call_effect
 
 # Activation lookups that hand out stateless, functional activations.
@@ -203,11 +203,9 @@ class ModuleSummaries:
                                    unknown={f"{func.name.value} (recursive)"})
         body = list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else [func.body]
         scope = self.scope_for(cls)
-        facts = [StatementFacts(index=i, node=s, first_line=0, last_line=0) for i, s in enumerate(body)]
-        from msrewrite.analyze.defuse import _Collector
-
-        for item in facts:
-            item.node.visit(_Collector(item, scope))
+        facts = [node_facts(stmt, scope) for stmt in body]
+        for index, item in enumerate(facts):
+            item.index = index
         returns: dict[int, set[str]] = {}  # statement -> names its return values may alias
 
         class _Returns(cst.CSTVisitor):
