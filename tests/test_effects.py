@@ -438,3 +438,28 @@ def test_bad_effect_options_are_one_line_errors(tmp_path, args, message):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [f"msrewrite: error: {result.stderr.split('error: ', 1)[1].strip()}"]
     assert message in result.stderr
+
+
+@pytest.mark.parametrize("write, edited", [("x.mul_(0.5)", False), ("x = x * 0.5", True)])
+def test_a_sibling_module_is_read_not_imported(tmp_path, write, edited):
+    """`from experts import RoutedExperts` next to the file: its source is read, so its writes are seen."""
+    (tmp_path / "experts.py").write_text(textwrap.dedent(f"""
+        from torch import nn
+
+        class RoutedExperts(nn.Module):
+            def __init__(self, d):
+                super().__init__()
+                self.proj = nn.Linear(d, d)
+
+            def forward(self, x):
+                {write}
+                return self.proj(x)
+        """))
+    source = model(SGLANG_SHAPE.replace("self.experts(x, w)", "self.experts(x) * w.sum()"), experts="RoutedExperts")
+    source = source.replace("from torch import nn\n", "from torch import nn\n\nfrom experts import RoutedExperts\n", 1)
+    source = source.replace("RoutedExperts(d, n)", "RoutedExperts(d)")
+    if edited:
+        plan, _, _ = edit(tmp_path, source)
+        assert plan.trust_boundary == ()
+    else:
+        assert "writes 'x' in place" in refusal(tmp_path, source)
