@@ -26,6 +26,7 @@ from msrewrite.analyze.seeds import (
     stream_calls,
     uses_api,
 )
+from msrewrite.analyze.summaries import ModuleSummaries
 from msrewrite.emit.engine import already_applied, code_of, iter_functions, strip_leading
 from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement, StartGate
 
@@ -94,6 +95,8 @@ class Options:
     start_gates: tuple = field(default_factory=tuple)  # StartGate; tensor "" = the first side input
     phase_anchors: tuple[str, ...] = ()
     core_limits: tuple[int, int, int, int] | None = None
+    protect: str = ""  # "clone": snapshot side inputs the main path may write, instead of refusing
+    assume_pure: tuple[str, ...] = ()  # callees a reviewer vouched for (class, function or attribute names)
 
 
 def branch_marker(case_name: str, branch: BranchSpec | None) -> str | None:
@@ -114,6 +117,7 @@ def find_targets(
         _SeedsPerClass(module, base_seed, calls, text if text is not None else module.code)
         if case.analysis == "calls" else None
     )
+    summaries = ModuleSummaries(module, options.assume_pure, path=path)
     for name, func, cls in iter_functions(module):
         is_seed = seeds_of.predicate(name, cls) if seeds_of is not None else base_seed
         if case.analysis == "copies":
@@ -167,6 +171,8 @@ def find_targets(
                 is_seed,
                 anchors=anchors,
                 phase_anchors=options.phase_anchors if case.phased else None,
+                scope=summaries.scope_for(cls.name.value if cls is not None else None, func.name.value),
+                protect=options.protect == "clone",
             )
         except NoBranch as exc:
             targets.append(Target(name, reason=str(exc)))
@@ -323,4 +329,7 @@ def branch_plan(case: Case, path: Path, function: str, branch: SideBranch, optio
         core_limits=options.core_limits if case.core_limits else None,
         guard=branch.guard.condition if branch.guard else "",
         guard_line=branch.guard.line if branch.guard else 0,
+        protect_inputs=tuple(branch.protected_inputs),
+        trust_boundary=tuple(branch.trust_boundary),
+        assume_pure=tuple(options.assume_pure),
     )

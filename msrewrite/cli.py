@@ -45,6 +45,12 @@ def apply(
     second_comm_group: Optional[str] = Option(
         None, "--second-comm-group", help="prefill-microbatch: the layer's second process group (self.NAME) for micro-batch 1."
     ),
+    protect: str = Option(
+        "", "--protect", help="clone: snapshot side inputs the main path may write before the join (one copy each)."
+    ),
+    assume_pure: Optional[List[str]] = Option(
+        None, "--assume-pure", help="A callee msrewrite cannot see into that writes none of its arguments (repeat)."
+    ),
     in_place: bool = Option(False, "--in-place", "-i", help="Rewrite the file in place (atomic)."),
     output: Optional[Path] = Option(None, "-o", "--output", help="Write git format-patch files to this folder."),
     verify: bool = Option(False, "--verify", help="Run `msrewrite verify` on the edit."),
@@ -73,6 +79,8 @@ def apply(
         core_preset=core_preset,
         core_limit=core_limit,
         second_comm_group=second_comm_group,
+        protect=protect,
+        assume_pure=tuple(assume_pure or ()),
         in_place=in_place,
         output=output,
         verify=verify,

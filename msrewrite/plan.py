@@ -156,6 +156,13 @@ class OverlapPlan:
     # window, so the fork runs under `<stream> and <guard>`; the `if` keeps the join.
     guard: str = ""
     guard_line: int = 0
+    # Side inputs the main path may write before the join: the side stream reads a copy made at
+    # the fork (`--protect clone`; costs one copy of each).
+    protect_inputs: tuple[str, ...] = ()
+    # Callees the analysis could not see into (it trusted them), and those a reviewer vouched for
+    # with --assume-pure: printed with every edit.
+    trust_boundary: tuple[str, ...] = ()
+    assume_pure: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Every field that reaches emitted code (names, literals, comments) is checked here, so no
@@ -174,7 +181,7 @@ class OverlapPlan:
         if not self.fork_line <= self.join_line:
             raise ValueError("the fork must come before the join")
         for what in ("side_inputs", "side_outputs", "inputs_rebound_before_join", "outputs_maybe_unbound",
-                     "phase_anchors"):
+                     "phase_anchors", "protect_inputs"):
             for name in getattr(self, what):
                 validate.identifier(name, f"{what} entry", constants=what == "side_inputs")
         validate.stream_tag(self.stream_tag, "stream_tag")
@@ -188,6 +195,9 @@ class OverlapPlan:
         validate.comment_text(self.summary, "summary")
         _enum(self.stream_source, STREAM_SOURCES, "stream_source")
         _enum(self.sync, SYNCS, "sync")
+        for what in ("trust_boundary", "assume_pure"):  # printed, never emitted as code
+            for name in getattr(self, what):
+                validate.comment_text(name, f"{what} entry")
         if bool(self.guard) != bool(self.guard_line):
             raise ValueError("a guarded plan needs both guard and guard_line")
         if self.guard:
@@ -247,7 +257,10 @@ class OverlapPlan:
                    "inputs_rebound_before_join": tuple(data.get("inputs_rebound_before_join", ())),
                    "outputs_maybe_unbound": tuple(data.get("outputs_maybe_unbound", ())),
                    "phase_anchors": tuple(data.get("phase_anchors", ())),
-                   "core_limits": tuple(data["core_limits"]) if data.get("core_limits") is not None else None}
+                   "core_limits": tuple(data["core_limits"]) if data.get("core_limits") is not None else None,
+                   "protect_inputs": tuple(data.get("protect_inputs", ())),
+                   "trust_boundary": tuple(data.get("trust_boundary", ())),
+                   "assume_pure": tuple(data.get("assume_pure", ()))}
             )
         except ValueError as exc:
             raise ValueError(f"malformed plan: {exc}") from None
@@ -293,6 +306,9 @@ _PLAN_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "core_limits": ((list, tuple, type(None)), False),
     "guard": ((str,), False),
     "guard_line": ((int,), False),
+    "protect_inputs": ((list, tuple), False),
+    "trust_boundary": ((list, tuple), False),
+    "assume_pure": ((list, tuple), False),
 }
 _PART_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "side": {"first_line": ((int,), True), "last_line": ((int,), True), "source": ((str,), True),
@@ -334,7 +350,7 @@ def plan_errors(data: Any) -> list[str]:
         for k, item in enumerate(data.get(part, ())):
             errors += _type_errors(item, _PART_FIELDS[part], f"{part}[{k}]: ")
     for part in ("side_inputs", "side_outputs", "inputs_rebound_before_join", "outputs_maybe_unbound",
-                 "phase_anchors", "core_limits"):
+                 "phase_anchors", "core_limits", "protect_inputs", "trust_boundary", "assume_pure"):
         items = data.get(part) or ()
         kind = int if part == "core_limits" else str
         errors += [f"{part}[{k}] must be {kind.__name__}, got {validate.shown(v)}"

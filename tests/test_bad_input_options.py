@@ -271,6 +271,9 @@ PLAN_FIELD_HOSTILE = {
     # (tests/test_guards.py::test_guard_that_is_not_the_if_condition_is_refused)
     "guard": [3, None, "a\nb", "self.x is not None"],  # the last: no guard_line
     "guard_line": [-1, "3", True, 5],  # the last: no guard
+    "protect_inputs": [[v] for v in HOSTILE] + ["abc", [3]],
+    "trust_boundary": [["a\nb"], [3], "abc"],
+    "assume_pure": [["a\nb"], [None], "abc"],
 }
 SIDE_FIELD_HOSTILE = {
     "first_line": [0, "3", True],
@@ -404,7 +407,8 @@ def test_emission_context_is_built_only_from_the_validated_plan():
     tree = ast.parse((ROOT / "msrewrite" / "emit" / "engine.py").read_text())
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Context"]
     assert len(calls) == 1
-    internal = {"init", "config_param", "init_sets_flag", "gates", "names", "what", "list", "bool"}
+    # snapshots: plan.protect_inputs (validated) mapped to names the emitter made unique
+    internal = {"init", "config_param", "init_sets_flag", "gates", "names", "what", "list", "bool", "snapshots", "n"}
     for keyword in calls[0].keywords:
         roots = {n.id for n in ast.walk(keyword.value) if isinstance(n, ast.Name)}
         assert roots <= internal | {"plan"}, (keyword.arg, roots - internal)

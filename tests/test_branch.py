@@ -5,6 +5,7 @@ Each snippet is an MoE forward written the way real models write it.
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -19,7 +20,15 @@ CASE = get_case("moe-shared-expert")
 
 
 def targets_of(body: str):
-    source = "class Block:\n    def forward(self, x):\n" + textwrap.indent(textwrap.dedent(body).lstrip("\n"), " " * 8)
+    # Every submodule the snippet calls is a visible, pure nn.Linear (summaries see into it);
+    # tests/test_effects.py covers callees that write or cannot be seen into.
+    body = textwrap.dedent(body).lstrip("\n")
+    subs = sorted(set(re.findall(r"self\.(\w+)\(", body)))
+    init = "".join(f"        self.{name} = nn.Linear(8, 8)\n" for name in subs)
+    source = (  # __init__ last, so the line numbers below count from `def forward` on line 2
+        "class Block(nn.Module):\n    def forward(self, x):\n" + textwrap.indent(body, " " * 8)
+        + "\n    def __init__(self):\n        super().__init__()\n" + init
+    )
     module = cst.parse_module(source)
     return source, module, find_targets(CASE, Path("block.py"), module, Options())
 
@@ -345,6 +354,7 @@ def test_recv_buffer_moves_with_the_side_branch():
 
     body = FIX["recv_buffer_moves_with_the_side"][0]
     source = "class Node:\n    def forward(self, x):\n" + textwrap.indent(textwrap.dedent(body).lstrip("\n"), " " * 8)
+    source += "\n    def __init__(self):\n        self.attn = nn.Linear(8, 8)\n        self.mlp = nn.Linear(8, 8)\n"
     targets = find_targets(case_named("afd-overlap"), Path("node.py"), cst.parse_module(source), Options())
     plan = targets[0].plan
     assert [(s.first_line, s.last_line) for s in plan.side] == [(4, 4), (6, 6), (7, 7)]  # send, buffer, recv

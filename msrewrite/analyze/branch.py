@@ -23,6 +23,7 @@ from libcst.metadata import CodeRange
 
 from msrewrite.analyze.guards import Guard, invariance_problem, negate, source
 from msrewrite.analyze.defuse import (
+    Scope,
     is_docstring,
     node_facts,
     StatementFacts,
@@ -31,6 +32,7 @@ from msrewrite.analyze.defuse import (
     function_names,
     statement_facts,
 )
+from msrewrite.analyze.summaries import Storage
 
 
 @dataclass
@@ -58,6 +60,10 @@ class SideBranch:
     # The side statements sit inside this `if` (its block is spliced into `facts`, so indices are
     # those of the function with the block flattened in place of the `if`).
     guard: Guard | None = None
+    # inputs the main path may write inside the window, snapshot at the fork (--protect clone)
+    protected_inputs: list[str] = field(default_factory=list)
+    # callees the side branch and the window call that msrewrite could not see into
+    trust_boundary: list[str] = field(default_factory=list)
 
 
 class NoBranch(Exception):
@@ -110,16 +116,23 @@ def find_side_branch(
     is_seed: SeedPredicate,
     anchors: tuple[str, ...] = (),
     phase_anchors: tuple[str, ...] | None = None,
+    scope: Scope | None = None,
+    protect: bool = False,
 ) -> SideBranch:
     """The side branch of `func`; `anchors` are main-stream values the side must start after.
 
     A side call inside an `if` that also does main work (or consumes the side result) is tried
     again with that `if` split into a guarded fork and a guarded join, when its condition is
-    invariant over the window (analyze/guards.py)."""
+    invariant over the window (analyze/guards.py).
+
+    `scope` resolves calls (summaries.py); with it, callees msrewrite cannot see into may write
+    their arguments. `protect`: a side input the main path may write inside the window is
+    snapshot at the fork instead of refusing the move."""
     body = list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else []
-    facts = statement_facts(body, positions)
+    scope = scope or Scope()
+    facts = statement_facts(body, positions, scope)
     try:
-        return _find_side_branch(func, body, facts, positions, is_seed, anchors, phase_anchors, None)
+        return _find_side_branch(func, body, facts, positions, is_seed, anchors, phase_anchors, None, scope, protect)
     except NoBranch as unsplit:
         guard = _splittable_if(func, facts, is_seed)
         if guard is None:
@@ -128,9 +141,9 @@ def find_side_branch(
             raise NoBranch(guard) from None
         block = _guarded_block(facts[guard.index].node, guard.in_orelse)
         flat = body[: guard.index] + block + body[guard.index + 1 :]
-        flat_facts = statement_facts(flat, positions)
+        flat_facts = statement_facts(flat, positions, scope)
         try:
-            return _find_side_branch(func, body, flat_facts, positions, is_seed, anchors, phase_anchors, guard)
+            return _find_side_branch(func, body, flat_facts, positions, is_seed, anchors, phase_anchors, guard, scope, protect)
         except NoBranch as split:
             if "does not split" in str(unsplit) or "conditional inside the join" in str(unsplit):
                 raise NoBranch(f"{split} (with the `if` at line {guard.line} split)") from None
@@ -178,7 +191,9 @@ def _splittable_if(func: cst.FunctionDef, facts: list[StatementFacts], is_seed: 
     return Guard(holder.index, holder.first_line, condition, in_orelse, locals_read, len(block.body))
 
 
-def _find_side_branch(func, body, facts, positions, is_seed, anchors, phase_anchors, guard: Guard | None) -> SideBranch:
+def _find_side_branch(
+    func, body, facts, positions, is_seed, anchors, phase_anchors, guard: Guard | None, scope: Scope, protect: bool
+) -> SideBranch:
     seeds = [f for f in facts if has_seed(f.node, is_seed)]
     if not seeds:
         raise NoBranch("no side-branch call in this function")
@@ -206,7 +221,7 @@ def _find_side_branch(func, body, facts, positions, is_seed, anchors, phase_anch
     def last_writer(name: str, before: int) -> int | None:
         # an in-place write (`x.index_add_(...)`, `x += y`) changes the value as much as a rebinding
         for f in reversed(facts[:before]):
-            if name in f.stores or name in f.mutates:
+            if name in f.stores or name in f.mutates or name in f.may_write:
                 return f.index
         return None
 
@@ -248,7 +263,7 @@ def _find_side_branch(func, body, facts, positions, is_seed, anchors, phase_anch
             continue
         # statements that see this very definition (not a later rewrite, such as a recv filling it)
         readers = [
-            g for g in facts[f.index + 1 :] if any(last_writer(n, g.index) == f.index for n in f.stores & g.loads)
+            g for g in facts[f.index + 1 :] if any(reaching_def(n, g.index, set()) == f.index for n in f.stores & g.loads)
         ]
         if (
             _allocates(f.node)
@@ -334,7 +349,8 @@ def _find_side_branch(func, body, facts, positions, is_seed, anchors, phase_anch
     inputs: list[str] = []
     defined: set[str] = set()
     units: list[tuple[int, set[str], set[str]]] = [(f.index, f.loads, f.stores) for f in whole]
-    units += [(join, expression_loads(h.call), {h.temp}) for h in hoists]
+    hoist_facts = [node_facts(h.call, scope) for h in hoists]
+    units += [(join, hf.loads, {h.temp}) for h, hf in zip(hoists, hoist_facts)]
     params = {p.name.value for p in (*func.params.params, *func.params.kwonly_params, *func.params.posonly_params)}
     local_names = params | {name for f in facts for name in f.stores}
     for _, loads, stores in units:
@@ -363,6 +379,21 @@ def _find_side_branch(func, body, facts, positions, is_seed, anchors, phase_anch
         for f in facts[fork : guard.index]:
             if _binds_constant(f.node) and f.stores & set(side_stores):
                 fork = f.index + 1
+    # Storage each input may share (views, containers, attributes), from the bindings before the join.
+    storage = Storage(facts, params)
+    # The objects each side input names where the side reads it.
+    groups: dict[str, frozenset] = {}
+    for index, loads, _ in units:
+        for name in loads & set(inputs) & local_names:
+            groups[name] = groups.get(name, frozenset()) | storage.held(name, index)
+    # The side reads an input after every main-path write to it that came first in the original
+    # order (in place, through an alias, or by a callee msrewrite cannot see into): fork after those.
+    for index, loads, _ in units:
+        for name in loads & set(groups):
+            mine = storage.held(name, index)
+            for g in facts[:index]:
+                if g.index not in side_idx and _writes(storage, g, mine):
+                    fork = max(fork, g.index + 1)
     for anchor in anchors:
         d = reaching_def(anchor, join, side_idx)
         if d is None:
@@ -377,27 +408,66 @@ def _find_side_branch(func, body, facts, positions, is_seed, anchors, phase_anch
                 )
 
     start = min([fork, *side_idx])
-    aliases = _alias_closure(facts, set(inputs) & local_names, upto=join, local_names=local_names)
+    if hoists:
+        _check_join_statement(facts[join], hoists, hoist_facts, storage, is_seed, scope)
+    protected: list[str] = []
+    unseen_hits: list[tuple[int, str, str]] = []  # (line, callee, name): writes msrewrite cannot rule out
     for f in facts[start:join]:
         if f.index in side_idx:
             continue
         if f.exits:
-            raise NoBranch(f"line {f.first_line} can return before the join")
-        touched = f.mutates & aliases
-        if touched:
-            raise NoBranch(
-                f"line {f.first_line} writes '{sorted(touched)[0]}' in place while the side stream reads it"
-            )
+            leaves = "raise" if f.raises and not _returns(f.node) else "return"
+            raise NoBranch(f"line {f.first_line} can {leaves} before the join")
+        for name, group in groups.items():
+            first = lambda names: sorted(names, key=lambda n: (n != name, n))  # noqa: E731 - the input's own name first
+            known = first(storage.written(f, f.index, group))
+            unseen = first(storage.maybe_written(f, f.index, group))
+            if not known and not unseen:
+                continue
+            if protect and f.index >= fork:
+                # a write after the side's reads in the original order: a snapshot at the fork
+                # gives the side exactly what it read before
+                if name not in protected:
+                    protected.append(name)
+                continue
+            if known:
+                hint = "; pass --protect clone to snapshot it at the fork" if f.index >= fork else ""
+                raise NoBranch(
+                    f"line {f.first_line} writes '{known[0]}' in place while the side stream reads it{hint}"
+                )
+            unseen_hits.append((f.first_line, f.may_write[unseen[0]], unseen[0]))
         clash = (f.loads | f.stores) & (set(outputs) | set(side_stores))
         if clash:
             raise NoBranch(f"line {f.first_line} uses '{sorted(clash)[0]}' between the fork and the join")
-    for f in whole:
-        bad = f.mutates & aliases
-        if bad:
-            raise NoBranch(f"line {f.first_line}: the side branch writes its input '{sorted(bad)[0]}' in place")
+    if unseen_hits:
+        line, callee, name = unseen_hits[0]
+        others = "".join(f"; line {ln}: {c} may write '{n}' too" for ln, c, n in unseen_hits[1:])
+        names = " ".join(f"--assume-pure {v}" for v in dict.fromkeys(vouch_name(c) for _, c, _ in unseen_hits))
+        raise NoBranch(
+            f"line {line}: {callee} may write '{name}' which the side stream reads{others}; "
+            f"pass --protect clone or {names}"
+        )
+    rebound_by_side = [name for name in protected if name in side_stores]
+    if rebound_by_side:
+        raise NoBranch(f"'{rebound_by_side[0]}' is both read and rebound by the side branch; --protect clone cannot snapshot it")
     window = [f for f in facts[fork:join] if f.index not in side_idx]
     if not any(f.has_call and f.self_calls for f in window):
         raise NoBranch("no main-path work between the fork and the join: nothing to overlap")
+    every_input = frozenset().union(*groups.values()) if groups else frozenset()
+    for f, at in [*((f, f.index) for f in whole), *((hf, join) for hf in hoist_facts)]:
+        line = f.first_line or facts[join].first_line
+        bad = storage.written(f, at, every_input)
+        if bad:
+            raise NoBranch(f"line {line}: the side branch writes its input '{bad[0]}' in place")
+        unseen = storage.maybe_written(f, at, every_input)
+        if unseen:
+            callee = f.may_write[unseen[0]]
+            others = sorted({vouch_name(u) for u in f.unknown_callees} - {vouch_name(callee)})
+            also = f" (also not seen into: {', '.join(others)})" if others else ""
+            raise NoBranch(
+                f"line {line}: {callee} may write its input '{unseen[0]}', which the main path still "
+                f"reads; a snapshot cannot help here; pass --assume-pure {vouch_name(callee)} if it does not{also}"
+            )
 
     if guard is not None:
         _check_guard(guard, facts, fork, join, side_idx, guard.size)
@@ -418,6 +488,10 @@ def _find_side_branch(func, body, facts, positions, is_seed, anchors, phase_anch
         phases=phases,
         phase_anchors=chosen_anchors,
         maybe_outputs=maybe,
+        protected_inputs=protected,
+        trust_boundary=sorted(
+            {u for f in [*whole, *hoist_facts, *window] for u in f.unknown_callees}
+        ),
         statements=whole,
         hoists=hoists,
         fork=fork,
@@ -573,31 +647,92 @@ def _assign_phases(facts, whole, anchors, fork, join, side_idx, reaching_def, in
     return phases
 
 
-def _alias_closure(
-    facts: list[StatementFacts], names: set[str], upto: int, local_names: set[str] | None = None
-) -> set[str]:
-    """Names that may share storage with `names`: plain copies, views and slices, either way.
-    Only the function's own variables alias (`torch.empty_like(x)` is not a view of `torch`)."""
-    links: list[tuple[str, str]] = []
-    for f in facts[:upto]:
-        node = f.node
-        if not isinstance(node, cst.SimpleStatementLine) or len(node.body) != 1:
-            continue
-        stmt = node.body[0]
-        if not isinstance(stmt, cst.Assign):
-            continue
-        value = stmt.value
-        while isinstance(value, (cst.Call, cst.Subscript, cst.Attribute)):
-            value = value.func if isinstance(value, cst.Call) else value.value
-        if isinstance(value, cst.Name) and value.value != "self":
-            if local_names is None or value.value in local_names:
-                links.extend((value.value, target) for target in f.stores)
-    aliases = set(names)
-    changed = True
-    while changed:
-        changed = False
-        for a, b in links:
-            if (a in aliases) != (b in aliases):
-                aliases |= {a, b}
-                changed = True
-    return aliases
+def _writes(storage: Storage, f: StatementFacts, tokens: frozenset) -> bool:
+    """Does the statement write (in place, or possibly through an unseen callee) that storage?"""
+    return bool(storage.written(f, f.index, tokens) or storage.maybe_written(f, f.index, tokens))
+
+
+def _returns(node: cst.CSTNode) -> bool:
+    found = False
+
+    class _Finder(cst.CSTVisitor):
+        def visit_Return(self, n: cst.Return) -> None:
+            nonlocal found
+            found = True
+
+        def visit_FunctionDef(self, n: cst.FunctionDef) -> bool:
+            return False
+
+    node.visit(_Finder())
+    return found
+
+
+def vouch_name(callee: str) -> str:
+    """The name a reviewer passes to --assume-pure for a callee description:
+    'FusedMoE' for 'self.experts (FusedMoE, not visible to msrewrite)', else the callee itself."""
+    last = callee.split(" -> ")[-1]
+    name, _, rest = last.partition(" (")
+    cls = rest.split(",")[0].split(" ")[0].rstrip(")")
+    if cls.isidentifier() and cls not in ("not", "set", "indexed", "a"):
+        return cls
+    return name.removeprefix("self.")
+
+
+def _check_join_statement(join_fact, hoists, hoist_facts, storage: Storage, is_seed, scope) -> None:
+    """Hoisting a side call out of its statement runs it before the rest of that statement, also
+    with the flag off. Refuse when that changes what it reads: the statement writes (or binds with
+    :=) one of the call's inputs before the call ran, or the call itself binds a name."""
+    line = join_fact.first_line
+    for hoist, hf in zip(hoists, hoist_facts):
+        if _has_walrus(hoist.call):
+            raise NoBranch(f"line {line}: the side call binds a name with := inside its arguments; msrewrite does not hoist it")
+    seeds = set(map(id, _seed_calls(join_fact.node, is_seed)))
+    node = join_fact.node
+    if isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1 and isinstance(node.body[0], cst.AugAssign):
+        node = node.body[0].value  # `y += side(x)`: the in-place add runs after the call
+
+    class _Strip(cst.CSTTransformer):
+        def leave_Call(self, original, updated):
+            return cst.Name("_ms_side_call") if id(original) in seeds else updated
+
+    stripped = node.visit(_Strip())
+    # calls taking the side call's result as an argument run after it: their own writes do not count
+    after: set[int] = set()
+
+    class _After(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            if any("_ms_side_call" in expression_loads(a.value) for a in call.args):
+                after.add(id(call))
+
+    stripped.visit(_After())
+    rest = node_facts(stripped, scope, after)
+    walrus = _walrus_targets(stripped)
+    inputs = {name for hf in hoist_facts for name in hf.loads}
+    at = join_fact.index
+    for name in sorted(inputs):
+        if name in walrus:
+            raise NoBranch(f"line {line} binds '{name}' (:=) before the side call reads it; msrewrite does not hoist the call")
+        mine = storage.held(name, at)
+        hits = storage.written(rest, at, mine) + storage.maybe_written(rest, at, mine)
+        if hits:
+            written = sorted(hits, key=lambda n: (n != name, n))[0]
+            raise NoBranch(
+                f"line {line} writes '{written}' before the side call in the same statement reads it; "
+                "hoisting the call would change its input"
+            )
+
+
+def _walrus_targets(node: cst.CSTNode) -> set[str]:
+    names: set[str] = set()
+
+    class _Finder(cst.CSTVisitor):
+        def visit_NamedExpr(self, n: cst.NamedExpr) -> None:
+            if isinstance(n.target, cst.Name):
+                names.add(n.target.value)
+
+    node.visit(_Finder())
+    return names
+
+
+def _has_walrus(node: cst.CSTNode) -> bool:
+    return bool(_walrus_targets(node))

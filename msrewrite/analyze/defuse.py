@@ -1,17 +1,23 @@
 """Static def-use facts for the top-level statements of one function (no import, no execution).
 
 Each statement (a compound statement counts as one unit) gets the names it reads, the names it
-binds, the names whose objects it mutates in place, and the `self.<attr>` submodules it calls.
-That is enough to decide whether a group of statements can move: dataflow by name, plus
-in-place writes, which are what make moving tensor code unsafe.
+binds, the names whose objects it writes in place (through views too: `x.view(-1).mul_(2)`
+writes x), the storage links its bindings make (`h = x.view(..)`, `lst[0] = x`, `self.last = x`),
+what callees it cannot see into may write, and the `self.<attr>` submodules it calls. That is
+enough to decide whether a group of statements can move: dataflow by name, plus in-place writes
+and aliasing, which are what make moving tensor code unsafe. What a call does comes from the torch
+effects table (torch_effects.py) and, for same-file code, from summaries (summaries.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import libcst as cst
 from libcst.metadata import CodeRange
+
+from msrewrite.analyze.torch_effects import METADATA_ATTRS, CallEffect, torch_call_effect
 
 
 @dataclass
@@ -25,7 +31,16 @@ class StatementFacts:
     mutates: set[str] = field(default_factory=set)
     self_calls: list[str] = field(default_factory=list)  # dotted callee after "self.", e.g. "shared_expert.down_proj"
     has_call: bool = False
-    exits: bool = False  # contains return / yield: leaving the function early
+    exits: bool = False  # contains return / yield / raise: leaving the function early
+    raises: bool = False
+    # effects beyond names: storage shared through bindings, writes by callees msrewrite cannot
+    # see into (name -> the callee), and what kind of work the statement holds
+    links: set[tuple[str, str]] = field(default_factory=set)
+    may_write: dict[str, str] = field(default_factory=dict)
+    unknown_callees: set[str] = field(default_factory=set)
+    collective: bool = False
+    rng: bool = False
+    stream: bool = False
 
     def calls_self(self, names: set[str]) -> bool:
         return any(callee.split(".")[0] in names for callee in self.self_calls)
@@ -62,18 +77,88 @@ def _root_name(node: cst.BaseExpression) -> str | None:
     return node.value if isinstance(node, cst.Name) else None
 
 
-# torch.distributed calls that write into their first (tensor) argument
-WRITES_FIRST_ARG = frozenset({"recv", "irecv", "all_reduce", "broadcast", "reduce", "all_to_all_single"})
+# Resolves a call the torch table does not know (a submodule, a helper, a same-file function):
+# its CallEffect, or an unknown one. None: no resolver, unknown calls are taken as before (no writes).
+CallResolver = Callable[[cst.Call, "Scope"], CallEffect]
 
 
-def _is_inplace_method(name: str) -> bool:
-    # torch's convention: add_, copy_, mul_ ... mutate their receiver; dunder and private names do not count.
-    return name.endswith("_") and not name.startswith("_") and name != "_"
+@dataclass
+class Scope:
+    """What the statements of one function share: local closures and the submodules behind
+    loop variables (`for expert in self.experts`)."""
+
+    resolver: CallResolver | None = None
+    closures: dict[str, "StatementFacts"] = field(default_factory=dict)  # nested def -> its effects
+    modules: dict[str, str] = field(default_factory=dict)  # local name -> "self.experts[]"
+
+    def effect_of(self, call: cst.Call) -> CallEffect:
+        known = torch_call_effect(call)
+        if known is not None:
+            return known
+        if isinstance(call.func, cst.Name) and call.func.value in self.closures:
+            return CallEffect()  # its writes are added at the call site (free variables)
+        if self.resolver is None:
+            return CallEffect()
+        return self.resolver(call, self)
+
+
+def alias_roots(node: cst.BaseExpression, scope: Scope) -> set[str]:
+    """Names whose storage the value of `node` may share: `x` for `x.view(-1)[:4]`, `torch.flatten(x)`,
+    `(x, y)`, `a if c else x`; `self.last` for an attribute of self; nothing for fresh results."""
+    if isinstance(node, cst.Name):
+        return {node.value}
+    if isinstance(node, cst.Attribute):
+        name = dotted_name(node)
+        if name is not None and name.startswith("self."):
+            return {".".join(name.split(".")[:2])}
+        if node.attr.value in METADATA_ATTRS:
+            return set()
+        return alias_roots(node.value, scope)
+    if isinstance(node, cst.Subscript):
+        return alias_roots(node.value, scope)
+    if isinstance(node, cst.Call):
+        return {r for e in scope.effect_of(node).returns for r in alias_roots(e, scope)}
+    if isinstance(node, (cst.Tuple, cst.List, cst.Set)):
+        return {r for el in node.elements for r in alias_roots(el.value, scope)}
+    if isinstance(node, cst.Dict):
+        return {r for el in node.elements if isinstance(el, cst.DictElement) for r in alias_roots(el.value, scope)}
+    if isinstance(node, cst.StarredElement):
+        return alias_roots(node.value, scope)
+    if isinstance(node, cst.IfExp):
+        return alias_roots(node.body, scope) | alias_roots(node.orelse, scope)
+    if isinstance(node, cst.BooleanOperation):
+        return alias_roots(node.left, scope) | alias_roots(node.right, scope)
+    if isinstance(node, cst.NamedExpr):
+        return alias_roots(node.value, scope)
+    if isinstance(node, (cst.ListComp, cst.SetComp, cst.GeneratorExp)):
+        found = alias_roots(node.elt, scope)
+        comp = node.for_in
+        while comp is not None:
+            found |= alias_roots(comp.iter, scope)
+            comp = comp.inner_for_in
+        return found
+    return set()
 
 
 class _Collector(cst.CSTVisitor):
-    def __init__(self, facts: StatementFacts) -> None:
+    def __init__(self, facts: StatementFacts, scope: Scope | None = None, after_calls: set[int] = frozenset()) -> None:
         self.facts = facts
+        self.scope = scope or Scope()
+        self.after_calls = after_calls  # calls whose own effect is left out (they run after the hoisted call)
+
+    def _roots(self, node: cst.BaseExpression) -> set[str]:
+        return alias_roots(node, self.scope)
+
+    def _link(self, targets: set[str], node: cst.BaseExpression | None) -> None:
+        if node is None:
+            return
+        for source in self._roots(node):
+            for target in targets:
+                if source != "self":  # x = x.view(-1) links x to itself: the same storage
+                    self.facts.links.add((source, target))
+
+    def _write(self, node: cst.BaseExpression) -> None:
+        self.facts.mutates |= self._roots(node) - {"self"}
 
     # names --------------------------------------------------------------------------
     def visit_Name(self, node: cst.Name) -> None:
@@ -87,105 +172,178 @@ class _Collector(cst.CSTVisitor):
         node.value.visit(self)  # skip the keyword's name
         return False
 
-    def _store_target(self, target: cst.BaseExpression) -> None:
+    def _store_target(self, target: cst.BaseExpression, value: cst.BaseExpression | None = None) -> None:
         if isinstance(target, cst.Name):
             self.facts.stores.add(target.value)
+            self._link({target.value}, value)
         elif isinstance(target, (cst.Tuple, cst.List)):
             for element in target.elements:
-                self._store_target(element.value)
+                self._store_target(element.value, value)  # unpacking: each name may hold any part
         elif isinstance(target, cst.StarredElement):
-            self._store_target(target.value)
+            self._store_target(target.value, value)
         elif isinstance(target, (cst.Attribute, cst.Subscript)):
-            # x[i] = v or x.attr = v writes into the object x names.
-            root = _root_name(target)
-            if root is not None:
-                self.facts.mutates.add(root)
+            # x[i] = v, x.view(-1)[:4] = v, x.data = v write into the object x names; self.last = x
+            # and lst[0] = x make the attribute or container hold x.
+            name = dotted_name(target) if isinstance(target, cst.Attribute) else None
+            if name is not None and name.startswith("self.") and name.count(".") == 1:
+                self._link({name}, value)
+            else:
+                roots = self._roots(target.value)
+                self.facts.mutates |= roots - {"self"}
+                self._link(roots - {"self"}, value)
             target.visit(self)
 
     def visit_Assign(self, node: cst.Assign) -> bool:
         for target in node.targets:
-            self._store_target(target.target)
+            self._store_target(target.target, node.value)
+            if isinstance(node.value, cst.Subscript):  # expert = self.experts[i]
+                self._bind_module(target.target, node.value.value)
         node.value.visit(self)
         return False
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> bool:
-        self._store_target(node.target)
+        self._store_target(node.target, node.value)
         if node.value is not None:
             node.value.visit(self)
         return False
 
     def visit_AugAssign(self, node: cst.AugAssign) -> bool:
         # `t += x` on a tensor writes into t's storage, which other names may share.
+        roots = self._roots(node.target) - {"self"}
+        self.facts.mutates |= roots
+        self._link(roots, node.value)
         root = _root_name(node.target)
         if root is not None:
-            self.facts.mutates.add(root)
             self.facts.loads.add(root)
             if isinstance(node.target, cst.Name):
                 self.facts.stores.add(root)
+        if not isinstance(node.target, cst.Name):
+            node.target.visit(self)
         node.value.visit(self)
         return False
 
     def visit_For(self, node: cst.For) -> None:
-        self._store_target(node.target)
+        self._store_target(node.target, node.iter)
+        self._bind_module(node.target, node.iter)
+
+    def _bind_module(self, target: cst.BaseExpression, iterable: cst.BaseExpression) -> None:
+        # `for expert in self.experts`, `for i, expert in enumerate(self.experts)`: calls of
+        # `expert` are calls of the container's element module.
+        if isinstance(iterable, cst.Call) and dotted_name(iterable.func) == "enumerate" and iterable.args:
+            iterable = iterable.args[0].value
+            if isinstance(target, cst.Tuple) and len(target.elements) == 2:
+                target = target.elements[1].value
+        path = dotted_name(iterable)
+        if isinstance(target, cst.Name) and path and path.startswith("self."):
+            self.scope.modules[target.value] = path + "[]"
 
     def visit_WithItem(self, node: cst.WithItem) -> None:
         if node.asname is not None:
-            self._store_target(node.asname.name)
+            self._store_target(node.asname.name, node.item)
 
     def visit_NamedExpr(self, node: cst.NamedExpr) -> bool:
-        self._store_target(node.target)
+        self._store_target(node.target, node.value)
         node.value.visit(self)
         return False
 
     def visit_CompFor(self, node: cst.CompFor) -> None:
-        self._store_target(node.target)
+        self._store_target(node.target, node.iter)
+
+    def _bind_comprehension(self, node) -> None:
+        # the element is visited before its `for`: bind loop modules first
+        comp = node.for_in
+        while comp is not None:
+            self._bind_module(comp.target, comp.iter)
+            comp = comp.inner_for_in
+
+    def visit_GeneratorExp(self, node: cst.GeneratorExp) -> None:
+        self._bind_comprehension(node)
+
+    def visit_ListComp(self, node: cst.ListComp) -> None:
+        self._bind_comprehension(node)
+
+    def visit_SetComp(self, node: cst.SetComp) -> None:
+        self._bind_comprehension(node)
+
+    def visit_DictComp(self, node: cst.DictComp) -> None:
+        self._bind_comprehension(node)
 
     def visit_Del(self, node: cst.Del) -> bool:
-        root = _root_name(node.target)
-        if root is not None:
-            self.facts.stores.add(root)
+        # `del x` rebinds x (its object may be freed); `del x[0]` writes into x.
+        targets = node.target.elements if isinstance(node.target, cst.Tuple) else []
+        for target in [el.value for el in targets] or [node.target]:
+            if isinstance(target, cst.Name):
+                self.facts.stores.add(target.value)
+            else:
+                self._write(target.value if isinstance(target, (cst.Subscript, cst.Attribute)) else target)
         return False
 
     # calls and exits ------------------------------------------------------------------
     def visit_Call(self, node: cst.Call) -> None:
         self.facts.has_call = True
-        callee = dotted_name(node.func) or ""
-        module, _, name = callee.rpartition(".")
-        if module in ("dist", "torch.distributed") and name in WRITES_FIRST_ARG and node.args:
-            target = node.args[0].value  # recv/irecv/all_reduce... fill their tensor argument
-            if isinstance(target, cst.Name):
-                self.facts.stores.add(target.value)
-                self.facts.mutates.add(target.value)
         callee = self_callee(node.func)
         if callee:
             self.facts.self_calls.append(callee)
-        if isinstance(node.func, cst.Attribute) and _is_inplace_method(node.func.attr.value):
-            root = _root_name(node.func.value)
-            if root is not None and root != "self":
-                self.facts.mutates.add(root)
+        if isinstance(node.func, cst.Name) and node.func.value in self.scope.closures:
+            closure = self.scope.closures[node.func.value]
+            self.facts.mutates |= closure.mutates
+            for name, why in closure.may_write.items():
+                self.facts.may_write.setdefault(name, why)
+            self.facts.unknown_callees |= closure.unknown_callees
+        if id(node) in self.after_calls:
+            return
+        effect = self.scope.effect_of(node)
+        for written in effect.writes:
+            self._write(written)
+            if effect.collective and isinstance(written, cst.Name):
+                self.facts.stores.add(written.value)  # recv / all_reduce fill their buffer: a new value
+        for written, why in effect.may_writes:
+            for name in self._roots(written) - {"self"}:
+                self.facts.may_write.setdefault(name, why)
+        self.facts.unknown_callees |= set(effect.unknown)
+        self.facts.collective |= effect.collective
+        self.facts.rng |= effect.rng
+        self.facts.stream |= effect.stream
 
     def visit_Return(self, node: cst.Return) -> None:
         self.facts.exits = True
+
+    def visit_Raise(self, node: cst.Raise) -> None:
+        self.facts.exits = True
+        self.facts.raises = True
 
     def visit_Yield(self, node: cst.Yield) -> None:
         self.facts.exits = True
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        # A nested def's body runs later, when it is called: its writes to the enclosing
+        # function's names count at the call site.
         self.facts.stores.add(node.name.value)
-        return False  # a nested def's body runs later, not here
+        inner = StatementFacts(index=-1, node=node, first_line=0, last_line=0)  # type: ignore[arg-type]
+        inner_scope = Scope(resolver=self.scope.resolver, closures=dict(self.scope.closures), modules=dict(self.scope.modules))
+        node.body.visit(_Collector(inner, inner_scope))
+        own = {p.name.value for p in (*node.params.params, *node.params.kwonly_params, *node.params.posonly_params)}
+        own |= inner.stores
+        inner.mutates -= own
+        inner.may_write = {k: v for k, v in inner.may_write.items() if k not in own}
+        self.scope.closures[node.name.value] = inner
+        return False
 
     def visit_Lambda(self, node: cst.Lambda) -> bool:
         return False
 
 
 def statement_facts(
-    body: list[cst.BaseStatement], positions: dict[cst.CSTNode, CodeRange]
+    body: list[cst.BaseStatement], positions: dict[cst.CSTNode, CodeRange], scope: Scope | None = None
 ) -> list[StatementFacts]:
+    """Facts per top-level statement; with a scope that has a resolver, calls msrewrite cannot see
+    into are recorded as possibly writing their arguments (`may_write`)."""
     facts = []
+    scope = scope or Scope()
     for index, stmt in enumerate(body):
         where = positions[stmt]
         item = StatementFacts(index=index, node=stmt, first_line=where.start.line, last_line=where.end.line)
-        stmt.visit(_Collector(item))
+        stmt.visit(_Collector(item, scope))
         item.loads.discard("self")
         facts.append(item)
     return facts
@@ -201,10 +359,10 @@ def is_docstring(stmt: cst.BaseStatement) -> bool:
     )
 
 
-def node_facts(node: cst.CSTNode) -> StatementFacts:
+def node_facts(node: cst.CSTNode, scope: Scope | None = None, after_calls: set[int] = frozenset()) -> StatementFacts:
     """Loads, stores and mutations of any node, without source positions."""
     item = StatementFacts(index=-1, node=node, first_line=0, last_line=0)  # type: ignore[arg-type]
-    node.visit(_Collector(item))
+    node.visit(_Collector(item, scope, after_calls))
     item.loads.discard("self")
     return item
 

@@ -459,6 +459,13 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
     for i, stmt in enumerate(body):
         if plan.start_gates and i >= fork and i not in whole:
             main_reads |= function_names(stmt)
+    # --protect clone: the side stream reads a snapshot of each input the main path writes
+    # before the join, taken on the main stream before the fork.
+    snapshots: dict[str, str] = {}
+    if plan.protect_inputs and plan.start_gates:
+        raise BadInput(f"plan for {plan.function}: --protect clone and --start-after cannot be combined")
+    for name in plan.protect_inputs:
+        snapshots[name] = _unique(f"{name}_side", taken)
     for gate in plan.start_gates:
         side_name = gate.tensor
         if gate.tensor in main_reads:
@@ -476,8 +483,8 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         has_init=init is not None,
         init_config_param=config_param,
         init_sets_flag=init_sets_flag,
-        inputs=list(plan.side_inputs),
-        rebound_inputs=list(plan.inputs_rebound_before_join),
+        inputs=[snapshots.get(n, n) for n in plan.side_inputs],
+        rebound_inputs=[n for n in plan.inputs_rebound_before_join if n not in snapshots],
         outputs=list(plan.side_outputs),
         maybe_unbound=list(plan.outputs_maybe_unbound),
         token_input=plan.side_inputs[0] if plan.side_inputs else None,
@@ -506,6 +513,8 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         phase_nodes.setdefault(phase_of[i], []).append(strip_leading(body[i]))
     for k, assign in enumerate(hoist_assigns, start=1):
         phase_nodes.setdefault(phase_of[-k], []).append(assign)
+    for old, new in snapshots.items():
+        phase_nodes = {p: [s.visit(_Rename(old, new)) for s in nodes] for p, nodes in phase_nodes.items()}
     if plan.mode == "ge-graph":
         for old, new in renames.items():
             phase_nodes = {p: [s.visit(_Rename(old, new)) for s in nodes] for p, nodes in phase_nodes.items()}
@@ -551,7 +560,12 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
     with_stmt = (
         _splice(_parse_block([em.with_open, "    __ms_side__"]), {"__ms_side__": inner}) if em.with_open else inner
     )
-    on_branch = [*_parse_block(em.on_head), *with_stmt]
+    clones = _parse_block([f"{new} = {old}.clone()" for old, new in snapshots.items()])
+    if clones:
+        note = (f"msrewrite({label}): the main path may write {', '.join(snapshots)} before the join: "
+                "the side stream reads a copy.")
+        clones = _with_leading(clones, [_comment(note)])
+    on_branch = [*clones, *_parse_block(em.on_head), *with_stmt]
     # The prelude (stream or switch) must precede every use of it: the fork, or an earlier side
     # statement whose original place now holds its off-path guard.
     prelude_at = min([fork, *whole])

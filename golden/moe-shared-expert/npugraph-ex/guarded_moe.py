@@ -46,10 +46,13 @@ def _ms_stream_events(stream):
 
 
 def _ms_record_stream(stream, *values):
-    """Mark tensors as in use on `stream`, so the caching allocator cannot hand their memory out early."""
+    """Mark tensors (also inside tuples and lists) as in use on `stream`, so the caching allocator
+    cannot hand their memory out early."""
     for value in values:
         if isinstance(value, torch.Tensor):
             value.record_stream(stream)
+        elif isinstance(value, (tuple, list)):
+            _ms_record_stream(stream, *value)
 
 
 class MLP(nn.Module):

@@ -1,0 +1,559 @@
+"""Interprocedural summaries: what a same-file function, method or nn.Module does to its arguments.
+
+For each function (and each module class, through its `forward`) a summary says which parameters
+it writes (through aliases too), which parameters its result may alias, which callees it could not
+see into, and whether it holds collectives, RNG or stream code. Calls are resolved without
+importing anything:
+  - `self.sub(...)` -> the class assigned to `self.sub` in `__init__` (its `forward`), also
+    `nn.*` modules (`nn.ReLU(inplace=True)` writes its input, `nn.Linear` does not), activation
+    tables (`ACT2FN[...]`) and torch functions stored on self (`self.act = F.silu`);
+  - `self.helper(...)` -> the method; `helper(...)` -> the module-level function;
+  - `expert(...)` for `for expert in self.experts` -> the ModuleList's element class.
+Anything else (a class imported from elsewhere, a callable passed in) is unknown: it "may write
+its tensor arguments", and the summary names it so a refusal can say what msrewrite could not see.
+`assume_pure` holds names a reviewer vouched for (`--assume-pure NAME`): a class, function or
+`self.` attribute name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import libcst as cst
+
+from msrewrite.analyze.defuse import Scope, StatementFacts, alias_roots, dotted_name, node_facts
+from msrewrite.analyze.torch_effects import CallEffect, nn_module_effect, positional, torch_call_effect
+
+# Activation lookups that hand out stateless, functional activations.
+ACTIVATION_TABLES = frozenset({"ACT2FN", "ACT2CLS"})
+ACTIVATION_FACTORIES = frozenset({"get_activation", "get_act_fn"})
+
+
+@dataclass
+class Summary:
+    """Effects of calling one function with arguments bound to `params`."""
+
+    params: list[str]
+    writes: set[str] = field(default_factory=set)  # parameters written in place
+    may_write: dict[str, str] = field(default_factory=dict)  # parameter -> the unseen callee that may write it
+    returns: set[str] = field(default_factory=set)  # parameters the result may alias
+    unknown: set[str] = field(default_factory=set)  # callees not seen into
+    collective: bool = False
+    rng: bool = False
+    stream: bool = False
+    vararg: str | None = None
+    kwarg: str | None = None
+
+
+@dataclass
+class _Binding:
+    """What `self.<attr>` holds, from `__init__`: constructor calls (or other expressions)."""
+
+    values: list[cst.BaseExpression]
+    cls: str
+
+
+class ModuleSummaries:
+    """Summaries of one parsed file, computed on demand and cached."""
+
+    def __init__(
+        self, module: cst.Module, assume_pure: tuple[str, ...] = (), path: Path | None = None,
+        _loaded: dict[Path, "ModuleSummaries | None"] | None = None,
+    ) -> None:
+        self.assume_pure = set(assume_pure)
+        self.assumed: set[str] = set()  # names the reviewer vouched for that were used
+        self.path = path
+        self.classes: dict[str, cst.ClassDef] = {}
+        self.functions: dict[str, cst.FunctionDef] = {}
+        self.imports: dict[str, tuple[int, str, str]] = {}  # local name -> (dots, module, name)
+        self.patched: dict[str, str] = {}  # free function -> the class it is assigned to (Cls.forward = fn)
+        self._loaded = _loaded if _loaded is not None else {}
+        for stmt in _top_level(module.body):
+            if isinstance(stmt, cst.ClassDef):
+                self.classes[stmt.name.value] = stmt
+            elif isinstance(stmt, cst.FunctionDef):
+                self.functions[stmt.name.value] = stmt
+            elif isinstance(stmt, cst.SimpleStatementLine):
+                for small in stmt.body:
+                    if isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+                        source = dotted_name(small.module) if small.module is not None else ""
+                        for alias in small.names:
+                            local = alias.asname.name.value if alias.asname else alias.name.value
+                            self.imports[local] = (len(small.relative), source or "", dotted_name(alias.name) or "")
+                    elif isinstance(small, cst.Assign) and isinstance(small.value, cst.Name):
+                        for target in small.targets:
+                            name = dotted_name(target.target) or ""
+                            if name.count(".") == 1:
+                                self.patched[small.value.value] = name.split(".")[0]
+        self._cache: dict[tuple[str, str, int], Summary] = {}
+        self._attrs: dict[str, dict[str, list[cst.BaseExpression]]] = {}
+
+    # classes ----------------------------------------------------------------------------
+    def find_class(self, name: str) -> tuple["ModuleSummaries", str] | None:
+        """A class defined in this file, or imported from a sibling module whose source is next to it."""
+        if name in self.classes:
+            return self, name
+        if name not in self.imports or self.path is None:
+            return None
+        dots, source, original = self.imports[name]
+        other = self._sibling(dots, source)
+        if other is None:
+            return None
+        return other.find_class(original) if original in other.classes or original in other.imports else None
+
+    def _sibling(self, dots: int, source: str) -> "ModuleSummaries | None":
+        """The parsed sibling module: `from .x import A`, `from x import A` next to this file (never imported)."""
+        base = self.path.parent  # type: ignore[union-attr]
+        for _ in range(max(dots - 1, 0)):
+            base = base.parent
+        rel = Path(*source.split(".")) if source else Path()
+        for candidate in (base / rel.with_suffix(".py"), base / rel / "__init__.py"):
+            candidate = candidate.resolve()
+            if candidate in self._loaded:
+                return self._loaded[candidate]
+            if candidate.is_file():
+                self._loaded[candidate] = None  # a cycle sees nothing
+                try:
+                    module = cst.parse_module(candidate.read_text(encoding="utf-8"))
+                except (OSError, UnicodeDecodeError, cst.ParserSyntaxError):
+                    return None
+                other = ModuleSummaries(module, tuple(self.assume_pure), candidate, self._loaded)
+                self._loaded[candidate] = other
+                return other
+        return None
+
+    def _bases(self, cls: str) -> list[str]:
+        node = self.classes.get(cls)
+        if node is None:
+            return []
+        return [b for b in (dotted_name(arg.value) or "" for arg in node.bases) if b]
+
+    def _method(self, cls: str, name: str, seen: frozenset[str] = frozenset()) -> tuple[str, cst.FunctionDef] | None:
+        node = self.classes.get(cls)
+        if node is None or cls in seen:
+            return None
+        for stmt in node.body.body:
+            if isinstance(stmt, cst.FunctionDef) and stmt.name.value == name:
+                return cls, stmt
+        for base in self._bases(cls):
+            found = self._method(base, name, seen | {cls})
+            if found:
+                return found
+        return None
+
+    def _external_bases(self, cls: str) -> list[str]:
+        """Bases that are neither same-file classes nor torch's nn.Module (they may define methods)."""
+        out = []
+        for base in self._bases(cls):
+            if base in self.classes:
+                out += self._external_bases(base)
+            elif base not in ("nn.Module", "torch.nn.Module", "Module", "object"):
+                out.append(base)
+        return out
+
+    def attribute_values(self, cls: str) -> dict[str, list[cst.BaseExpression]]:
+        """`self.<attr> = value` assignments in `__init__` of the class and its same-file bases."""
+        if cls in self._attrs:
+            return self._attrs[cls]
+        values: dict[str, list[cst.BaseExpression]] = {}
+        for base in self._bases(cls):
+            if base in self.classes and base != cls:
+                for k, v in self.attribute_values(base).items():
+                    values.setdefault(k, []).extend(v)
+        found = self._method(cls, "__init__")
+        if found is not None and found[0] == cls:
+
+            class _Assigns(cst.CSTVisitor):
+                def visit_Assign(self, node: cst.Assign) -> None:
+                    for target in node.targets:
+                        name = dotted_name(target.target)
+                        if name and name.startswith("self.") and name.count(".") == 1:
+                            values.setdefault(name[5:], []).append(node.value)
+
+                def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+                    name = dotted_name(node.target)
+                    if node.value is not None and name and name.startswith("self.") and name.count(".") == 1:
+                        values.setdefault(name[5:], []).append(node.value)
+
+                def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+                    return node is found[1]
+
+            found[1].visit(_Assigns())
+        self._attrs[cls] = values
+        return values
+
+    # summaries ---------------------------------------------------------------------------
+    def function_summary(self, cls: str | None, func: cst.FunctionDef) -> Summary:
+        """Summary of `func` called on an instance of `cls` (None: a free function)."""
+        # keyed by the class `self` is (an inherited forward sees the subclass's submodules)
+        key = (cls or "", func.name.value, id(func))
+        if key in self._cache:
+            return self._cache[key]
+        params = [p.name.value for p in (*func.params.posonly_params, *func.params.params)]
+        if cls is not None and params and params[0] in ("self", "cls"):
+            params = params[1:]
+        params += [p.name.value for p in func.params.kwonly_params]
+        vararg = func.params.star_arg.name.value if isinstance(func.params.star_arg, cst.Param) else None
+        kwarg = func.params.star_kwarg.name.value if func.params.star_kwarg is not None else None
+        summary = Summary(params=params, vararg=vararg, kwarg=kwarg)
+        # A recursive call sees an unknown callee until the summary is done.
+        self._cache[key] = Summary(params=params, vararg=vararg, kwarg=kwarg,
+                                   may_write={p: f"{func.name.value} (recursive)" for p in params},
+                                   unknown={f"{func.name.value} (recursive)"})
+        body = list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else [func.body]
+        scope = self.scope_for(cls)
+        facts = [node_facts(stmt, scope) for stmt in body]
+        for index, item in enumerate(facts):
+            item.index = index
+        returns: dict[int, set[str]] = {}  # statement -> names its return values may alias
+
+        class _Returns(cst.CSTVisitor):
+            def __init__(self, at: int) -> None:
+                self.at = at
+
+            def visit_Return(self, node: cst.Return) -> None:
+                if node.value is not None:
+                    returns.setdefault(self.at, set()).update(alias_roots(node.value, scope))
+
+            def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+                return False
+
+        for item in facts:
+            item.node.visit(_Returns(item.index))
+        names = [*params, *(n for n in (vararg, kwarg) if n)]
+        storage = Storage(facts, names)
+        for name in names:
+            mine = frozenset({("param", name)})
+            for f in facts:
+                if storage.written(f, f.index, mine):
+                    summary.writes.add(name)
+                hit = storage.maybe_written(f, f.index, mine)
+                if hit:
+                    summary.may_write.setdefault(name, f.may_write[hit[0]])
+                if returns.get(f.index) and any(storage._around(r, f.index) & mine for r in returns[f.index]):
+                    summary.returns.add(name)
+        for f in facts:
+            summary.unknown |= f.unknown_callees
+            summary.collective |= f.collective
+            summary.rng |= f.rng
+            summary.stream |= f.stream
+        self._cache[key] = summary
+        return summary
+
+    def scope_for(self, cls: str | None, function: str | None = None) -> Scope:
+        """A scope whose resolver looks calls up in this file, from inside class `cls` (or a free
+        function; one assigned as `Cls.forward = function` sees `self` as that class)."""
+        owner: tuple[ModuleSummaries, str] | None = (self, cls) if cls is not None else None
+        if owner is None and function in self.patched:
+            owner = self.find_class(self.patched[function])
+        return Scope(resolver=lambda call, scope: self.resolve(call, scope, owner))
+
+    # resolution ----------------------------------------------------------------------------
+    def _vouched(self, *names: str) -> bool:
+        hit = [n for n in names if n and n in self.assume_pure]
+        self.assumed.update(hit)
+        return bool(hit)
+
+    def resolve(self, call: cst.Call, scope: Scope, owner: "tuple[ModuleSummaries, str] | None") -> CallEffect:
+        func = call.func
+        cls = owner[1] if owner is not None and owner[0] is self else None
+        # self.helper(...) / self.sub(...) / self.experts[i](...)
+        path = _self_path(func)
+        if path is None and isinstance(func, cst.Name) and func.value in scope.modules:
+            path = scope.modules[func.value][len("self."):]
+        if path is not None and owner is not None:
+            return owner[0]._resolve_self(call, owner[1], path)
+        if isinstance(func, cst.Name):
+            name = func.value
+            if name in self.functions:
+                if self._vouched(name):
+                    return _vouched_effect(call)
+                return _apply(self.function_summary(None, self.functions[name]), call, name)
+            if self.find_class(name) is not None:
+                return CallEffect()  # constructing a module does not touch tensors
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call):
+            if dotted_name(func.value.func) == "super" and cls is not None:
+                for base in self._bases(cls):
+                    found = self._method(base, func.attr.value)
+                    if found is not None:
+                        return _apply(self.function_summary(cls, found[1]), call, f"super().{func.attr.value}")
+        callee = dotted_name(func) or _short(func)
+        if self._vouched(callee, callee.split(".")[-1]):
+            return _vouched_effect(call)
+        return _unknown(call, f"{callee} (not visible to msrewrite)")
+
+    def _resolve_self(self, call: cst.Call, cls: str, path: str) -> CallEffect:
+        head, _, rest = path.partition(".")
+        element = head.endswith("[]")
+        head = head.removesuffix("[]")
+        label = f"self.{path.replace('[]', '')}"
+        if not element:
+            method = self._method(cls, head)
+            if method is not None and not rest:
+                if self._vouched(head, f"self.{head}"):
+                    return _vouched_effect(call)
+                return _apply(self.function_summary(cls, method[1]), call, f"self.{head}")
+        if self._vouched(head, label):
+            return _vouched_effect(call)
+        values = self.attribute_values(cls).get(head)
+        if not values:
+            extra = self._external_bases(cls)
+            where = f"{extra[0]}" if extra else "not assigned in __init__"
+            return _unknown(call, f"{label} ({where}, not visible to msrewrite)")
+        effects = []
+        for value in self._through_self_aliases(cls, values):
+            effect = self._module_value(call, value, label, element, rest)
+            if effect is not None:
+                effects.append(effect)
+        return _union(effects)
+
+    def _through_self_aliases(self, cls: str, values: list[cst.BaseExpression]) -> list[cst.BaseExpression]:
+        """`self.shared_mlp = self.shared_experts`: what the other attribute holds, followed until
+        a value that is not another plain `self.<attr>` (an alias cycle is left as it is: unknown)."""
+        attrs = self.attribute_values(cls)
+        out: list[cst.BaseExpression] = []
+        seen: set[str] = set()
+        todo = list(values)
+        while todo:
+            value = todo.pop(0)
+            name = dotted_name(value) if isinstance(value, cst.Attribute) else None
+            if name and name.startswith("self.") and name.count(".") == 1 and attrs.get(name[5:]):
+                if name not in seen:
+                    seen.add(name)
+                    todo.extend(attrs[name[5:]])
+                continue
+            out.append(value)
+        return out
+
+    def _module_value(self, call: cst.Call, value: cst.BaseExpression, label: str, element: bool, rest: str) -> CallEffect | None:
+        if isinstance(value, cst.Name) and value.value == "None":
+            return None
+        if isinstance(value, cst.IfExp):
+            parts = [self._module_value(call, v, label, element, rest) for v in (value.body, value.orelse)]
+            return _union([p for p in parts if p is not None])
+        if isinstance(value, cst.Subscript) and dotted_name(value.value) in ACTIVATION_TABLES:
+            return CallEffect()  # ACT2FN["silu"]: a functional activation
+        if isinstance(value, (cst.Attribute, cst.Name)) and not rest and not element:
+            # self.act = F.silu / torch.relu: call it as the torch function
+            known = torch_call_effect(call.with_changes(func=value))
+            if known is not None:
+                return known
+        if isinstance(value, cst.Call):
+            ctor = dotted_name(value.func) or ""
+            leaf = ctor.split(".")[-1]
+            if leaf in ACTIVATION_FACTORIES and leaf not in self.functions:
+                return CallEffect()  # transformers' get_activation("silu"): an ACT2FN entry
+            if leaf in ("ModuleList", "Sequential", "ModuleDict") and ctor.split(".")[0] in ("nn", "torch"):
+                items = _container_items(value)
+                if leaf == "Sequential" and not element and not rest:
+                    return _union([self._module_value(call, v, label, False, "") for v in items] or [CallEffect()])
+                if element and items:
+                    return _union([self._module_value(call, v, label, False, rest) for v in items])
+                return _unknown(call, f"{label} ({leaf} of unseen modules, not visible to msrewrite)")
+            if element:
+                return _unknown(call, f"{label} (indexed {leaf}, not visible to msrewrite)")
+            if rest and "." not in rest and _makes_tensor(ctor):
+                # self.weight.float(), self.bias.squeeze(0): a tensor method on module state
+                as_method = call.with_changes(func=cst.Attribute(value=cst.Name("_ms_state"), attr=cst.Name(rest)))
+                known = torch_call_effect(as_method)
+                if known is not None:
+                    known.writes = [w for w in known.writes if not _is_name(w, "_ms_state")]
+                    known.returns = [r for r in known.returns if not _is_name(r, "_ms_state")]
+                    return known
+            if self._vouched(leaf, ctor):
+                return _vouched_effect(call)
+            nn_effect = nn_module_effect(value)
+            if nn_effect is not None and not rest:
+                return _apply_template(nn_effect, call)
+            found = self.find_class(ctor)
+            if found is not None:
+                owner, name = found
+                if rest:  # self.experts.dispatcher.dispatch(...): follow into the submodule's class
+                    return owner._resolve_self(call, name, rest)
+                forward = owner._method(name, "forward")
+                if forward is None:
+                    base = (owner._external_bases(name) or ["no forward"])[0]
+                    return _unknown(call, f"{label} ({ctor} from {base}, not visible to msrewrite)")
+                return _apply(owner.function_summary(name, forward[1]), call, f"{label} ({ctor})")
+            return _unknown(call, f"{label} ({ctor or _short(value.func)}, not visible to msrewrite)")
+        return _unknown(call, f"{label} (set from {_short(value)}, not visible to msrewrite)")
+
+
+class Storage:
+    """Which storage each name may hold before each top-level statement, in program order.
+
+    A storage token stands for one tensor object: a parameter's, or one a statement made fresh.
+    A binding from an alias (`h = x.view(-1)`, `lst[0] = x`, `self.last = x`) hands on the source's
+    tokens, so a later write through `h` is a write of x's object, while `x = x + 1` (fresh) leaves
+    the old object behind: a write to the new x does not touch what was read before.
+    """
+
+    def __init__(self, facts: list[StatementFacts], params: list[str] | set[str]) -> None:
+        state: dict[str, frozenset] = {p: frozenset({("param", p)}) for p in params}
+        self.states: list[dict[str, frozenset]] = []
+        for f in facts:
+            self.states.append(state)
+            whole = isinstance(f.node, cst.SimpleStatementLine)  # a compound statement binds on some paths only
+            targets = {t for _, t in f.links}
+            bound = f.stores | targets
+            new = dict(state)
+            for name in bound:
+                kept = state.get(name, frozenset()) if not whole or name not in f.stores else frozenset()
+                fresh = frozenset({("fresh", f.index, name)}) if name in f.stores and name not in targets else frozenset()
+                new[name] = kept | fresh
+            changed = True
+            while changed:  # links made in one statement can chain (a = x; b = a)
+                changed = False
+                for source, target in f.links:
+                    tokens = state.get(source, frozenset({("free", source)}))
+                    if source in bound and source != target:
+                        tokens |= new.get(source, frozenset())
+                    if not tokens <= new[target]:
+                        new[target] = new[target] | tokens
+                        changed = True
+            state = new
+        self.states.append(state)
+
+    def held(self, name: str, at: int) -> frozenset:
+        """The storage `name` may hold just before statement `at`."""
+        return self.states[min(at, len(self.states) - 1)].get(name, frozenset({("free", name)}))
+
+    def _around(self, name: str, at: int) -> frozenset:
+        return self.held(name, at) | self.held(name, at + 1)
+
+    def written(self, f: StatementFacts, at: int, tokens: frozenset | set) -> list[str]:
+        """Names whose in-place writes in statement `f` (at body index `at`) reach `tokens`."""
+        return sorted(n for n in f.mutates if self._around(n, at) & tokens)
+
+    def maybe_written(self, f: StatementFacts, at: int, tokens: frozenset | set) -> list[str]:
+        """Names an unseen callee in `f` may write whose storage reaches `tokens`."""
+        return sorted(n for n in f.may_write if self._around(n, at) & tokens)
+
+
+def _makes_tensor(ctor: str) -> bool:
+    """`nn.Parameter(...)`, `torch.zeros(...)`: module state that is a tensor, not a submodule."""
+    module, _, leaf = ctor.rpartition(".")
+    return leaf in ("Parameter", "Buffer") or (module == "torch" and leaf[:1].islower())
+
+
+def _is_name(node: cst.BaseExpression, name: str) -> bool:
+    return isinstance(node, cst.Name) and node.value == name
+
+
+def _top_level(body) -> list[cst.CSTNode]:
+    """Module statements, also inside top-level `if`/`try` (optional imports, guarded classes)."""
+    out: list[cst.CSTNode] = []
+    for stmt in body:
+        if isinstance(stmt, (cst.If, cst.Try)) and isinstance(stmt.body, cst.IndentedBlock):
+            out += _top_level(stmt.body.body)
+            orelse = getattr(stmt, "orelse", None)
+            if orelse is not None and isinstance(getattr(orelse, "body", None), cst.IndentedBlock):
+                out += _top_level(orelse.body.body)
+        else:
+            out.append(stmt)
+    return out
+
+
+def _self_path(func: cst.BaseExpression) -> str | None:
+    """'experts' for self.experts(...), 'experts[]' for self.experts[i](...), 'mlp.act' for self.mlp.act(...)."""
+    parts: list[str] = []
+    node = func
+    while isinstance(node, (cst.Attribute, cst.Subscript)):
+        if isinstance(node, cst.Attribute):
+            parts.append(node.attr.value)
+        elif parts:
+            return None  # self.a[i].b: not followed
+        else:
+            parts.append("[]")
+        node = node.value
+    if not (isinstance(node, cst.Name) and node.value == "self") or not parts or parts[-1] == "[]":
+        return None
+    parts.reverse()
+    text = ".".join(parts).replace(".[]", "[]")
+    return text
+
+
+def _short(node: cst.CSTNode) -> str:
+    text = cst.Module(body=[]).code_for_node(node)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _container_items(value: cst.Call) -> list[cst.BaseExpression]:
+    items: list[cst.BaseExpression] = []
+    for arg in value.args:
+        node = arg.value
+        if isinstance(node, (cst.List, cst.Tuple)):
+            items += [el.value for el in node.elements]
+        elif isinstance(node, (cst.ListComp, cst.GeneratorExp)):
+            items.append(node.elt)
+        else:
+            items.append(node)
+    return items
+
+
+def _bind_args(summary: Summary, call: cst.Call) -> dict[str, list[cst.BaseExpression]]:
+    """Parameter name -> the argument expressions bound to it (`*args` at the call site: to all)."""
+    bound: dict[str, list[cst.BaseExpression]] = {}
+    spread = [a.value for a in call.args if a.star]
+    pos = positional(call)
+    for i, expr in enumerate(pos):
+        if i < len(summary.params):
+            bound.setdefault(summary.params[i], []).append(expr)
+        elif summary.vararg:
+            bound.setdefault(summary.vararg, []).append(expr)
+    for arg in call.args:
+        if arg.keyword is not None:
+            name = arg.keyword.value
+            target = name if name in summary.params else summary.kwarg
+            if target:
+                bound.setdefault(target, []).append(arg.value)
+    for name in [*summary.params, *(n for n in (summary.vararg, summary.kwarg) if n)]:
+        bound.setdefault(name, []).extend(spread)
+    return bound
+
+
+def _apply(summary: Summary, call: cst.Call, label: str) -> CallEffect:
+    bound = _bind_args(summary, call)
+    effect = CallEffect(unknown=sorted(summary.unknown), collective=summary.collective, rng=summary.rng,
+                        stream=summary.stream)
+    for name in summary.writes:
+        effect.writes += bound.get(name, [])
+    for name, why in summary.may_write.items():
+        effect.may_writes += [(expr, f"{label} -> {why}" if not why.startswith(label) else why) for expr in bound.get(name, [])]
+    for name in summary.returns:
+        effect.returns += bound.get(name, [])
+    return effect
+
+
+def _apply_template(template: CallEffect, call: cst.Call) -> CallEffect:
+    args = positional(call)
+    first = args[0] if args else None
+    pick = lambda exprs: [first for e in exprs if first is not None]  # noqa: E731 - the placeholder is the input
+    return CallEffect(writes=pick(template.writes), returns=pick(template.returns), rng=template.rng)
+
+
+def _unknown(call: cst.Call, why: str) -> CallEffect:
+    args = [a.value for a in call.args]
+    receiver = []
+    if isinstance(call.func, cst.Attribute) and _self_path(call.func) is None:
+        receiver = [call.func.value]  # obj.method(x) may write obj too
+    return CallEffect(returns=args + receiver, may_writes=[(e, why) for e in args + receiver], unknown=[why])
+
+
+def _vouched_effect(call: cst.Call) -> CallEffect:
+    """A callee the reviewer vouched for: writes nothing; its result may still alias its arguments."""
+    return CallEffect(returns=[a.value for a in call.args])
+
+
+def _union(effects: list[CallEffect]) -> CallEffect:
+    out = CallEffect()
+    for e in effects:
+        out.writes += e.writes
+        out.returns += e.returns
+        out.may_writes += e.may_writes
+        out.unknown += [u for u in e.unknown if u not in out.unknown]
+        out.collective |= e.collective
+        out.rng |= e.rng
+        out.stream |= e.stream
+    return out
