@@ -211,6 +211,18 @@ def _microbatch_steps(
     return [EditStep(f"{case.name}: run {model} as two micro-batches", body, text, new.code, [])]
 
 
+def _recheck(module, plan: OverlapPlan, text: str) -> OverlapPlan:
+    """The plan as the branch finder derives it, or the finder's reason to refuse it: a plan file
+    is never carried out unchecked (it may be stale, edited by hand, or from another version)."""
+    from msrewrite.analyze.branch import NoBranch
+    from msrewrite.plancheck import check_plan
+
+    try:
+        return check_plan(module, plan, text)
+    except NoBranch as exc:
+        raise NothingToDo(f"refused plan for {plan.function}: {exc}") from None
+
+
 def _plan_step(plan: OverlapPlan, old: str, new: str) -> EditStep:
     cls = plan.function.rsplit(".", 1)[0]
     phases = f" in {len(plan.phase_anchors) + 1} phases" if plan.phase_anchors else ""
@@ -333,6 +345,7 @@ def run_apply(
             overrides["stream_tag"] = stream_tag
         plans = [p.with_changes(**overrides) for p in plans]
         _note(f"mode {plans[0].mode} ({'from the plan' if mode == 'auto' else why})")
+        plans = [_recheck(src.module, plan, src.text) for plan in plans]
 
     if plan_path is not None:
         steps = []

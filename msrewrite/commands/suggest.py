@@ -83,7 +83,8 @@ def run_suggest(
 
     candidates = [c for a in analyses for c in a.candidates]
     if json_out:
-        json.dump({"candidates": [c.to_dict() for c in candidates]}, sys.stdout, indent=2)
+        refused = [r for a in analyses for r in a.refused]
+        json.dump({"candidates": [c.to_dict() for c in candidates], "refused": refused}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         _print_table(analyses)

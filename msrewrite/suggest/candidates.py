@@ -11,17 +11,7 @@ from msrewrite.analyze.dataflow import FunctionInfo, ModuleInfo
 from msrewrite.plan import OverlapPlan
 from msrewrite.suggest import graph as g
 from msrewrite.suggest.profiles import DeviceProfile
-from msrewrite.suggest.plans import (
-    CASE_PRIORITY,
-    NoPlan,
-    SideChoice,
-    apply_command,
-    classify,
-    make_plan,
-    side_attrs,
-    window_attrs,
-    window_statements,
-)
+from msrewrite.suggest.plans import SideChoice, apply_command, window_statements
 
 if TYPE_CHECKING:  # torch stays unimported on the static path
     from msrewrite.suggest.cost import BranchCost
@@ -54,12 +44,16 @@ class Candidate:
     def estimated_saving(self) -> float | None:
         return self.cost.saving if self.cost else None
 
+    @property
+    def pays_off(self) -> bool:
+        """False when the cost model says the overlap saves nothing worth a sync."""
+        return not (self.cost and (self.cost.too_small or self.cost.saving <= 0))
+
     def sort_key(self) -> tuple:
-        too_small = bool(self.cost and self.cost.too_small)
         # every field that tells two candidates apart, so ranking never depends on set order
         return (
-            CASE_PRIORITY.get(self.case, 2),
-            too_small,
+            not self.pays_off,
+            self.case == "generic",
             -(self.estimated_saving or 0.0),
             self.plan.fork_line,
             self.plan.function,
@@ -108,6 +102,10 @@ class Candidate:
 
 def rank(candidates: list[Candidate]) -> list[Candidate]:
     unique: dict[tuple, Candidate] = {}
+    for c in candidates:
+        if not c.pays_off and c.confidence != "low":  # never recommended with confidence
+            c.confidence = "low"
+            c.notes.append("the cost model expects no worthwhile saving")
     for c in sorted(candidates, key=Candidate.sort_key):
         key = (c.plan.function, tuple(map(tuple, c.plan.side_lines)), c.plan.join_line)
         unique.setdefault(key, c)
@@ -145,8 +143,13 @@ def _under_call(scope: g.Scope, op: OpRecord, stmt, hoists) -> bool:
     return False
 
 
-def trace_candidates(trace: Trace, module: ModuleInfo, file: str, device: DeviceProfile) -> list[Candidate]:
+def trace_candidates(
+    trace: Trace, module: ModuleInfo, file: str, device: DeviceProfile, refused: list[dict] | None = None
+) -> list[Candidate]:
+    """Candidates from the traced op graph; branches the finder refuses go to `refused`, with why."""
     from msrewrite.suggest.cost import branch_cost, op_time
+
+    shapes: dict[str, list] = {}
 
     by_index = {op.index: op for op in trace.ops}
     weight = {op.index: op_time(op, device) for op in trace.ops}
@@ -165,7 +168,7 @@ def trace_candidates(trace: Trace, module: ModuleInfo, file: str, device: Device
                 if choice is None or choice in seen:
                     continue
                 seen.add(choice)
-                candidate = _candidate(info, choice, file, module, "trace")
+                candidate = _candidate(info, choice, file, "trace", shapes, refused)
                 if candidate is None:
                     continue
                 side, main = select_ops(scope, info, candidate.plan, by_index)
@@ -221,17 +224,55 @@ def _independent(side: list[OpRecord], main: list[OpRecord], dag: nx.DiGraph) ->
     return not (back & side_ids)
 
 
-def _candidate(info: FunctionInfo, choice: SideChoice, file: str, module: ModuleInfo, tier: str) -> Candidate | None:
-    attrs = side_attrs(info, choice)
+def _candidate(
+    info: FunctionInfo, choice: SideChoice, file: str, tier: str, shapes: dict[str, list], refused: list[dict] | None
+) -> Candidate | None:
+    """The plan the branch finder derives for the choice's side calls, named by the case whose own
+    matcher derives the same branch, and checked exactly as `apply --plan` checks it; None (and
+    the reason in `refused`) when the finder refuses it."""
+    from msrewrite.analyze.branch import NoBranch
+    from msrewrite.plancheck import GENERIC, case_shapes, check_plan_in, classify, derive_plan
+
+    calls = [c.node for i in choice.statements for c in info.statements[i].calls]
+    if choice.hoist:
+        calls.append(choice.hoist[1].node)
     try:
-        # Classify on the side calls and the main calls of the window; the window needs a plan first.
-        draft = make_plan(info, choice, "generic", file, module.module_names)
-        case = classify(attrs, window_attrs(info, draft), info.qualname)
-        plan = draft if case == "generic" else make_plan(info, choice, case, file, module.module_names)
-    except NoPlan:
+        _branch, plan = derive_plan(GENERIC, file, info.qualname, info.node, info.positions, calls)
+        if info.qualname not in shapes:
+            shapes[info.qualname] = case_shapes(info.node, info.positions, file, info.qualname)
+        case, branch_name = classify(shapes[info.qualname], plan)
+        if case is not GENERIC:
+            _branch, plan = derive_plan(case, file, info.qualname, info.node, info.positions, calls)
+            if branch_name:
+                plan = plan.with_changes(case_branch=branch_name)
+        check_plan_in(info.node, info.positions, plan)  # what apply --plan will do with it
+    except NoBranch as exc:
+        if refused is not None:
+            refused.append(_refusal(info, choice, tier, str(exc)))
         return None
-    confidence = "high" if tier == "trace" and case != "generic" else ("medium" if case != "generic" or tier == "trace" else "low")
-    return Candidate(plan=plan, tier=tier, choice=choice, confidence=confidence)
+    named = case is not GENERIC
+    confidence = "high" if tier == "trace" and named else ("medium" if named or tier == "trace" else "low")
+    return Candidate(plan=plan, tier=tier, choice=_choice_of(info, plan), confidence=confidence)
+
+
+def _refusal(info: FunctionInfo, choice: SideChoice, tier: str, reason: str) -> dict:
+    side = [info.statements[i].label for i in choice.statements]
+    if choice.hoist:
+        side.append(f"{choice.hoist[1].source} (hoisted from {info.statements[choice.hoist[0]].label})")
+    return {"function": info.qualname, "side": side, "tier": tier, "reason": reason}
+
+
+def _choice_of(info: FunctionInfo, plan: OverlapPlan) -> SideChoice:
+    """The statements (and the hoisted call) of a derived plan, as dataflow indices."""
+    index_at = {s.first_line: s.index for s in info.statements}
+    whole = tuple(sorted(index_at[s.first_line] for s in plan.side if s.hoist is None))
+    hoist = None
+    hoisted = [s for s in plan.side if s.hoist is not None]
+    if hoisted:
+        join = index_at[plan.join_line]
+        call = next((c for c in info.statements[join].calls if c.source == hoisted[0].source), None)
+        hoist = (join, call) if call is not None else None
+    return SideChoice(statements=whole, hoist=hoist)
 
 
 # fx tier ------------------------------------------------------------------------------------------
@@ -257,13 +298,15 @@ def fx_cross_check(candidate: Candidate, info: FunctionInfo, dag) -> None:
 
 
 # Static tier --------------------------------------------------------------------------------------
-def static_candidates(module: ModuleInfo, file: str) -> list[Candidate]:
+def static_candidates(module: ModuleInfo, file: str, refused: list[dict] | None = None) -> list[Candidate]:
+    """Candidates from the statement DAG; branches the finder refuses go to `refused`, with why."""
     found: list[Candidate] = []
+    shapes: dict[str, list] = {}
     for qualname, info in module.functions.items():
         if not qualname.endswith(".forward"):
             continue
         for choice in _static_choices(info):
-            candidate = _candidate(info, choice, file, module, "static")
+            candidate = _candidate(info, choice, file, "static", shapes, refused)
             if candidate is not None:
                 candidate.syncs = _static_syncs(info, candidate)
                 candidate.cost_shapes = "static (no cost model)"
@@ -277,8 +320,8 @@ def _static_choices(info: FunctionInfo) -> list[SideChoice]:
     dag = info.graph(renaming=True)
     for stmt in info.statements:
         inline = [c for c in stmt.calls if not c.whole]
-        if len(stmt.calls) < 2 and not inline:
-            continue
+        if stmt.compound or (len(stmt.calls) < 2 and not inline):
+            continue  # a call inside an if/for/with/try never leaves it: the statement moves whole
         for k, call in enumerate(inline):
             node = ("call", stmt.index, k)
             dag.add_node(node, call=call)

@@ -36,6 +36,8 @@ class FileAnalysis:
     trace: Trace | None = None
     scopes: dict[str, g.Scope] = field(default_factory=dict)
     fx: dict[str, Any] = field(default_factory=dict)  # function -> fxgraph.FxResult
+    # branches the finder refused: {"function", "side", "tier", "reason"} (apply --plan would refuse them too)
+    refused: list[dict] = field(default_factory=list)
 
     @property
     def tier(self) -> str:
