@@ -149,3 +149,14 @@ def test_generic_plan_through_apply_plan_verifies(tmp_path: Path) -> None:
     result = run_cli("apply", "--plan", str(plan_file), "--candidate", "1", str(FIXTURE), "--verify")
     assert result.returncode == 0, result.stderr
     assert "+            with torch.npu.stream(" in result.stdout
+
+
+def test_traced_candidates_pass_apply_plan_too(tmp_path: Path, capsys) -> None:
+    """The traced tier builds its plans through the same finder and the same check."""
+    model = EXAMPLES / "deepseek_moe.py"
+    analysis = analyze(model, device=profile("a3"), harness=f"{model}:make", full_size=False)
+    assert analysis.tiers["trace"] == "ok" and analysis.candidates
+    assert analysis.candidates[0].case == "moe-shared-expert"
+    for candidate in analysis.candidates:
+        assert carry_out(tmp_path, candidate.plan.to_dict(), model) == "edited", candidate.plan
+        assert capsys.readouterr().out.startswith("--- a/")
