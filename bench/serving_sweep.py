@@ -45,7 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 STREAM_CODE = re.compile(r"wait_stream|torch\.(cuda|npu)\.stream\(|alt_stream|aux_stream|npu_stream_switch|current_stream\(")
-HANDED_TO_FRAMEWORK = re.compile(r"\bshared_experts?\s*=\s*(self\.)?\w*shared")
+HANDED_TO_FRAMEWORK = re.compile(r"[(,]\s*shared_experts?\s*=\s*self\.\w+")  # a keyword argument
+DEEPER_CALL = re.compile(r"\bself(\.\w+)+\.shared_(experts?|mlp)\w*\(")
 
 
 def _git_apply_check(original: str, diff: str) -> bool:
@@ -101,8 +102,10 @@ def sweep_apply(path: Path) -> dict:
     if not targets:
         if HANDED_TO_FRAMEWORK.search(text):
             result["file_status"] = ("already overlapped", "by the framework: FusedMoE(shared_experts=...)")
-        else:
-            result["file_status"] = ("no target", "no function here calls a shared expert")
+        elif DEEPER_CALL.search(text):
+            result["file_status"] = ("no target", "shared expert called one module deeper (self.<m>.shared_expert(...))")
+        else:  # weight loading, fusion settings, MTP/VL wrappers: no MoE forward here
+            result["file_status"] = ("no MoE forward", "mentions shared experts, calls none")
         return result
     for target in targets:
         row = {"function": target.function}
@@ -120,8 +123,9 @@ def sweep_apply(path: Path) -> dict:
                     row["status"] = "edited"
             elif target.applied:
                 row["status"], row["reason"] = "already overlapped", "msrewrite's own edit"
-            elif own_streams:
+            elif own_streams:  # the sweep's reading; msrewrite's own reason is kept next to it
                 row["status"], row["reason"] = "already overlapped", "hand-written stream code in the function"
+                row["msrewrite_reason"] = target.reason
             else:
                 row["status"], row["reason"] = "refused", target.reason
         except MsrewriteError as exc:
@@ -246,8 +250,7 @@ def table(records: list[dict], corpus: str) -> list[str]:
         if a["file_status"]:
             status, why = a["file_status"]
             statuses[f"file: {status}"] += 1
-            if status != "no target" or True:
-                reasons[(f"file: {status}", reason_group(why))] += 1
+            reasons[(f"file: {status}", reason_group(why))] += 1
         for row in a["functions"]:
             statuses[row["status"]] += 1
             if row["status"] != "edited":
@@ -258,7 +261,8 @@ def table(records: list[dict], corpus: str) -> list[str]:
     rows.append("| outcome | count |")
     rows.append("|---|---|")
     for status in ("edited", "edited over an existing overlap", "already overlapped", "file: already overlapped",
-                   "refused", "file: refused", "file: no target", "bad edit", "crash", "file: crash"):
+                   "refused", "file: refused", "file: no target", "file: no MoE forward", "bad edit", "crash",
+                   "file: crash"):
         if statuses[status]:
             rows.append(f"| {status} | {statuses[status]} |")
     if reasons:

@@ -140,6 +140,16 @@ class ModuleInfo:
     classes: dict[str, list[str]]  # class name -> method names
     module_names: frozenset[str]  # imported or top-level names (globals)
 
+    def drop_syntax(self) -> None:
+        """Forget the libcst nodes and positions (what the branch finder read): the facts stay, and
+        the info becomes cheap to send to another process."""
+        for info in self.functions.values():
+            info.node = info.positions = None
+            for stmt in info.statements:
+                stmt.node = None
+                for call in stmt.calls:
+                    object.__setattr__(call, "node", None)  # frozen: the call's facts stay as they were
+
 
 # Parsing --------------------------------------------------------------------------------------
 def analyze_file(path: Path) -> ModuleInfo:

@@ -31,7 +31,10 @@ def _static_worker(args: tuple[str, str, str]):
     from msrewrite.suggest.profiles import profile
 
     file, device, phase = args
-    return analyze(Path(file), device=profile(device), phase=phase, static=True)
+    analysis = analyze(Path(file), device=profile(device), phase=phase, static=True)
+    if analysis.module is not None:
+        analysis.module.drop_syntax()  # candidates are final; syntax trees are slow to pickle
+    return analysis
 
 
 def run_suggest(
