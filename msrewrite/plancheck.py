@@ -110,16 +110,24 @@ def derive_plan(
     return branch, branch_plan(case, Path(file), function, branch, options)
 
 
-def check_plan_in(func: cst.FunctionDef, positions, plan: OverlapPlan) -> OverlapPlan:
+def check_plan_in(
+    func: cst.FunctionDef, positions, plan: OverlapPlan, derived_from: list[cst.Call] | None = None
+) -> OverlapPlan:
     """`plan` re-derived by the branch finder: the plan to carry out, with the analysis' inputs,
     outputs and temporaries. Raises NoBranch with the finder's reason when it would refuse the
-    move, or says where the plan differs from the branch it derives; BadInput when it is stale."""
+    move, or says where the plan differs from the branch it derives; BadInput when it is stale.
+
+    `derived_from`: the side calls `plan` was just derived from (suggest). When the plan names
+    exactly these calls, the finder (deterministic) would derive the same plan again: it is
+    returned as is, without a second derivation."""
     from msrewrite.codemods import get_case
 
     case = get_case(plan.case)
     if case is not None and (case.analysis != "calls" or case.sync == "async-comm"):
         raise NoBranch(f"{plan.case} plans are not submodule-call branches; run apply --case {plan.case}")
     calls = calls_of_plan(func, positions, plan)
+    if derived_from is not None and sorted(map(id, calls)) == sorted(map(id, derived_from)):
+        return plan
     options = Options(
         mode=plan.mode, flag=plan.flag, stream_tag=plan.stream_tag, start_gates=plan.start_gates,
         phase_anchors=plan.phase_anchors, core_limits=plan.core_limits,
@@ -168,8 +176,11 @@ def shape(plan: OverlapPlan) -> tuple:
     return (plan.fork_line, plan.join_line, tuple(sorted((s.first_line, s.last_line, s.hoist is not None) for s in plan.side)))
 
 
-def case_shapes(func: cst.FunctionDef, positions, file: str, function: str) -> list[tuple[Case, str, tuple]]:
-    """(case, branch name, shape) of the branch each call-seeded case's own finder derives here."""
+def case_shapes(
+    func: cst.FunctionDef, positions, file: str, function: str, callees: set[str] | None = None
+) -> list[tuple[Case, str, tuple]]:
+    """(case, branch name, shape) of the branch each call-seeded case's own finder derives here.
+    `callees`: the function's `self.<...>` callees when known (skips cases with no seed among them)."""
     from msrewrite.codemods import all_cases
 
     found = []
@@ -177,6 +188,8 @@ def case_shapes(func: cst.FunctionDef, positions, file: str, function: str) -> l
         if case.analysis != "calls" or case.phased or case.sync == "async-comm" or func.name.value == "__init__":
             continue
         for name, is_seed in [(b.name, b.is_seed) for b in case.branches] or [("", case.is_seed)]:
+            if callees is not None and not any(is_seed(c) for c in callees):
+                continue
             if not has_seed(func, is_seed):
                 continue
             try:

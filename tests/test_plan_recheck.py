@@ -117,9 +117,8 @@ def test_suggest_never_proposes_what_apply_refuses(tmp_path: Path) -> None:
     analysis = analyze(FIXTURE, device=profile("a3"), static=True)
     functions = {c.plan.function for c in analysis.candidates}
     assert functions == {"Safe.forward"}  # every unsafe shape above is refused, with a reason
-    assert {r["function"] for r in analysis.refused} >= {
-        "ForkIsJoin.forward", "ConditionalShared.forward", "ViewAlias.forward",
-    }
+    # (ForkIsJoin's calls are all in one statement: not even a choice; these two reach the finder)
+    assert {r["function"] for r in analysis.refused} >= {"ConditionalShared.forward", "ViewAlias.forward"}
     (top,) = analysis.candidates
     assert top.case == "moe-shared-expert"
 

@@ -8,6 +8,7 @@ in-place writes, which are what make moving tensor code unsafe.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -178,7 +179,26 @@ class _Collector(cst.CSTVisitor):
         return False
 
 
+_recent_facts: list[tuple[list, object, list[StatementFacts]]] = []  # suggest asks the same body many times
+
+
 def statement_facts(
+    body: list[cst.BaseStatement], positions: dict[cst.CSTNode, CodeRange]
+) -> list[StatementFacts]:
+    for seen, seen_positions, facts in _recent_facts:  # nodes are immutable: same statements, same facts
+        if seen_positions is positions and len(seen) == len(body) and all(a is b for a, b in zip(seen, body)):
+            return [
+                dataclasses.replace(
+                    f, loads=set(f.loads), stores=set(f.stores), mutates=set(f.mutates), self_calls=list(f.self_calls)
+                )
+                for f in facts
+            ]
+    facts = _statement_facts(body, positions)
+    _recent_facts[:] = [(list(body), positions, facts), *_recent_facts[:3]]
+    return statement_facts(body, positions)  # a copy: callers own what they get
+
+
+def _statement_facts(
     body: list[cst.BaseStatement], positions: dict[cst.CSTNode, CodeRange]
 ) -> list[StatementFacts]:
     facts = []
@@ -216,8 +236,20 @@ def expression_loads(node: cst.CSTNode) -> set[str]:
     return item.loads
 
 
+_recent_names: list[tuple[cst.CSTNode, frozenset[str]]] = []  # suggest asks the same function many times
+
+
 def function_names(node: cst.CSTNode) -> set[str]:
     """Every name a node mentions (a function's parameters included): new names must avoid them."""
+    for seen, names in _recent_names:  # nodes are immutable: the same node mentions the same names
+        if seen is node:
+            return set(names)
+    names = _function_names(node)
+    _recent_names[:] = [(node, frozenset(names)), *_recent_names[:3]]
+    return names
+
+
+def _function_names(node: cst.CSTNode) -> set[str]:
     names: set[str] = set()
 
     class _Names(cst.CSTVisitor):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import networkx as nx
@@ -149,7 +150,7 @@ def trace_candidates(
     """Candidates from the traced op graph; branches the finder refuses go to `refused`, with why."""
     from msrewrite.suggest.cost import branch_cost, op_time
 
-    shapes: dict[str, list] = {}
+    memo: dict = {}  # the finder's answers per function: case shapes, side-call sets already tried
 
     by_index = {op.index: op for op in trace.ops}
     weight = {op.index: op_time(op, device) for op in trace.ops}
@@ -168,7 +169,7 @@ def trace_candidates(
                 if choice is None or choice in seen:
                     continue
                 seen.add(choice)
-                candidate = _candidate(info, choice, file, "trace", shapes, refused)
+                candidate = _candidate(info, choice, file, "trace", memo, refused)
                 if candidate is None:
                     continue
                 side, main = select_ops(scope, info, candidate.plan, by_index)
@@ -225,27 +226,39 @@ def _independent(side: list[OpRecord], main: list[OpRecord], dag: nx.DiGraph) ->
 
 
 def _candidate(
-    info: FunctionInfo, choice: SideChoice, file: str, tier: str, shapes: dict[str, list], refused: list[dict] | None
+    info: FunctionInfo, choice: SideChoice, file: str, tier: str, memo: dict, refused: list[dict] | None
 ) -> Candidate | None:
     """The plan the branch finder derives for the choice's side calls, named by the case whose own
     matcher derives the same branch, and checked exactly as `apply --plan` checks it; None (and
     the reason in `refused`) when the finder refuses it."""
     from msrewrite.analyze.branch import NoBranch
-    from msrewrite.plancheck import GENERIC, case_shapes, check_plan_in, classify, derive_plan
+    from msrewrite.cases import Options, branch_plan
+    from msrewrite.plancheck import GENERIC, case_shapes, check_plan_in, classify, derive_plan, submodule_calls
 
-    calls = [c.node for i in choice.statements for c in info.statements[i].calls]
+    # the side calls, collected as apply --plan collects them from the plan's statements
+    calls = []
+    for i in choice.statements:
+        key = ("calls", info.qualname, i)
+        if key not in memo:
+            memo[key] = submodule_calls(info.statements[i].node)
+        calls += memo[key]
     if choice.hoist:
         calls.append(choice.hoist[1].node)
+    seeds = ("seeds", info.qualname, frozenset(map(id, calls)))
+    if seeds in memo:  # another choice with the same side calls: the finder's answer is the same
+        return None
+    memo[seeds] = True
     try:
-        _branch, plan = derive_plan(GENERIC, file, info.qualname, info.node, info.positions, calls)
-        if info.qualname not in shapes:
-            shapes[info.qualname] = case_shapes(info.node, info.positions, file, info.qualname)
-        case, branch_name = classify(shapes[info.qualname], plan)
+        branch, plan = derive_plan(GENERIC, file, info.qualname, info.node, info.positions, calls)
+        if ("shapes", info.qualname) not in memo:
+            callees = {c.callee for s in info.statements for c in s.calls}
+            memo["shapes", info.qualname] = case_shapes(info.node, info.positions, file, info.qualname, callees)
+        case, branch_name = classify(memo["shapes", info.qualname], plan)
         if case is not GENERIC:
-            _branch, plan = derive_plan(case, file, info.qualname, info.node, info.positions, calls)
+            plan = branch_plan(case, Path(file), info.qualname, branch, Options())
             if branch_name:
                 plan = plan.with_changes(case_branch=branch_name)
-        check_plan_in(info.node, info.positions, plan)  # what apply --plan will do with it
+        plan = check_plan_in(info.node, info.positions, plan, derived_from=calls)  # as apply --plan will
     except NoBranch as exc:
         if refused is not None:
             refused.append(_refusal(info, choice, tier, str(exc)))
@@ -298,15 +311,20 @@ def fx_cross_check(candidate: Candidate, info: FunctionInfo, dag) -> None:
 
 
 # Static tier --------------------------------------------------------------------------------------
+# The branch finder reads the whole function for every choice; a long forward (a whole model's) has
+# dozens of overlapping choices, the smallest of which the finder grows itself (glue, buffers).
+MAX_STATIC_CHOICES = 8
+
+
 def static_candidates(module: ModuleInfo, file: str, refused: list[dict] | None = None) -> list[Candidate]:
     """Candidates from the statement DAG; branches the finder refuses go to `refused`, with why."""
     found: list[Candidate] = []
-    shapes: dict[str, list] = {}
+    memo: dict = {}  # the finder's answers per function: case shapes, side-call sets already tried
     for qualname, info in module.functions.items():
         if not qualname.endswith(".forward"):
             continue
-        for choice in _static_choices(info):
-            candidate = _candidate(info, choice, file, "static", shapes, refused)
+        for choice in _static_choices(info)[:MAX_STATIC_CHOICES]:
+            candidate = _candidate(info, choice, file, "static", memo, refused)
             if candidate is not None:
                 candidate.syncs = _static_syncs(info, candidate)
                 candidate.cost_shapes = "static (no cost model)"
@@ -341,11 +359,14 @@ def _static_choices(info: FunctionInfo) -> list[SideChoice]:
                     choice = _static_choice(info, dag, side, main, join)
                     if choice is not None and choice not in choices:
                         choices.append(choice)
-    return choices
+    # smallest side first: the finder adds what a side call needs, so small choices cover big ones
+    return sorted(choices, key=lambda c: (len(c.statements) + (c.hoist is not None), c.statements))
 
 
 def _static_choice(info: FunctionInfo, dag: nx.DiGraph, side: set, main: set, join) -> SideChoice | None:
-    if not side or not main or not any(_heavy(info, n, dag) for n in main):
+    # The main branch needs a statement of its own with a call: calls inside the join statement
+    # run after the join, so they leave the side nothing to overlap with.
+    if not side or not main or not any(isinstance(n, int) and _heavy(info, n, dag) for n in main):
         return None
     # Cheap roots (aliases, shapes) stay on the main stream: they only feed the side.
     side = set(side)
