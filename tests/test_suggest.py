@@ -71,7 +71,9 @@ def test_top_candidate_is_the_known_overlap(analyses, name: str) -> None:
     analysis = analyses[name]
     assert analysis.tiers["trace"] == "ok"
     top = analysis.candidates[0]
-    assert top.tier == "trace" and top.confidence == "high"
+    assert top.tier == "trace"
+    # high confidence only where the cost model expects a worthwhile saving (issue 10, item 9)
+    assert top.confidence == ("high" if top.pays_off else "low")
     assert (top.case, top.plan.function) == (case, function)
     side_lines = [line_of(path, text) for text in side_texts]
     assert [s.first_line for s in top.plan.side] == side_lines
@@ -91,7 +93,16 @@ def test_deepseek_plan_hoists_the_inline_shared_expert_call(analyses) -> None:
 def test_qwen3_next_and_longcat_plan_details(analyses) -> None:
     qwen = analyses["qwen3_next"].candidates[0].plan
     assert qwen.fork_line == line_of(QWEN3_NEXT, "shared_expert_output = self.shared_expert(")
-    assert qwen.side_inputs == ("hidden_states_reshaped",) and qwen.side_outputs == ("shared_expert_output",)
+    assert qwen.side_inputs[0] == "hidden_states_reshaped" and qwen.side_outputs == ("shared_expert_output",)
+    # the branch finder's plan: exactly what `apply --case moe-shared-expert` carries out
+    from msrewrite.commands.apply import plans_for_case
+    from msrewrite.load import load
+    from msrewrite.plan import FlagSpec
+
+    src = load(QWEN3_NEXT)
+    (case_plan,) = plans_for_case(QWEN3_NEXT, src.module, "moe-shared-expert", "eager", qwen.function,
+                                  FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"), None, text=src.text)
+    assert qwen.with_changes(file=case_plan.file) == case_plan
     longcat = analyses["longcat"].candidates[0].plan
     assert longcat.side_outputs == ("shortcut_mlp_output",)
     assert longcat.inputs_rebound_before_join == ("hidden_states",)
@@ -126,7 +137,8 @@ def test_json_output_is_only_candidates(tmp_path: Path, capsys) -> None:
     code = run_suggest(files=[DEEPSEEK], static=True, json_out=True)
     out = capsys.readouterr().out
     data = json.loads(out)
-    assert code == 0 and list(data) == ["candidates"]
+    assert code == 0 and list(data) == ["candidates", "refused"]
+    assert all({"function", "side", "reason"} <= set(r) for r in data["refused"])
     first = data["candidates"][0]
     assert {"case", "file", "function", "side_lines", "join_line", "estimated_saving", "plan"} <= set(first)
     assert load_plans(out)[0].function == "DeepseekV3MoE.forward"
@@ -136,7 +148,7 @@ def test_no_candidates_exits_1(tmp_path: Path, capsys) -> None:
     plain = tmp_path / "plain.py"
     plain.write_text("class A:\n    def forward(self, x):\n        y = self.f(x)\n        return self.g(y)\n")
     assert run_suggest(files=[plain], static=True, json_out=True) == 1
-    assert json.loads(capsys.readouterr().out) == {"candidates": []}
+    assert json.loads(capsys.readouterr().out) == {"candidates": [], "refused": []}
 
 
 # Report ---------------------------------------------------------------------------------------------
@@ -304,7 +316,7 @@ def test_fx_failure_keeps_the_top_candidate(monkeypatch) -> None:
     analysis = analyze(HUNYUAN, device=profile("a3"), target="HunYuanMoEV1Moe", full_size=False)
     top = analysis.candidates[0]
     assert "HunYuanMoEV1Moe: failed (TraceError: forced)" in analysis.tiers["fx"]
-    assert top.case == "moe-shared-expert" and top.confidence == "high"
+    assert top.case == "moe-shared-expert" and top.confidence == ("high" if top.pays_off else "low")
     assert top.fx_check.startswith("unavailable")
 
 

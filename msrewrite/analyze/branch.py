@@ -736,3 +736,67 @@ def _walrus_targets(node: cst.CSTNode) -> set[str]:
 
 def _has_walrus(node: cst.CSTNode) -> bool:
     return bool(_walrus_targets(node))
+
+
+# An explicit choice of side calls (a plan from `suggest`, or one written by hand) --------------
+_CONDITIONAL_EXPRESSIONS = (
+    cst.IfExp, cst.BooleanOperation, cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp,
+)
+
+
+def find_branch_for_calls(
+    func: cst.FunctionDef,
+    positions: dict[cst.CSTNode, CodeRange],
+    calls: list[cst.Call],
+    anchors: tuple[str, ...] = (),
+    phase_anchors: tuple[str, ...] | None = None,
+    scope: Scope | None = None,
+    protect: bool = False,
+) -> SideBranch:
+    """The branch `find_side_branch` derives when exactly `calls` (nodes of `func`) are the side
+    work, with every check it makes; plus one it leaves to its callers' seeds: a hoisted call must
+    run exactly when its statement runs (not inside a conditional expression, a comprehension or
+    a lambda), or hoisting it would change how often it runs, with the flag off too."""
+    from msrewrite.analyze.defuse import self_callee
+
+    chosen = {id(call) for call in calls}
+    callees = {self_callee(call.func) for call in calls} - {None}
+
+    def is_seed(callee: str) -> bool:
+        return callee in callees
+
+    is_seed.on_call = lambda call: id(call) in chosen  # type: ignore[attr-defined]
+    branch = find_side_branch(
+        func, positions, is_seed, anchors=anchors, phase_anchors=phase_anchors, scope=scope, protect=protect
+    )
+    if branch.hoists:
+        conditional = _conditional_calls(branch.facts[branch.join].node)
+        for hoist in branch.hoists:
+            if id(hoist.call) in conditional:
+                raise NoBranch(
+                    f"line {hoist.first_line}: {hoist.source} runs only on some paths of its statement "
+                    f"({conditional[id(hoist.call)]}); hoisting it would change how often it runs"
+                )
+    return branch
+
+
+def _conditional_calls(node: cst.CSTNode) -> dict[int, str]:
+    """id(call) -> the conditional expression around it, for calls not evaluated exactly once."""
+    found: dict[int, str] = {}
+    around: list[str] = []
+
+    class _Finder(cst.CSTVisitor):
+        def on_visit(self, n: cst.CSTNode) -> bool:
+            if isinstance(n, cst.Call) and around:
+                found[id(n)] = around[-1]
+            if isinstance(n, _CONDITIONAL_EXPRESSIONS):
+                around.append({"IfExp": "a conditional expression", "BooleanOperation": "an and/or"}.get(
+                    type(n).__name__, f"a {type(n).__name__}"))
+            return True
+
+        def on_leave(self, n: cst.CSTNode) -> None:
+            if isinstance(n, _CONDITIONAL_EXPRESSIONS):
+                around.pop()
+
+    node.visit(_Finder())
+    return found

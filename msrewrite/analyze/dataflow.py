@@ -37,6 +37,7 @@ class CallSite:
     source: str
     uses: frozenset[str]
     whole: bool  # the statement's value is this call (maybe behind .view/.reshape/[...])
+    node: cst.Call | None = field(default=None, compare=False, repr=False)  # for the branch finder
 
 
 @dataclass
@@ -53,6 +54,7 @@ class Statement:
     compound: bool = False
     writes_self: bool = False
     exits: bool = False
+    node: cst.BaseStatement | None = field(default=None, compare=False, repr=False)
 
     @property
     def label(self) -> str:
@@ -67,6 +69,9 @@ class FunctionInfo:
     last_line: int
     statements: list[Statement] = field(default_factory=list)
     local_names: frozenset[str] = frozenset()
+    # the function's libcst node and its line positions: what the branch finder reads
+    node: cst.FunctionDef | None = field(default=None, compare=False, repr=False)
+    positions: object = field(default=None, compare=False, repr=False)
 
     def statement_at(self, line: int) -> Statement | None:
         for stmt in self.statements:
@@ -134,6 +139,16 @@ class ModuleInfo:
     functions: dict[str, FunctionInfo]
     classes: dict[str, list[str]]  # class name -> method names
     module_names: frozenset[str]  # imported or top-level names (globals)
+
+    def drop_syntax(self) -> None:
+        """Forget the libcst nodes and positions (what the branch finder read): the facts stay, and
+        the info becomes cheap to send to another process."""
+        for info in self.functions.values():
+            info.node = info.positions = None
+            for stmt in info.statements:
+                stmt.node = None
+                for call in stmt.calls:
+                    object.__setattr__(call, "node", None)  # frozen: the call's facts stay as they were
 
 
 # Parsing --------------------------------------------------------------------------------------
@@ -441,6 +456,8 @@ def _function_info(qualname: str, func: cst.FunctionDef, positions, first_line: 
         last_line=last_line,
         statements=statements,
         local_names=frozenset(local),
+        node=func,
+        positions=positions,
     )
 
 
@@ -480,6 +497,7 @@ def _statement(index: int, node: cst.BaseStatement, positions) -> Statement:
             source=c.source,
             uses=c.uses,
             whole=value is not None and _unwrap_value(value) is c.node,
+            node=c.node,
         )
         for c in collector.calls
     )
@@ -496,6 +514,7 @@ def _statement(index: int, node: cst.BaseStatement, positions) -> Statement:
         compound=not isinstance(node, cst.SimpleStatementLine),
         writes_self=collector.writes_self,
         exits=collector.exits,
+        node=node,
     )
 
 

@@ -11,6 +11,7 @@ effects table (torch_effects.py) and, for same-file code, from summaries (summar
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -333,11 +334,35 @@ class _Collector(cst.CSTVisitor):
         return False
 
 
+_recent_facts: list[tuple[list, object, object, list[StatementFacts]]] = []  # suggest asks the same body many times
+
+
 def statement_facts(
     body: list[cst.BaseStatement], positions: dict[cst.CSTNode, CodeRange], scope: Scope | None = None
 ) -> list[StatementFacts]:
     """Facts per top-level statement; with a scope that has a resolver, calls msrewrite cannot see
-    into are recorded as possibly writing their arguments (`may_write`)."""
+    into are recorded as possibly writing their arguments (`may_write`). The last few answers are
+    remembered (suggest asks about the same body many times); callers get copies they own."""
+    for seen, seen_positions, seen_scope, facts in _recent_facts:  # nodes are immutable
+        if (seen_positions is positions and seen_scope is scope and len(seen) == len(body)
+                and all(a is b for a, b in zip(seen, body))):
+            return [_copy_facts(f) for f in facts]
+    facts = _statement_facts(body, positions, scope)
+    _recent_facts[:] = [(list(body), positions, scope, facts), *_recent_facts[:3]]
+    return [_copy_facts(f) for f in facts]
+
+
+def _copy_facts(f: StatementFacts) -> StatementFacts:
+    """A copy whose sets, lists and dicts are the copy's own."""
+    return dataclasses.replace(f, **{
+        k.name: type(v)(v) for k in dataclasses.fields(f)
+        if isinstance(v := getattr(f, k.name), (set, list, dict))
+    })
+
+
+def _statement_facts(
+    body: list[cst.BaseStatement], positions: dict[cst.CSTNode, CodeRange], scope: Scope | None
+) -> list[StatementFacts]:
     facts = []
     scope = scope or Scope()
     for index, stmt in enumerate(body):
@@ -374,8 +399,20 @@ def expression_loads(node: cst.CSTNode) -> set[str]:
     return item.loads
 
 
+_recent_names: list[tuple[cst.CSTNode, frozenset[str]]] = []  # suggest asks the same function many times
+
+
 def function_names(node: cst.CSTNode) -> set[str]:
     """Every name a node mentions (a function's parameters included): new names must avoid them."""
+    for seen, names in _recent_names:  # nodes are immutable: the same node mentions the same names
+        if seen is node:
+            return set(names)
+    names = _function_names(node)
+    _recent_names[:] = [(node, frozenset(names)), *_recent_names[:3]]
+    return names
+
+
+def _function_names(node: cst.CSTNode) -> set[str]:
     names: set[str] = set()
 
     class _Names(cst.CSTVisitor):

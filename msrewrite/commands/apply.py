@@ -252,14 +252,16 @@ def trust_lines(plan: OverlapPlan) -> list[str]:
     return lines
 
 
-def _local_inputs(module, plan: OverlapPlan) -> tuple[str, ...]:
-    """Side inputs that are the function's own variables (parameters or assigned names)."""
-    from msrewrite.analyze.defuse import node_facts
+def _recheck(module, plan: OverlapPlan, text: str, path: Path, protect: bool) -> OverlapPlan:
+    """The plan as the branch finder derives it, or the finder's reason to refuse it: a plan file
+    is never carried out unchecked (it may be stale, edited by hand, or from another version)."""
+    from msrewrite.analyze.branch import NoBranch
+    from msrewrite.plancheck import check_plan
 
-    func = locate(module, plan.function).func
-    params = {p.name.value for p in (*func.params.params, *func.params.kwonly_params, *func.params.posonly_params)}
-    local = params | node_facts(func.body).stores
-    return tuple(n for n in plan.side_inputs if n in local and n != "self")
+    try:
+        return check_plan(module, plan, text, path, protect=protect or None)
+    except NoBranch as exc:
+        raise NothingToDo(f"refused plan for {plan.function}: {exc}") from None
 
 
 def _plan_step(plan: OverlapPlan, old: str, new: str) -> EditStep:
@@ -459,9 +461,10 @@ def run_apply(
             plans = [p.with_changes(**overrides) for p in plans]
         except ValueError as exc:
             raise BadInput(str(exc)) from None
-        if protect == "clone":  # plans are not re-analyzed: snapshot every side input that is a local
-            plans = [p.with_changes(protect_inputs=_local_inputs(src.module, p)) for p in plans]
         _note(f"mode {plans[0].mode} ({'from the plan' if mode == 'auto' else why})")
+        # re-derived by the branch finder with the file's summaries: --protect clone snapshots
+        # exactly the inputs the analysis finds written, as with --case
+        plans = [_recheck(src.module, plan, src.text, file, protect == "clone") for plan in plans]
 
     if plan_path is not None:
         steps = []

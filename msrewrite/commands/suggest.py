@@ -30,7 +30,10 @@ def _static_worker(args: tuple[str, str, str]):
     from msrewrite.suggest.profiles import profile
 
     file, device, phase = args
-    return analyze(Path(file), device=profile(device), phase=phase, static=True)
+    analysis = analyze(Path(file), device=profile(device), phase=phase, static=True)
+    if analysis.module is not None:
+        analysis.module.drop_syntax()  # candidates are final; syntax trees are slow to pickle
+    return analysis
 
 
 def run_suggest(
@@ -128,7 +131,8 @@ def _analyze_and_print(first, extra, device, device_profile, phase, static, harn
     candidates = [c for a in analyses for c in a.candidates]
     with contextlib.redirect_stdout(io.StringIO()) as out:
         if json_out:
-            json.dump({"candidates": [c.to_dict() for c in candidates]}, sys.stdout, indent=2)
+            refused = [r for a in analyses for r in a.refused]
+            json.dump({"candidates": [c.to_dict() for c in candidates], "refused": refused}, sys.stdout, indent=2)
             sys.stdout.write("\n")
         else:
             _print_table(analyses)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from msrewrite.analyze.dataflow import FunctionInfo, ModuleInfo
@@ -11,17 +12,7 @@ from msrewrite.analyze.digraph import DiGraph
 from msrewrite.plan import OverlapPlan
 from msrewrite.suggest import graph as g
 from msrewrite.suggest.profiles import DeviceProfile
-from msrewrite.suggest.plans import (
-    CASE_PRIORITY,
-    NoPlan,
-    SideChoice,
-    apply_command,
-    classify,
-    make_plan,
-    side_attrs,
-    window_attrs,
-    window_statements,
-)
+from msrewrite.suggest.plans import SideChoice, apply_command, window_statements
 
 if TYPE_CHECKING:  # torch stays unimported on the static path
     from msrewrite.suggest.cost import BranchCost
@@ -54,12 +45,16 @@ class Candidate:
     def estimated_saving(self) -> float | None:
         return self.cost.saving if self.cost else None
 
+    @property
+    def pays_off(self) -> bool:
+        """False when the cost model says the overlap saves nothing worth a sync."""
+        return not (self.cost and (self.cost.too_small or self.cost.saving <= 0))
+
     def sort_key(self) -> tuple:
-        too_small = bool(self.cost and self.cost.too_small)
         # every field that tells two candidates apart, so ranking never depends on set order
         return (
-            CASE_PRIORITY.get(self.case, 2),
-            too_small,
+            not self.pays_off,
+            self.case == "generic",
             -(self.estimated_saving or 0.0),
             self.plan.fork_line,
             self.plan.function,
@@ -108,6 +103,10 @@ class Candidate:
 
 def rank(candidates: list[Candidate]) -> list[Candidate]:
     unique: dict[tuple, Candidate] = {}
+    for c in candidates:
+        if not c.pays_off and c.confidence != "low":  # never recommended with confidence
+            c.confidence = "low"
+            c.notes.append("the cost model expects no worthwhile saving")
     for c in sorted(candidates, key=Candidate.sort_key):
         key = (c.plan.function, tuple(map(tuple, c.plan.side_lines)), c.plan.join_line)
         unique.setdefault(key, c)
@@ -145,8 +144,13 @@ def _under_call(scope: g.Scope, op: OpRecord, stmt, hoists) -> bool:
     return False
 
 
-def trace_candidates(trace: Trace, module: ModuleInfo, file: str, device: DeviceProfile) -> list[Candidate]:
+def trace_candidates(
+    trace: Trace, module: ModuleInfo, file: str, device: DeviceProfile, refused: list[dict] | None = None
+) -> list[Candidate]:
+    """Candidates from the traced op graph; branches the finder refuses go to `refused`, with why."""
     from msrewrite.suggest.cost import branch_cost, op_time
+
+    memo: dict = {}  # the finder's answers per function: case shapes, side-call sets already tried
 
     by_index = {op.index: op for op in trace.ops}
     weight = {op.index: op_time(op, device) for op in trace.ops}
@@ -165,7 +169,7 @@ def trace_candidates(trace: Trace, module: ModuleInfo, file: str, device: Device
                 if choice is None or choice in seen:
                     continue
                 seen.add(choice)
-                candidate = _candidate(info, choice, file, module, "trace")
+                candidate = _candidate(info, choice, file, "trace", memo, refused)
                 if candidate is None:
                     continue
                 side, main = select_ops(scope, info, candidate.plan, by_index)
@@ -221,17 +225,88 @@ def _independent(side: list[OpRecord], main: list[OpRecord], dag: DiGraph) -> bo
     return not (back & side_ids)
 
 
-def _candidate(info: FunctionInfo, choice: SideChoice, file: str, module: ModuleInfo, tier: str) -> Candidate | None:
-    attrs = side_attrs(info, choice)
-    try:
-        # Classify on the side calls and the main calls of the window; the window needs a plan first.
-        draft = make_plan(info, choice, "generic", file, module.module_names)
-        case = classify(attrs, window_attrs(info, draft), info.qualname)
-        plan = draft if case == "generic" else make_plan(info, choice, case, file, module.module_names)
-    except NoPlan:
+def _candidate(
+    info: FunctionInfo, choice: SideChoice, file: str, tier: str, memo: dict, refused: list[dict] | None
+) -> Candidate | None:
+    """The plan the branch finder derives for the choice's side calls, named by the case whose own
+    matcher derives the same branch, and checked exactly as `apply --plan` checks it; None (and
+    the reason in `refused`) when the finder refuses it."""
+    from msrewrite.analyze.branch import NoBranch
+    from msrewrite.cases import Options, branch_plan
+    from msrewrite.plancheck import GENERIC, case_shapes, check_plan_in, classify, derive_plan, submodule_calls
+
+    # the side calls, collected as apply --plan collects them from the plan's statements
+    calls = []
+    for i in choice.statements:
+        key = ("calls", info.qualname, i)
+        if key not in memo:
+            memo[key] = submodule_calls(info.statements[i].node)
+        calls += memo[key]
+    if choice.hoist:
+        calls.append(choice.hoist[1].node)
+    seeds = ("seeds", info.qualname, frozenset(map(id, calls)))
+    if seeds in memo:  # another choice with the same side calls: the finder's answer is the same
         return None
-    confidence = "high" if tier == "trace" and case != "generic" else ("medium" if case != "generic" or tier == "trace" else "low")
-    return Candidate(plan=plan, tier=tier, choice=choice, confidence=confidence)
+    memo[seeds] = True
+    scope = _scope_of(info, file, memo)
+    try:
+        branch, plan = derive_plan(GENERIC, file, info.qualname, info.node, info.positions, calls, scope=scope)
+        if ("shapes", info.qualname) not in memo:
+            callees = {c.callee for s in info.statements for c in s.calls}
+            memo["shapes", info.qualname] = case_shapes(info.node, info.positions, file, info.qualname, callees, scope)
+        case, branch_name = classify(memo["shapes", info.qualname], plan)
+        if case is not GENERIC:
+            plan = branch_plan(case, Path(file), info.qualname, branch, Options())
+            if branch_name:
+                plan = plan.with_changes(case_branch=branch_name)
+        plan = check_plan_in(info.node, info.positions, plan, derived_from=calls, scope=scope)  # as apply --plan will
+    except NoBranch as exc:
+        if refused is not None:
+            refused.append(_refusal(info, choice, tier, str(exc)))
+        return None
+    named = case is not GENERIC
+    confidence = "high" if tier == "trace" and named else ("medium" if named or tier == "trace" else "low")
+    return Candidate(plan=plan, tier=tier, choice=_choice_of(info, plan), confidence=confidence)
+
+
+def _scope_of(info: FunctionInfo, file: str, memo: dict):
+    """The function's scope from the file's summaries, as `apply --plan` re-derives it (one
+    whole-file parse per file, only once a candidate is being derived); None if unreadable."""
+    import libcst as cst
+
+    from msrewrite.plancheck import summaries_scope
+
+    if "module" not in memo:
+        try:
+            memo["module"] = cst.parse_module(Path(file).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, cst.ParserSyntaxError, RecursionError):
+            memo["module"] = None
+    if memo["module"] is None:
+        return None
+    key = ("scope", info.qualname)
+    if key not in memo:
+        memo[key] = summaries_scope(memo["module"], info.qualname, (), Path(file))
+    return memo[key]
+
+
+def _refusal(info: FunctionInfo, choice: SideChoice, tier: str, reason: str) -> dict:
+    side = [info.statements[i].label for i in choice.statements]
+    if choice.hoist:
+        side.append(f"{choice.hoist[1].source} (hoisted from {info.statements[choice.hoist[0]].label})")
+    return {"function": info.qualname, "side": side, "tier": tier, "reason": reason}
+
+
+def _choice_of(info: FunctionInfo, plan: OverlapPlan) -> SideChoice:
+    """The statements (and the hoisted call) of a derived plan, as dataflow indices."""
+    index_at = {s.first_line: s.index for s in info.statements}
+    whole = tuple(sorted(index_at[s.first_line] for s in plan.side if s.hoist is None))
+    hoist = None
+    hoisted = [s for s in plan.side if s.hoist is not None]
+    if hoisted:
+        join = index_at[plan.join_line]
+        call = next((c for c in info.statements[join].calls if c.source == hoisted[0].source), None)
+        hoist = (join, call) if call is not None else None
+    return SideChoice(statements=whole, hoist=hoist)
 
 
 # fx tier ------------------------------------------------------------------------------------------
@@ -257,13 +332,20 @@ def fx_cross_check(candidate: Candidate, info: FunctionInfo, dag) -> None:
 
 
 # Static tier --------------------------------------------------------------------------------------
-def static_candidates(module: ModuleInfo, file: str) -> list[Candidate]:
+# The branch finder reads the whole function for every choice; a long forward (a whole model's) has
+# dozens of overlapping choices, the smallest of which the finder grows itself (glue, buffers).
+MAX_STATIC_CHOICES = 8
+
+
+def static_candidates(module: ModuleInfo, file: str, refused: list[dict] | None = None) -> list[Candidate]:
+    """Candidates from the statement DAG; branches the finder refuses go to `refused`, with why."""
     found: list[Candidate] = []
+    memo: dict = {}  # the finder's answers per function: case shapes, side-call sets already tried
     for qualname, info in module.functions.items():
         if not qualname.endswith(".forward"):
             continue
-        for choice in _static_choices(info):
-            candidate = _candidate(info, choice, file, module, "static")
+        for choice in _static_choices(info)[:MAX_STATIC_CHOICES]:
+            candidate = _candidate(info, choice, file, "static", memo, refused)
             if candidate is not None:
                 candidate.syncs = _static_syncs(info, candidate)
                 candidate.cost_shapes = "static (no cost model)"
@@ -277,8 +359,8 @@ def _static_choices(info: FunctionInfo) -> list[SideChoice]:
     dag = info.graph(renaming=True)
     for stmt in info.statements:
         inline = [c for c in stmt.calls if not c.whole]
-        if len(stmt.calls) < 2 and not inline:
-            continue
+        if stmt.compound or (len(stmt.calls) < 2 and not inline):
+            continue  # a call inside an if/for/with/try never leaves it: the statement moves whole
         for k, call in enumerate(inline):
             node = ("call", stmt.index, k)
             dag.add_node(node, call=call)
@@ -298,11 +380,14 @@ def _static_choices(info: FunctionInfo) -> list[SideChoice]:
                     choice = _static_choice(info, dag, side, main, join)
                     if choice is not None and choice not in choices:
                         choices.append(choice)
-    return choices
+    # smallest side first: the finder adds what a side call needs, so small choices cover big ones
+    return sorted(choices, key=lambda c: (len(c.statements) + (c.hoist is not None), c.statements))
 
 
 def _static_choice(info: FunctionInfo, dag: DiGraph, side: set, main: set, join) -> SideChoice | None:
-    if not side or not main or not any(_heavy(info, n, dag) for n in main):
+    # The main branch needs a statement of its own with a call: calls inside the join statement
+    # run after the join, so they leave the side nothing to overlap with.
+    if not side or not main or not any(isinstance(n, int) and _heavy(info, n, dag) for n in main):
         return None
     # Cheap roots (aliases, shapes) stay on the main stream: they only feed the side.
     side = set(side)

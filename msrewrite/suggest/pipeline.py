@@ -36,7 +36,7 @@ def analyze(
         module = analyze_static(file)  # only the forwards that can hold a candidate (see dataflow.py)
         analysis = FileAnalysis(file=file, module=module, candidates=[], tiers={}, device=device, phase=phase, target=target)
         analysis.tiers = {"trace": "skipped (--static)", "static": "ok"}
-        analysis.candidates = rank(static_candidates(module, display))
+        analysis.candidates = rank(static_candidates(module, display, analysis.refused))
         return analysis
     if not file.is_file():
         analyze_file(file)  # raises the one-line error
@@ -57,14 +57,14 @@ def analyze(
                 raise
             analysis.tiers = {"trace": f"failed ({exc})", "static": "ok"}
             analysis.module = module = analyze_file(file)
-            analysis.candidates = rank(static_candidates(module, display))
+            analysis.candidates = rank(static_candidates(module, display, analysis.refused))
             return analysis
         except Exception as exc:  # the model's own forward failed on the tiny inputs
             if harness or input_shape:
                 raise BadInput(f"{file.name}: the forward failed on the given inputs: {one_line(exc)}") from None
             analysis.tiers = {"trace": f"failed ({one_line(exc)})", "static": "ok"}
             analysis.module = module = analyze_file(file)
-            analysis.candidates = rank(static_candidates(module, display))
+            analysis.candidates = rank(static_candidates(module, display, analysis.refused))
             return analysis
         # Only the classes the trace ran are parsed (see suggest/source.py).
         analysis.module = module = analyze_kept(file, traced_roots(trace, file))
@@ -72,7 +72,7 @@ def analyze(
         analysis.trace = trace
         analysis.tiers = {"trace": "ok", "fx": "no candidate function to trace", "static": "not needed"}
         analysis.scopes = {s.qualname: s for s in g.scopes(trace, module.functions)}
-        candidates = trace_candidates(trace, module, display, device)
+        candidates = trace_candidates(trace, module, display, device, analysis.refused)
         say("cross-checking candidates with torch.fx")
         _fx_tier(candidates, built, trace, module, analysis)
         if full_size and built.config is not None:

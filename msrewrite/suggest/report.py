@@ -36,6 +36,8 @@ class FileAnalysis:
     trace: Trace | None = None
     scopes: dict[str, g.Scope] = field(default_factory=dict)
     fx: dict[str, Any] = field(default_factory=dict)  # function -> fxgraph.FxResult
+    # branches the finder refused: {"function", "side", "tier", "reason"} (apply --plan would refuse them too)
+    refused: list[dict] = field(default_factory=list)
 
     @property
     def tier(self) -> str:
@@ -307,6 +309,9 @@ def _section6(analysis: FileAnalysis, nodes: list[ModuleNode], best: Candidate |
         out.append("- N/A")
     out += ["", "### 6.3 待验证模块组", ""]
     out += [f"- {c.plan.function} {c.plan.side_lines} ({c.case}, {_fmt_us(c.estimated_saving)}, {c.min_syncs} syncs{', too small' if c.cost and c.cost.too_small else ''})" for c in pending[:8]] or ["- none"]
+    if analysis.refused:  # independent in the graph, but the branch finder (and apply --plan) refuses the move
+        out += ["", f"Refused by the branch finder ({len(analysis.refused)}; `apply --plan` would refuse them too):"]
+        out += [f"- {r['function']} {', '.join(r['side'])}: {r['reason']}" for r in analysis.refused[:8]]
     out += ["", "### 6.4 建议流分组", ""]
     out.append(f"- Stream0 / Main Path: {', '.join(n.name for n in main) or 'N/A'}")
     out.append(f"- Stream1 / Side Path: {', '.join(n.name for n in side) or 'N/A'}")
