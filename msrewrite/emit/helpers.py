@@ -17,11 +17,15 @@ try:
 except ImportError:  # no NPU stack: the side stream stays off
     torch_npu = None
 ''',
+    # torch_npu registers `torchair` as a lazy proxy that loads the real package on first attribute
+    # access, so a torchair that fails to initialise passes `import torchair` and would raise inside
+    # forward. Importing a name from it forces the load here; any failure turns the side stream off.
     "torchair": '''\
 try:
     import torch_npu  # noqa: F401  (torchair ships inside torch_npu and is registered by it)
     import torchair
-except ImportError:  # no NPU stack: the side stream stays off
+    from torchair import scope as _ms_torchair_scope  # noqa: F401  (loads torchair now, not in forward)
+except Exception:  # no NPU stack, or torchair fails to initialise: the side stream stays off
     torchair = None
 ''',
 }

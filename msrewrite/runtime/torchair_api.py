@@ -189,3 +189,27 @@ def build_torchair_modules() -> dict[str, types.ModuleType]:
     torchair.CompilerConfig, torchair.get_npu_backend = CompilerConfig, get_npu_backend
     torchair.__path__ = []
     return {"torchair": torchair, "torchair.scope": scope, "torchair.ops": ops}
+
+
+class _LazyTorchair(types.ModuleType):
+    """torch_npu's ``sys.modules["torchair"]`` proxy when the real package cannot initialise.
+
+    ``import torch_npu`` installs a lazy proxy (``_install_lazy_torchair``), so ``import torchair``
+    itself succeeds; the first attribute access loads the package and raises its error.
+    """
+
+    def __init__(self, error: BaseException):
+        super().__init__("torchair", "torch_npu's lazy torchair proxy (stand-in: initialisation fails)")
+        object.__setattr__(self, "_init_error", error)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        error = object.__getattribute__(self, "_init_error")
+        raise type(error)(*error.args)
+
+
+def build_failing_torchair_modules(error: BaseException) -> dict[str, types.ModuleType]:
+    """Only the proxy: ``import torchair.scope`` finds no loaded submodule and fails like the real load."""
+    return {"torchair": _LazyTorchair(error)}
+

@@ -9,7 +9,8 @@ from torch import nn
 try:
     import torch_npu  # noqa: F401  (torchair ships inside torch_npu and is registered by it)
     import torchair
-except ImportError:  # no NPU stack: the side stream stays off
+    from torchair import scope as _ms_torchair_scope  # noqa: F401  (loads torchair now, not in forward)
+except Exception:  # no NPU stack, or torchair fails to initialise: the side stream stays off
     torchair = None
 
 
