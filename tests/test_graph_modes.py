@@ -1,4 +1,4 @@
-"""What the emitted helpers need from each runtime: the torchair import."""
+"""What the emitted helpers need from each runtime: the torchair import and eager core budgets."""
 
 from __future__ import annotations
 
@@ -71,3 +71,41 @@ def test_ge_golden_falls_back_when_torchair_fails_to_initialise(tmp_path, exampl
         with pytest.raises(RuntimeError, match="libge_runner"):
             broken_model(*inputs)
 
+
+def test_eager_core_limits_restore_the_main_stream_limit_and_set_the_side_once(tmp_path):
+    """A limit the main stream already had comes back after the window; the side's is set once."""
+    with install() as rt:
+        edited = _golden_module(tmp_path, "attn-moe-limit-core", "eager", "longcat_layer")
+        model, inputs = edited.make()
+        main = torch.npu.current_stream()
+        torch.npu.set_stream_limit(main, 20, 40)  # e.g. the serving framework's own budget
+        seen = []
+        real_set = torch.npu.set_stream_limit
+
+        def spy(stream, cube_num=-1, vector_num=-1):
+            seen.append((stream.name, cube_num, vector_num))
+            real_set(stream, cube_num, vector_num)
+
+        torch.npu.set_stream_limit = spy
+        try:
+            for _ in range(3):
+                model(*inputs)
+        finally:
+            torch.npu.set_stream_limit = real_set
+        side = edited._MS_SIDE_STREAMS["moe_shortcut"]
+        assert torch.npu.get_stream_limit(main) == {"cube_core_num": 20, "vector_core_num": 40}
+        assert torch.npu.get_stream_limit(side) == {"cube_core_num": 8, "vector_core_num": 16}
+        side_sets = [s for s in seen if s[0] == side.name]
+        assert side_sets == [(side.name, 8, 16)]  # once, when the stream was made
+        assert seen.count(("main", 16, 32)) == 3 and seen.count(("main", 20, 40)) == 3
+        assert rt.core_limits[main.stream_id] == {"cube_core_num": 20, "vector_core_num": 40}
+
+
+def test_core_limit_caveats_are_printed_once_when_applying(tmp_path):
+    from conftest import run_cli
+
+    result = run_cli("apply", str(regen.ROOT / "examples" / "longcat_layer.py"), "--case", "attn-moe-limit-core",
+                     "--mode", "eager")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("Ascend C ops only") == 1
+    assert "allow_internal_format = False" in result.stderr and "hang" in result.stderr

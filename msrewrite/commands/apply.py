@@ -23,6 +23,16 @@ from msrewrite.output.patch import PatchStep, is_stage_folder, write_apply_scrip
 from msrewrite.plan import FlagSpec, OverlapPlan, StartGate, load_plans
 
 
+# The documented limits of torch_npu / torchair core budgets (docs: torchair core_limit.md and
+# npugraph_ex limit_cores.md), said once whenever an edit splits cores.
+CORE_LIMIT_CAVEATS = (
+    "core limits: they apply to Ascend C ops only (other ops, and HCCL outside AIV mode, ignore them); "
+    "set torch.npu.config.allow_internal_format = False for them to take effect; "
+    "if some op on a limited stream cannot be limited, the streams can hang waiting for each other: "
+    "check Block Num in the profiler's kernel_details.csv"
+)
+
+
 def _note(message: str) -> None:
     typer.echo(f"msrewrite: {message}", err=True)
 
@@ -395,6 +405,8 @@ def run_apply(
 
     for plan in plans:
         _note(f"{plan.function}: {plan.summary or plan.case} [{plan.mode}, flag {plan.flag.describe()}]")
+    if any(plan.core_limits for plan in plans):
+        _note(CORE_LIMIT_CAVEATS)
     if not plans:  # model-level edits (prefill-microbatch) carry no single-function plan
         for step in steps:
             _note(step.subject)

@@ -61,6 +61,15 @@ def _ms_side_stream(tag, enabled=True):
         stream = _MS_SIDE_STREAMS[tag] = torch.cuda.Stream()
     return stream
 ''',
+    "_ms_limited_side_stream": '''\
+def _ms_limited_side_stream(tag, enabled, aicore_num, vectorcore_num):
+    """The side stream for `tag` under its own core budget, set once when the stream is made."""
+    made_before = tag in _MS_SIDE_STREAMS
+    stream = _ms_side_stream(tag, enabled)
+    if stream is not None and not made_before:
+        torch.npu.set_stream_limit(stream, aicore_num, vectorcore_num)
+    return stream
+''',
     "_ms_microbatch:npu": '''\
 def _ms_microbatch(enabled, hidden_states):
     """Micro-batching needs the NPU stream backend and at least two sequences to split."""
@@ -88,6 +97,21 @@ def _ms_module_events(module, tag, stream):
     if events is None:
         events = module.__dict__[key] = (torch.npu.Event(), torch.npu.Event())
     return events
+''',
+    "_ms_core_limit:eager": '''\
+@contextlib.contextmanager
+def _ms_core_limit(enabled, aicore_num, vectorcore_num):
+    """Cap the current stream's AI cores inside the block, then restore the limit it had before."""
+    if not enabled:
+        yield
+        return
+    stream = torch.npu.current_stream()
+    previous = torch.npu.get_stream_limit(stream)
+    torch.npu.set_stream_limit(stream, aicore_num, vectorcore_num)
+    try:
+        yield
+    finally:
+        torch.npu.set_stream_limit(stream, previous["cube_core_num"], previous["vector_core_num"])
 ''',
     "_ms_core_limit:ge-graph": '''\
 def _ms_core_limit(enabled, aicore_num, vectorcore_num):

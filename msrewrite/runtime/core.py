@@ -51,7 +51,7 @@ class StreamRuntime:
         self._graph_depth = 0
         self._closed = False
         self.tagged_events: dict[str, object] = {}  # torchair.ops tag registry
-        self.core_limits: dict[int, dict[str, int]] = {}
+        self.core_limits: dict[int, dict[str, int]] = {}  # by stream_id, as torch_npu keys them
         self.main = Stream(_runtime=self, _name="main")
         self._current = self.main
 
