@@ -14,6 +14,7 @@ from msrewrite import cores
 from msrewrite.cases import Case, Options, find_targets
 from msrewrite.emit.engine import apply_plans, iter_functions, locate
 from msrewrite.emit.inline import inline_and_flatten
+from msrewrite.emit.torchair_config import records_config
 from msrewrite.errors import EXIT_OK, BadInput, NothingToDo
 from msrewrite.load import git_root, load, parse_source, read_source
 from msrewrite.modes import resolve_mode
@@ -407,6 +408,10 @@ def run_apply(
         _note(f"{plan.function}: {plan.summary or plan.case} [{plan.mode}, flag {plan.flag.describe()}]")
     if any(plan.core_limits for plan in plans):
         _note(CORE_LIMIT_CAVEATS)
+    if any(plan.mode == "ge-graph" for plan in plans) and not records_config(new_text):
+        _note("ge-graph: this file does not build torchair's backend; where it is built, write "
+              "get_npu_backend(compiler_config=<this module>._ms_torchair_config(config)) so that "
+              "reduce-overhead, npugraph_ex and debug.run_eagerly compiles keep the side stream off")
     if not plans:  # model-level edits (prefill-microbatch) carry no single-function plan
         for step in steps:
             _note(step.subject)

@@ -32,6 +32,7 @@ from msrewrite.analyze.defuse import function_names
 from msrewrite.analyze.positions import positions_for
 from msrewrite.emit import helpers as helper_text
 from msrewrite.emit.strategies import STRATEGIES, Context, Emission, Names, async_comm
+from msrewrite.emit.torchair_config import record_torchair_config
 from msrewrite.errors import BadInput, NothingToDo
 from msrewrite.plan import OverlapPlan
 
@@ -830,6 +831,8 @@ def add_helpers(module: cst.Module, emissions: list[Emission], mode: str) -> cst
         keys += [k for k in em.helpers if k not in keys]
         imports += [i for i in em.imports if i not in imports]
         stdlib += [name for name in (["os"] if em.needs_os else []) + em.stdlib if name not in stdlib]
+    if "_ms_torchair_config" in keys:
+        module = record_torchair_config(module)
     bound = _top_level_bindings(module)
     for key in keys:
         name = helper_text.defined_name(key)

@@ -269,7 +269,7 @@ def ge_graph(ctx: Context) -> Emission:
     em = Emission()
     n = ctx.names
     enabled = _gated(ctx, em, _flag(ctx, em))
-    em.helpers.append("_ms_graph_streams")
+    em.helpers += ["_ms_torchair_config", "_ms_graph_streams"]
     em.imports.append("torchair")
     em.prelude = [f"{n.stream} = _ms_graph_streams({enabled})"]
     em.on_cond, em.off_cond = n.stream, f"not {n.stream}"

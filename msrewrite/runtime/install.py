@@ -78,7 +78,7 @@ def _apply(patches: _Patches, runtime: StreamRuntime, torchair_init_error: BaseE
     patches.set_attr(torch.Tensor, "record_stream", _record_stream(torch.Tensor.record_stream))
     original_is_compiling = torch.compiler.is_compiling
     patches.set_attr(torch.compiler, "is_compiling",
-                     lambda: runtime.in_graph_mode or original_is_compiling())
+                     lambda: runtime.compiling or original_is_compiling())
 
 
 @contextlib.contextmanager
