@@ -1,12 +1,15 @@
 """Execution-mode detection: which API family the edited file must speak.
 
-torchair's CompilerConfig / get_npu_backend mean GE graph mode; backend="npugraph_ex" means
-npugraph-ex (aclgraph); a file that drives torch.cuda streams and never torch_npu means cuda;
-otherwise the native eager API. Explicit --mode always wins.
+torchair's CompilerConfig / get_npu_backend mean torchair, and its ``config.mode`` says which
+graph: "max-autotune" (the default) is GE graph mode, "reduce-overhead" and "npugraph_ex" capture
+aclgraphs, which take the native stream API (npugraph-ex). backend="npugraph_ex" means
+npugraph-ex; a file that drives torch.cuda streams and never torch_npu means cuda; otherwise the
+native eager API. Explicit --mode always wins.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 
 from msrewrite.plan import MODES
@@ -17,9 +20,68 @@ _NPUGRAPH_EX = re.compile(r"""backend\s*=\s*["']npugraph_ex["']|npugraph_ex\."""
 _CUDA = re.compile(r"\btorch\.cuda\.(?:Stream|stream|current_stream|Event|set_stream|graph|CUDAGraph)\b")
 _NPU = re.compile(r"\btorch_npu\b|\btorch\.npu\b")
 
+_TORCHAIR_MODES = {"max-autotune": "ge-graph", "reduce-overhead": "npugraph-ex", "npugraph_ex": "npugraph-ex"}
+
+
+def _callee(node: ast.AST) -> str:
+    func = node.func if isinstance(node, ast.Call) else None
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else ""
+
+
+def _torchair_config_mode(text: str) -> tuple[str, str] | None:
+    """(mode, reason) from the `<config>.mode = "..."` assignments of the file's torchair CompilerConfig.
+
+    None when the file builds no CompilerConfig. ValueError when the mode cannot be told (a computed
+    value, an unknown name, or both kinds of graph in one file): the caller asks for --mode.
+    """
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    configs: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and _callee(node.value) == "CompilerConfig":
+            configs |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    if not configs:
+        return None
+    found: dict[str, int] = {}  # torchair mode -> first line
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Assign):
+            continue
+        for target in node.targets:
+            if not (isinstance(target, ast.Attribute) and target.attr == "mode"
+                    and isinstance(target.value, ast.Name) and target.value.id in configs):
+                continue
+            value = node.value
+            if not (isinstance(value, ast.Constant) and value.value in _TORCHAIR_MODES):
+                raise ValueError(
+                    f"cannot tell torchair's graph mode: line {node.lineno} sets "
+                    f"{target.value.id}.mode = {ast.unparse(value)}; give --mode ge-graph (max-autotune) "
+                    f"or --mode npugraph-ex (reduce-overhead, npugraph_ex)"
+                )
+            found.setdefault(value.value, node.lineno)
+    if not found:
+        return "ge-graph", "torchair CompilerConfig with the default mode max-autotune (GE graph mode)"
+    kinds = {_TORCHAIR_MODES[m] for m in found}
+    if len(kinds) > 1:
+        where = ", ".join(f"{m!r} (line {line})" for m, line in sorted(found.items(), key=lambda kv: kv[1]))
+        raise ValueError(
+            f"cannot tell torchair's graph mode: the file sets {where}, and no edit is right in both; "
+            f"give --mode ge-graph or --mode npugraph-ex"
+        )
+    mode, line = min(found.items(), key=lambda kv: kv[1])
+    kind = kinds.pop()
+    graph = "GE graph mode" if kind == "ge-graph" else "aclgraph capture: native streams and events"
+    return kind, f"torchair CompilerConfig mode {mode!r} at line {line} ({graph})"
+
 
 def detect_mode(text: str) -> tuple[str, str]:
-    """(mode, reason) for a source file."""
+    """(mode, reason) for a source file; ValueError when torchair's mode cannot be told."""
+    configured = _torchair_config_mode(text)
+    if configured:
+        return configured
     ge = _GE.search(text)
     if ge:
         return "ge-graph", f"found {ge.group(0).strip()!r} (torchair GE graph mode)"

@@ -293,7 +293,7 @@ def test_core_budgets_are_checked_against_the_device():
     over = run_cli("apply", "--case", "attn-moe-limit-core", model, "--core-limit", "12/24,16/32")
     assert over.returncode == 2 and "exceeds a3's 24 AIC / 48 AIV" in over.stderr and "deadlock" in over.stderr
     a2 = run_cli("apply", "--case", "attn-moe-limit-core", model, "--cores", "a2")
-    assert a2.returncode == 0 and "set_stream_limit(current_stream, 12, 24)" in a2.stdout
+    assert a2.returncode == 0 and "_ms_core_limit(moe_shortcut_stream is not None, 12, 24):" in a2.stdout
     custom = run_cli("apply", "--case", "attn-moe-limit-core", model, "--core-limit", "12/24,12/24", "--mode", "ge-graph")
     assert custom.returncode == 0 and "_ms_core_limit(True, 12, 24)" in custom.stdout
     wrong = run_cli("apply", "--case", "moe-shared-expert", model.replace("longcat_layer", "deepseek_moe"), "--cores", "a2")

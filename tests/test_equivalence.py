@@ -193,8 +193,9 @@ def test_longcat_shortcut_moe_with_core_limits(tmp_path, mode):
                        FlagSpec(name="ENABLE_MOE_SHORTCUT_STREAM"), None, core_limits=PRESETS["a3"])
     text = steps[-1].new
     if mode == "eager":
-        assert "torch.npu.set_stream_limit(moe_shortcut_stream, 8, 16)" in text
-        assert "torch.npu.reset_stream_limit(current_stream)" in text
+        assert '_ms_limited_side_stream("moe_shortcut", self.enable_moe_shortcut_stream, 8, 16)' in text
+        assert "with _ms_core_limit(moe_shortcut_stream is not None, 16, 32):" in text
+        assert "reset_stream_limit" not in text  # it would drop a limit the main stream already had
     else:
         assert "_ms_core_limit(True, 8, 16)" in text and ", 16, 32):" in text
     edited = tmp_path / original.name

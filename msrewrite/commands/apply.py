@@ -15,12 +15,23 @@ from msrewrite.analyze.seeds import find_helpers
 from msrewrite.cases import Case, Options, find_targets
 from msrewrite.emit.engine import apply_plans, iter_functions, locate
 from msrewrite.emit.inline import inline_and_flatten
+from msrewrite.emit.torchair_config import records_config
 from msrewrite.errors import EXIT_OK, BadInput, EmptyFile, NothingToDo
 from msrewrite.load import git_root, load, read_source
 from msrewrite.modes import resolve_mode
 from msrewrite.output.diff import unified_diff
 from msrewrite.output.inplace import write_in_place
 from msrewrite.plan import FlagSpec, OverlapPlan, StartGate, load_plans
+
+
+# The documented limits of torch_npu / torchair core budgets (docs: torchair core_limit.md and
+# npugraph_ex limit_cores.md), said once whenever an edit splits cores.
+CORE_LIMIT_CAVEATS = (
+    "core limits: they apply to Ascend C ops only (other ops, and HCCL outside AIV mode, ignore them); "
+    "set torch.npu.config.allow_internal_format = False for them to take effect; "
+    "if some op on a limited stream cannot be limited, the streams can hang waiting for each other: "
+    "check Block Num in the profiler's kernel_details.csv"
+)
 
 
 def _note(message: str) -> None:
@@ -482,6 +493,12 @@ def run_apply(
         _note(f"{plan.function}: {plan.summary or plan.case} [{plan.mode}, flag {plan.flag.describe()}]")
         for line in trust_lines(plan):
             _note(f"{plan.function}: {line}")
+    if any(plan.core_limits for plan in plans):
+        _note(CORE_LIMIT_CAVEATS)
+    if any(plan.mode == "ge-graph" for plan in plans) and not records_config(new_text):
+        _note("ge-graph: this file does not build torchair's backend; where it is built, write "
+              "get_npu_backend(compiler_config=<this module>._ms_torchair_config(config)) so that "
+              "reduce-overhead, npugraph_ex and debug.run_eagerly compiles keep the side stream off")
     if not plans:  # model-level edits (prefill-microbatch) carry no single-function plan
         for step in steps:
             _note(step.subject)

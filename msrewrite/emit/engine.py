@@ -35,6 +35,7 @@ from msrewrite.analyze.guards import source as guard_source
 from msrewrite.analyze.positions import positions_for
 from msrewrite.emit import helpers as helper_text
 from msrewrite.emit.strategies import STRATEGIES, Context, Emission, Names, async_comm
+from msrewrite.emit.torchair_config import record_torchair_config
 from msrewrite.errors import BadInput, NothingToDo
 from msrewrite.plan import OverlapPlan
 from msrewrite.validate import comment_text, literal
@@ -498,7 +499,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
     )
     em = async_comm(ctx) if plan.sync == "async-comm" else STRATEGIES[plan.mode](ctx)
     if guarded is not None:
-        if em.main_limit or em.main_limit_reset:
+        if em.main_limit:
             raise BadInput(f"plan for {plan.function}: core limits on a guarded side branch are not supported")
         if any(i not in guarded.inside for i in whole):
             raise BadInput(f"plan for {plan.function}: a guarded side statement lies outside its `if` (line {plan.guard_line})")
@@ -937,6 +938,8 @@ def add_helpers(module: cst.Module, emissions: list[Emission], mode: str) -> cst
         keys += [k for k in em.helpers if k not in keys]
         imports += [i for i in em.imports if i not in imports]
         stdlib += [name for name in (["os"] if em.needs_os else []) + em.stdlib if name not in stdlib]
+    if "_ms_torchair_config" in keys:
+        module = record_torchair_config(module)
     bound = _top_level_bindings(module)
     for key in keys:
         name = helper_text.defined_name(key)

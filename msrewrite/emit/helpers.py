@@ -17,12 +17,18 @@ try:
 except ImportError:  # no NPU stack: the side stream stays off
     torch_npu = None
 ''',
+    # torch_npu registers `torchair` as a lazy proxy that loads the real package on first attribute
+    # access, so a torchair that fails to initialise passes `import torchair` and would raise inside
+    # forward. Importing a name from it forces the load here; any failure turns the side stream off.
     "torchair": '''\
 try:
     import torch_npu  # noqa: F401  (torchair ships inside torch_npu and is registered by it)
     import torchair
-except ImportError:  # no NPU stack: the side stream stays off
+    from torchair import scope as _ms_torchair_scope  # noqa: F401  (loads torchair now, not in forward)
+except Exception:  # no NPU stack, or torchair fails to initialise: the side stream stays off
     torchair = None
+
+_MS_GE_GRAPH = True  # compiled graphs are GE graphs: this edit's mode, until _ms_torchair_config says
 ''',
 }
 
@@ -57,6 +63,15 @@ def _ms_side_stream(tag, enabled=True):
         stream = _MS_SIDE_STREAMS[tag] = torch.cuda.Stream()
     return stream
 ''',
+    "_ms_limited_side_stream": '''\
+def _ms_limited_side_stream(tag, enabled, aicore_num, vectorcore_num):
+    """The side stream for `tag` under its own core budget, set once when the stream is made."""
+    made_before = tag in _MS_SIDE_STREAMS
+    stream = _ms_side_stream(tag, enabled)
+    if stream is not None and not made_before:
+        torch.npu.set_stream_limit(stream, aicore_num, vectorcore_num)
+    return stream
+''',
     "_ms_microbatch:npu": '''\
 def _ms_microbatch(enabled, hidden_states):
     """Micro-batching needs the NPU stream backend and at least two sequences to split."""
@@ -84,6 +99,21 @@ def _ms_module_events(module, tag, stream):
     if events is None:
         events = module.__dict__[key] = (torch.npu.Event(), torch.npu.Event())
     return events
+''',
+    "_ms_core_limit:eager": '''\
+@contextlib.contextmanager
+def _ms_core_limit(enabled, aicore_num, vectorcore_num):
+    """Cap the current stream's AI cores inside the block, then restore the limit it had before."""
+    if not enabled:
+        yield
+        return
+    stream = torch.npu.current_stream()
+    previous = torch.npu.get_stream_limit(stream)
+    torch.npu.set_stream_limit(stream, aicore_num, vectorcore_num)
+    try:
+        yield
+    finally:
+        torch.npu.set_stream_limit(stream, previous["cube_core_num"], previous["vector_core_num"])
 ''',
     "_ms_core_limit:ge-graph": '''\
 def _ms_core_limit(enabled, aicore_num, vectorcore_num):
@@ -114,19 +144,39 @@ def _ms_num_tokens(hidden_states):
     """Tokens in a [..., hidden] activation, for the token-count gate."""
     return hidden_states.numel() // max(hidden_states.shape[-1], 1)
 ''',
+    "_ms_torchair_config": '''\
+def _ms_torchair_config(config):
+    """Record whether torchair compiles GE graphs with `config`, and return it:
+    torchair.get_npu_backend(compiler_config=_ms_torchair_config(config)).
+
+    npu_wait_tensor and the implicit join exist only in a GE graph (mode "max-autotune"), and
+    torchair has no predicate for it: torch.compiler.is_compiling() is also true under
+    reduce-overhead, npugraph_ex and debug.run_eagerly, where the op raises and nothing joins
+    the side stream.
+    """
+    global _MS_GE_GRAPH
+    mode = getattr(config.mode, "value", config.mode)
+    run_eagerly = getattr(config.debug.run_eagerly, "value", config.debug.run_eagerly)
+    _MS_GE_GRAPH = mode == "max-autotune" and not run_eagerly
+    return config
+''',
     "_ms_graph_streams": '''\
 def _ms_graph_streams(enabled):
-    """GE multi-stream needs torchair; without it the original single-stream path runs."""
-    return bool(enabled) and torchair is not None
+    """GE multi-stream needs torchair, and inside a compiled graph GE graph mode: other graphs do not
+    join the side stream. Otherwise the original single-stream path runs (in eager the switch is a no-op)."""
+    if not enabled or torchair is None:
+        return False
+    return _MS_GE_GRAPH or not torch.compiler.is_compiling()
 ''',
     "_ms_wait_tensor": '''\
 def _ms_wait_tensor(tensor, dependency):
     """Order `tensor`'s consumers after `dependency` inside a GE graph.
 
-    torchair's npu_wait_tensor raises outside a graph (prefill runs eager), so it is only called
-    while torch.compile traces; in eager the stream switch is a no-op and the order holds anyway.
+    torchair's npu_wait_tensor raises outside a GE graph (prefill runs eager; reduce-overhead,
+    npugraph_ex and run_eagerly too), so it is only called while torch.compile traces a GE graph;
+    in eager the stream switch is a no-op and the order holds anyway.
     """
-    if torchair is None or not torch.compiler.is_compiling():
+    if torchair is None or not (_MS_GE_GRAPH and torch.compiler.is_compiling()):
         return tensor
     while isinstance(dependency, (tuple, list)) and dependency:  # an op's outputs: any one orders it
         dependency = next((d for d in dependency if isinstance(d, torch.Tensor)), dependency[0])

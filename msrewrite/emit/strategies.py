@@ -71,11 +71,8 @@ class Emission:
     imports: list[str] = field(default_factory=list)  # guarded imports (helpers.GUARDED_IMPORTS keys)
     needs_os: bool = False
     stdlib: list[str] = field(default_factory=list)  # plain stdlib imports the helpers need
-    # Core limits on the main branch: `with <main_limit>:` around the main work between fork and
-    # join (graph modes), or set/reset lines (eager).
+    # Core limits on the main branch: `with <main_limit>:` around the main work between fork and join.
     main_limit: str = ""
-    main_limit_set: list[str] = field(default_factory=list)
-    main_limit_reset: list[str] = field(default_factory=list)
     async_comm: bool = False  # side statements are blocking send/recv made asynchronous, no stream
 
 
@@ -144,19 +141,29 @@ def _native(ctx: Context, api: str) -> Emission:
     em.helpers += ["_ms_side_stream:" + ("cuda" if api == "torch.cuda" else "npu")]
     if api == "torch.npu":
         em.imports.append("torch_npu")
+    limited = bool(ctx.core_limits) and api == "torch.npu"
+
+    def side_stream(enabled_expr: str) -> str:
+        if not limited:
+            return f"_ms_side_stream({literal(ctx.tag)}, {enabled_expr})"
+        # The side stream is shared by the whole process: its budget is set once, when it is made.
+        side_c, side_v, _, _ = ctx.core_limits
+        em.helpers.append("_ms_limited_side_stream")
+        return f"_ms_limited_side_stream({literal(ctx.tag)}, {enabled_expr}, {side_c}, {side_v})"
+
     if ctx.stream_source == "constructor" and ctx.has_init:
         param = n.stream_attr
         em.init_lines += [
             "# Handed down by the model so every layer shares one stream; built directly, the layer",
             "# falls back to the same process-wide stream, created on first use.",
             f"if {param} is None:",
-            f"    {param} = _ms_side_stream({literal(ctx.tag)}, {flag})",
+            f"    {param} = {side_stream(flag)}",
             f"self.{n.stream_attr} = {param}",
         ]
         stream_expr = f"self.{n.stream_attr}" + (f" if {gate} else None" if gate else "")
         em.prelude = [f"{n.stream} = {stream_expr}"]
     else:
-        em.prelude = [f"{n.stream} = _ms_side_stream({literal(ctx.tag)}, {enabled})"]
+        em.prelude = [f"{n.stream} = {side_stream(enabled)}"]
     em.on_cond, em.off_cond = f"{n.stream} is not None", f"{n.stream} is None"
     if ctx.sync == "events":
         # Fresh events each call, recorded on the stream that produced the data.
@@ -182,14 +189,13 @@ def _native(ctx: Context, api: str) -> Emission:
         ]
     em.with_open = f"with {api}.stream({n.stream}):"
     em.phase_head = [f"{n.stream}.wait_stream({n.current})"]
-    if ctx.core_limits and api == "torch.npu":
-        side_c, side_v, main_c, main_v = ctx.core_limits
-        em.on_head += [
-            "# Split the AI cores between the streams so neither branch starves the other.",
-            f"torch.npu.set_stream_limit({n.stream}, {side_c}, {side_v})",
-            f"torch.npu.set_stream_limit({n.current}, {main_c}, {main_v})",
-        ]
-        em.main_limit_reset = [f"torch.npu.reset_stream_limit({n.current})"]
+    if limited:
+        # The main stream's budget holds for the main work between fork and join only; the limit
+        # it had before (torch_npu keeps limits per stream, for the whole process) comes back after.
+        _, _, main_c, main_v = ctx.core_limits
+        em.helpers.append("_ms_core_limit:eager")
+        em.stdlib.append("contextlib")
+        em.main_limit = f"with _ms_core_limit({n.stream} is not None, {main_c}, {main_v}):"
     if ctx.sync == "events":
         em.join = [
             f"{n.side_done} = {api}.Event()",
@@ -204,7 +210,6 @@ def _native(ctx: Context, api: str) -> Emission:
             "# Allocated on the side stream, freed on this one: keep them from early reuse.",
             f"_ms_record_stream({n.current}, {', '.join(ctx.outputs)})",
         ]
-    em.join += em.main_limit_reset
     return em
 
 
@@ -266,7 +271,7 @@ def ge_graph(ctx: Context) -> Emission:
     em = Emission()
     n = ctx.names
     enabled = _gated(ctx, em, _flag(ctx, em))
-    em.helpers.append("_ms_graph_streams")
+    em.helpers += ["_ms_torchair_config", "_ms_graph_streams"]
     em.imports.append("torchair")
     em.prelude = [f"{n.stream} = _ms_graph_streams({enabled})"]
     em.on_cond, em.off_cond = n.stream, f"not {n.stream}"

@@ -49,9 +49,11 @@ class StreamRuntime:
         self._side_streams = 0
         self._tag_streams: dict[str, Stream] = {}
         self._graph_depth = 0
+        self._aclgraph: list[dict] = []  # torchair reduce-overhead / npugraph_ex compiles in progress
+        self._eager_compiles = 0  # torchair debug.run_eagerly compiles in progress
         self._closed = False
         self.tagged_events: dict[str, object] = {}  # torchair.ops tag registry
-        self.core_limits: dict[int, dict[str, int]] = {}
+        self.core_limits: dict[int, dict[str, int]] = {}  # by stream_id, as torch_npu keys them
         self.main = Stream(_runtime=self, _name="main")
         self._current = self.main
 
@@ -96,6 +98,53 @@ class StreamRuntime:
             self._graph_depth -= 1
             self._current = entry_stream
             self.emit("on_graph_mode", False)
+
+    @property
+    def in_aclgraph(self) -> bool:
+        return bool(self._aclgraph)
+
+    @property
+    def compiling(self) -> bool:
+        """torch.compiler.is_compiling() for every torchair mode: GE, aclgraph and run_eagerly."""
+        return self.in_graph_mode or self.in_aclgraph or self._eager_compiles > 0
+
+    @contextlib.contextmanager
+    def aclgraph_mode(self) -> Iterator["StreamRuntime"]:
+        """torchair reduce-overhead / npugraph_ex: each stream tag is a real stream; torchair orders
+        the tag streams after the graph's start and the output after them, and nothing else."""
+        from msrewrite.runtime.streams import Event
+
+        entry_stream = self._current
+        start = Event()
+        start.record(entry_stream)
+        self._aclgraph.append({"start": start, "used": []})
+        try:
+            yield self
+        finally:
+            used = self._aclgraph.pop()["used"]
+            self._current = entry_stream
+            for stream in used:  # the graph's output waits for every side stream it used
+                done = Event()
+                done.record(stream)
+                done.wait(entry_stream)
+
+    def aclgraph_tag_stream(self, tag: str) -> "Stream":
+        """The tag's stream inside an aclgraph; the first use in a graph waits for the graph's start."""
+        stream = self.tag_stream(tag)
+        graph = self._aclgraph[-1]
+        if stream not in graph["used"] and stream is not self.main:
+            graph["start"].wait(stream)
+            graph["used"].append(stream)
+        return stream
+
+    @contextlib.contextmanager
+    def run_eagerly_mode(self) -> Iterator["StreamRuntime"]:
+        """torchair debug.run_eagerly: traced, then every op runs eagerly (the torchair ops as in eager)."""
+        self._eager_compiles += 1
+        try:
+            yield self
+        finally:
+            self._eager_compiles -= 1
 
     # --- recording ---------------------------------------------------------
     @contextlib.contextmanager

@@ -12,7 +12,7 @@ from msrewrite.runtime import core, npu_api
 from msrewrite.runtime.core import StreamRuntime
 from msrewrite.runtime.npu_api import build_npu_modules
 from msrewrite.runtime.streams import CudaStream, Event, Stream, StreamContext
-from msrewrite.runtime.torchair_api import build_torchair_modules
+from msrewrite.runtime.torchair_api import build_failing_torchair_modules, build_torchair_modules
 
 _MISSING = object()
 
@@ -66,9 +66,11 @@ def _cuda_functions() -> dict[str, object]:
     }
 
 
-def _apply(patches: _Patches, runtime: StreamRuntime) -> None:
+def _apply(patches: _Patches, runtime: StreamRuntime, torchair_init_error: BaseException | None) -> None:
     npu_modules = build_npu_modules()
-    for name, module in {**npu_modules, **build_torchair_modules()}.items():
+    torchair_modules = (build_torchair_modules() if torchair_init_error is None
+                        else build_failing_torchair_modules(torchair_init_error))
+    for name, module in {**npu_modules, **torchair_modules}.items():
         patches.set_module(name, module)
     patches.set_attr(torch, "npu", npu_modules["torch.npu"])
     for name, value in _cuda_functions().items():
@@ -76,12 +78,16 @@ def _apply(patches: _Patches, runtime: StreamRuntime) -> None:
     patches.set_attr(torch.Tensor, "record_stream", _record_stream(torch.Tensor.record_stream))
     original_is_compiling = torch.compiler.is_compiling
     patches.set_attr(torch.compiler, "is_compiling",
-                     lambda: runtime.in_graph_mode or original_is_compiling())
+                     lambda: runtime.compiling or original_is_compiling())
 
 
 @contextlib.contextmanager
-def install(graph_mode: bool = False) -> Iterator[StreamRuntime]:
-    """Run torch.npu / torch_npu / torchair / torch.cuda stream code on CPU inside the block."""
+def install(graph_mode: bool = False, torchair_init_error: BaseException | None = None) -> Iterator[StreamRuntime]:
+    """Run torch.npu / torch_npu / torchair / torch.cuda stream code on CPU inside the block.
+
+    ``torchair_init_error`` models a torchair that fails to initialise: ``import torchair`` still
+    succeeds (torch_npu's lazy proxy), and the first attribute access raises this error.
+    """
     if core._active is not None:
         raise RuntimeError("msrewrite.runtime.install() is already active; nested installs are refused")
     if "torch_npu" in sys.modules or hasattr(torch, "npu"):
@@ -89,7 +95,7 @@ def install(graph_mode: bool = False) -> Iterator[StreamRuntime]:
     runtime = StreamRuntime()
     patches = _Patches()
     try:
-        _apply(patches, runtime)
+        _apply(patches, runtime, torchair_init_error)
         core.set_active(runtime)
         with runtime.graph_mode() if graph_mode else contextlib.nullcontext():
             yield runtime

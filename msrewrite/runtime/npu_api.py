@@ -78,17 +78,17 @@ def set_stream_limit(stream, cube_num: int = -1, vector_num: int = -1) -> None:
         limit["cube_core_num"] = cube_num
     if vector_num != -1:
         limit["vector_core_num"] = vector_num
-    runtime.core_limits[id(stream)] = limit
+    runtime.core_limits[stream.stream_id] = limit
 
 
 def get_stream_limit(stream) -> dict[str, int]:
     _check_npu_stream(stream)
-    return dict(active_runtime().core_limits.get(id(stream), DEFAULT_CORE_LIMIT))
+    return dict(active_runtime().core_limits.get(stream.stream_id, DEFAULT_CORE_LIMIT))
 
 
 def reset_stream_limit(stream) -> None:
     _check_npu_stream(stream)
-    active_runtime().core_limits.pop(id(stream), None)
+    active_runtime().core_limits.pop(stream.stream_id, None)
 
 
 @contextlib.contextmanager

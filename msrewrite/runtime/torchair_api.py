@@ -39,6 +39,9 @@ class _StreamSwitch:
         if runtime.in_graph_mode:
             self._previous = runtime.current_stream()
             runtime.set_current(runtime.tag_stream(self.stream_tag))
+        elif runtime.in_aclgraph:  # reduce-overhead: a real stream per tag, no implicit join
+            self._previous = runtime.current_stream()
+            runtime.set_current(runtime.aclgraph_tag_stream(self.stream_tag))
         return self
 
     def __exit__(self, *exc):
@@ -120,15 +123,28 @@ class CompilerConfig:
         self.ge_config = types.SimpleNamespace(aicore_num=None, enable_single_stream=False, oo_level=None)
         self.experimental_config = types.SimpleNamespace(
             cc_parallel_enable=False, topology_sorting_strategy=None, frozen_parameter=False)
-        self.debug = types.SimpleNamespace(graph_dump=types.SimpleNamespace(type=None))
+        self.debug = types.SimpleNamespace(graph_dump=types.SimpleNamespace(type=None), run_eagerly=False)
+
+
+_COMPILE_MODES = ("max-autotune", "reduce-overhead", "npugraph_ex")
 
 
 def get_npu_backend(*, compiler_config: CompilerConfig | None = None, custom_decompositions=None):
-    """A dynamo backend that runs the captured graph eagerly under the stand-in GE graph mode."""
+    """A dynamo backend that runs the captured graph eagerly, with the semantics of the config's mode:
+    max-autotune is a GE graph, reduce-overhead and npugraph_ex an aclgraph (a real stream per tag,
+    npu_wait_tensor raises), and debug.run_eagerly runs every op eagerly (npu_wait_tensor raises)."""
+    config = compiler_config if compiler_config is not None else CompilerConfig()
+    if config.mode not in _COMPILE_MODES:
+        raise ValueError(f"CompilerConfig.mode must be one of {_COMPILE_MODES}, got {config.mode!r}")
+
+    def semantics(runtime):
+        if config.debug.run_eagerly:
+            return runtime.run_eagerly_mode()
+        return runtime.graph_mode() if config.mode == "max-autotune" else runtime.aclgraph_mode()
 
     def backend(graph_module, example_inputs):
         def run(*args, **kwargs):
-            with active_runtime().graph_mode():
+            with semantics(active_runtime()):
                 return graph_module(*args, **kwargs)
 
         return run
@@ -189,3 +205,27 @@ def build_torchair_modules() -> dict[str, types.ModuleType]:
     torchair.CompilerConfig, torchair.get_npu_backend = CompilerConfig, get_npu_backend
     torchair.__path__ = []
     return {"torchair": torchair, "torchair.scope": scope, "torchair.ops": ops}
+
+
+class _LazyTorchair(types.ModuleType):
+    """torch_npu's ``sys.modules["torchair"]`` proxy when the real package cannot initialise.
+
+    ``import torch_npu`` installs a lazy proxy (``_install_lazy_torchair``), so ``import torchair``
+    itself succeeds; the first attribute access loads the package and raises its error.
+    """
+
+    def __init__(self, error: BaseException):
+        super().__init__("torchair", "torch_npu's lazy torchair proxy (stand-in: initialisation fails)")
+        object.__setattr__(self, "_init_error", error)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        error = object.__getattribute__(self, "_init_error")
+        raise type(error)(*error.args)
+
+
+def build_failing_torchair_modules(error: BaseException) -> dict[str, types.ModuleType]:
+    """Only the proxy: ``import torchair.scope`` finds no loaded submodule and fails like the real load."""
+    return {"torchair": _LazyTorchair(error)}
+

@@ -1,6 +1,7 @@
 """A LongCat-Flash-style decoder layer: two attention sublayers with dense MLPs, and a shortcut
 MoE that reads the first sublayer's normed output and is added back at the very end."""
 
+import contextlib
 import os
 import torch
 import torch.nn.functional as F
@@ -32,6 +33,30 @@ def _ms_side_stream(tag, enabled=True):
     if stream is None:
         stream = _MS_SIDE_STREAMS[tag] = torch.npu.Stream()
     return stream
+
+
+def _ms_limited_side_stream(tag, enabled, aicore_num, vectorcore_num):
+    """The side stream for `tag` under its own core budget, set once when the stream is made."""
+    made_before = tag in _MS_SIDE_STREAMS
+    stream = _ms_side_stream(tag, enabled)
+    if stream is not None and not made_before:
+        torch.npu.set_stream_limit(stream, aicore_num, vectorcore_num)
+    return stream
+
+
+@contextlib.contextmanager
+def _ms_core_limit(enabled, aicore_num, vectorcore_num):
+    """Cap the current stream's AI cores inside the block, then restore the limit it had before."""
+    if not enabled:
+        yield
+        return
+    stream = torch.npu.current_stream()
+    previous = torch.npu.get_stream_limit(stream)
+    torch.npu.set_stream_limit(stream, aicore_num, vectorcore_num)
+    try:
+        yield
+    finally:
+        torch.npu.set_stream_limit(stream, previous["cube_core_num"], previous["vector_core_num"])
 
 
 def _ms_record_stream(stream, *values):
@@ -111,35 +136,33 @@ class LongcatDecoderLayer(nn.Module):
         residual = hidden_states
         hidden_states = self.post_attention_layernorm[0](hidden_states)
         # msrewrite(attn-moe-limit-core): the shortcut MoE runs on side stream "moe_shortcut" during attention and the dense MLPs.
-        moe_shortcut_stream = _ms_side_stream("moe_shortcut", self.enable_moe_shortcut_stream)
+        moe_shortcut_stream = _ms_limited_side_stream("moe_shortcut", self.enable_moe_shortcut_stream, 8, 16)
         if moe_shortcut_stream is not None:
             current_stream = torch.npu.current_stream()
             moe_shortcut_stream.wait_stream(current_stream)
             # 'hidden_states' is rebound before the join: keep the memory until the side stream is done.
             _ms_record_stream(moe_shortcut_stream, hidden_states)
-            # Split the AI cores between the streams so neither branch starves the other.
-            torch.npu.set_stream_limit(moe_shortcut_stream, 8, 16)
-            torch.npu.set_stream_limit(current_stream, 16, 32)
             with torch.npu.stream(moe_shortcut_stream):
                 shortcut_mlp_output = self.mlp(hidden_states)
         else:
             shortcut_mlp_output = self.mlp(hidden_states)
-        hidden_states = residual + self.mlps[0](hidden_states)
+        # msrewrite(attn-moe-limit-core): the main branch gets its own core budget while the side stream runs.
+        with _ms_core_limit(moe_shortcut_stream is not None, 16, 32):
+            hidden_states = residual + self.mlps[0](hidden_states)
 
-        # shortcut connection after the second sublayer
-        residual = hidden_states
-        hidden_states = self.input_layernorm[1](hidden_states)
-        hidden_states = residual + self.self_attn[1](hidden_states)
+            # shortcut connection after the second sublayer
+            residual = hidden_states
+            hidden_states = self.input_layernorm[1](hidden_states)
+            hidden_states = residual + self.self_attn[1](hidden_states)
 
-        residual = hidden_states
-        hidden_states = self.post_attention_layernorm[1](hidden_states)
-        hidden_states = self.mlps[1](hidden_states)
+            residual = hidden_states
+            hidden_states = self.post_attention_layernorm[1](hidden_states)
+            hidden_states = self.mlps[1](hidden_states)
         # msrewrite(attn-moe-limit-core): join the side stream before the first use of shortcut_mlp_output.
         if moe_shortcut_stream is not None:
             current_stream.wait_stream(moe_shortcut_stream)
             # Allocated on the side stream, freed on this one: keep them from early reuse.
             _ms_record_stream(current_stream, shortcut_mlp_output)
-            torch.npu.reset_stream_limit(current_stream)
         return residual + hidden_states + shortcut_mlp_output
 
 

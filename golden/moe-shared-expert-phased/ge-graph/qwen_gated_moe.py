@@ -10,8 +10,11 @@ from torch import nn
 try:
     import torch_npu  # noqa: F401  (torchair ships inside torch_npu and is registered by it)
     import torchair
-except ImportError:  # no NPU stack: the side stream stays off
+    from torchair import scope as _ms_torchair_scope  # noqa: F401  (loads torchair now, not in forward)
+except Exception:  # no NPU stack, or torchair fails to initialise: the side stream stays off
     torchair = None
+
+_MS_GE_GRAPH = True  # compiled graphs are GE graphs: this edit's mode, until _ms_torchair_config says
 
 
 def _ms_env_flag(name, default):
@@ -22,18 +25,38 @@ def _ms_env_flag(name, default):
     return value in ("1", "true", "yes", "on")
 
 
+def _ms_torchair_config(config):
+    """Record whether torchair compiles GE graphs with `config`, and return it:
+    torchair.get_npu_backend(compiler_config=_ms_torchair_config(config)).
+
+    npu_wait_tensor and the implicit join exist only in a GE graph (mode "max-autotune"), and
+    torchair has no predicate for it: torch.compiler.is_compiling() is also true under
+    reduce-overhead, npugraph_ex and debug.run_eagerly, where the op raises and nothing joins
+    the side stream.
+    """
+    global _MS_GE_GRAPH
+    mode = getattr(config.mode, "value", config.mode)
+    run_eagerly = getattr(config.debug.run_eagerly, "value", config.debug.run_eagerly)
+    _MS_GE_GRAPH = mode == "max-autotune" and not run_eagerly
+    return config
+
+
 def _ms_graph_streams(enabled):
-    """GE multi-stream needs torchair; without it the original single-stream path runs."""
-    return bool(enabled) and torchair is not None
+    """GE multi-stream needs torchair, and inside a compiled graph GE graph mode: other graphs do not
+    join the side stream. Otherwise the original single-stream path runs (in eager the switch is a no-op)."""
+    if not enabled or torchair is None:
+        return False
+    return _MS_GE_GRAPH or not torch.compiler.is_compiling()
 
 
 def _ms_wait_tensor(tensor, dependency):
     """Order `tensor`'s consumers after `dependency` inside a GE graph.
 
-    torchair's npu_wait_tensor raises outside a graph (prefill runs eager), so it is only called
-    while torch.compile traces; in eager the stream switch is a no-op and the order holds anyway.
+    torchair's npu_wait_tensor raises outside a GE graph (prefill runs eager; reduce-overhead,
+    npugraph_ex and run_eagerly too), so it is only called while torch.compile traces a GE graph;
+    in eager the stream switch is a no-op and the order holds anyway.
     """
-    if torchair is None or not torch.compiler.is_compiling():
+    if torchair is None or not (_MS_GE_GRAPH and torch.compiler.is_compiling()):
         return tensor
     while isinstance(dependency, (tuple, list)) and dependency:  # an op's outputs: any one orders it
         dependency = next((d for d in dependency if isinstance(d, torch.Tensor)), dependency[0])

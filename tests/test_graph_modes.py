@@ -1,0 +1,328 @@
+"""What the emitted helpers need from each runtime: the torchair import and eager core budgets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import load_file, load_regen
+from msrewrite.emit.helpers import GUARDED_IMPORTS
+from msrewrite.runtime import install
+
+regen = load_regen()
+
+# The guarded import msrewrite emitted before: it only catches ImportError.
+OLD_TORCHAIR_IMPORT = '''\
+try:
+    import torch_npu  # noqa: F401  (torchair ships inside torch_npu and is registered by it)
+    import torchair
+except ImportError:  # no NPU stack: the side stream stays off
+    torchair = None
+'''
+INIT_ERROR = RuntimeError("torchair: libge_runner.so: cannot open shared object file")
+
+
+def _golden_module(tmp_path, case, mode, example, replace=None):
+    golden, _ = regen.golden_paths(case, mode, example)
+    text = golden.read_text()
+    if replace:
+        assert replace[0] in text
+        text = text.replace(*replace)
+    path = tmp_path / f"{example}.py"
+    path.write_text(text)
+    return load_file(path, f"golden_{example}_{mode.replace('-', '_')}")
+
+
+def test_stand_in_models_a_torchair_that_fails_to_initialise_lazily():
+    with install(torchair_init_error=INIT_ERROR):
+        import torchair  # the proxy imports fine, as torch_npu's does
+
+        with pytest.raises(RuntimeError, match="libge_runner"):
+            torchair.scope  # noqa: B018
+        with pytest.raises(ImportError):
+            import torchair.scope  # noqa: F401
+        old, new = {}, {}
+        exec(OLD_TORCHAIR_IMPORT, old)
+        exec(GUARDED_IMPORTS["torchair"], new)
+    assert old["torchair"] is not None  # the old form keeps the broken proxy
+    assert new["torchair"] is None
+    with install():
+        new = {}
+        exec(GUARDED_IMPORTS["torchair"], new)
+        assert new["torchair"] is not None  # a working torchair is kept
+
+
+@pytest.mark.parametrize("example", regen.GOLDEN_EXAMPLES["moe-shared-expert"])
+def test_ge_golden_falls_back_when_torchair_fails_to_initialise(tmp_path, example):
+    """The old import lets the error surface inside forward; the emitted one runs the original path."""
+    model_file = regen.ROOT / "examples" / f"{example}.py"
+    original = load_file(model_file, f"original_{example}")
+    model, inputs = original.make()
+    expected = model(*inputs)
+    with install(torchair_init_error=INIT_ERROR):
+        edited = _golden_module(tmp_path, "moe-shared-expert", "ge-graph", example)
+        assert edited.torchair is None
+        edited_model, _ = edited.make()
+        torch.testing.assert_close(edited_model(*inputs), expected, rtol=0, atol=0)
+
+        emitted_try = GUARDED_IMPORTS["torchair"].split("\n\n")[0] + "\n"  # the try/except block
+        old_form = (emitted_try, OLD_TORCHAIR_IMPORT)
+        broken = _golden_module(tmp_path, "moe-shared-expert", "ge-graph", example, replace=old_form)
+        broken_model, _ = broken.make()
+        with pytest.raises(RuntimeError, match="libge_runner"):
+            broken_model(*inputs)
+
+
+def test_eager_core_limits_restore_the_main_stream_limit_and_set_the_side_once(tmp_path):
+    """A limit the main stream already had comes back after the window; the side's is set once."""
+    with install() as rt:
+        edited = _golden_module(tmp_path, "attn-moe-limit-core", "eager", "longcat_layer")
+        model, inputs = edited.make()
+        main = torch.npu.current_stream()
+        torch.npu.set_stream_limit(main, 20, 40)  # e.g. the serving framework's own budget
+        seen = []
+        real_set = torch.npu.set_stream_limit
+
+        def spy(stream, cube_num=-1, vector_num=-1):
+            seen.append((stream.name, cube_num, vector_num))
+            real_set(stream, cube_num, vector_num)
+
+        torch.npu.set_stream_limit = spy
+        try:
+            for _ in range(3):
+                model(*inputs)
+        finally:
+            torch.npu.set_stream_limit = real_set
+        side = edited._MS_SIDE_STREAMS["moe_shortcut"]
+        assert torch.npu.get_stream_limit(main) == {"cube_core_num": 20, "vector_core_num": 40}
+        assert torch.npu.get_stream_limit(side) == {"cube_core_num": 8, "vector_core_num": 16}
+        side_sets = [s for s in seen if s[0] == side.name]
+        assert side_sets == [(side.name, 8, 16)]  # once, when the stream was made
+        assert seen.count(("main", 16, 32)) == 3 and seen.count(("main", 20, 40)) == 3
+        assert rt.core_limits[main.stream_id] == {"cube_core_num": 20, "vector_core_num": 40}
+
+
+def test_core_limit_caveats_are_printed_once_when_applying(tmp_path):
+    from conftest import run_cli
+
+    result = run_cli("apply", str(regen.ROOT / "examples" / "longcat_layer.py"), "--case", "attn-moe-limit-core",
+                     "--mode", "eager")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("Ascend C ops only") == 1
+    assert "allow_internal_format = False" in result.stderr and "hang" in result.stderr
+
+
+# --- torchair compile modes: the side stream and its gates follow GE graph mode -------------------
+COMPILE_MODES = {  # name -> (CompilerConfig.mode, debug.run_eagerly)
+    "max-autotune": ("max-autotune", False),
+    "reduce-overhead": ("reduce-overhead", False),
+    "npugraph_ex": ("npugraph_ex", False),
+    "run_eagerly": ("max-autotune", True),
+}
+GE_GOLDENS = [
+    (case, example)
+    for case, examples in regen.GOLDEN_EXAMPLES.items()
+    if "ge-graph" in regen.golden_modes(case)
+    for example in examples
+]
+OLD_WAIT_GATE = ("if torchair is None or not (_MS_GE_GRAPH and torch.compiler.is_compiling()):",
+                 "if torchair is None or not torch.compiler.is_compiling():")
+OLD_STREAMS_GATE = ("return _MS_GE_GRAPH or not torch.compiler.is_compiling()", "return True")
+
+
+def _config(torchair, compile_mode):
+    config = torchair.CompilerConfig()
+    config.mode, config.debug.run_eagerly = COMPILE_MODES[compile_mode]
+    return config
+
+
+def _compiled_run(tmp_path, case, example, compile_mode, replace=(), record=True):
+    """Run the ge-graph golden through the stand-in torchair backend built for `compile_mode`,
+    under the sanitizer; returns (output, findings, streams the model's ops ran on)."""
+    from msrewrite.sanitizer import Sanitizer
+
+    original = load_file(regen.ROOT / "examples" / f"{example}.py", f"original_{example}")
+    model, inputs = original.make()
+    with torch.no_grad():
+        expected = model(*inputs)
+    with install() as rt:
+        golden, _ = regen.golden_paths(case, "ge-graph", example)
+        text = golden.read_text()
+        for old, new in replace:
+            assert old in text
+            text = text.replace(old, new)
+        path = tmp_path / f"{example}.py"
+        path.write_text(text)
+        edited = load_file(path, f"ge_{example}_{compile_mode.replace('-', '_')}")
+        import torchair
+
+        config = _config(torchair, compile_mode)
+        backend = torchair.get_npu_backend(compiler_config=edited._ms_torchair_config(config) if record else config)
+        edited_model, _ = edited.make()
+        run = backend(edited_model, list(inputs))
+        with torch.no_grad(), Sanitizer(rt, user_files=[path]) as san, rt.record_ops() as ops:
+            out = run(*inputs)
+            if compile_mode != "max-autotune":  # GE joins every stream at the output, plans memory itself
+                san.check_output(out)
+    return expected, out, san.findings, {op.stream for op in ops}
+
+
+def test_stand_in_backend_follows_the_compiler_config_mode():
+    with install() as rt:
+        import torchair
+
+        seen = {}
+        for name in COMPILE_MODES:
+            backend = torchair.get_npu_backend(compiler_config=_config(torchair, name))
+
+            def probe(x):
+                wait_ok = True
+                try:
+                    torchair.scope.npu_wait_tensor(x, x)
+                except NotImplementedError:
+                    wait_ok = False
+                with torchair.scope.npu_stream_switch("probe", 0):
+                    stream = rt.current_stream().name
+                return torch.compiler.is_compiling(), rt.in_graph_mode, wait_ok, stream
+
+            seen[name] = backend(probe, [])(torch.ones(1))
+        config = torchair.CompilerConfig()
+        config.mode = "default"
+        with pytest.raises(ValueError):
+            torchair.get_npu_backend(compiler_config=config)
+    assert seen == {
+        "max-autotune": (True, True, True, "tag:probe"),
+        "reduce-overhead": (True, False, False, "tag:probe"),  # a real stream per tag, no GE ops
+        "npugraph_ex": (True, False, False, "tag:probe"),
+        "run_eagerly": (True, False, False, "main"),  # eager kernels: the switch does nothing
+    }
+
+
+@pytest.mark.parametrize("compile_mode", COMPILE_MODES)
+@pytest.mark.parametrize("case,example", GE_GOLDENS)
+def test_ge_golden_raises_nothing_under_each_compile_mode(tmp_path, case, example, compile_mode):
+    """With the backend's config recorded, each ge-graph golden is exact and clean in every torchair
+    mode, and uses its side stream only in GE graph mode."""
+    expected, out, findings, streams = _compiled_run(tmp_path, case, example, compile_mode)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert not findings, findings
+    side = {s for s in streams if s.startswith("tag:")}
+    assert bool(side) == (compile_mode == "max-autotune"), streams
+
+
+@pytest.mark.parametrize("compile_mode", ["reduce-overhead", "run_eagerly"])
+@pytest.mark.parametrize("example", regen.GOLDEN_EXAMPLES["moe-shared-expert-phased"])
+def test_old_wait_tensor_gate_is_caught(tmp_path, example, compile_mode):
+    """Gated on is_compiling() alone, npu_wait_tensor is reached outside GE graph mode and raises."""
+    mutant = [OLD_WAIT_GATE, OLD_STREAMS_GATE]
+    with pytest.raises(NotImplementedError, match="wait_tensor"):
+        _compiled_run(tmp_path, "moe-shared-expert-phased", example, compile_mode, replace=mutant)
+
+
+@pytest.mark.parametrize("example", regen.GOLDEN_EXAMPLES["moe-shared-expert"])
+def test_side_stream_left_on_under_reduce_overhead_races(tmp_path, example):
+    """Why the side stream follows the recorded mode too: reduce-overhead gives each tag a real
+    stream and joins it only at the graph's output, so the side result's consumer races."""
+    _, _, findings, streams = _compiled_run(tmp_path, "moe-shared-expert", example, "reduce-overhead",
+                                            replace=[OLD_STREAMS_GATE])
+    assert any(s.startswith("tag:") for s in streams)
+    assert any(f.kind.startswith("race-") for f in findings), findings
+
+
+# --- mode detection from the torchair CompilerConfig the file builds ------------------------------
+VLLM_ASCEND_STYLE = '''
+
+def build_decode_backend():
+    import torchair  # inside: torchair comes with torch_npu
+    from torchair import CompilerConfig
+
+    config = CompilerConfig()
+    config.mode = "reduce-overhead"
+    return torchair.get_npu_backend(compiler_config=config)
+'''
+
+
+def _with_config(body: str) -> str:
+    base = (regen.ROOT / "examples" / "deepseek_moe.py").read_text()
+    return base + body
+
+
+@pytest.mark.parametrize("body,mode", [
+    (VLLM_ASCEND_STYLE, "npugraph-ex"),
+    (VLLM_ASCEND_STYLE.replace("reduce-overhead", "npugraph_ex"), "npugraph-ex"),
+    (VLLM_ASCEND_STYLE.replace("reduce-overhead", "max-autotune"), "ge-graph"),
+    (VLLM_ASCEND_STYLE.replace('    config.mode = "reduce-overhead"\n', ""), "ge-graph"),  # the default
+])
+def test_mode_follows_the_compiler_config_mode(body, mode):
+    from msrewrite.modes import detect_mode
+
+    found, why = detect_mode(_with_config(body))
+    assert found == mode, why
+    assert "CompilerConfig" in why
+
+
+@pytest.mark.parametrize("body,match", [
+    (VLLM_ASCEND_STYLE.replace('"reduce-overhead"', "graph_mode"), "config.mode = graph_mode"),
+    (VLLM_ASCEND_STYLE.replace('config.mode = "reduce-overhead"',
+                               'config.mode = "reduce-overhead"\n    config.mode = "max-autotune"'), "no edit is right in both"),
+])
+def test_mode_that_cannot_be_told_asks_for_mode(tmp_path, body, match):
+    from conftest import run_cli
+
+    model = tmp_path / "model.py"
+    model.write_text(_with_config(body))
+    result = run_cli("apply", "--case", "moe-shared-expert", str(model))
+    assert result.returncode != 0
+    assert result.stderr.startswith("msrewrite: error: cannot tell torchair's graph mode") and match in result.stderr
+    assert "--mode" in result.stderr
+    assert model.read_text() == _with_config(body)
+    given = run_cli("apply", "--case", "moe-shared-expert", "--mode", "npugraph-ex", str(model))
+    assert given.returncode == 0, given.stderr
+
+
+def test_vllm_ascend_style_reduce_overhead_file_gets_npugraph_ex_and_verifies(tmp_path):
+    """config.mode = "reduce-overhead" gets native streams and events, proven by verify, and exact and
+    clean when run through the stand-in backend with reduce-overhead semantics."""
+    from conftest import run_cli
+    from msrewrite.sanitizer import Sanitizer
+
+    model_file = tmp_path / "deepseek_moe.py"
+    model_file.write_text(_with_config(VLLM_ASCEND_STYLE))
+    result = run_cli("apply", "--case", "moe-shared-expert", "--verify", "-i", str(model_file))
+    assert result.returncode == 0, result.stderr
+    assert "mode npugraph-ex (auto: torchair CompilerConfig mode 'reduce-overhead'" in result.stderr
+    text = model_file.read_text()
+    assert "torch.npu.stream(" in text and "npu_stream_switch" not in text
+    original = load_file(regen.ROOT / "examples" / "deepseek_moe.py", "original_deepseek_moe_ro")
+    model, inputs = original.make()
+    with torch.no_grad():
+        expected = model(*inputs)
+    with install() as rt:
+        edited = load_file(model_file, "vllm_ascend_style_deepseek_moe")
+        edited_model, _ = edited.make()
+        run = edited.build_decode_backend()(edited_model, list(inputs))
+        with torch.no_grad(), Sanitizer(rt, user_files=[model_file]) as san, rt.record_ops() as ops:
+            out = run(*inputs)
+            san.check_output(out)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert not san.findings, san.findings
+    assert {op.stream for op in ops} >= {"main", "side:1"}
+
+
+def test_ge_graph_file_records_its_backend_config(tmp_path):
+    """A file that builds its GE backend hands the config to _ms_torchair_config, once."""
+    from conftest import run_cli
+
+    model_file = tmp_path / "deepseek_moe.py"
+    model_file.write_text(_with_config(VLLM_ASCEND_STYLE.replace("reduce-overhead", "max-autotune")))
+    result = run_cli("apply", "--case", "moe-shared-expert", "-i", str(model_file))
+    assert result.returncode == 0, result.stderr
+    text = model_file.read_text()
+    assert text.count("return torchair.get_npu_backend(compiler_config=_ms_torchair_config(config))") == 1
+    assert "does not build torchair's backend" not in result.stderr
+    again = run_cli("apply", "--case", "moe-shared-expert", "-i", str(model_file))
+    assert again.returncode != 0 and model_file.read_text() == text  # already applied: nothing changes
+    plain = tmp_path / "plain.py"
+    plain.write_text((regen.ROOT / "examples" / "deepseek_moe.py").read_text())
+    told = run_cli("apply", "--case", "moe-shared-expert", "--mode", "ge-graph", str(plain))
+    assert told.returncode == 0 and "does not build torchair's backend" in told.stderr
