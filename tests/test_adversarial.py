@@ -19,6 +19,7 @@ import pytest
 from conftest import ROOT, load_file, run_cli
 from msrewrite.analyze.defuse import node_facts
 from msrewrite.emit.engine import apply_plans
+from msrewrite.load import load
 from msrewrite.emit.schedules import ScheduleSource
 from msrewrite.errors import MsrewriteError
 from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement
@@ -147,19 +148,18 @@ def test_train_only_write_is_seen_in_train(tmp_path):
 
 
 def test_forced_plan_through_the_cli(tmp_path):
-    """apply --plan with a hand-written plan, then verify --plan: exit 1 with the race named."""
+    """apply --plan re-derives a hand-written unsafe plan and refuses it; the same plan forced
+    through the emitter is caught by verify --plan: exit 1 with the race named."""
     model = MODELS / "inplace_method.py"
     plan = forced_plan(model, model.read_text())
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps([plan.to_dict()]))
-    edited = tmp_path / "inplace_method_ms.py"
     applied = run_cli("apply", str(model), "--plan", str(plan_file))
-    assert applied.returncode == 0, applied.stderr
-    import subprocess
-
-    patched = subprocess.run(["patch", "-o", str(edited), str(model)], input=applied.stdout, text=True,
-                             capture_output=True)
-    assert patched.returncode == 0, patched.stderr
+    assert applied.returncode == 1 and not applied.stdout, applied.stderr
+    assert "refused plan" in applied.stderr and "writes 'x' in place" in applied.stderr
+    src = load(model)
+    edited = tmp_path / "inplace_method_ms.py"
+    edited.write_text(apply_plans(src.module, [plan], src.text).code)
     verified = run_cli("verify", str(edited), "--original", str(model), "--plan", str(plan_file), "--json")
     assert verified.returncode == 1, verified.stdout + verified.stderr
     report = json.loads(verified.stdout)

@@ -18,7 +18,7 @@ from typing import Callable
 import libcst as cst
 from libcst.metadata import CodeRange
 
-from msrewrite.analyze.torch_effects import METADATA_ATTRS, CallEffect, torch_call_effect
+from msrewrite.analyze.torch_effects import METADATA_ATTRS, CallEffect, dotted, torch_call_effect
 
 
 @dataclass
@@ -47,16 +47,9 @@ class StatementFacts:
         return any(callee.split(".")[0] in names for callee in self.self_calls)
 
 
-def dotted_name(node: cst.BaseExpression) -> str | None:
-    """'self.shared_expert.down_proj' for an attribute chain of names, else None."""
-    parts: list[str] = []
-    while isinstance(node, cst.Attribute):
-        parts.append(node.attr.value)
-        node = node.value
-    if isinstance(node, cst.Name):
-        parts.append(node.value)
-        return ".".join(reversed(parts))
-    return None
+# 'self.shared_expert.down_proj' for an attribute chain of names, else None (one implementation,
+# in the effects table, which this module builds on)
+dotted_name = dotted
 
 
 def self_callee(func: cst.BaseExpression) -> str | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import libcst as cst
+
 from msrewrite.analyze.torch_names import F_FUNCTIONS, NN_MODULES, TENSOR_METHODS, TORCH_FUNCTIONS
 
 # Tensor methods whose result may share storage with the receiver. Some only sometimes do
@@ -115,6 +116,7 @@ class CallEffect:
 
 
 def dotted(node: cst.BaseExpression) -> str | None:
+    """'self.shared_expert.down_proj' for an attribute chain of names, else None."""
     parts: list[str] = []
     while isinstance(node, cst.Attribute):
         parts.append(node.attr.value)
