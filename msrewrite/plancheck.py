@@ -61,6 +61,11 @@ def calls_of_plan(func: cst.FunctionDef, positions, plan: OverlapPlan) -> list[c
         raise BadInput(f"{plan.function}: a one-line function body cannot be split")
     body = list(func.body.body)
     by_line = {positions[s].start.line: s for s in body}
+    guarded_if = by_line.get(plan.guard_line) if plan.guard_line else None
+    if isinstance(guarded_if, cst.If):  # a guarded plan's side statements sit inside its `if`
+        for block in (guarded_if.body, getattr(guarded_if.orelse, "body", None)):
+            if isinstance(block, cst.IndentedBlock):
+                by_line.update({positions[s].start.line: s for s in block.body if s in positions})
     calls: list[cst.Call] = []
     for side in plan.side:
         if side.hoist:

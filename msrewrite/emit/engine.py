@@ -963,7 +963,9 @@ def add_helpers(module: cst.Module, emissions: list[Emission], mode: str) -> cst
         parts.append(helper_text.helper_source(missing))
     body = list(module.body)
     if parts:
-        block = list(cst.parse_module("\n\n".join(p.rstrip("\n") + "\n" for p in parts)).body)
+        helpers = "\n\n".join(p.rstrip("\n") + "\n" for p in parts)
+        # in the file's own line endings: a multi-line docstring keeps its newlines as written
+        block = list(cst.parse_module(helpers.replace("\n", module.default_newline)).body)
         block = [
             s.with_changes(leading_lines=[cst.EmptyLine()] * (2 if isinstance(s, cst.FunctionDef) else 1))
             if i

@@ -119,10 +119,11 @@ def rank(candidates: list[Candidate]) -> list[Candidate]:
 # Trace tier ---------------------------------------------------------------------------------------
 def select_ops(scope: g.Scope, info: FunctionInfo, plan: OverlapPlan, by_index: dict[int, OpRecord]) -> tuple[list, list]:
     """(side ops, main window ops) of a plan inside one scope, by statement and hoisted submodule."""
-    line_to_stmt = {s.first_line: s.index for s in info.statements}
-    whole = {line_to_stmt[s.first_line] for s in plan.side if s.hoist is None}
+    # by enclosing top-level statement: a guarded plan's side and join lines sit inside its `if`
+    # (the estimate then counts that whole `if` as side work: coarse, on the safe side of a saving)
+    whole = {info.statement_at(s.first_line).index for s in plan.side if s.hoist is None}
     hoists = [s for s in plan.side if s.hoist is not None]
-    join = line_to_stmt[plan.join_line]
+    join = info.statement_at(plan.join_line).index
     window = {s.index for s in window_statements(info, plan)}
     side, main = [], []
     for op in scope.ops:
@@ -299,7 +300,8 @@ def _refusal(info: FunctionInfo, choice: SideChoice, tier: str, reason: str) -> 
 def _choice_of(info: FunctionInfo, plan: OverlapPlan) -> SideChoice:
     """The statements (and the hoisted call) of a derived plan, as dataflow indices."""
     index_at = {s.first_line: s.index for s in info.statements}
-    whole = tuple(sorted(index_at[s.first_line] for s in plan.side if s.hoist is None))
+    # a guarded plan's side statements sit inside its `if`: they count as that statement
+    whole = tuple(sorted({info.statement_at(s.first_line).index for s in plan.side if s.hoist is None}))
     hoist = None
     hoisted = [s for s in plan.side if s.hoist is not None]
     if hoisted:
