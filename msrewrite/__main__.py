@@ -1,3 +1,3 @@
-from msrewrite.cli import main
+from msrewrite.cli import entry
 
-main()
+entry()

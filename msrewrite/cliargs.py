@@ -68,6 +68,11 @@ def _unwrap(kind: Any) -> tuple[Any, bool]:
 
 
 class _Parser(argparse.ArgumentParser):
+    def _get_formatter(self) -> argparse.HelpFormatter:
+        # argparse makes a formatter per add_argument; a fixed width spares it a shutil import and a
+        # terminal-size query each time (help itself is typer's, and usage errors are one line)
+        return self.formatter_class(prog=self.prog, width=80)
+
     def error(self, message: str) -> typing.NoReturn:
         raise UsageError(f"{self.prog.split()[-1]}: {message} (see `{self.prog} --help`)")
 

@@ -12,6 +12,7 @@ the same class from a rewritten copy of the file and compare the two on the same
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import importlib.util
 import inspect
@@ -570,6 +571,7 @@ def run_in_child(fn: Callable[[ChildProgress], Any], *, timeout: float, stdout_t
         try:
             os.close(read_fd)
             os.setpgid(0, 0)
+            gc.enable()  # off in the msrewrite process (cli.entry); user code may make cycles
             if stdout_to_stderr:
                 os.dup2(2, 1)
             me = os.getpid()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import stat
@@ -44,9 +43,14 @@ class SourceFile:
     path: Path
     text: str  # as parsed: no BOM, a CR-only file read with "\n"
     module: cst.Module
-    digest: str = ""  # sha256 of the bytes read: `-i` refuses to replace a file saved since
+    raw: bytes = b""  # the bytes read: `-i` refuses to replace a file saved since
     bom: bool = False
     newline: str = "\n"  # "\r" for a file whose lines end in CR only
+
+    @property
+    def digest(self) -> str:
+        """sha256 of the bytes read."""
+        return file_digest(self.raw)
 
     @property
     def display(self) -> str:
@@ -60,6 +64,8 @@ class SourceFile:
 
 
 def file_digest(data: bytes) -> str:
+    import hashlib  # only `-i` needs it; OpenSSL's hashlib is slow to import
+
     return hashlib.sha256(data).hexdigest()
 
 
@@ -181,12 +187,21 @@ def load(path: Path) -> SourceFile:
         text, newline = text.replace("\r", "\n"), "\r"
     elif text.endswith("\r"):
         raise BadInput(f"{path}: mixed line endings ending in a lone CR; normalize them first")
-    return SourceFile(path=path, text=text, module=parse_source(path, text), digest=file_digest(data),
+    return SourceFile(path=path, text=text, module=parse_source(path, text), raw=data,
                       bom=bom, newline=newline)
+
+
+# Environment that changes how git finds a repository: with any of these set, git is asked.
+_GIT_DISCOVERY_ENV = ("GIT_DIR", "GIT_WORK_TREE", "GIT_CEILING_DIRECTORIES", "GIT_DISCOVERY_ACROSS_FILESYSTEM",
+                      "GIT_COMMON_DIR")
 
 
 def git_root(path: Path) -> Path | None:
     """The git work tree holding `path`, if any (diff paths are relative to it)."""
+    if not any(name in os.environ for name in _GIT_DISCOVERY_ENV):
+        found = _discover(path)
+        if found is not False:
+            return found
     try:
         out = subprocess.run(
             ["git", "-C", str(path.resolve().parent), "rev-parse", "--show-toplevel"],
@@ -201,6 +216,26 @@ def git_root(path: Path) -> Path | None:
     if "not a git repository" in out.stderr:
         return None
     return _nearest_dot_git(path)
+
+
+def _discover(path: Path) -> Path | None | bool:
+    """git's own discovery, without starting git (a process per run costs more than the diff): the
+    nearest folder up from the file holding a `.git` folder with a HEAD or a `.git` file pointing
+    to one (a worktree, a submodule). False when it is not that simple (a folder that is itself a
+    git directory, a `.git` that does not look like one): then git is asked."""
+    for folder in path.resolve().parents:
+        dot_git = folder / ".git"
+        try:
+            if dot_git.is_dir():
+                return folder if (dot_git / "HEAD").is_file() else False
+            if dot_git.is_file():
+                with open(dot_git, "rb") as handle:
+                    return folder if handle.read(8) == b"gitdir: " else False
+            if (folder / "HEAD").is_file() and (folder / "objects").is_dir():
+                return False  # inside a bare repository or a .git folder
+        except OSError:
+            return False
+    return None
 
 
 def _nearest_dot_git(path: Path) -> Path | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import re
+import unicodedata
 
 from msrewrite.plan import MODES
 
@@ -36,9 +37,12 @@ def _torchair_config_mode(text: str) -> tuple[str, str] | None:
     None when the file builds no CompilerConfig. ValueError when the mode cannot be told (a computed
     value, an unknown name, or both kinds of graph in one file): the caller asks for --mode.
     """
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
+    if "CompilerConfig" not in text and (text.isascii() or "CompilerConfig" not in unicodedata.normalize("NFKC", text)):
+        return None  # the name is not written (Python reads identifiers NFKC-normalized)
+    from msrewrite.analyze.positions import parsed_tree
+
+    tree = parsed_tree(text)  # the one ast parse of this text the analysis shares
+    if tree is None:
         return None
     configs: set[str] = set()
     for node in ast.walk(tree):

@@ -163,23 +163,13 @@ class ModuleSummaries:
                     values.setdefault(k, []).extend(v)
         found = self._method(cls, "__init__")
         if found is not None and found[0] == cls:
-
-            class _Assigns(cst.CSTVisitor):
-                def visit_Assign(self, node: cst.Assign) -> None:
-                    for target in node.targets:
-                        name = dotted_name(target.target)
-                        if name and name.startswith("self.") and name.count(".") == 1:
-                            values.setdefault(name[5:], []).append(node.value)
-
-                def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-                    name = dotted_name(node.target)
-                    if node.value is not None and name and name.startswith("self.") and name.count(".") == 1:
+            for node in _assignments(found[1]):
+                target = node.target if isinstance(node, cst.AnnAssign) else None
+                if target is not None and node.value is None:
+                    continue
+                for name in [dotted_name(target)] if target is not None else [dotted_name(t.target) for t in node.targets]:
+                    if name and name.startswith("self.") and name.count(".") == 1:
                         values.setdefault(name[5:], []).append(node.value)
-
-                def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-                    return node is found[1]
-
-            found[1].visit(_Assigns())
         self._attrs[cls] = values
         return values
 
@@ -439,6 +429,28 @@ def _makes_tensor(ctor: str) -> bool:
 
 def _is_name(node: cst.BaseExpression, name: str) -> bool:
     return isinstance(node, cst.Name) and node.value == name
+
+
+# Nodes that can hold statements: an assignment is found by descending through these only, never
+# into an expression (which holds none), so a long `__init__` is not walked node by node.
+_STATEMENT_HOLDERS = (cst.BaseCompoundStatement, cst.BaseSuite, cst.SimpleStatementLine, cst.Else, cst.ExceptHandler,
+                      cst.ExceptStarHandler, cst.Finally, cst.MatchCase)
+
+
+def _assignments(func: cst.FunctionDef) -> list[cst.Assign | cst.AnnAssign]:
+    """`Assign` and `AnnAssign` statements of `func`, in source order, at any block depth (nested
+    classes included, nested functions not)."""
+    found: list[cst.Assign | cst.AnnAssign] = []
+    todo: list[cst.CSTNode] = [func.body]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (cst.Assign, cst.AnnAssign)):
+            found.append(node)
+        elif isinstance(node, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+            todo.extend(reversed(node.body))
+        elif isinstance(node, _STATEMENT_HOLDERS) and not isinstance(node, cst.FunctionDef):
+            todo.extend(reversed([c for c in node.children if isinstance(c, (*_STATEMENT_HOLDERS, cst.BaseSmallStatement))]))
+    return found
 
 
 def _top_level(body) -> list[cst.CSTNode]:

@@ -14,13 +14,11 @@ from msrewrite import cores, validate
 from msrewrite.analyze.seeds import find_helpers
 from msrewrite.cases import Case, Options, find_targets
 from msrewrite.emit.engine import apply_plans, iter_functions, locate
-from msrewrite.emit.inline import inline_and_flatten
 from msrewrite.emit.torchair_config import records_config
 from msrewrite.errors import EXIT_OK, BadInput, EmptyFile, NothingToDo
 from msrewrite.load import git_root, load, read_source
 from msrewrite.modes import resolve_mode
 from msrewrite.output.diff import unified_diff
-from msrewrite.output.inplace import write_in_place
 from msrewrite.plan import FlagSpec, OverlapPlan, StartGate, load_plans
 
 
@@ -158,6 +156,8 @@ def case_steps(
     if mode not in case.modes:
         raise BadInput(f"case {case.name} does not support mode {mode} (supports {', '.join(case.modes)})")
     function = plans_for_case(file, module, base, mode, target, flag, stream_tag, text=text, **effects)[0].function
+    from msrewrite.emit.inline import inline_and_flatten  # phased cases only
+
     located = locate(module, function)
     # helpers that do only side work (`self._forward_shared_experts(h)`) are inlined too
     is_seed = find_helpers(module, located.cls, case.is_seed, functions=False).seed_predicate(case.is_seed)
@@ -525,6 +525,8 @@ def run_apply(
             _note("verify found problems; nothing written")
             return code
     if in_place:
+        from msrewrite.output.inplace import write_in_place  # tempfile, signals: only for -i
+
         write_in_place(file, src.on_disk(new_text).encode("utf-8"), src.digest)
         _note(f"rewrote {file}")
     elif output is not None:

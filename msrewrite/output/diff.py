@@ -8,7 +8,6 @@ apply. A CRLF line keeps its CR as part of the line, as git does.
 from __future__ import annotations
 
 import difflib
-import hashlib
 
 
 def git_lines(text: str) -> list[str]:
@@ -21,6 +20,8 @@ def git_lines(text: str) -> list[str]:
 
 
 def git_blob_id(text: str) -> str:
+    import hashlib  # only patch series carry blob ids
+
     data = text.encode("utf-8")
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
