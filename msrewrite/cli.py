@@ -57,6 +57,7 @@ def apply(
     harness: Optional[str] = Option(None, "--harness", help="With --verify: H.py:make building model and inputs."),
     force: bool = Option(False, "--force", help="With -o: replace a patch series already in the folder."),
     max_bytes: Optional[int] = Option(None, "--max-bytes", help="Refuse input files larger than this (default 16 MiB)."),
+    quiet: bool = Option(False, "--quiet", "-q", help="With --verify: no progress lines on stderr (shown only on a terminal)."),
 ) -> int:
     """Rewrite FILE: move a branch onto a side stream behind an enable flag."""
     from msrewrite.commands.apply import run_apply
@@ -86,6 +87,7 @@ def apply(
         verify=verify,
         harness=harness,
         force=force,
+        quiet=quiet,
     )
 
 
@@ -122,6 +124,7 @@ def verify(
     plan_path: Optional[Path] = Option(None, "--plan", help="Plans behind the edit (with --original): schedules."),
     schedules: str = Option("early,late,interleaved", "--schedules", help="Side-work schedules to run."),
     train: bool = Option(True, "--train/--no-train", help="Also run in train mode (grad, buffers compared)."),
+    quiet: bool = Option(False, "--quiet", "-q", help="No progress lines on stderr (shown only on a terminal)."),
 ) -> int:
     """Prove an edit on CPU: equivalence with the flag off and on, and a stream sanitizer run."""
     from msrewrite.commands.verify import run_verify
@@ -143,6 +146,7 @@ def verify(
         plan_path=plan_path,
         schedules=schedules,
         train=train,
+        quiet=quiet,
     )
 
 

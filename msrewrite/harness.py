@@ -546,6 +546,11 @@ class ChildProgress:
         exit_if_forked()
         _send(self._fd, ("phase", name))
 
+    def stage(self, name: str) -> None:
+        """A step worth showing a person watching (run_in_child's `on_stage`); blames nothing."""
+        exit_if_forked()
+        _send(self._fd, ("stage", name))
+
 
 def _send(fd: int, message: Any) -> None:
     data = pickle.dumps(message)
@@ -555,7 +560,8 @@ def _send(fd: int, message: Any) -> None:
         view = view[os.write(fd, view):]
 
 
-def run_in_child(fn: Callable[[ChildProgress], Any], *, timeout: float, stdout_to_stderr: bool = True) -> Any:
+def run_in_child(fn: Callable[[ChildProgress], Any], *, timeout: float, stdout_to_stderr: bool = True,
+                 on_stage: Callable[[str], None] | None = None) -> Any:
     """`fn(progress)` in a forked child process; its return value (pickled) or its MsrewriteError.
 
     User code (a harness, a model import, a forward) can exit, `os._exit`, die of a signal, hang or
@@ -621,6 +627,9 @@ def run_in_child(fn: Callable[[ChildProgress], Any], *, timeout: float, stdout_t
                 buffer = buffer[8 + size :]
                 if kind == "phase":
                     phase = value
+                elif kind == "stage":
+                    if on_stage is not None:
+                        on_stage(value)
                 else:
                     result = (kind, value)
             if result is not None:

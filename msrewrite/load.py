@@ -46,6 +46,7 @@ class SourceFile:
     raw: bytes = b""  # the bytes read: `-i` refuses to replace a file saved since
     bom: bool = False
     newline: str = "\n"  # "\r" for a file whose lines end in CR only
+    encoding: str = "utf-8"  # from a PEP 263 coding cookie: the edit and the diff are written in it too
 
     @property
     def digest(self) -> str:
@@ -61,6 +62,14 @@ class SourceFile:
         if self.newline != "\n":
             text = text.replace("\n", self.newline)
         return BOM + text if self.bom else text
+
+    def encode(self, text: str) -> bytes:
+        """`text` (as on_disk gives it) in the file's own encoding."""
+        try:
+            return text.encode(self.encoding)
+        except UnicodeEncodeError as exc:
+            raise BadInput(f"{self.path}: the edit holds {exc.object[exc.start:exc.end]!r}, which its "
+                           f"{self.encoding} coding cookie cannot write; nothing written") from None
 
 
 def file_digest(data: bytes) -> str:
@@ -96,13 +105,44 @@ def read_bytes(path: Path, what: str = "") -> bytes:
     return data
 
 
+_COOKIE = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)", re.M)
+
+
+def source_encoding(path: Path, data: bytes) -> str:
+    """The encoding Python reads the file in: a PEP 263 coding cookie on line 1 or 2, else UTF-8."""
+    head = data.removeprefix(BOM.encode("utf-8")).split(b"\n", 2)[:2]
+    if not any(_COOKIE.match(line) for line in head):
+        return "utf-8"
+    import codecs
+    import io
+    import tokenize
+
+    try:
+        name, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as exc:  # an unknown encoding, or a cookie that contradicts a BOM
+        if data.startswith(BOM.encode("utf-8")):
+            raise BadInput(f"{path}: starts with a UTF-8 BOM, but its coding cookie names another encoding") from None
+        raise BadInput(f"{path}: {str(exc.msg if hasattr(exc, 'msg') else exc).rstrip('.')}") from None
+    return "utf-8" if name == "utf-8-sig" else codecs.lookup(name).name
+
+
+def encode_source(text: str) -> bytes:
+    """Source text as Python will read it back: in the encoding its own coding cookie declares
+    (verify writes edited copies of a latin-1 file with this, so its literals keep their value)."""
+    head = "\n".join(text.split("\n", 2)[:2]).encode("utf-8", "replace")
+    return text.encode(source_encoding(Path("<edit>"), head + b"\n"), "replace")
+
+
 def decode_source(path: Path, data: bytes) -> str:
     if b"\x00" in data:
         raise BadInput(f"{path}: binary file, expected Python source")
+    encoding = source_encoding(path, data)
     try:
-        return data.decode("utf-8")
+        return data.decode(encoding)
     except UnicodeDecodeError as exc:
-        raise BadInput(f"{path}: not UTF-8 (byte {exc.start})") from None
+        if encoding == "utf-8":
+            raise BadInput(f"{path}: not UTF-8 (byte {exc.start})") from None
+        raise BadInput(f"{path}: not {encoding}, as its coding cookie says (byte {exc.start})") from None
 
 
 def read_source(path: Path, python: bool = True) -> str:
@@ -188,7 +228,7 @@ def load(path: Path) -> SourceFile:
     elif text.endswith("\r"):
         raise BadInput(f"{path}: mixed line endings ending in a lone CR; normalize them first")
     return SourceFile(path=path, text=text, module=parse_source(path, text), raw=data,
-                      bom=bom, newline=newline)
+                      bom=bom, newline=newline, encoding=source_encoding(path, data))
 
 
 # Environment that changes how git finds a repository: with any of these set, git is asked.

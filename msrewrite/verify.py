@@ -24,6 +24,7 @@ from typing import Any, Iterator
 import torch
 
 from msrewrite.errors import BadInput
+from msrewrite.load import encode_source, read_source
 from msrewrite.plan import MODES, FlagSpec
 
 _ENV_FLAG = re.compile(r'_ms_env_flag\("(\w+)",\s*(True|False)\)')
@@ -320,7 +321,9 @@ def verify_files(
     if harness is not None and target is not None and not explicit_target:
         target = None  # make() may build the whole model around the edited class
     phase = progress.phase if progress is not None else (lambda name: None)
+    stage = getattr(progress, "stage", None) or (lambda name: None)  # what a person watching sees
     phase("building the harness")
+    stage("building the model")
     if flag is None:  # hand-written multi-stream code without a switch: check it as written
         return _stripped(_verify_as_written(rewritten, original, harness, target, mode, atol, rtol, package, phase))
 
@@ -367,11 +370,11 @@ def verify_files(
         variant_paths = {}
         for name, variant_text in variants.items():
             variant_paths[name] = Path(folder) / f"{rewritten.stem}_{name}.py"
-            variant_paths[name].write_text(variant_text, encoding="utf-8")
+            variant_paths[name].write_bytes(encode_source(variant_text))
         for scenario in scenarios:
             runs = _run_scenario(
                 scenario, result, reference, original, build_edited, switch, variant_paths, schedule_source,
-                rewritten, atol, rtol,
+                rewritten, atol, rtol, stage=stage,
             )
             if runs is None:
                 continue
@@ -420,7 +423,8 @@ def _schedule_variants(text, original, mode, flag, source, wanted):
 
 
 def _run_scenario(
-    scenario, result, reference, original, build_edited, switch, variant_paths, window_source, rewritten, atol, rtol
+    scenario, result, reference, original, build_edited, switch, variant_paths, window_source, rewritten, atol, rtol,
+    stage=lambda name: None,
 ):
     """original, flag off, flag on (early, sanitized) and the other schedules under one scenario;
     problems go to `result`. None when the original itself rejects a derived scenario."""
@@ -432,6 +436,7 @@ def _run_scenario(
     runs: list[RunResult] = []
     with switch(False):
         if original is not None:
+            stage(scenario.label("original"))
             try:
                 ref = run_module(reference, scenario, restore=True)
             except Exception as exc:  # the user's model, before any edit: bad input, not our crash
@@ -444,6 +449,7 @@ def _run_scenario(
                 ) from None
             ref.name = scenario.label("original")
             runs.append(ref)
+        stage(scenario.label("flag off"))
         with install() as rt:
             off = build_edited(reference, on=False)
             try:
@@ -464,7 +470,7 @@ def _run_scenario(
         )
 
     # An async-comm edit (afd-overlap: isend/irecv issued early) moves no op to a stream.
-    uses_streams = re.search(r"^[^#\n]*stream\w*\s*\(", Path(rewritten).read_text(encoding="utf-8"), re.M) is not None
+    uses_streams = re.search(r"^[^#\n]*stream\w*\s*\(", read_source(Path(rewritten), python=False), re.M) is not None
     flag_on_runs = [("flag on", mode == "ge-graph", None)]
     if mode == "ge-graph":
         flag_on_runs.append(("flag on, eager (prefill)", False, None))
@@ -474,6 +480,7 @@ def _run_scenario(
         flag_on_runs.append((f"flag on, {name} schedule", mode == "ge-graph", path))
     with switch(True):
         for name, graph, path in flag_on_runs:
+            stage(scenario.label(name) + (", sanitized" if path is None else ""))
             san = None
             with install() as rt:
                 on = build_edited(reference, on=True, path=path or rewritten)
@@ -544,7 +551,7 @@ def _leak(source, scenario, reference, reference_run, build_edited, switch, atol
             except NoSchedule:
                 break
             path = Path(folder) / f"after_{k}.py"
-            path.write_text(text, encoding="utf-8")
+            path.write_bytes(encode_source(text))
             try:
                 with switch(True), install():
                     out = run_module(build_edited(reference, on=True, path=path), scenario)

@@ -125,6 +125,10 @@ def make_files(folder: Path) -> None:
     (folder / "indent101.py").write_text(
         text + "\n\ndef deep(x):\n" + "".join("    " * (i + 1) + "if x:\n" for i in range(101)) + "    " * 102 + "pass\n")
     (folder / "cookie_latin1.py").write_bytes(b"# -*- coding: latin-1 -*-\n# caf\xe9\n" + good.read_bytes())
+    (folder / "cookie_ascii_mismatch.py").write_bytes(b"# -*- coding: ascii -*-\n# caf\xe9\n" + good.read_bytes())
+    (folder / "cookie_utf8_mismatch.py").write_bytes(b"# coding: utf-8\n# caf\xe9\n" + good.read_bytes())
+    (folder / "cookie_unknown.py").write_bytes(b"# vim: set fileencoding=klingon :\n" + good.read_bytes())
+    (folder / "cookie_bom_conflict.py").write_bytes(b"\xef\xbb\xbf# coding: latin-1\n" + good.read_bytes())
     (folder / "comments.py").write_text("# nothing but a comment\n")
     # harness and user code
     (folder / "exiting_harness.py").write_text("import sys\n\ndef make():\n    sys.exit(3)\n")
@@ -289,7 +293,24 @@ ROWS += [
     # content Python itself refuses
     Row("apply-tabs-and-spaces-mixed", ("apply", *CASE, "{tabs.py}"), 2, "tabs and spaces"),
     Row("apply-101-indentation-levels", ("apply", *CASE, "{indent101.py}"), 2, "indentation levels"),
-    Row("apply-coding-cookie-latin1", ("apply", *CASE, "{cookie_latin1.py}"), 2, "not UTF-8"),
+    # coding cookies (PEP 263): honoured, so only bytes that contradict them are bad input
+    Row("apply-coding-cookie-mismatch", ("apply", *CASE, "{cookie_ascii_mismatch.py}"), 2,
+        "not ascii, as its coding cookie says"),
+    Row("apply-coding-cookie-utf8-mismatch", ("apply", *CASE, "{cookie_utf8_mismatch.py}"), 2, "not UTF-8"),
+    Row("apply-coding-cookie-unknown", ("apply", *CASE, "{cookie_unknown.py}"), 2, "unknown encoding: klingon"),
+    Row("apply-coding-cookie-contradicts-bom", ("apply", *CASE, "{cookie_bom_conflict.py}"), 2,
+        "UTF-8 BOM, but its coding cookie"),
+    Row("apply-coding-cookie-latin1-output-series", ("apply", *CASE, "-o", "{patches}", "{cookie_latin1.py}"), 2,
+        "patch files are UTF-8"),
+    Row("apply-in-place-coding-cookie-mismatch", ("apply", *CASE, "-i", "{cookie_ascii_mismatch.py}"), 2,
+        "coding cookie says"),
+    Row("suggest-coding-cookie-mismatch", ("suggest", "--static", "{cookie_ascii_mismatch.py}"), 2,
+        "coding cookie says"),
+    Row("suggest-coding-cookie-unknown", ("suggest", "--static", "{cookie_unknown.py}"), 2, "unknown encoding"),
+    Row("verify-coding-cookie-mismatch", ("verify", "{cookie_ascii_mismatch.py}"), 2, "coding cookie says"),
+    # options added for the progress display
+    Row("apply-quiet-takes-no-value", ("apply", *CASE, "--quiet=yes", "{good.py}"), 2, "--quiet"),
+    Row("verify-quiet-takes-no-value", ("verify", "--quiet=1", "{applied.py}"), 2, "--quiet"),
     Row("apply-comments-only", ("apply", *CASE, "{comments.py}"), 1, "no moe-shared-expert target"),
 ]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -342,14 +343,21 @@ def _needed_python(module) -> str:
     return ""
 
 
-def _write_stdout(text: str) -> None:
-    """A diff is data: its bytes are the file's bytes (UTF-8), whatever the terminal's encoding."""
+def _write_stdout(text: str, src=None) -> None:
+    """A diff is data: its bytes are the file's bytes (its coding cookie's encoding, else UTF-8),
+    whatever the terminal's encoding; the `---`/`+++` paths are the file system's bytes."""
+    if src is not None and src.encoding != "utf-8":
+        at = text.find("\n@@")
+        head, body = (text[: at + 1], text[at + 1 :]) if at >= 0 else (text, "")
+        data = os.fsencode(head) + src.encode(body)
+    else:
+        data = text.encode("utf-8")
     buffer = getattr(sys.stdout, "buffer", None)
     if buffer is None:
-        sys.stdout.write(text)
+        sys.stdout.write(data.decode("utf-8", "replace"))
         return
     sys.stdout.flush()
-    buffer.write(text.encode("utf-8"))
+    buffer.write(data)
     buffer.flush()
 
 
@@ -377,6 +385,7 @@ def run_apply(
     verify: bool,
     harness: str | None,
     force: bool = False,
+    quiet: bool = False,
 ) -> int:
     if (case is None) == (plan_path is None):
         raise BadInput("give exactly one of --case or --plan")
@@ -520,16 +529,19 @@ def run_apply(
         )
         with contextlib.redirect_stdout(sys.stderr):  # what the user's code prints must not enter the diff
             code = verify_edit(file, new_text, function=function, flag=flag_spec, mode=edit_mode, harness=harness,
-                               schedule_source=last)
+                               schedule_source=last, quiet=quiet)
         if code != EXIT_OK:
             _note("verify found problems; nothing written")
             return code
     if in_place:
         from msrewrite.output.inplace import write_in_place  # tempfile, signals: only for -i
 
-        write_in_place(file, src.on_disk(new_text).encode("utf-8"), src.digest)
+        write_in_place(file, src.encode(src.on_disk(new_text)), src.digest)
         _note(f"rewrote {file}")
     elif output is not None:
+        if src.encoding != "utf-8":  # mail-format patches carry one charset, and git am reads UTF-8
+            raise BadInput(f"-o: {file} is written in {src.encoding} (its coding cookie); patch files are "
+                           "UTF-8: take the diff (without -o) or -i instead; nothing written")
         from msrewrite.output.patch import PatchStep, is_stage_folder, write_apply_script, write_series
 
         relpath = _relpath(file)
@@ -542,5 +554,5 @@ def run_apply(
             paths.append(write_apply_script(output.parent))
         _write_stdout("".join(f"{path}\n" for path in paths))
     else:
-        _write_stdout(unified_diff(src.on_disk(src.text), src.on_disk(new_text), _relpath(file)))
+        _write_stdout(unified_diff(src.on_disk(src.text), src.on_disk(new_text), _relpath(file)), src)
     return EXIT_OK

@@ -83,7 +83,7 @@ def run_suggest(
     first, extra = Path(files[0]), [Path(f) for f in files[1:]]
     if harness is None and not static and input_shape is None and re.search(r"^def make\(", read_source(first), re.M):
         harness = f"{first}:make"  # the file builds its own model and inputs, as verify assumes
-    progress = _progress(quiet) if not static else None
+    progress = _progress(quiet) if not static or (len(extra) and jobs > 1) else None
     if not static:  # the traced tier imports and runs user code: all of it in a child, with a timeout
         from msrewrite.harness import ChildFailed, run_in_child
 
@@ -124,7 +124,10 @@ def _analyze_and_print(first, extra, device, device_profile, phase, static, harn
             from concurrent.futures import ProcessPoolExecutor  # only here: multiprocessing is slow to import
 
             with ProcessPoolExecutor(max_workers=jobs) as pool:
-                analyses += list(pool.map(_static_worker, [(str(f), device, phase) for f in extra]))
+                for done, analysis in enumerate(pool.map(_static_worker, [(str(f), device, phase) for f in extra]), 1):
+                    if progress is not None:
+                        progress(f"static: {done}/{len(extra)} more files read ({analysis.file.name})")
+                    analyses.append(analysis)
         else:
             analyses += [analyze(f, device=device_profile, phase=phase, static=True) for f in extra]
 
@@ -146,16 +149,9 @@ def _analyze_and_print(first, extra, device, device_profile, phase, static, harn
 def _progress(quiet: bool):
     """Stage lines on stderr while the traced path runs (it can take a minute): only for a person
     watching a terminal, never with --quiet."""
-    if quiet or not sys.stderr.isatty():
-        return None
-    step = 0
+    from msrewrite.output.progress import stage_printer
 
-    def say(stage: str) -> None:
-        nonlocal step
-        step += 1
-        print(f"msrewrite: [{step}] {stage}", file=sys.stderr, flush=True)
-
-    return say
+    return stage_printer(quiet)
 
 
 TABLE_WIDTH = 80

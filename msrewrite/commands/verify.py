@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 
 from msrewrite.errors import EXIT_NOTHING_TO_DO, EXIT_OK, BadInput
+from msrewrite.load import encode_source
 from msrewrite.plan import FlagSpec, OverlapPlan
 from msrewrite.verify import VerifyResult, summary, verify_files
 
@@ -32,13 +33,15 @@ def _report(result: VerifyResult, json_out: bool) -> int:
     return EXIT_OK if result.ok else EXIT_NOTHING_TO_DO
 
 
-def _isolated(fn, timeout: float, json_out: bool, err: bool = False) -> VerifyResult | int:
+def _isolated(fn, timeout: float, json_out: bool, err: bool = False, quiet: bool = False) -> VerifyResult | int:
     """fn(progress) in a child; a child that died or hung in the model run is a problem (exit 1),
     in the harness bad input (exit 2)."""
     from msrewrite.harness import ChildFailed, run_in_child
 
+    from msrewrite.output.progress import stage_printer
+
     try:
-        return run_in_child(fn, timeout=timeout)
+        return run_in_child(fn, timeout=timeout, on_stage=stage_printer(quiet, "verify: "))
     except ChildFailed as exc:
         if exc.phase in _HARNESS_PHASES:
             raise BadInput(f"bad harness: user code {exc}") from None
@@ -82,6 +85,7 @@ def run_verify(
     plan_path: Path | None = None,
     schedules: str = "early,late,interleaved",
     train: bool = True,
+    quiet: bool = False,
 ) -> int:
     from msrewrite.emit.schedules import SCHEDULES
 
@@ -109,7 +113,7 @@ def run_verify(
             rtol=rtol, schedule_source=source, inputs=inputs, progress=progress, schedules=chosen, train=train,
         )
 
-    result = _isolated(work, timeout, json_out)
+    result = _isolated(work, timeout, json_out, quiet=quiet)
     if isinstance(result, int):
         return result
     return _report(result, json_out)
@@ -136,7 +140,7 @@ def _plan_source(plan_path: Path | None, original: Path | None):
 
 def verify_edit(
     file: Path, new_text: str, *, function: str | None, flag: FlagSpec, mode: str, harness: str | None,
-    schedule_source=None, timeout: float = DEFAULT_TIMEOUT,
+    schedule_source=None, timeout: float = DEFAULT_TIMEOUT, quiet: bool = False,
 ) -> int:
     """`apply --verify`: check the edit just made without writing anything next to the user's file.
     `function` is the edited Class.method (None for model-level edits such as prefill-microbatch)."""
@@ -144,7 +148,7 @@ def verify_edit(
 
     with tempfile.TemporaryDirectory(prefix="msrewrite-verify-") as folder:
         edited = Path(folder) / file.name
-        edited.write_text(new_text, encoding="utf-8")
+        edited.write_bytes(encode_source(new_text))
         target = function.split(".")[0] if function and "." in function else None
 
         def work(progress):
@@ -162,7 +166,7 @@ def verify_edit(
                 progress=progress,
             )
 
-        result = _isolated(work, timeout, json_out=False, err=True)
+        result = _isolated(work, timeout, json_out=False, err=True, quiet=quiet)
     if isinstance(result, int):
         return result
     typer.echo("verify:", err=True)  # after the run: a bad harness is one error line, no header

@@ -236,9 +236,12 @@ def derive_source(text: str, original: Path | None, mode: str, flag) -> tuple[Sc
     options the edit shows (mode, flag); (None, why) when they do not reproduce the edit exactly."""
     if original is None:
         return None, "no --original to find the plan again (pass --plan PLANS.json)"
+    from msrewrite.errors import BadInput
+    from msrewrite.load import read_source
+
     try:
-        original_text = original.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        original_text = read_source(original, python=False)
+    except (OSError, UnicodeDecodeError, BadInput):
         return None, f"cannot read {original}"
     found, why = _derive(text, str(original), original_text, mode, flag)
     if found is None:

@@ -2,7 +2,9 @@
 
 A full disk, a file-size limit, a closed or full stdout, a folder where a file was expected, a
 terminal encoding that cannot show a character: each ends as `msrewrite: error: ...` and exit 2.
-A reader that goes away (`msrewrite ... | head -1`) ends the run quietly, as for any Unix filter.
+A reader that goes away (`msrewrite ... | head -1`) is not an error: the rest of that stream's
+output is dropped, nothing is said, and the run ends with the exit code it would have had anyway,
+so the code never depends on when the reader left.
 """
 
 from __future__ import annotations
@@ -33,13 +35,62 @@ def _os_error(exc: OSError) -> str:
     return f"cannot write the output ({reason})"
 
 
-def _quiet_stdout() -> None:
-    """After a broken pipe: point stdout at /dev/null so the interpreter's final flush is silent."""
+def _quiet_stdout(fd: int | None = None) -> None:
+    """After a broken pipe: point the stream's descriptor (stdout's by default) at /dev/null, so
+    what is still written, and the interpreter's final flush, go nowhere, silently."""
     try:
+        target = sys.stdout.fileno() if fd is None else fd
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, target)
+        os.close(devnull)
     except (OSError, ValueError, AttributeError):
         pass
+
+
+class _PipeGuard:
+    """A stdout or stderr (text, or its binary buffer) that drops its output once the reader has
+    gone: the first broken pipe points the descriptor at /dev/null and the write is retried there,
+    so the command finishes and exits as it would have."""
+
+    def __init__(self, stream, fd: int) -> None:
+        self._stream, self._fd = stream, fd
+
+    def _guarded(self, call, *args):
+        try:
+            return call(*args)
+        except BrokenPipeError:
+            _quiet_stdout(self._fd)
+            try:
+                return call(*args)
+            except OSError:  # a stream that cannot be redirected: the output is lost either way
+                return None
+
+    def write(self, data):
+        return self._guarded(self._stream.write, data)
+
+    def writelines(self, lines):
+        return self._guarded(self._stream.writelines, lines)
+
+    def flush(self):
+        return self._guarded(self._stream.flush)
+
+    @property
+    def buffer(self):
+        return _PipeGuard(self._stream.buffer, self._fd)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _guard_pipes() -> None:
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        try:
+            owns_fd = stream.fileno() == fd
+        except (OSError, ValueError, AttributeError):  # an in-memory stream (tests): nothing to guard
+            owns_fd = False
+        if owns_fd and not isinstance(stream, _PipeGuard):
+            setattr(sys, name, _PipeGuard(stream, fd))
 
 
 class _ClosedStdout:
@@ -60,6 +111,7 @@ class _ClosedStdout:
 def run_guarded(app: Callable[[], object]) -> NoReturn:
     if sys.stdout is None:
         sys.stdout = _ClosedStdout()  # type: ignore[assignment]
+    _guard_pipes()
     try:
         try:
             app()
@@ -67,8 +119,9 @@ def run_guarded(app: Callable[[], object]) -> NoReturn:
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         sys.stdout.flush()
-    except BrokenPipeError:
+    except BrokenPipeError:  # a write the guards did not see (a stream replaced since): still quiet
         _quiet_stdout()
+        _quiet_stdout(2)
         code = 0
     except UnicodeEncodeError as exc:
         char = exc.object[exc.start : exc.start + 1]

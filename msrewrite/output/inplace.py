@@ -6,6 +6,12 @@ the file's folder that every msrewrite `-i` run takes, the file is read again an
 the bytes the edit was made from: a save in an editor or a second `-i` run in between makes this
 run fail with nothing written, instead of one of the two changes being lost. SIGINT, SIGTERM and
 SIGHUP during the write remove the temporary file.
+
+A file with other hard links is rewritten in place instead (the same inode, so every link sees the
+edit; a rename would leave the other names on the old text): after the same check under the same
+lock, with SIGINT, SIGTERM and SIGHUP held off until it is done, the space reserved first, and the
+old bytes written back if the write fails. Only a crash or SIGKILL in the middle of that one write
+could leave the file partly written.
 """
 
 from __future__ import annotations
@@ -91,6 +97,9 @@ def write_in_place(path: Path, data: bytes, read_digest: str) -> Path:
                 if file_digest(current) != read_digest:
                     raise BadInput(f"{path}: changed on disk since msrewrite read it (saved in an editor, or "
                                    "another run); nothing written, run again on the new version")
+                if info.st_nlink > 1:
+                    _write_linked(path, real, data, current)
+                    return real
                 fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".msrewrite", dir=real.parent)
                 with os.fdopen(fd, "wb") as handle:
                     handle.write(data)
@@ -108,3 +117,36 @@ def write_in_place(path: Path, data: bytes, read_digest: str) -> Path:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
     return real
+
+
+_HELD = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+def _write_linked(path: Path, real: Path, data: bytes, old: bytes) -> None:
+    """Overwrite a hard-linked file in place, signals held off; on a failure put `old` back."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    try:
+        with open(real, "r+b") as handle:
+            fd = handle.fileno()
+            try:
+                if len(data) > len(old):  # reserve the space first: a full disk fails here, file intact
+                    os.posix_fallocate(fd, 0, len(data))
+                handle.write(data)
+                handle.truncate(len(data))
+                handle.flush()
+                os.fsync(fd)
+            except OSError as exc:
+                try:
+                    handle.seek(0)
+                    handle.write(old)
+                    handle.truncate(len(old))
+                    handle.flush()
+                    restored = "the file is unchanged"
+                except OSError:
+                    restored = "the file may be partly written: restore it from version control"
+                raise BadInput(f"{path}: cannot write ({exc.strerror or exc}); {restored}") from None
+    finally:
+        try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        except Interrupted as exc:  # a signal that waited for the write: it is done, say so
+            raise Interrupted(f"{str(exc).split(';')[0]} after {path} was rewritten in place") from None
