@@ -9,7 +9,7 @@ SIGHUP during the write remove the temporary file.
 
 A file with other hard links is rewritten in place instead (the same inode, so every link sees the
 edit; a rename would leave the other names on the old text): after the same check under the same
-lock, with SIGINT, SIGTERM and SIGHUP held off until it is done, the space reserved first, and the
+lock, with SIGINT, SIGTERM and SIGHUP noted but acted on only once it is done, the space reserved first, and the
 old bytes written back if the write fails. Only a crash or SIGKILL in the middle of that one write
 could leave the file partly written.
 """
@@ -119,12 +119,16 @@ def write_in_place(path: Path, data: bytes, read_digest: str) -> Path:
     return real
 
 
-_HELD = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-
-
 def _write_linked(path: Path, real: Path, data: bytes, old: bytes) -> None:
-    """Overwrite a hard-linked file in place, signals held off; on a failure put `old` back."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    """Overwrite a hard-linked file in place, SIGINT/SIGTERM/SIGHUP held (noted, acted on after
+    the write); on a failure put `old` back."""
+    held: list[int] = []
+    previous = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, lambda signum, _frame: held.append(signum))
+    except ValueError:  # not the main thread: signals stay as they are
+        pass
     try:
         with open(real, "r+b") as handle:
             fd = handle.fileno()
@@ -146,7 +150,7 @@ def _write_linked(path: Path, real: Path, data: bytes, old: bytes) -> None:
                     restored = "the file may be partly written: restore it from version control"
                 raise BadInput(f"{path}: cannot write ({exc.strerror or exc}); {restored}") from None
     finally:
-        try:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-        except Interrupted as exc:  # a signal that waited for the write: it is done, say so
-            raise Interrupted(f"{str(exc).split(';')[0]} after {path} was rewritten in place") from None
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if held:  # a signal that waited for the write: it is done, say so
+        raise Interrupted(f"interrupted by {signal.Signals(held[0]).name} after {path} was rewritten in place")
