@@ -26,6 +26,7 @@ from msrewrite.analyze.seeds import (
     stream_calls,
     uses_api,
 )
+from msrewrite.analyze.effects import CallBuffers, buffer_use
 from msrewrite.analyze.summaries import ModuleSummaries
 from msrewrite.emit.engine import already_applied, code_of, iter_functions, strip_leading
 from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement, StartGate
@@ -74,6 +75,7 @@ class Case:
     # where the buffers are reused rather than where a value is read (analyze/effects.py)
     analysis: str = "calls"
     is_copy: Callable[[cst.Call], bool] | None = None
+    is_host_buffer: Callable[[str], bool] | None = None  # copies: a buffer path (or method) that is host memory
     non_blocking: bool = False  # side copies get non_blocking=True
     core_limits: bool = False  # the branches get AI-core budgets (--cores / --core-limit)
     notes: str = ""
@@ -118,10 +120,12 @@ def find_targets(
         if case.analysis == "calls" else None
     )
     summaries = ModuleSummaries(module, options.assume_pure, path=path)
+    copy_helpers = _copy_helpers(module, summaries, case) if case.analysis == "copies" else set()
     for name, func, cls in iter_functions(module):
         is_seed = seeds_of.predicate(name, cls) if seeds_of is not None else base_seed
         if case.analysis == "copies":
-            if not _has_copy(func, case.is_copy):
+            buffers = CallBuffers(summaries, cls.name.value if cls is not None else None, func)
+            if id(func) in copy_helpers or not (_has_copy(func, case.is_copy) or _calls_copy_helper(func, buffers, case)):
                 continue
         elif (
             name in calls
@@ -161,7 +165,7 @@ def find_targets(
             if case.analysis == "copies":
                 from msrewrite.analyze.effects import find_copy_branch
 
-                side = find_copy_branch(func, positions, case.is_copy)
+                side = find_copy_branch(func, positions, case.is_copy, buffers, case.is_host_buffer)
                 targets.append(Target(name, plan=branch_plan(case, path, name, side, options)))
                 continue
             anchors = tuple(gate.anchor for gate in options.start_gates)
@@ -278,6 +282,36 @@ def _other_family(func: cst.FunctionDef, calls: list[cst.Call], mode: str) -> st
     if mode != "cuda" and uses_api(calls, "cuda"):
         return "the function uses torch.cuda; msrewrite never mixes torch.npu into it (use --mode cuda)"
     return ""
+
+
+def _copy_helpers(module: cst.Module, summaries: ModuleSummaries, case: Case) -> set[int]:
+    """The methods other functions of the file call (`self.cache.offload(i)`) that copy host memory:
+    their copies move with the call, so they are not targets of their own."""
+    found: set[int] = set()
+    for _, func, cls in iter_functions(module):
+        buffers = CallBuffers(summaries, cls.name.value if cls is not None else None, func)
+        buffer_use(func.body, buffers)
+        found |= {key for key, helper in buffers.followed.items() if _copies_host(helper, case)}
+    return found
+
+
+def _copies_host(helper, case: Case) -> bool:
+    return any(case.is_host_buffer(p) for d, s in helper.copies for p in d | s) if case.is_host_buffer else False
+
+
+def _calls_copy_helper(func: cst.FunctionDef, buffers: CallBuffers, case: Case) -> bool:
+    """Does `func` call a method that copies host memory, or one named for it (`cache.offload(...)`)?"""
+    named = False
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            nonlocal named
+            attr = node.func.attr.value if isinstance(node.func, cst.Attribute) else ""
+            named = named or bool(case.is_host_buffer and attr and case.is_host_buffer(attr))
+
+    func.body.visit(_Calls())
+    buffer_use(func.body, buffers)
+    return named or any(_copies_host(helper, case) for helper in buffers.found)
 
 
 def _has_copy(func: cst.FunctionDef, is_copy) -> bool:

@@ -206,7 +206,7 @@ MUTATED_EXAMPLES = {
     "moe-shared-mlp-init": ["hunyuan_moe"],
     "moe-shared-expert-phased": ["deepep_moe"],
     "indexer-prolog": ["indexer_prolog"],
-    "kvcache-offload": ["offload_decoder"],
+    "kvcache-offload": ["offload_decoder", "offload_cache_decoder"],
     "attn-moe-limit-core": ["longcat_layer"],
 }
 PARAMS = [

@@ -183,6 +183,24 @@ class ModuleSummaries:
         self._attrs[cls] = values
         return values
 
+    # queries for the other analyses (analyze/effects.py) -----------------------------------
+    def method_of(self, cls: str, name: str) -> tuple[str, cst.FunctionDef] | None:
+        """Method `name` of class `cls` or of a same-file base: (the class defining it, its def)."""
+        return self._method(cls, name)
+
+    def attribute_class(self, cls: str, attr: str) -> tuple["ModuleSummaries", str] | None:
+        """The one class (this file or a sibling) whose instance `self.<attr>` holds, from `__init__`
+        (`self.cache = OffloadCache(...)`, also through `self.a = self.b`); None when it is not
+        assigned there, comes from elsewhere (an argument) or may be of several classes."""
+        values = self.attribute_values(cls).get(attr)
+        found: dict[tuple[int, str], tuple[ModuleSummaries, str]] = {}
+        for value in self._through_self_aliases(cls, values or []):
+            hit = self.find_class(dotted_name(value.func) or "") if isinstance(value, cst.Call) else None
+            if hit is None:
+                return None
+            found[(id(hit[0]), hit[1])] = hit
+        return next(iter(found.values())) if len(found) == 1 else None
+
     # summaries ---------------------------------------------------------------------------
     def function_summary(self, cls: str | None, func: cst.FunctionDef) -> Summary:
         """Summary of `func` called on an instance of `cls` (None: a free function)."""
@@ -557,3 +575,6 @@ def _union(effects: list[CallEffect]) -> CallEffect:
         out.rng |= e.rng
         out.stream |= e.stream
     return out
+
+
+bind_args = _bind_args  # for analyses that rebase a callee's effects onto a call site (analyze/effects.py)
