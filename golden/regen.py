@@ -31,7 +31,7 @@ GOLDEN_EXAMPLES = {
     "kvcache-offload": ["offload_decoder", "offload_cache_decoder"],
     "attn-moe-limit-core": ["longcat_layer"],
     "afd-overlap": ["afd_attention_node"],
-    "prefill-microbatch": ["microbatch_moe"],
+    "prefill-microbatch": ["microbatch_moe", "microbatch_moe_submodule"],
 }
 
 

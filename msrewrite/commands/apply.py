@@ -146,7 +146,7 @@ def case_steps(
     refactor that changes no behaviour), then issue it in phases."""
     case = get_known_case(case_name)
     if case.analysis == "microbatch":
-        return _microbatch_steps(case, text, module, mode, target, flag, second_group)
+        return _microbatch_steps(case, text, module, mode, target, flag, second_group, file, assume_pure)
     effects = {"protect": protect, "assume_pure": assume_pure}
     if case.branches:
         return _branch_steps(file, text, module, case, mode, target, flag, **effects)
@@ -230,14 +230,16 @@ def _branch_steps(
 
 
 def _microbatch_steps(
-    case: Case, text: str, module, mode: str, target: str | None, flag: FlagSpec, second_group: str | None = None
+    case: Case, text: str, module, mode: str, target: str | None, flag: FlagSpec, second_group: str | None = None,
+    file: Path | None = None, assume_pure: tuple[str, ...] = (),
 ) -> list[EditStep]:
     """The forked micro-batch path: a model-level edit with no single-function plan."""
     from msrewrite.emit.microbatch import microbatch_edit
 
     if mode not in case.modes:
         raise BadInput(f"case {case.name} does not support mode {mode} (supports {', '.join(case.modes)})")
-    new, function = microbatch_edit(module, mode, flag, target, case.stream_tag, second_group=second_group)
+    new, function = microbatch_edit(module, mode, flag, target, case.stream_tag, second_group=second_group,
+                                    path=file, assume_pure=assume_pure)
     model = function.rsplit(".", 1)[0]
     body = (
         f"{model}.forward gets a forward_microbatch path: the batch runs as two micro-batches\n"
