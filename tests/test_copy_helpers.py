@@ -155,3 +155,14 @@ def test_the_golden_edit_verifies_and_a_join_after_the_reuse_races(tmp_path):
     result = verify_files(edited, original=EXAMPLES / "offload_cache_decoder.py", inputs=0, train=False)
     assert "race-raw" in {f.kind for f in result.findings} or "race-war" in {f.kind for f in result.findings}, (
         [str(f) for f in result.findings], result.problems)
+
+
+def test_a_later_cache_method_calling_something_unseen_is_a_join_point():
+    """refresh() hands the whole cache to a function msrewrite cannot see: it may rewrite temp_kv."""
+    extra = """
+    def refresh(self):
+        rebuild(self)
+    """
+    body = FORWARD.replace("y = self.attn(x)", "y = self.attn(x)\n    z = self.mlp(x)\n    cache.refresh()")
+    found, lines = targets(body, extra)
+    assert found["Layer.forward"].plan.join_line == line_of(lines, "cache.refresh()")

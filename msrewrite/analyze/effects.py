@@ -270,12 +270,12 @@ class CopyHelper:
 
 
 def _rebase(paths: set[str], mapping: dict[str, set[str]]) -> set[str]:
-    """Each path's root replaced by the paths it stands for; roots not in `mapping` (fresh locals,
-    modules) are dropped."""
+    """Each path's root replaced by the paths it stands for (none for a fresh local); a root
+    `mapping` does not name (a module-level buffer) stays as it is."""
     out = set()
     for path in paths:
         root, dot, rest = path.partition(".")
-        out |= {base + dot + rest for base in mapping.get(root, ())}
+        out |= {base + dot + rest for base in mapping.get(root, {root})}
     return out
 
 
@@ -353,12 +353,11 @@ class CallBuffers:
         use = buffer_use(method.body, inner)
         aliases = _local_aliases(method, inner)
         roots = {"self", *summary.params, *(n for n in (summary.vararg, summary.kwarg) if n)}
-        mapping = {root: {root} for root in roots}
+        mapping = {name: set() for name in aliases}  # locals stand for what they were bound from
+        mapping.update({root: {root} for root in roots})
         for _ in range(len(aliases) + 1):  # a local bound from another local: follow the chain
             for name, paths in aliases.items():
                 mapping[name] = mapping.get(name, set()) | _rebase(paths, mapping)
-        for name in aliases:  # a parameter rebound to a local alias keeps both
-            mapping[name] = mapping[name] | ({name} if name in roots else set())
         helper = CopyHelper(label, _rebase(use.reads, mapping), _rebase(use.writes, mapping))
         helper.unseen = sorted(summary.unknown)
         helper.other_work = ("a collective" if summary.collective else "RNG" if summary.rng
@@ -389,7 +388,11 @@ class CallBuffers:
         helper = self.helper_at(call)
         if helper is not None:
             self.found.append(helper)
-            return BufferUse(set(helper.reads), set(helper.writes)), True
+            use = BufferUse(set(helper.reads), set(helper.writes))
+            if helper.unseen:  # what it could not see into may write anything the call can reach
+                reach = [call.func.value, *(arg.value for arg in call.args)]  # type: ignore[attr-defined]
+                use.writes |= set().union(*(buffer_use(e).reads for e in reach))
+            return use, True
         effect = self.scope.effect_of(call)
         written = [*effect.writes, *(expr for expr, _ in effect.may_writes)]
         return BufferUse(writes=set().union(*(buffer_use(e).reads for e in written)) if written else set()), False

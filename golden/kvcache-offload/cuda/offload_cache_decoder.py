@@ -76,7 +76,7 @@ class DecoderLayer(nn.Module):
     def forward(self, hidden_states, offload_cache: OffloadCache):
         normed = self.input_norm(hidden_states)
         offload_cache.write(self.kv_proj(normed))
-        # msrewrite(kvcache-offload): the KV copy runs on side stream "kv_copy" during attention and the MLP.
+        # msrewrite(kvcache-offload): the KV copy runs on side stream "kv_copy" during the layer's compute.
         kv_copy_stream = _ms_side_stream("kv_copy", self.enable_kv_offload_stream)
         if kv_copy_stream is not None:
             current_stream = torch.cuda.current_stream()
