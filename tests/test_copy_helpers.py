@@ -166,3 +166,27 @@ def test_a_later_cache_method_calling_something_unseen_is_a_join_point():
     body = FORWARD.replace("y = self.attn(x)", "y = self.attn(x)\n    z = self.mlp(x)\n    cache.refresh()")
     found, lines = targets(body, extra)
     assert found["Layer.forward"].plan.join_line == line_of(lines, "cache.refresh()")
+
+
+def test_a_cache_held_by_the_layer_copying_the_layers_own_tensors(tmp_path):
+    """self.cache.offload(i, k, v): the copy reads the layer's k and v, and the layer rebinds k
+    before the join, so the old k is kept alive for the copy stream. Without that guard, verify
+    reports the lifetime race (the emitter's rule, not only the sanitizer's)."""
+    from msrewrite.commands.apply import case_steps
+    from msrewrite.load import load
+    from msrewrite.plan import FlagSpec
+
+    fixture = Path(__file__).parent / "fixtures" / "offload_args_decoder.py"
+    src = load(fixture)
+    steps = case_steps(fixture, src.text, src.module, "kvcache-offload", "eager", None,
+                       FlagSpec(name="ENABLE_KV_OFFLOAD_STREAM"), None)
+    text = steps[-1].new
+    assert "                self.cache.offload(self.layer_idx, k, v)\n" in text
+    assert "            _ms_record_stream(kv_copy_stream, k)\n" in text
+    edited = tmp_path / "offload_args_decoder.py"
+    edited.write_text(text)
+    result = verify_files(edited, original=fixture, inputs=0, train=False)
+    assert result.ok and not result.findings, result.problems
+    edited.write_text(text.replace("            _ms_record_stream(kv_copy_stream, k)\n", ""))
+    result = verify_files(edited, original=fixture, inputs=0, train=False)
+    assert "lifetime" in {f.kind for f in result.findings}, result.problems

@@ -235,6 +235,9 @@ def find_copy_branch(
     if not any(f.self_calls for f in window):
         raise NoBranch("no main-path work between the copy and its join: nothing to overlap")
     inputs = sorted({name for f in side for name in f.loads})
+    # a local the copy reads (cache.offload(i, k, v)) and the main path rebinds before the join:
+    # its old tensor must outlive the copy (record_stream on the copy stream)
+    rebound = sorted({name for name in inputs for f in window if name in f.stores})
     return SideBranch(
         statements=side,
         hoists=[],
@@ -242,7 +245,7 @@ def find_copy_branch(
         join=join,
         inputs=inputs,
         outputs=[],
-        rebound_inputs=[],
+        rebound_inputs=rebound,
         facts=facts,
     )
 
