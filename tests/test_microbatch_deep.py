@@ -33,7 +33,7 @@ def test_a_collective_under_control_flow_in_the_submodule_is_refused():
         "        if expert_out.shape[0] > 1:\n            dist.all_reduce(expert_out)  # combine\n",
     )
     assert source != SOURCE
-    with pytest.raises(NothingToDo, match=r"the collective in MoE.forward sits inside a `if`"):
+    with pytest.raises(NothingToDo, match=r"the collective in MoE.forward sits inside an `if`"):
         edit(source)
 
 

@@ -141,8 +141,8 @@ class DeepCollectives:
             if not facts.collective:
                 continue
             if not isinstance(stmt, cst.SimpleStatementLine):
-                kind = type(stmt).__name__.lower()
-                return (f"the collective in {label} sits inside a `{kind}`: the micro-batches could issue it a "
+                kind = _CONTROL_FLOW.get(type(stmt).__name__, f"a `{type(stmt).__name__.lower()}`")
+                return (f"the collective in {label} sits inside {kind}: the micro-batches could issue it a "
                         "different number of times, so the comm order cannot be kept")
             for inner in _calls(stmt):
                 if scope.effect_of(inner).collective:
@@ -150,6 +150,10 @@ class DeepCollectives:
                     if why:
                         return why
         return ""
+
+
+_CONTROL_FLOW = {"If": "an `if`", "For": "a `for` loop", "While": "a `while` loop", "With": "a `with` block",
+                 "Try": "a `try`"}
 
 
 def _calls(node: cst.CSTNode) -> list[cst.Call]:
