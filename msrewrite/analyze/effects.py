@@ -250,7 +250,6 @@ def find_copy_branch(
     )
 
 
-
 # Calls followed through the file's summaries ------------------------------------------------------
 @dataclass
 class CopyHelper:
