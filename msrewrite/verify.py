@@ -469,8 +469,6 @@ def _run_scenario(
     if mode == "ge-graph":
         flag_on_runs.append(("flag on, eager (prefill)", False, None))
     for name, path in variant_paths.items():
-        if scenario.name and name != "late":  # the other scenarios: early and late only (time)
-            continue
         flag_on_runs.append((f"flag on, {name} schedule", mode == "ge-graph", path))
     with switch(True):
         for name, graph, path in flag_on_runs:
