@@ -541,12 +541,12 @@ def _few(names: list[str]) -> str:
 def _rng_reorder(facts, whole, hoists, start: int, join: int, side_idx: set[int], scope: Scope) -> str:
     """Why the side work's random draws change order against the main path's, or "".
 
-    The order of random draws is the order they are issued. The side work is issued at the fork
-    on the CPU and may run anywhere up to the join on a device: with draws on both sides of that
-    window (the main statements between the fork, or the side's own place if earlier, and the
-    join; with hoisted calls, the rest of the join statement too), every random value after the
-    first moved draw changes in train mode. A callee msrewrite cannot see into may draw too.
-    Dropout with p=0, or only in eval, cannot be told apart statically: it counts."""
+    The side work is issued at the fork, and a device (a graph compiler too) may run it anywhere
+    up to the join: when the side work draws and so do the main statements of that window (from
+    the fork, or from the side's own place if that is earlier, to the join; with hoisted calls,
+    the rest of the join statement too), the draws may come in another order, and every random
+    value after the first moved draw changes in train mode. A callee msrewrite cannot see into
+    may draw too. Dropout with p=0, or used only in eval, cannot be told apart here: it counts."""
     side_draws: list[str] = []
     side_unseen: list[str] = []
     side_line = 0
