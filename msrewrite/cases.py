@@ -99,6 +99,16 @@ class Options:
     core_limits: tuple[int, int, int, int] | None = None
     protect: str = ""  # "clone": snapshot side inputs the main path may write, instead of refusing
     assume_pure: tuple[str, ...] = ()  # callees a reviewer vouched for (class, function or attribute names)
+    allow_rng_reorder: bool = False  # move side work even when the order of random draws changes
+
+
+def check_rng_order(branch: SideBranch, options: Options) -> None:
+    """Refuse a branch whose move reorders random draws, unless the reviewer allowed it."""
+    if branch.rng_reorder and not options.allow_rng_reorder:
+        raise NoBranch(
+            f"{branch.rng_reorder}; pass --allow-rng-reorder if the model runs in eval only, its dropout "
+            "is p=0, or the draws' order does not matter"
+        )
 
 
 def branch_marker(case_name: str, branch: BranchSpec | None) -> str | None:
@@ -178,6 +188,7 @@ def find_targets(
                 scope=summaries.scope_for(cls.name.value if cls is not None else None, func.name.value),
                 protect=options.protect == "clone",
             )
+            check_rng_order(side, options)
         except NoBranch as exc:
             targets.append(Target(name, reason=str(exc)))
             continue
@@ -366,4 +377,6 @@ def branch_plan(case: Case, path: Path, function: str, branch: SideBranch, optio
         protect_inputs=tuple(branch.protected_inputs),
         trust_boundary=tuple(branch.trust_boundary),
         assume_pure=tuple(options.assume_pure),
+        allow_rng_reorder=options.allow_rng_reorder and bool(branch.rng_reorder),
+        rng_reorder=branch.rng_reorder if options.allow_rng_reorder else "",
     )

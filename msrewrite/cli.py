@@ -51,6 +51,10 @@ def apply(
     assume_pure: Optional[List[str]] = Option(
         None, "--assume-pure", help="A callee msrewrite cannot see into that writes none of its arguments (repeat)."
     ),
+    allow_rng_reorder: bool = Option(
+        False, "--allow-rng-reorder",
+        help="Move side work that draws random numbers (dropout, torch.rand*) even when the main path draws too.",
+    ),
     in_place: bool = Option(False, "--in-place", "-i", help="Rewrite the file in place (atomic)."),
     output: Optional[Path] = Option(None, "-o", "--output", help="Write git format-patch files to this folder."),
     verify: bool = Option(False, "--verify", help="Run `msrewrite verify` on the edit."),
@@ -81,6 +85,7 @@ def apply(
         second_comm_group=second_comm_group,
         protect=protect,
         assume_pure=tuple(assume_pure or ()),
+        allow_rng_reorder=allow_rng_reorder,
         in_place=in_place,
         output=output,
         verify=verify,

@@ -163,6 +163,11 @@ class OverlapPlan:
     # with --assume-pure: printed with every edit.
     trust_boundary: tuple[str, ...] = ()
     assume_pure: tuple[str, ...] = ()
+    # The side work draws random numbers and so does the main path in the window: carried out
+    # only because a reviewer allowed it (--allow-rng-reorder); `rng_reorder` says what the
+    # analysis found (printed with the edit, never emitted).
+    allow_rng_reorder: bool = False
+    rng_reorder: str = ""
 
     def __post_init__(self) -> None:
         # Every field that reaches emitted code (names, literals, comments) is checked here, so no
@@ -198,6 +203,9 @@ class OverlapPlan:
         for what in ("trust_boundary", "assume_pure"):  # printed, never emitted as code
             for name in getattr(self, what):
                 validate.comment_text(name, f"{what} entry")
+        if not isinstance(self.allow_rng_reorder, bool):
+            raise ValueError(f"allow_rng_reorder must be true or false, got {validate.shown(self.allow_rng_reorder)}")
+        validate.comment_text(self.rng_reorder, "rng_reorder")
         if bool(self.guard) != bool(self.guard_line):
             raise ValueError("a guarded plan needs both guard and guard_line")
         if self.guard:
@@ -309,6 +317,8 @@ _PLAN_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "protect_inputs": ((list, tuple), False),
     "trust_boundary": ((list, tuple), False),
     "assume_pure": ((list, tuple), False),
+    "allow_rng_reorder": ((bool,), False),
+    "rng_reorder": ((str,), False),
 }
 _PART_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "side": {"first_line": ((int,), True), "last_line": ((int,), True), "source": ((str,), True),

@@ -469,9 +469,8 @@ def _run_scenario(
     if mode == "ge-graph":
         flag_on_runs.append(("flag on, eager (prefill)", False, None))
     for name, path in variant_paths.items():
-        if scenario.name and name != "late":  # the other scenarios: early and late only (time)
-            continue
         flag_on_runs.append((f"flag on, {name} schedule", mode == "ge-graph", path))
+    early_ops = late_ops = None  # what the early and late flag-on runs issued, in order
     with switch(True):
         for name, graph, path in flag_on_runs:
             san = None
@@ -499,8 +498,12 @@ def _run_scenario(
             if path is None and (graph or mode != "ge-graph") and not scenario.name and uses_streams:
                 if not any(s != "main" for s in out.streams):
                     result.problems.append(f"{name}: no op ran on a side stream (is the flag wired?)")
-            if path is None:
-                _check_rng_order(result, ops, scenario)
+            if path is None and name == "flag on":
+                early_ops = ops
+            elif name == "flag on, late schedule":
+                late_ops = ops
+    if early_ops is not None:
+        _check_rng_order(result, scenario, early_ops, late_ops if "late" in variant_paths else None)
     reference_run = runs[0]
     for run in runs[1:]:
         problem = compare(reference_run, run, atol, rtol)
@@ -513,21 +516,53 @@ def _run_scenario(
     return runs
 
 
-def _check_rng_order(result, ops, scenario) -> None:
-    """Random draws on both streams: the side work moved before main draws, so the order changed."""
-    drawn: dict[str, list] = {}
+def _check_rng_order(result, scenario, early_ops, late_ops=None) -> None:
+    """Random draws on the side stream and main-path draws between the fork and the join: the order
+    of the draws changes (a device may run the side work anywhere in that window).
+
+    The early run issues the side work at the fork, the late run just before the join, so the
+    main draws in the window are those the late run issues before its first side op and the early
+    run after it. Without a late run, any main draw next to a side draw counts."""
+    early = _draws(early_ops)
+    if not early.side or not early.main:
+        return
+    window_draw = early.main[0]
+    if late_ops is not None:
+        late = _draws(late_ops)
+        if late.main_before_side <= early.main_before_side:
+            return  # the main path draws only before the fork or after the join: same order
+        window_draw = early.main[min(early.main_before_side, len(early.main) - 1)]
+    side = early.side[0]
+    line = (
+        f"rng-order: {scenario.label('flag on')}: the side stream draws random numbers ({side.name} at "
+        f"{Path(side.file).name}:{side.line}) and so does the main path between the fork and the join "
+        f"({window_draw.name} at {Path(window_draw.file).name}:{window_draw.line}): moving the side work changes "
+        "the order of the draws"
+    )
+    if line not in result.problems:
+        result.problems.append(line)
+
+
+@dataclass
+class _Draws:
+    side: list  # random draws on a side stream, in issue order
+    main: list  # random draws on the main stream, in issue order
+    main_before_side: int  # main draws issued before the first side-stream op
+
+
+def _draws(ops) -> _Draws:
+    found = _Draws([], [], 0)
+    seen_side = False
     for op in ops:
+        on_side = op.stream != "main"
+        seen_side = seen_side or on_side
         if RANDOM_OPS.match(op.name):
-            drawn.setdefault("main" if op.stream == "main" else "side", []).append(op)
-    if "main" in drawn and "side" in drawn:
-        side, main = drawn["side"][0], drawn["main"][0]
-        line = (
-            f"rng-order: {scenario.label('flag on')}: the side stream draws random numbers ({side.name} at "
-            f"{Path(side.file).name}:{side.line}) and so does the main path ({main.name} at "
-            f"{Path(main.file).name}:{main.line}): moving the side work changes the order of the draws"
-        )
-        if line not in result.problems:
-            result.problems.append(line)
+            if on_side:
+                found.side.append(op)
+            else:
+                found.main.append(op)
+                found.main_before_side += not seen_side
+    return found
 
 
 def _leak(source, scenario, reference, reference_run, build_edited, switch, atol, rtol) -> str:

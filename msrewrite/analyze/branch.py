@@ -64,6 +64,8 @@ class SideBranch:
     protected_inputs: list[str] = field(default_factory=list)
     # callees the side branch and the window call that msrewrite could not see into
     trust_boundary: list[str] = field(default_factory=list)
+    # why moving the side work changes the order of random draws (dropout, torch.rand*), or ""
+    rng_reorder: str = ""
 
 
 class NoBranch(Exception):
@@ -484,7 +486,9 @@ def _find_side_branch(
     if phase_anchors is not None:
         chosen_anchors = list(phase_anchors) or derive_phase_anchors(facts, fork, join, side_idx)
         phases = _assign_phases(facts, whole, chosen_anchors, fork, join, side_idx, reaching_def, set(inputs))
+    rng = _rng_reorder(facts, whole, hoists, start, join, side_idx, scope)
     return SideBranch(
+        rng_reorder=rng,
         phases=phases,
         phase_anchors=chosen_anchors,
         maybe_outputs=maybe,
@@ -502,6 +506,89 @@ def _find_side_branch(
         facts=facts,
         guard=guard,
     )
+
+
+def _random_draws(node: cst.CSTNode, scope: Scope, skip: tuple[cst.Call, ...] = ()) -> tuple[list[str], list[str]]:
+    """(the calls in `node` that draw random numbers, the callees not seen into that may), outside
+    the calls in `skip` (hoisted side calls inside a join statement)."""
+    draws: list[str] = []
+    unseen: list[str] = []
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> bool:
+            if any(call is s for s in skip):
+                return False
+            effect = scope.effect_of(call)
+            if effect.rng:
+                draws.append(source(call.func))
+            unseen.extend(u for u in effect.unknown if u not in unseen)
+            return True
+
+        def visit_FunctionDef(self, n: cst.FunctionDef) -> bool:
+            return False
+
+        def visit_Lambda(self, n: cst.Lambda) -> bool:
+            return False
+
+    node.visit(_Calls())
+    return list(dict.fromkeys(draws)), unseen
+
+
+def _few(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _rng_reorder(facts, whole, hoists, start: int, join: int, side_idx: set[int], scope: Scope) -> str:
+    """Why the side work's random draws change order against the main path's, or "".
+
+    The side work is issued at the fork, and a device (a graph compiler too) may run it anywhere
+    up to the join: when the side work draws and so do the main statements of that window (from
+    the fork, or from the side's own place if that is earlier, to the join; with hoisted calls,
+    the rest of the join statement too), the draws may come in another order, and every random
+    value after the first moved draw changes in train mode. A callee msrewrite cannot see into
+    may draw too. Dropout with p=0, or used only in eval, cannot be told apart here: it counts."""
+    side_draws: list[str] = []
+    side_unseen: list[str] = []
+    side_line = 0
+    for f in whole:
+        draws, unseen = _random_draws(f.node, scope)
+        side_line = side_line or (f.first_line if draws else 0)
+        side_draws += [d for d in draws if d not in side_draws]
+        side_unseen += [u for u in unseen if u not in side_unseen]
+    for h in hoists:
+        draws, unseen = _random_draws(h.call, scope)
+        side_line = side_line or (h.first_line if draws else 0)
+        side_draws += [d for d in draws if d not in side_draws]
+        side_unseen += [u for u in unseen if u not in side_unseen]
+    if not side_draws and not side_unseen:
+        return ""  # the common case: nothing on the side can draw
+    main: list[tuple[int, list[str], list[str]]] = []
+    for f in facts[start:join]:
+        if f.index not in side_idx:
+            main.append((f.first_line, *_random_draws(f.node, scope)))
+    if hoists:
+        main.append((facts[join].first_line, *_random_draws(facts[join].node, scope, tuple(h.call for h in hoists))))
+    main_draw = next(((line, draws) for line, draws, _ in main if draws), None)
+    main_unseen = next(((line, unseen) for line, _, unseen in main if unseen), None)
+    if side_draws and main_draw is not None:
+        return (
+            f"the side branch draws random numbers (line {side_line}: {_few(side_draws)}) and so does the main "
+            f"path between the fork and the join (line {main_draw[0]}: {_few(main_draw[1])}): on a side "
+            "stream the order of the draws changes, and with it every random value in train mode"
+        )
+    if side_draws and main_unseen is not None:
+        return (
+            f"the side branch draws random numbers (line {side_line}: {_few(side_draws)}) and the main path "
+            f"between the fork and the join calls {main_unseen[1][0]} (line {main_unseen[0]}), which msrewrite "
+            "cannot see into and which may draw too: their order may change in train mode"
+        )
+    if main_draw is not None and side_unseen:
+        return (
+            f"the main path draws random numbers between the fork and the join (line {main_draw[0]}: "
+            f"{_few(main_draw[1])}) and the side branch calls {side_unseen[0]}, which msrewrite cannot "
+            "see into and which may draw too: their order may change in train mode"
+        )
+    return ""
 
 
 def _check_guard(guard: Guard, facts, fork: int, join: int, side_idx: set[int], block_len: int) -> None:

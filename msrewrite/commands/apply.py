@@ -90,6 +90,7 @@ def plans_for_case(
     text: str | None = None,
     protect: str = "",
     assume_pure: tuple[str, ...] = (),
+    allow_rng_reorder: bool = False,
 ) -> list[OverlapPlan]:
     case = get_known_case(case_name) if isinstance(case_name, str) else case_name
     if mode not in case.modes:
@@ -98,7 +99,7 @@ def plans_for_case(
         core_limits = cores.resolve("a3", None).as_tuple()
     options = Options(
         mode=mode, flag=flag, stream_tag=stream_tag, start_gates=start_gates, phase_anchors=phase_anchors,
-        core_limits=core_limits, protect=protect, assume_pure=assume_pure,
+        core_limits=core_limits, protect=protect, assume_pure=assume_pure, allow_rng_reorder=allow_rng_reorder,
     )
     targets = find_targets(case, file, module, options, text=text)
     if target:
@@ -140,14 +141,14 @@ def case_steps(
     file: Path, text: str, module, case_name: str, mode: str, target: str | None, flag: FlagSpec,
     stream_tag: str | None, start_gates: tuple[StartGate, ...] = (), phase_anchors: tuple[str, ...] = (),
     core_limits: tuple[int, int, int, int] | None = None, second_group: str | None = None,
-    protect: str = "", assume_pure: tuple[str, ...] = (),
+    protect: str = "", assume_pure: tuple[str, ...] = (), allow_rng_reorder: bool = False,
 ) -> list[EditStep]:
     """The edit a case makes, as steps: phased cases first inline and flatten the side branch (a
     refactor that changes no behaviour), then issue it in phases."""
     case = get_known_case(case_name)
     if case.analysis == "microbatch":
         return _microbatch_steps(case, text, module, mode, target, flag, second_group, file, assume_pure)
-    effects = {"protect": protect, "assume_pure": assume_pure}
+    effects = {"protect": protect, "assume_pure": assume_pure, "allow_rng_reorder": allow_rng_reorder}
     if case.branches:
         return _branch_steps(file, text, module, case, mode, target, flag, **effects)
     if not case.phased:
@@ -191,7 +192,7 @@ def _parse_own_edit(text: str, what: str):
 
 def _branch_steps(
     file: Path, text: str, module, case: Case, mode: str, target: str | None, flag: FlagSpec,
-    protect: str = "", assume_pure: tuple[str, ...] = (),
+    protect: str = "", assume_pure: tuple[str, ...] = (), allow_rng_reorder: bool = False,
 ) -> list[EditStep]:
     """Several side streams: each branch is planned on the code the previous one produced, so it
     sees (and may re-enter) the streams already added. One step, and one patch, per branch."""
@@ -201,7 +202,8 @@ def _branch_steps(
     reasons: list[str] = []
     applied = 0
     for spec in case.branches:
-        options = Options(mode=mode, flag=flag, protect=protect, assume_pure=assume_pure)
+        options = Options(mode=mode, flag=flag, protect=protect, assume_pure=assume_pure,
+                          allow_rng_reorder=allow_rng_reorder)
         targets = find_targets(case, file, module, options, branch=spec, text=text)
         if target:
             if not any(_match_target(name, target) for name, _f, _c in iter_functions(module)):
@@ -257,6 +259,8 @@ def trust_lines(plan: OverlapPlan) -> list[str]:
     lines = [f"trust boundary (callees not seen into): {seen}"]
     if plan.assume_pure:
         lines.append(f"vouched for with --assume-pure: {', '.join(plan.assume_pure)}")
+    if plan.rng_reorder:
+        lines.append(f"--allow-rng-reorder: {plan.rng_reorder}")
     if plan.protect_inputs:
         lines.append(
             f"--protect clone: the side stream reads a copy of {', '.join(plan.protect_inputs)} made at the fork "
@@ -375,6 +379,7 @@ def run_apply(
     second_comm_group: str | None = None,
     protect: str = "",
     assume_pure: tuple[str, ...] = (),
+    allow_rng_reorder: bool = False,
     output: Path | None,
     verify: bool,
     harness: str | None,
@@ -434,8 +439,11 @@ def run_apply(
             raise BadInput(f"--cores and --core-limit are for core-limit cases; {case} does not split cores")
         if second_comm_group and not (known and known.analysis == "microbatch"):
             raise BadInput(f"--second-comm-group is for prefill-microbatch; {case} has no micro-batches")
+        if allow_rng_reorder and not (known and known.analysis == "calls" and known.sync != "async-comm"):
+            raise BadInput(f"--allow-rng-reorder is for cases that move calls onto a side stream; {case} moves none")
         steps = case_steps(file, src.text, src.module, case, chosen_mode, target, spec, stream_tag, gates,
-                           tuple(anchors), budget, second_comm_group, protect=protect, assume_pure=assume_pure)
+                           tuple(anchors), budget, second_comm_group, protect=protect, assume_pure=assume_pure,
+                           allow_rng_reorder=allow_rng_reorder)
         plans = [plan for step in steps for plan in step.plans]
     else:
         try:
@@ -470,6 +478,8 @@ def run_apply(
             overrides["stream_tag"] = stream_tag
         if assume_pure:
             overrides["assume_pure"] = assume_pure
+        if allow_rng_reorder:
+            overrides["allow_rng_reorder"] = True
         try:
             plans = [p.with_changes(**overrides) for p in plans]
         except ValueError as exc:

@@ -325,6 +325,9 @@ class PlannedEdit:
     # between the fork block and the join block.
     side_nodes: tuple[cst.BaseStatement, ...] = ()
     window: tuple[int, int] | None = None
+    # A guarded plan: `window` counts in the body with the guarded `if`'s block spliced in place
+    # of the `if`; this is [start, end) of that block there, and whether it is the `else:` block.
+    guarded_block: tuple[int, int, bool] | None = None
 
 
 def _body_positions(func: cst.FunctionDef, positions) -> list[tuple[int, int]]:
@@ -652,14 +655,16 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
             continue
         new_body.append(stmt)
         new_body += phase_blocks.get(i, [])
-    if guarded is not None:
-        end = len(new_body) if block_end is None else block_end
-        new_body[block_start:end] = [guarded.rebuild(new_body[block_start:end])]
+    block_end = len(new_body) if block_end is None else block_end
     if join == len(body):
         if window_start is not None and em.main_limit:
             new_body[window_start:] = _wrap(em.main_limit, new_body[window_start:], plan, label)
         window_end = len(new_body)
         new_body += join_block
+    guarded_block = None
+    if guarded is not None:  # the block goes back into its `if` (window and side nodes count without it)
+        new_body[block_start:block_end] = [guarded.rebuild(new_body[block_start:block_end])]
+        guarded_block = (block_start, block_end, guarded.in_orelse)
     new_func = func.with_changes(body=func.body.with_changes(body=new_body))
 
     new_init = None
@@ -671,7 +676,9 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         if plan.stream_source == "constructor":
             new_init = _add_keyword_param(new_init, names.stream_attr)
     window = (window_start, window_end) if window_start is not None and window_end is not None else None
-    return PlannedEdit(plan, func, new_func, init, new_init, em, cls, names.stream_attr, tuple(side_nodes), window)
+    return PlannedEdit(
+        plan, func, new_func, init, new_init, em, cls, names.stream_attr, tuple(side_nodes), window, guarded_block
+    )
 
 
 def _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what, guarded=None) -> dict[int, list[cst.BaseStatement]]:
