@@ -27,6 +27,8 @@ from msrewrite.errors import BadInput
 from msrewrite.plan import MODES, FlagSpec
 
 _ENV_FLAG = re.compile(r'_ms_env_flag\("(\w+)",\s*(True|False)\)')
+_SGLANG_FLAG = re.compile(r'get_bool_env_var\("(\w+)",\s*"(true|false)"\)')
+_VLLM_ASCEND_FLAG = re.compile(r'getattr\(get_ascend_config\(\),\s*"(\w+)",\s*(True|False)\)')
 _ATTR_FLAG = re.compile(r"_ms_(?:side_stream|graph_streams)\((?:\"[^\"]*\",\s*)?(?:self\.)?(\w+)")
 _counter = itertools.count()
 
@@ -48,6 +50,12 @@ def detect_flag(text: str) -> FlagSpec | None:
     env = _ENV_FLAG.search(text)
     if env:
         return FlagSpec(kind="env", name=env.group(1), default=env.group(2) == "True")
+    sglang = _SGLANG_FLAG.search(text)
+    if sglang:
+        return FlagSpec(kind="sglang", name=sglang.group(1), default=sglang.group(2) == "true")
+    ascend = _VLLM_ASCEND_FLAG.search(text)
+    if ascend:
+        return FlagSpec(kind="vllm-ascend", name=ascend.group(1), default=ascend.group(2) == "True")
     attr = _ATTR_FLAG.search(text)
     if attr and attr.group(1) not in ("True", "False"):
         try:
@@ -137,6 +145,21 @@ def _set_attr_flag(obj: Any, name: str, value: bool) -> None:
     if obj is not None:
         with contextlib.suppress(Exception):
             setattr(obj, name, value)
+
+
+class _OverriddenConfig:
+    """vllm-ascend's AscendConfig with one field switched (verify's flag off / flag on)."""
+
+    def __init__(self, config: Any, name: str, value: bool) -> None:
+        self._config, self._name, self._value = config, name, value
+
+    def __getattr__(self, attr: str) -> Any:
+        return self._value if attr == self._name else getattr(self._config, attr)
+
+
+def _ascend_config_with(get_ascend_config, name: str, value: bool):
+    """get_ascend_config() as the edited module sees it, with `name` set: the edit reads it in __init__."""
+    return lambda: _OverriddenConfig(get_ascend_config(), name, value)
 
 
 def compare(reference: RunResult, other: RunResult, atol: float, rtol: float) -> str | None:
@@ -272,7 +295,7 @@ def _compiles(text: str) -> bool:
 
 def flag_is_read(text: str, flag: FlagSpec) -> bool:
     """Whether the edited file reads the switch at all (a misspelled --flag is bad input)."""
-    if flag.kind == "env":
+    if flag.kind in ("env", "sglang"):
         return re.search(rf"[\"']{re.escape(flag.name)}[\"']", text) is not None
     return re.search(rf"\b{re.escape(flag.name)}\b", text) is not None
 
@@ -331,7 +354,7 @@ def verify_files(
     result.schedules = ["early", *variants]
 
     def switch(on: bool):
-        if flag.kind == "env":
+        if flag.kind in ("env", "sglang"):  # SGLang's get_bool_env_var reads 1/0 as well
             return _env(flag.name, "1" if on else "0")
         return contextlib.nullcontext()
 
@@ -339,10 +362,12 @@ def verify_files(
         # A fresh module each run: module-level stream caches must belong to this runtime.
         fresh = f"_msrewrite_verify_{next(_counter)}"
         module = load_module(path, package=package, name=f"{package}.{fresh}" if package else fresh)
+        if flag.kind == "vllm-ascend" and callable(getattr(module, "get_ascend_config", None)):
+            module.get_ascend_config = _ascend_config_with(module.get_ascend_config, flag.name, on)
         if flag.kind == "attr":
             _set_attr_flag(reference.config, flag.name, on)
         built = reference.rebuild_from(module)
-        if flag.kind == "attr":
+        if flag.kind in ("attr", "vllm-ascend"):  # vllm-ascend: self.NAME, read from get_ascend_config()
             for sub in built.module.modules():
                 if hasattr(sub, flag.name):
                     setattr(sub, flag.name, on)

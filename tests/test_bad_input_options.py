@@ -116,7 +116,7 @@ ROWS = [
     Row("plan-injected-flag-name", ("apply", "--plan", "{inject-flag.json}", "{good.py}"), 2,
         "not a valid environment variable name"),
     Row("plan-flag-kind-yaml", ("apply", "--plan", "{flag-kind-yaml.json}", "{good.py}"), 2,
-        "flag kind must be env or attr"),
+        "flag kind must be env, attr"),
     Row("plan-attr-flag-forward", ("apply", "--plan", "{attr-forward.json}", "{good.py}"), 2, "nn.Module.forward"),
     Row("plan-tag-quote", ("apply", "--plan", "{tag-quote.json}", "{good.py}"), 2, "not a valid stream tag"),
     Row("plan-tag-newline", ("apply", "--plan", "{tag-newline.json}", "{good.py}"), 2, "not a valid stream tag"),
@@ -287,6 +287,7 @@ FLAG_FIELD_HOSTILE = {
     "name": HOSTILE_TEXT + ["é"],
     "default": ["off", 0, None],
     "max_tokens": [0, -5, "64", True],
+    "gate": ["always", "", "tokens<=4", 1, "capture; os.system(1)"],
 }
 
 

@@ -1,0 +1,141 @@
+"""The serving framework's own switches and phase predicates, found in the file being edited.
+
+`--flag sglang:NAME` reads SGLang's `get_bool_env_var`, `--flag vllm-ascend:NAME` a field of
+vllm-ascend's `get_ascend_config()`; `--gate capture|prefill|decode` becomes the predicate the
+framework already uses: SGLang's `get_is_capture_mode()`, a forward parameter `with_prefill`
+(vllm-ascend) or `is_prefill`, or `forward_batch.forward_mode.is_extend()` / `.is_decode()`
+(SGLang). Names are imported the way the framework's own model files import them, and only into
+a file that already imports from that framework; anything else is refused, naming what was
+looked for, so the edit never guesses at an API.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from msrewrite.errors import BadInput
+from msrewrite.plan import FlagSpec
+
+# (module, name) as the framework's model files import them (SGLang 0.5.23, vllm-ascend 0.23)
+SGLANG_ENV = ("sglang.srt.utils", "get_bool_env_var")
+SGLANG_CAPTURE = ("sglang.srt.model_executor.runner", "get_is_capture_mode")
+VLLM_ASCEND_CONFIG = ("vllm_ascend.ascend_config", "get_ascend_config")
+
+_FRAMEWORK_ROOT = {"sglang": "sglang", "vllm-ascend": "vllm_ascend"}
+
+# forward parameters, in the order they are tried: (name, prefill predicate, decode predicate)
+_PHASE_PARAMS = (
+    ("with_prefill", "{p}", "not {p}"),  # vllm-ascend
+    ("is_prefill", "{p}", "not {p}"),
+    ("forward_batch", "{p}.forward_mode.is_extend()", "{p}.forward_mode.is_decode()"),  # SGLang ForwardBatch
+)
+
+
+def imported_roots(module: cst.Module) -> set[str]:
+    """Top-level packages the module imports at module level (`from sglang.srt... import` -> sglang)."""
+    roots: set[str] = set()
+    for stmt in module.body:
+        nodes = []
+        if isinstance(stmt, cst.SimpleStatementLine):
+            nodes = list(stmt.body)
+        elif isinstance(stmt, cst.Try) and isinstance(stmt.body, cst.IndentedBlock):
+            nodes = [s for line in stmt.body.body if isinstance(line, cst.SimpleStatementLine) for s in line.body]
+        for node in nodes:
+            if isinstance(node, cst.ImportFrom) and node.module is not None and not node.relative:
+                roots.add(_dotted(node.module).split(".")[0])
+            elif isinstance(node, cst.Import):
+                roots |= {_dotted(alias.name).split(".")[0] for alias in node.names}
+    return roots
+
+
+def _dotted(node: cst.BaseExpression) -> str:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        return f"{_dotted(node.value)}.{node.attr.value}"
+    return ""
+
+
+def _require(framework: str, roots: set[str], what: str) -> None:
+    if _FRAMEWORK_ROOT[framework] not in roots:
+        raise BadInput(
+            f"{what} needs a {framework} model file, and this file imports nothing from "
+            f"{_FRAMEWORK_ROOT[framework]}; use --flag env:NAME or attr:NAME here"
+        )
+
+
+def _assigned_names(func: cst.FunctionDef) -> set[str]:
+    names: set[str] = set()
+
+    class _Stores(cst.CSTVisitor):
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            names.update(n.value for n in _names_in(node.target))
+
+        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+            names.update(n.value for n in _names_in(node.target))
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            names.update(n.value for n in _names_in(node.target))
+
+        def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+            names.update(n.value for n in _names_in(node.target))
+
+        def visit_For(self, node: cst.For) -> None:
+            names.update(n.value for n in _names_in(node.target))
+
+    func.body.visit(_Stores())
+    return names
+
+
+def _names_in(target: cst.BaseExpression) -> list[cst.Name]:
+    if isinstance(target, cst.Name):
+        return [target]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for el in target.elements for n in _names_in(el.value)]
+    if isinstance(target, cst.StarredElement):
+        return _names_in(target.value)
+    return []
+
+
+def _param(func: cst.FunctionDef, name: str) -> cst.Param | None:
+    params = func.params
+    for p in [*params.posonly_params, *params.params, *params.kwonly_params]:
+        if p.name.value == name:
+            return p
+    return None
+
+
+def phase_predicate(gate: str, func: cst.FunctionDef, roots: set[str], qualified: str) -> tuple[str, list[tuple[str, str]]]:
+    """(the predicate expression for `gate` in `func`, the framework imports it needs)."""
+    if gate == "capture":
+        if "sglang" not in roots:
+            raise BadInput(
+                f"--gate capture: {qualified} has no capture predicate: looked for SGLang's "
+                "get_is_capture_mode() (the file imports nothing from sglang)"
+            )
+        return f"{SGLANG_CAPTURE[1]}()", [SGLANG_CAPTURE]
+    rebound = _assigned_names(func)
+    for name, prefill, decode in _PHASE_PARAMS:
+        param = _param(func, name)
+        if param is None:
+            continue
+        if name in rebound:  # the fork would read a value the function computed, not the caller's
+            raise BadInput(f"--gate {gate}: {qualified} assigns its parameter {name!r}; the phase cannot be read from it")
+        expr = (prefill if gate == "prefill" else decode).format(p=name)
+        optional = isinstance(param.default, cst.Name) and param.default.value == "None"
+        if optional and name == "forward_batch":  # SGLang passes None outside a model runner: not that phase
+            expr = f"{name} is not None and {expr}"
+        return expr, []
+    looked = ", ".join(name for name, _, _ in _PHASE_PARAMS)
+    raise BadInput(f"--gate {gate}: {qualified} has no phase predicate: looked for a forward parameter {looked}")
+
+
+def flag_imports(flag: FlagSpec, roots: set[str]) -> list[tuple[str, str]]:
+    """The framework import the flag's reader needs; BadInput for a file of another framework."""
+    if flag.kind == "sglang":
+        _require("sglang", roots, f"--flag sglang:{flag.name}")
+        return [SGLANG_ENV]
+    if flag.kind == "vllm-ascend":
+        _require("vllm-ascend", roots, f"--flag vllm-ascend:{flag.name}")
+        return [VLLM_ASCEND_CONFIG]
+    return []
