@@ -148,3 +148,35 @@ def test_plan_files_carry_flag_kind_and_gate():
     with pytest.raises(ValueError, match="flag gate must be one of capture, prefill, decode"):
         load_plans(json.dumps({**json.loads(done.stdout), "candidates": [
             {**json.loads(done.stdout)["candidates"][0], "plan": bad}]}))
+
+
+FULLGRAPH_MOE = FIXTURES / "fullgraph_moe.py"
+
+
+@pytest.mark.parametrize("compiled, reason", [
+    ("@support_torch_compile\nclass Model", "vLLM's @support_torch_compile on Model, which builds MoE"),
+    ("@torch.compile(fullgraph=True)\nclass Model", "@torch.compile(fullgraph=True) on Model, which builds MoE"),
+    ("class Model", None),  # torch.compile(Model(), fullgraph=True) appended below
+])
+def test_inside_a_fullgraph_region_is_refused_with_the_reason(tmp_path, compiled, reason):
+    text = FULLGRAPH_MOE.read_text().replace("@support_torch_compile\nclass Model", compiled)
+    if reason is None:
+        text += "\n\ncompiled = torch.compile(Model(), fullgraph=True)\n"
+        reason = "torch.compile(..., fullgraph=True) of Model, which builds MoE"
+    model = tmp_path / "fullgraph_moe.py"
+    model.write_text(text)
+    done = run_cli("apply", *CASE, str(model), "--mode", "eager")
+    assert done.returncode == 2 and done.stdout == ""
+    assert f"MoE.forward runs inside a torch.compile fullgraph region ({reason})" in done.stderr
+    assert "vLLM keeps its own stream code inside a custom op" in done.stderr
+
+
+@pytest.mark.slow
+def test_outside_a_fullgraph_region_the_same_model_is_edited_and_verified(tmp_path):
+    """Eager, or compiled by a backend that lowers streams itself (npugraph_ex): edited, proven."""
+    for name, extra in (("eager", ""), ("npugraph_ex", '\n\ndef compiled():\n    return torch.compile(Model(), backend="npugraph_ex", fullgraph=True)\n')):
+        model = tmp_path / f"{name}_moe.py"
+        model.write_text(FULLGRAPH_MOE.read_text().replace("@support_torch_compile\n", "") + extra)
+        done = run_cli("apply", *CASE, str(model), "--verify")
+        assert done.returncode == 0, done.stderr
+        assert "OK:" in done.stderr and "ops on side" in done.stderr

@@ -387,6 +387,12 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         raise NothingToDo(f"{plan.function} already runs its side branch on a side stream")
     if not isinstance(func.body, cst.IndentedBlock):
         raise BadInput(f"{plan.function}: a one-line function body cannot be split")
+    compiled = frameworks.fullgraph_region(module, plan.function)
+    if compiled is not None:
+        raise BadInput(
+            f"{plan.function} runs inside a torch.compile fullgraph region ({compiled}): stream code there "
+            "would be traced into the graph; vLLM keeps its own stream code inside a custom op"
+        )
     body = list(func.body.body)
     spans = _body_positions(func, positions)
     guarded = _guarded_if(body, spans, positions, plan) if plan.guard else None

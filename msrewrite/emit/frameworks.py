@@ -139,3 +139,83 @@ def flag_imports(flag: FlagSpec, roots: set[str]) -> list[tuple[str, str]]:
         _require("vllm-ascend", roots, f"--flag vllm-ascend:{flag.name}")
         return [VLLM_ASCEND_CONFIG]
     return []
+
+
+# --- torch.compile fullgraph regions ---------------------------------------------------------------
+def _callee_name(node: cst.BaseExpression) -> str:
+    node = node.func if isinstance(node, cst.Call) else node
+    return _dotted(node).rsplit(".", 1)[-1]
+
+
+def _fullgraph_keyword(call: cst.Call) -> bool:
+    """fullgraph=True with a backend that does not handle stream code itself: inductor (no backend)
+    or another one; torchair's get_npu_backend and npugraph_ex lower streams in the graph."""
+    keywords = {arg.keyword.value: arg.value for arg in call.args if arg.keyword is not None}
+    fullgraph = keywords.get("fullgraph")
+    if not (isinstance(fullgraph, cst.Name) and fullgraph.value == "True"):
+        return False
+    backend = keywords.get("backend")
+    return backend is None or "npu" not in cst.Module([]).code_for_node(backend)
+
+
+def _compiled_roots(module: cst.Module) -> dict[str, str]:
+    """Top-level classes and functions compiled as one graph -> how: vLLM's @support_torch_compile,
+    @torch.compile(fullgraph=True), or torch.compile(X, fullgraph=True) anywhere in the file."""
+    roots: dict[str, str] = {}
+    for stmt in module.body:
+        if not isinstance(stmt, (cst.ClassDef, cst.FunctionDef)):
+            continue
+        for deco in stmt.decorators:
+            name = _callee_name(deco.decorator)
+            if name == "support_torch_compile":
+                roots[stmt.name.value] = f"vLLM's @support_torch_compile on {stmt.name.value}"
+            elif name == "compile" and isinstance(deco.decorator, cst.Call) and _fullgraph_keyword(deco.decorator):
+                roots[stmt.name.value] = f"@torch.compile(fullgraph=True) on {stmt.name.value}"
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            if _callee_name(call) == "compile" and _dotted(call.func) != "re.compile" and _fullgraph_keyword(call):
+                if call.args and call.args[0].keyword is None:
+                    target = _callee_name(call.args[0].value)  # torch.compile(Model(...)) or (self.forward)
+                    if target:
+                        roots.setdefault(target, f"torch.compile(..., fullgraph=True) of {target}")
+
+    module.visit(_Calls())
+    return roots
+
+
+def fullgraph_region(module: cst.Module, qualified: str) -> str | None:
+    """How `qualified` ("Class.method" or "function") runs inside a fullgraph compile, else None.
+    A class is inside when a compiled class constructs it, directly or through other classes of the
+    file (vLLM's model class builds its layers in __init__)."""
+    roots = _compiled_roots(module)
+    if not roots:
+        return None
+    parts = qualified.split(".")
+    for part in parts:  # the class itself, or the method (torch.compile(self.forward, ...))
+        if part in roots:
+            return roots[part]
+    classes = {s.name.value: s for s in module.body if isinstance(s, cst.ClassDef)}
+    builds: dict[str, set[str]] = {}
+    for name, cls in classes.items():
+        found: set[str] = set()
+
+        class _Calls(cst.CSTVisitor):
+            def visit_Call(self, call: cst.Call) -> None:
+                callee = _callee_name(call)
+                if callee in classes:
+                    found.add(callee)
+
+        cls.visit(_Calls())
+        builds[name] = found - {name}
+    for root, how in roots.items():
+        seen, todo = set(), [root]
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            if name == parts[0]:
+                return f"{how}, which builds {parts[0]}"
+            todo += builds.get(name, ())
+    return None
