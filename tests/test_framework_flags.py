@@ -71,19 +71,25 @@ def test_vllm_ascend_flag_reads_the_ascend_config_and_with_prefill():
 
 @pytest.mark.slow
 def test_sglang_edit_verifies_and_the_gate_false_path_is_the_original(tmp_path):
-    """Flag on with the gate true overlaps (ops on the side stream); gate false runs exactly the
-    original code: equal outputs, every op on the main stream (verify's only complaint)."""
+    """verify opens the capture gate for flag on (ops on the side stream) and runs it closed too:
+    exactly the original code, every op on the main stream."""
     edited = tmp_path / "sglang_style_moe.py"
     edited.write_text(SGLANG_MOE.read_text())
     done = _apply(edited, "-i", "--mode", "eager", "--flag", "sglang:SGLANG_NPU_USE_MULTI_STREAM", "--gate", "capture")
     assert done.returncode == 0, done.stderr
     ok = run_cli("verify", str(edited), "--original", str(SGLANG_MOE), "--no-train", "--inputs", "0", env=_env())
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert "ops on side" in ok.stdout
-    gate_false = run_cli("verify", str(edited), "--original", str(SGLANG_MOE), "--no-train", "--inputs", "0",
-                         env=_env(MSREWRITE_TEST_CAPTURE="0"))
-    problems = [line.strip() for line in gate_false.stdout.splitlines() if "problem:" in line]
-    assert problems == ["problem: flag on: no op ran on a side stream (is the flag wired?)"], gate_false.stdout
+    lines = {line.split(":")[0].strip(): line for line in ok.stdout.splitlines()}
+    assert "ops on side" in lines["flag on"]
+    assert "ops on main" in lines["flag on, gate false"] and "side" not in lines["flag on, gate false"]
+    # a gate that does not close (`flag or gate and gate`) is caught by the gate-false run
+    broken = tmp_path / "broken.py"
+    broken.write_text(edited.read_text().replace(
+        " and get_is_capture_mode())", " or get_is_capture_mode() and get_is_capture_mode())"))
+    bad = run_cli("verify", str(broken), "--original", str(SGLANG_MOE), "--no-train", "--inputs", "0",
+                  "--flag", "sglang:SGLANG_NPU_USE_MULTI_STREAM", env=_env())
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "problem: flag on, gate false: " in bad.stdout and "ops ran off the main stream" in bad.stdout
 
 
 @pytest.mark.slow
