@@ -186,3 +186,23 @@ def test_outside_a_fullgraph_region_the_same_model_is_edited_and_verified(tmp_pa
         done = run_cli("apply", *CASE, str(model), "--verify")
         assert done.returncode == 0, done.stderr
         assert "OK:" in done.stderr and "ops on side" in done.stderr
+
+
+def test_a_stream_made_by_the_model_reads_the_framework_flag_too(tmp_path):
+    """moe-shared-mlp-init: the outermost model makes the stream; it reads the same SGLang switch."""
+    model = tmp_path / "hunyuan_moe.py"
+    model.write_text((Path(__file__).parent.parent / "examples" / "hunyuan_moe.py").read_text().replace(
+        "from torch import nn\n", "from torch import nn\n\nfrom sglang.srt.utils import add_prefix  # noqa: F401\n", 1))
+    done = run_cli("apply", "--case", "moe-shared-mlp-init", str(model), "--mode", "eager",
+                   "--flag", "sglang:SGLANG_NPU_USE_MULTI_STREAM", env=_env())
+    assert done.returncode == 0, done.stderr
+    assert '_ms_side_stream("shared_mlp", get_bool_env_var("SGLANG_NPU_USE_MULTI_STREAM", "true"))' in done.stdout
+    assert "getattr(config" not in done.stdout
+
+
+@pytest.mark.parametrize("options", [("--flag", "sglang:SGLANG_NPU_USE_MULTI_STREAM"), ("--gate", "capture")])
+def test_prefill_microbatch_takes_an_env_flag_only(options):
+    done = run_cli("apply", "--case", "prefill-microbatch",
+                   str(Path(__file__).parent.parent / "examples" / "microbatch_moe.py"), *options, env=_env())
+    assert done.returncode == 2 and done.stdout == ""
+    assert "prefill-microbatch supports --flag env:NAME only, and no --gate" in done.stderr

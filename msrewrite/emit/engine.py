@@ -831,6 +831,10 @@ def _creator_flag(plan: OverlapPlan, em: Emission) -> str:
     default = "True" if plan.flag.default else "False"
     if plan.flag.kind == "env":
         return f"_ms_env_flag({literal(plan.flag.name)}, {default})"
+    if plan.flag.kind == "sglang":
+        return f"get_bool_env_var({literal(plan.flag.name)}, {literal(default.lower())})"
+    if plan.flag.kind == "vllm-ascend":
+        return f"getattr(get_ascend_config(), {literal(plan.flag.name)}, {default})"
     return f"getattr(config, {literal(plan.flag.name)}, {default})"
 
 
