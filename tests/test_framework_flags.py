@@ -206,3 +206,17 @@ def test_prefill_microbatch_takes_an_env_flag_only(options):
                    str(Path(__file__).parent.parent / "examples" / "microbatch_moe.py"), *options, env=_env())
     assert done.returncode == 2 and done.stdout == ""
     assert "prefill-microbatch supports --flag env:NAME only, and no --gate" in done.stderr
+
+
+@pytest.mark.parametrize("binding, message", [
+    ("def get_is_capture_mode():\n    return True\n", "the file defines its own get_is_capture_mode()"),
+    ("from mylib import get_is_capture_mode\n", "the file binds get_is_capture_mode by another import"),
+    ("get_is_capture_mode = lambda: True\n", "the file assigns its own get_is_capture_mode"),
+])
+def test_a_framework_name_the_file_binds_itself_is_refused(tmp_path, binding, message):
+    model = tmp_path / "own.py"
+    model.write_text(SGLANG_MOE.read_text().replace(
+        "from torch import nn\n", "from torch import nn\n\n" + binding, 1))
+    done = _apply(model, "--gate", "capture")
+    assert done.returncode == 2 and done.stdout == ""
+    assert message in done.stderr, done.stderr

@@ -440,6 +440,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
     if plan.flag.gate is not None:
         phase_gate, needed = frameworks.phase_predicate(plan.flag.gate, func, roots, plan.function)
         framework_imports += [i for i in needed if i not in framework_imports]
+    frameworks.check_own_bindings(module, framework_imports)
     init, config_param, init_sets_flag = _init_info(cls, (switch,))
     taken = function_names(func)
     # attributes the edit adds to the class (npugraph-ex streams/events, handed-down streams)
@@ -1039,12 +1040,12 @@ def add_helpers(module: cst.Module, emissions: list[Emission], mode: str) -> cst
         if same is not None:  # `from M import a` becomes `from M import a, name`
             line = body[same]
             imp = line.body[0]
-            names = [*imp.names[:-1], imp.names[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
-                     cst.ImportAlias(cst.Name(name))]
+            comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+            names = [*imp.names[:-1], imp.names[-1].with_changes(comma=comma), cst.ImportAlias(cst.Name(name))]
             body[same] = line.with_changes(body=[imp.with_changes(names=names)])
             continue
-        last = max((i for i, s in enumerate(body) if _is_import(s) and isinstance(s, cst.SimpleStatementLine)), default=None)
-        at = 0 if last is None else last + 1
+        plain = [i for i, s in enumerate(body) if isinstance(s, cst.SimpleStatementLine) and _is_import(s)]
+        at = plain[-1] + 1 if plain else 0
         body.insert(at, cst.parse_statement(f"from {mod} import {name}\n"))
     for name in sorted(stdlib, reverse=True):  # each lands first: the final order is sorted
         if name in bound or _imports_module(module, name):

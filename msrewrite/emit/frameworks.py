@@ -219,3 +219,28 @@ def fullgraph_region(module: cst.Module, qualified: str) -> str | None:
                 return f"{how}, which builds {parts[0]}"
             todo += builds.get(name, ())
     return None
+
+
+def check_own_bindings(module: cst.Module, imports: list[tuple[str, str]]) -> None:
+    """BadInput when the file binds one of the framework names itself (a def, a class, an
+    assignment, or an import from another package): the edit would call that, not the framework's."""
+    wanted = {name: mod.split(".")[0] for mod, name in imports}
+    for stmt in module.body:
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and stmt.name.value in wanted:
+            raise BadInput(f"the file defines its own {stmt.name.value}(); the edit needs {wanted[stmt.name.value]}'s")
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for node in stmt.body:
+            if isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
+                source = _dotted(node.module).split(".")[0] if node.module is not None and not node.relative else "."
+                for alias in node.names:
+                    bound = (alias.asname.name if alias.asname else alias.name)
+                    name = bound.value if isinstance(bound, cst.Name) else ""
+                    if name in wanted and (source != wanted[name] or alias.asname is not None):
+                        raise BadInput(f"the file binds {name} by another import; the edit needs {wanted[name]}'s")
+            elif isinstance(node, (cst.Assign, cst.AnnAssign)):
+                targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+                for target in targets:
+                    for n in _names_in(target):
+                        if n.value in wanted:
+                            raise BadInput(f"the file assigns its own {n.value}; the edit needs {wanted[n.value]}'s")

@@ -103,7 +103,8 @@ def _flag(ctx: Context, em: Emission) -> str:
         ]
         return f"self.{ctx.names.flag_attr}"
     if ctx.flag_kind == "vllm-ascend":
-        # A field of vllm-ascend's AscendConfig (--additional-config); getattr: a release without it stays on the default.
+        # A field of vllm-ascend's AscendConfig (its additional_config); getattr: a release without
+        # that field keeps the default.
         read = f"getattr(get_ascend_config(), {literal(ctx.flag_name)}, {default})"
         if not ctx.has_init:
             return read
@@ -130,7 +131,7 @@ def _flag(ctx: Context, em: Emission) -> str:
     return f"self.{ctx.flag_name}"
 
 
-def _token_gate(ctx: Context, em: Emission) -> str | None:
+def _gate_condition(ctx: Context, em: Emission) -> str | None:
     """Every gate as one condition: the phase (--gate) and `_ms_num_tokens(x) <= N` (--max-tokens),
     else None. While it is false the original single-stream code runs."""
     gates = [ctx.phase_gate] if ctx.phase_gate else []
@@ -141,7 +142,7 @@ def _token_gate(ctx: Context, em: Emission) -> str | None:
 
 
 def _gated(ctx: Context, em: Emission, enabled: str) -> str:
-    gate = _token_gate(ctx, em)
+    gate = _gate_condition(ctx, em)
     return enabled if gate is None else f"{enabled} and {gate}"
 
 
@@ -160,7 +161,7 @@ def _native(ctx: Context, api: str) -> Emission:
     em = Emission()
     n = ctx.names
     flag = _flag(ctx, em)
-    gate = _token_gate(ctx, em)
+    gate = _gate_condition(ctx, em)
     enabled = flag if gate is None else f"{flag} and {gate}"
     em.helpers += ["_ms_side_stream:" + ("cuda" if api == "torch.cuda" else "npu")]
     if api == "torch.npu":
@@ -266,7 +267,7 @@ def npugraph_ex(ctx: Context) -> Emission:
     else:
         stream_expr = f"_ms_capture_safe(_ms_side_stream({literal(ctx.tag)}, {enabled}))"
         events_expr = None
-    gate = _token_gate(ctx, em)
+    gate = _gate_condition(ctx, em)
     if gate:
         stream_expr = f"{stream_expr} if {gate} else None"
     em.prelude = [f"{n.stream} = {stream_expr}"]
