@@ -109,9 +109,10 @@ def _flag(ctx: Context, em: Emission) -> str:
         if not ctx.has_init:
             return read
         if not ctx.init_sets_flag:
+            switch = "false" if ctx.flag_default else "true"
             em.init_lines += [
-                f"# msrewrite({ctx.case}): --additional-config '{{\"{ctx.flag_name}\": "
-                f"{'false' if ctx.flag_default else 'true'}}}' turns the side stream {'off' if ctx.flag_default else 'on'}.",
+                f"# msrewrite({ctx.case}): additional_config {{{literal(ctx.flag_name)}: {switch}}} turns the side "
+                f"stream {'off' if ctx.flag_default else 'on'}.",
                 f"self.{ctx.flag_name} = {read}",
             ]
         return f"self.{ctx.flag_name}"
