@@ -28,9 +28,12 @@ def apply(
     candidate: Optional[int] = Option(None, "--candidate", help="With --plan: only this candidate (1-based)."),
     mode: str = Option("auto", "--mode", help="auto, eager, npugraph-ex, ge-graph or cuda."),
     target: Optional[str] = Option(None, "--target", help="Class.method to edit when several match."),
-    flag: str = Option("", "--flag", help="Enable flag: env:NAME (default) or attr:NAME."),
-    flag_default: str = Option("on", "--flag-default", help="Value when the flag is unset: on or off."),
+    flag: str = Option("", "--flag", help="Enable flag: env:NAME (default), attr:NAME, sglang:NAME or vllm-ascend:NAME."),
+    flag_default: str = Option("on", "--flag-default", help="Value when the flag is unset: on or off (off for upstream patches)."),
     max_tokens: Optional[int] = Option(None, "--max-tokens", help="Overlap only for at most N tokens."),
+    gate: Optional[str] = Option(
+        None, "--gate", help="capture, prefill, decode or tokens<=N: overlap only then, by the file's own predicate."
+    ),
     stream_tag: Optional[str] = Option(None, "--stream-tag", help="Side stream tag (shared by every layer)."),
     start_after: Optional[str] = Option(
         None, "--start-after", help="ge-graph: start the side work only after this main-stream tensor exists."
@@ -77,6 +80,7 @@ def apply(
         flag=flag,
         flag_default=flag_default,
         max_tokens=max_tokens,
+        gate=gate,
         stream_tag=stream_tag,
         start_after=start_after,
         anchors=tuple(anchor or ()),
@@ -116,7 +120,7 @@ def verify(
     original: Optional[Path] = Option(None, "--original", help="Original model file to compare against."),
     harness: Optional[str] = Option(None, "--harness", help="H.py:make returning (module, inputs)."),
     target: Optional[str] = Option(None, "--target", help="Module class to build when the file has several."),
-    flag: str = Option("", "--flag", help="Enable flag of the edit: env:NAME or attr:NAME."),
+    flag: str = Option("", "--flag", help="Enable flag of the edit: env:NAME, attr:NAME, sglang:NAME or vllm-ascend:NAME."),
     mode: str = Option("auto", "--mode", help="auto, eager, npugraph-ex, ge-graph or cuda."),
     atol: float = Option(0.0, "--atol", help="Absolute tolerance (default: exact)."),
     rtol: float = Option(0.0, "--rtol", help="Relative tolerance (default: exact)."),

@@ -117,7 +117,7 @@ ROWS = [
     Row("plan-injected-flag-name", ("apply", "--plan", "{inject-flag.json}", "{good.py}"), 2,
         "not a valid environment variable name"),
     Row("plan-flag-kind-yaml", ("apply", "--plan", "{flag-kind-yaml.json}", "{good.py}"), 2,
-        "flag kind must be env or attr"),
+        "flag kind must be env, attr"),
     Row("plan-attr-flag-forward", ("apply", "--plan", "{attr-forward.json}", "{good.py}"), 2, "nn.Module.forward"),
     Row("plan-tag-quote", ("apply", "--plan", "{tag-quote.json}", "{good.py}"), 2, "not a valid stream tag"),
     Row("plan-tag-newline", ("apply", "--plan", "{tag-newline.json}", "{good.py}"), 2, "not a valid stream tag"),
@@ -294,6 +294,7 @@ FLAG_FIELD_HOSTILE = {
     "name": HOSTILE_TEXT + ["é"],
     "default": ["off", 0, None],
     "max_tokens": [0, -5, "64", True],
+    "gate": ["always", "", "tokens<=4", 1, "capture; os.system(1)"],
 }
 
 
@@ -415,7 +416,10 @@ def test_emission_context_is_built_only_from_the_validated_plan():
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Context"]
     assert len(calls) == 1
     # snapshots: plan.protect_inputs (validated) mapped to names the emitter made unique
-    internal = {"init", "config_param", "init_sets_flag", "gates", "names", "what", "list", "bool", "snapshots", "n"}
+    # phase_gate, framework_imports: emit/frameworks.py, from plan.flag (kind and gate are enums) with
+    # fixed templates and the function's own parameter names
+    internal = {"init", "config_param", "init_sets_flag", "gates", "names", "what", "list", "bool", "snapshots", "n",
+                "phase_gate", "framework_imports"}
     for keyword in calls[0].keywords:
         roots = {n.id for n in ast.walk(keyword.value) if isinstance(n, ast.Name)}
         assert roots <= internal | {"plan"}, (keyword.arg, roots - internal)

@@ -50,15 +50,29 @@ def _relpath(file: Path) -> str:
     return resolved.name
 
 
-def _parse_flag(flag: str, flag_default: str, max_tokens: int | None, case_flag: str) -> FlagSpec:
+def _parse_flag(flag: str, flag_default: str, max_tokens: int | None, case_flag: str, gate: str | None = None) -> FlagSpec:
+    """`case_flag`: the switch when --flag is not given (`KIND:NAME`, or a bare NAME for env)."""
     if flag_default not in ("on", "off"):
         raise BadInput(f"--flag-default must be on or off, got {flag_default!r}")
     if max_tokens is not None and max_tokens < 1:
         raise BadInput(f"--max-tokens must be a positive token count, got {max_tokens}")
+    phase = None
+    if gate is not None:
+        kind, sep, count = gate.partition("<=")
+        if sep:  # tokens<=N is --max-tokens N
+            if kind.strip() != "tokens" or not count.strip().isdigit() or int(count) < 1:
+                raise BadInput(f"--gate must be capture, prefill, decode or tokens<=N (N >= 1), got {gate!r}")
+            if max_tokens is not None and max_tokens != int(count):
+                raise BadInput(f"--gate {gate} and --max-tokens {max_tokens} disagree; give one")
+            max_tokens = int(count)
+        else:
+            phase = gate
     try:
-        return FlagSpec.parse(flag or f"env:{case_flag}", default=flag_default == "on", max_tokens=max_tokens)
+        return FlagSpec.parse(flag or (case_flag if ":" in case_flag else f"env:{case_flag}"),
+                              default=flag_default == "on", max_tokens=max_tokens, gate=phase)
     except ValueError as exc:
-        raise BadInput(f"--flag: {exc}") from None
+        option = "--gate" if phase is not None and "gate" in str(exc) else "--flag"
+        raise BadInput(f"{option}: {exc}") from None
 
 
 def _checked(check, value, option: str):
@@ -370,6 +384,7 @@ def run_apply(
     flag: str,
     flag_default: str,
     max_tokens: int | None,
+    gate: str | None = None,
     stream_tag: str | None,
     in_place: bool,
     start_after: str | None = None,
@@ -423,7 +438,7 @@ def run_apply(
         from msrewrite.codemods import get_case
 
         known = get_case(case)
-        spec = _parse_flag(flag, flag_default, max_tokens, known.flag_name if known else "ENABLE_SIDE_STREAM")
+        spec = _parse_flag(flag, flag_default, max_tokens, known.flag_name if known else "ENABLE_SIDE_STREAM", gate)
         _note(f"mode {chosen_mode} ({'auto: ' if mode == 'auto' else ''}{why})")
         gates: tuple[StartGate, ...] = ()
         if start_after:
@@ -472,8 +487,9 @@ def run_apply(
         overrides: dict = {}
         if mode != "auto":
             overrides["mode"] = chosen_mode
-        if flag or flag_default != "on" or max_tokens is not None:
-            overrides["flag"] = _parse_flag(flag, flag_default, max_tokens, plans[0].flag.name)
+        if flag or flag_default != "on" or max_tokens is not None or gate is not None:
+            base = plans[0].flag
+            overrides["flag"] = _parse_flag(flag, flag_default, max_tokens, f"{base.kind}:{base.name}", gate)
         if stream_tag:
             overrides["stream_tag"] = stream_tag
         if assume_pure:

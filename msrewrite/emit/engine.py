@@ -33,6 +33,7 @@ from msrewrite.analyze.defuse import function_names
 from msrewrite.analyze.guards import conjoin, negate
 from msrewrite.analyze.guards import source as guard_source
 from msrewrite.analyze.positions import positions_for
+from msrewrite.emit import frameworks
 from msrewrite.emit import helpers as helper_text
 from msrewrite.emit.strategies import STRATEGIES, Context, Emission, Names, async_comm
 from msrewrite.emit.torchair_config import record_torchair_config
@@ -389,6 +390,12 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         raise NothingToDo(f"{plan.function} already runs its side branch on a side stream")
     if not isinstance(func.body, cst.IndentedBlock):
         raise BadInput(f"{plan.function}: a one-line function body cannot be split")
+    compiled = frameworks.fullgraph_region(module, plan.function)
+    if compiled is not None:
+        raise BadInput(
+            f"{plan.function} runs inside a torch.compile fullgraph region ({compiled}): stream code there "
+            "would be traced into the graph; vLLM keeps its own stream code inside a custom op"
+        )
     body = list(func.body.body)
     spans = _body_positions(func, positions)
     guarded = _guarded_if(body, spans, positions, plan) if plan.guard else None
@@ -429,7 +436,14 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
             whole.append(i)
             phase_of[i] = side.phase
 
-    switch = flag_attribute(plan.flag.name) if plan.flag.kind == "env" else plan.flag.name
+    switch = flag_attribute(plan.flag.name) if plan.flag.kind in ("env", "sglang") else plan.flag.name
+    roots = frameworks.imported_roots(module)
+    framework_imports = frameworks.flag_imports(plan.flag, roots)
+    phase_gate = None
+    if plan.flag.gate is not None:
+        phase_gate, needed = frameworks.phase_predicate(plan.flag.gate, func, roots, plan.function)
+        framework_imports += [i for i in needed if i not in framework_imports]
+    frameworks.check_own_bindings(module, framework_imports)
     init, config_param, init_sets_flag = _init_info(cls, (switch,))
     taken = function_names(func)
     # attributes the edit adds to the class (npugraph-ex streams/events, handed-down streams)
@@ -499,6 +513,8 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         sync=plan.sync,
         phased=bool(plan.phase_anchors),
         core_limits=plan.core_limits,
+        phase_gate=phase_gate,
+        framework_imports=framework_imports,
     )
     em = async_comm(ctx) if plan.sync == "async-comm" else STRATEGIES[plan.mode](ctx)
     if guarded is not None:
@@ -823,6 +839,10 @@ def _creator_flag(plan: OverlapPlan, em: Emission) -> str:
     default = "True" if plan.flag.default else "False"
     if plan.flag.kind == "env":
         return f"_ms_env_flag({literal(plan.flag.name)}, {default})"
+    if plan.flag.kind == "sglang":
+        return f"get_bool_env_var({literal(plan.flag.name)}, {literal(default.lower())})"
+    if plan.flag.kind == "vllm-ascend":
+        return f"getattr(get_ascend_config(), {literal(plan.flag.name)}, {default})"
     return f"getattr(config, {literal(plan.flag.name)}, {default})"
 
 
@@ -937,11 +957,23 @@ def _imports_module(module: cst.Module, name: str) -> bool:
     return False
 
 
+def _from_import_of(stmt: cst.BaseStatement, module: str) -> bool:
+    """A one-line `from <module> import a, b` (no parentheses, no star) that a name can join."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
+        return False
+    imp = stmt.body[0]
+    return (isinstance(imp, cst.ImportFrom) and not imp.relative and imp.module is not None
+            and code_of(imp.module) == module and not isinstance(imp.names, cst.ImportStar)
+            and imp.lpar is None and stmt.trailing_whitespace.comment is None)
+
+
 def add_helpers(module: cst.Module, emissions: list[Emission], mode: str) -> cst.Module:
     keys: list[str] = []
     imports: list[str] = []
     stdlib: list[str] = []
+    from_imports: list[tuple[str, str]] = []
     for em in emissions:
+        from_imports += [i for i in em.from_imports if i not in from_imports]
         keys += [k for k in em.helpers if k not in keys]
         imports += [i for i in em.imports if i not in imports]
         stdlib += [name for name in (["os"] if em.needs_os else []) + em.stdlib if name not in stdlib]
@@ -1008,6 +1040,20 @@ def add_helpers(module: cst.Module, emissions: list[Emission], mode: str) -> cst
                 lead = [cst.EmptyLine()] * (2 - blank) + lead
                 body[at] = following.with_changes(leading_lines=lead)
         body[at:at] = block
+    # the framework's own names, imported as its model files do, after the file's last import
+    new_from = [(mod, name) for mod, name in from_imports if name not in bound]
+    for mod, name in new_from:
+        same = next((i for i, s in enumerate(body) if _from_import_of(s, mod)), None)
+        if same is not None:  # `from M import a` becomes `from M import a, name`
+            line = body[same]
+            imp = line.body[0]
+            comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+            names = [*imp.names[:-1], imp.names[-1].with_changes(comma=comma), cst.ImportAlias(cst.Name(name))]
+            body[same] = line.with_changes(body=[imp.with_changes(names=names)])
+            continue
+        plain = [i for i, s in enumerate(body) if isinstance(s, cst.SimpleStatementLine) and _is_import(s)]
+        at = plain[-1] + 1 if plain else 0
+        body.insert(at, cst.parse_statement(f"from {mod} import {name}\n"))
     for name in sorted(stdlib, reverse=True):  # each lands first: the final order is sorted
         if name in bound or _imports_module(module, name):
             continue

@@ -456,6 +456,10 @@ def microbatch_edit(
     if layer_forward is None:
         raise NothingToDo(f"{model_name}: cannot tell which class fills self.{loop.attr}")
     stream_tag = validate.stream_tag(stream_tag)
+    if flag.kind in ("sglang", "vllm-ascend") or flag.gate is not None:
+        from msrewrite.errors import BadInput
+
+        raise BadInput("prefill-microbatch supports --flag env:NAME only, and no --gate")
     if second_group is not None:
         second_group = _existing_attribute(classes[layer_name], second_group, "--second-comm-group")
     api = "torch.cuda" if mode == "cuda" else "torch.npu"
