@@ -50,6 +50,7 @@ class Context:
     sync: str = "wait_stream"  # wait_stream | events
     phased: bool = False  # side phases re-enter the stream after main-stream anchors
     core_limits: tuple[int, int, int, int] | None = None  # side aicore, side vector, main aicore, main vector
+    model_stream: str = ""  # self.<attr> already holding a side stream of this API family: reused
 
 
 @dataclass
@@ -138,7 +139,8 @@ def _native(ctx: Context, api: str) -> Emission:
     flag = _flag(ctx, em)
     gate = _token_gate(ctx, em)
     enabled = flag if gate is None else f"{flag} and {gate}"
-    em.helpers += ["_ms_side_stream:" + ("cuda" if api == "torch.cuda" else "npu")]
+    if not ctx.model_stream:
+        em.helpers += ["_ms_side_stream:" + ("cuda" if api == "torch.cuda" else "npu")]
     if api == "torch.npu":
         em.imports.append("torch_npu")
     limited = bool(ctx.core_limits) and api == "torch.npu"
@@ -151,7 +153,10 @@ def _native(ctx: Context, api: str) -> Emission:
         em.helpers.append("_ms_limited_side_stream")
         return f"_ms_limited_side_stream({literal(ctx.tag)}, {enabled_expr}, {side_c}, {side_v})"
 
-    if ctx.stream_source == "constructor" and ctx.has_init:
+    if ctx.model_stream:
+        # the model's own side stream (None where it made none): no second stream next to it
+        em.prelude = [f"{n.stream} = self.{ctx.model_stream} if {enabled} else None"]
+    elif ctx.stream_source == "constructor" and ctx.has_init:
         param = n.stream_attr
         em.init_lines += [
             "# Handed down by the model so every layer shares one stream; built directly, the layer",
