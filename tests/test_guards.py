@@ -166,10 +166,72 @@ SAFE = {
         """,
         "",
     ),
+    "nested_invariant_ifs": (
+        """
+        weights, ids = self.route(x)
+        out = self.experts(x, weights, ids)
+        if self.shared_experts is not None:
+            if self.num_shared_experts > 0:
+                out = out + self.shared_experts(x)
+        return out
+        """,
+        "",
+    ),
+    "elif_chain": (
+        """
+        weights, ids = self.route(x)
+        out = self.experts(x, weights, ids)
+        if self.top_k > 4:
+            out = out * 2
+        elif self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        else:
+            out = out - 1
+        return out
+        """,
+        "",
+    ),
+    "elif_chain_into_else": (
+        """
+        weights, ids = self.route(x)
+        out = self.experts(x, weights, ids)
+        if self.top_k > 4:
+            out = out * 2
+        elif x.shape[0] == 0:
+            out = out * 0
+        else:
+            out = out + self.shared_experts(x)
+        return out
+        """,
+        "",
+    ),
 }
 
 # name -> (forward body, the reason's words)
 UNSAFE = {
+    "nested_inner_condition_reads_data": (
+        """
+        weights, ids = self.route(x)
+        out = self.experts(x, weights, ids)
+        if self.shared_experts is not None:
+            if weights.sum() > 0:
+                out = out + self.shared_experts(x)
+        return out
+        """,
+        "calls `weights.sum`, which msrewrite cannot see into",
+    ),
+    "elif_after_a_condition_on_data": (
+        """
+        weights, ids = self.route(x)
+        out = self.experts(x, weights, ids)
+        if out.sum() > 0:
+            out = out * 2
+        elif self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out
+        """,
+        "calls `out.sum`, which msrewrite cannot see into",
+    ),
     "condition_reads_tensor_data": (
         """
         weights, ids = self.route(x)
@@ -299,6 +361,18 @@ def test_false_guard_never_runs_the_side_call(tmp_path, name, flag):
     assert out.shape == x.shape
     assert shared is None or shared.calls == 0
     assert {op.stream for op in ops} == {"main"}  # nothing was issued on a side stream
+
+
+@pytest.mark.parametrize("name, guard", [
+    ("nested_invariant_ifs", "self.shared_experts is not None and self.num_shared_experts > 0"),
+    ("elif_chain", "self.top_k <= 4 and self.shared_experts is not None"),
+    ("elif_chain_into_else", "self.top_k <= 4 and x.shape[0] != 0"),
+])
+def test_nested_and_elif_guards_fork_under_every_condition_on_the_way(tmp_path, name, guard):
+    forward, _ = SAFE[name]
+    original = write_model(tmp_path, name, model_source(forward))
+    text = edit(original).read_text()
+    assert f"if shared_expert_stream is not None and ({guard}):" in text, text
 
 
 def test_guarded_plan_round_trips_through_json(tmp_path):

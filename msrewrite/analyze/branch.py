@@ -21,7 +21,7 @@ from typing import Callable
 import libcst as cst
 from libcst.metadata import CodeRange
 
-from msrewrite.analyze.guards import Guard, invariance_problem, negate, source
+from msrewrite.analyze.guards import Guard, guard_path, invariance_problem, path_condition, source
 from msrewrite.analyze.defuse import (
     Scope,
     is_docstring,
@@ -139,7 +139,7 @@ def find_side_branch(
             raise
         if isinstance(guard, str):
             raise NoBranch(guard) from None
-        block = _guarded_block(facts[guard.index].node, guard.in_orelse)
+        block = _guarded_block(facts[guard.index].node, is_seed)
         flat = body[: guard.index] + block + body[guard.index + 1 :]
         flat_facts = statement_facts(flat, positions, scope)
         try:
@@ -150,9 +150,10 @@ def find_side_branch(
             raise unsplit from None
 
 
-def _guarded_block(node: cst.If, in_orelse: bool) -> list[cst.BaseStatement]:
-    block = node.orelse.body if in_orelse else node.body  # type: ignore[union-attr]
-    return list(block.body)  # type: ignore[union-attr]
+def _guarded_block(node: cst.If, is_seed: SeedPredicate) -> list[cst.BaseStatement]:
+    found = guard_path(node, lambda part: has_seed(part, is_seed))
+    assert not isinstance(found, str)  # _splittable_if found the same path
+    return list(found[1].body)  # type: ignore[union-attr]
 
 
 def _splittable_if(func: cst.FunctionDef, facts: list[StatementFacts], is_seed: SeedPredicate) -> Guard | str | None:
@@ -166,29 +167,26 @@ def _splittable_if(func: cst.FunctionDef, facts: list[StatementFacts], is_seed: 
     holder = holders[0]
     node = holder.node
     assert isinstance(node, cst.If)
-    in_body = has_seed(node.body, is_seed)
-    orelse = node.orelse
-    if isinstance(orelse, cst.If):
-        return f"line {holder.first_line}: the side call sits in an `if`/`elif` chain, which msrewrite does not split"
-    in_orelse = orelse is not None and has_seed(orelse.body, is_seed)
-    if in_body and in_orelse:
-        return (
-            f"line {holder.first_line}: both branches of `if {source(node.test)}` call the side branch; "
-            "msrewrite does not merge them into one fork"
-        )
-    block = node.orelse.body if in_orelse else node.body  # type: ignore[union-attr]
+    found = guard_path(node, lambda part: has_seed(part, is_seed))
+    if isinstance(found, str):
+        return f"line {holder.first_line}: {found}"
+    path, block = found
     if not isinstance(block, cst.IndentedBlock):
         return f"line {holder.first_line}: a one-line `if` body cannot be split"
     params = {p.name.value for p in (*func.params.params, *func.params.kwonly_params, *func.params.posonly_params)}
     local_names = params | {name for f in facts for name in f.stores}
-    problem, locals_read = invariance_problem(node.test, func, facts, local_names)
-    if problem:
-        return (
-            f"line {holder.first_line}: the side call is inside `if {source(node.test)}`, whose condition "
-            f"{problem}: it may not read the same at an earlier fork"
-        )
-    condition = negate(node.test) if in_orelse else source(node.test)
-    return Guard(holder.index, holder.first_line, condition, in_orelse, locals_read, len(block.body))
+    read: set[str] = set()
+    # every test on the way is evaluated again at the fork: each must be invariant
+    for step, _ in path:
+        problem, locals_read = invariance_problem(step.test, func, facts, local_names)
+        if problem:
+            return (
+                f"line {holder.first_line}: the side call is inside `if {source(step.test)}`, whose condition "
+                f"{problem}: it may not read the same at an earlier fork"
+            )
+        read |= locals_read
+    in_orelse = len(path) == 1 and path[0][1]
+    return Guard(holder.index, holder.first_line, path_condition(path), in_orelse, frozenset(read), len(block.body))
 
 
 def _find_side_branch(

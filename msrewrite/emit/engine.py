@@ -30,8 +30,7 @@ from typing import Callable
 import libcst as cst
 
 from msrewrite.analyze.defuse import dotted_name, function_names
-from msrewrite.analyze.guards import conjoin, negate
-from msrewrite.analyze.guards import source as guard_source
+from msrewrite.analyze.guards import conjoin, guard_path, path_condition, rebuild_path
 from msrewrite.analyze.positions import positions_for
 from msrewrite.emit import helpers as helper_text
 from msrewrite.emit.strategies import STRATEGIES, Context, Emission, Names, async_comm
@@ -270,25 +269,24 @@ def _splice(stmts: list[cst.BaseStatement], mapping) -> list[cst.BaseStatement]:
 # Guarded side branches ------------------------------------------------------------------------------
 @dataclass
 class _GuardedIf:
-    """The top-level `if` (statement `index`) whose block holds a guarded plan's side statements."""
+    """The top-level `if` (statement `index`) whose block, reached through `path` (nested `if`s,
+    `elif`s), holds a guarded plan's side statements."""
 
     index: int
     node: cst.If
-    in_orelse: bool
+    path: list
+    block_suite: cst.IndentedBlock
 
     @property
     def block(self) -> list[cst.BaseStatement]:
-        return list((self.node.orelse if self.in_orelse else self.node).body.body)  # type: ignore[union-attr]
+        return list(self.block_suite.body)
 
     @property
     def inside(self) -> range:
         return range(self.index, self.index + len(self.block))
 
     def rebuild(self, statements: list[cst.BaseStatement]) -> cst.If:
-        if self.in_orelse:
-            orelse = self.node.orelse
-            return self.node.with_changes(orelse=orelse.with_changes(body=orelse.body.with_changes(body=statements)))  # type: ignore[union-attr]
-        return self.node.with_changes(body=self.node.body.with_changes(body=statements))
+        return rebuild_path(self.path, statements)
 
 
 def _guarded_if(body, spans, positions, plan: OverlapPlan) -> _GuardedIf:
@@ -297,16 +295,13 @@ def _guarded_if(body, spans, positions, plan: OverlapPlan) -> _GuardedIf:
     if not isinstance(node, cst.If) or not isinstance(node.body, cst.IndentedBlock):
         raise BadInput(f"stale plan for {plan.function}: line {plan.guard_line} is not an `if` with a block")
     first = min(s.first_line for s in plan.side)
-    orelse = node.orelse
-    in_orelse = (
-        isinstance(orelse, cst.Else)
-        and isinstance(orelse.body, cst.IndentedBlock)
-        and positions[orelse].start.line <= first <= positions[orelse].end.line
-    )
-    expected = negate(node.test) if in_orelse else guard_source(node.test)
+    found = guard_path(node, lambda part: part in positions and positions[part].start.line <= first <= positions[part].end.line)
+    if isinstance(found, str) or not isinstance(found[1], cst.IndentedBlock):
+        raise BadInput(f"stale plan for {plan.function}: no block of the `if` at line {plan.guard_line} holds line {first}")
+    expected = path_condition(found[0])
     if plan.guard != expected:  # the guard is emitted as code: it must be the `if`'s own condition
         raise BadInput(f"stale plan for {plan.function}: the `if` at line {plan.guard_line} tests {expected!r}, not {plan.guard!r}")
-    return _GuardedIf(index, node, in_orelse)
+    return _GuardedIf(index, node, found[0], found[1])
 
 
 # The transform ----------------------------------------------------------------------------------
