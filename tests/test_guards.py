@@ -65,6 +65,7 @@ class Block(nn.Module):
         self.experts = Experts(hidden, inter, num_experts)
         self.shared_experts = MLP(hidden, inter) if num_shared_experts else None
         self.shared_mlp = self.shared_experts
+        self.dense_mlp = MLP(hidden, inter)
 
     def route(self, h):
         return torch.topk(self.gate(h).softmax(dim=-1), self.top_k, dim=-1)
@@ -205,10 +206,47 @@ SAFE = {
         """,
         "",
     ),
+    "both_branches_side_work": (
+        """
+        if self.use_shared:
+            shared = self.shared_experts(x)
+        else:
+            shared = self.dense_mlp(x)
+        weights, ids = self.route(x)
+        out = self.experts(x, weights, ids)
+        return out + shared
+        """,
+        "use_shared=False",
+    ),
 }
+SAFE["both_branches_side_work_shared_taken"] = (SAFE["both_branches_side_work"][0], "")
+# the other branch writes x in place: not side work, so the `if` is split instead (fork only under
+# `self.use_shared`); with it false the original runs, relu_ included
+SAFE["other_branch_writes_its_input"] = ("""
+        if self.use_shared:
+            shared = self.shared_experts(x)
+        else:
+            shared = self.dense_mlp(torch.relu_(x))
+        weights, ids = self.route(x)
+        out = self.experts(x, weights, ids)
+        return out + shared
+        """, "")
+
 
 # name -> (forward body, the reason's words)
 UNSAFE = {
+    "other_branch_under_a_condition_on_data": (
+        """
+        if x.sum() > 0:
+            shared = self.shared_experts(x)
+        else:
+            shared = self.dense_mlp(x)
+        weights, ids = self.route(x)
+        out = self.experts(x, weights, ids)
+        return out + shared
+        """,
+        "calls `x.sum`, which msrewrite cannot see into",
+    ),
     "nested_inner_condition_reads_data": (
         """
         weights, ids = self.route(x)
@@ -310,6 +348,17 @@ def test_guarded_shape_is_edited_and_verifies(tmp_path, name):
     assert result.ok, result.problems
     on = result.runs[2]
     assert on.name == "flag on" and any(stream != "main" for stream in on.streams), on.streams
+
+
+def test_a_split_if_whose_other_branch_writes_verifies_with_that_branch_taken(tmp_path):
+    """use_shared=False: no fork, the original else (relu_ on x included) runs on the main stream."""
+    forward, _ = SAFE["other_branch_writes_its_input"]
+    original = write_model(tmp_path, "else_taken", model_source(forward, "use_shared=False"))
+    edited = edit(original)
+    assert "and self.use_shared:" in edited.read_text()
+    result = verify_files(edited, original=original)
+    # outputs equal and sanitizer clean; verify only notes that the side stream never ran
+    assert result.problems == ["flag on: no op ran on a side stream (is the flag wired?)"], result.problems
 
 
 @pytest.mark.parametrize("mode", ["npugraph-ex", "ge-graph", "cuda"])

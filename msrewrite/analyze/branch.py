@@ -21,7 +21,7 @@ from typing import Callable
 import libcst as cst
 from libcst.metadata import CodeRange
 
-from msrewrite.analyze.guards import Guard, guard_path, invariance_problem, path_condition, source
+from msrewrite.analyze.guards import Guard, assigned_self_attrs, guard_path, invariance_problem, path_condition, source
 from msrewrite.analyze.defuse import (
     Scope,
     is_docstring,
@@ -200,7 +200,9 @@ def _find_side_branch(
             continue
         # `if self.shared_experts is not None: out = self.shared_experts(x)` moves as one unit,
         # as long as everything it calls is side work and it cannot leave the function.
-        if not isinstance(f.node, cst.If) or f.exits or not all(is_seed(c) for c in f.self_calls):
+        if not isinstance(f.node, cst.If) or f.exits or not (
+            all(is_seed(c) for c in f.self_calls) or _side_only_if(f, func, facts)
+        ):
             raise NoBranch(
                 f"line {f.first_line}: the side-branch call sits inside a {type(f.node).__name__} "
                 "that also does other work, which msrewrite does not split"
@@ -502,6 +504,27 @@ def _find_side_branch(
     )
 
 
+def _side_only_if(f: StatementFacts, func: cst.FunctionDef, facts: list[StatementFacts]) -> bool:
+    """`if c: s = self.shared_experts(h) else: s = self.dense_mlp(h)`: the other branch is side
+    work too when the `if` as a whole writes nothing in place, assigns no `self.` state, reaches no
+    callee msrewrite cannot see into and holds no collective, RNG or stream code, and every test
+    of it (and its `elif`s) is invariant: then the whole `if` moves to the side stream."""
+    if f.mutates or f.may_write or f.unknown_callees or f.collective or f.rng or f.stream:
+        return False
+    node = f.node
+    assert isinstance(node, cst.If)
+    if assigned_self_attrs(cst.FunctionDef(name=cst.Name("_"), params=cst.Parameters(), body=cst.IndentedBlock(body=[node]))):
+        return False
+    params = {p.name.value for p in (*func.params.params, *func.params.kwonly_params, *func.params.posonly_params)}
+    local_names = params | {name for g in facts for name in g.stores}
+    test: cst.If | None = node
+    while test is not None:
+        if invariance_problem(test.test, func, facts, local_names)[0]:
+            return False
+        test = test.orelse if isinstance(test.orelse, cst.If) else None
+    return True
+
+
 def _check_guard(guard: Guard, facts, fork: int, join: int, side_idx: set[int], block_len: int) -> None:
     """The split is right only if the side work stays in the `if`'s block, the fork comes before
     the `if`, and the condition reads the same at the fork as at the `if` (and at a join after it)."""
@@ -667,13 +690,15 @@ def _returns(node: cst.CSTNode) -> bool:
 
 def vouch_name(callee: str) -> str:
     """The name a reviewer passes to --assume-pure for a callee description:
-    'FusedMoE' for 'self.experts (FusedMoE, not visible to msrewrite)', else the callee itself."""
-    last = callee.split(" -> ")[-1]
-    name, _, rest = last.partition(" (")
-    cls = rest.split(",")[0].split(" ")[0].rstrip(")")
-    if cls.isidentifier() and cls not in ("not", "set", "indexed", "a"):
-        return cls
-    return name.removeprefix("self.")
+    'FusedMoE' for 'self.experts (FusedMoE, not visible to msrewrite)', else the callee itself.
+    In a chain read from a package's source ('self.gate (ReplicatedLinear) -> current_platform.x
+    (not visible ...)') the deepest layer class named, which a reviewer can vouch for as a whole."""
+    parts = callee.split(" -> ")
+    for part in reversed(parts):
+        cls = part.partition(" (")[2].split(",")[0].split(" ")[0].rstrip(")")
+        if cls.isidentifier() and cls not in ("not", "set", "indexed", "a"):
+            return cls
+    return parts[-1].partition(" (")[0].removeprefix("self.")
 
 
 def _check_join_statement(join_fact, hoists, hoist_facts, storage: Storage, is_seed, scope) -> None:
