@@ -119,13 +119,15 @@ def test_reading_is_bounded(tmp_path, monkeypatch):
         packages.set_source_path([])
 
 
-def test_parsed_files_are_cached_by_mtime(tmp_path):
+def test_read_modules_are_indexed_once_per_version(tmp_path):
+    """Indexed per process by path, size and mtime; a definition is parsed only when asked for."""
     file = tmp_path / "m.py"
-    file.write_text("x = 1\n")
-    first = packages.parse_file(file)
-    assert packages.parse_file(file) is first
-    file.write_text("x = 22\n")
-    assert packages.parse_file(file) is not first
+    file.write_text("class A:\n    pass\n")
+    first = packages.index_file(file)
+    assert packages.index_file(file) is first and first.classes == {"A"}
+    file.write_text("def b(x):\n    return x\n")
+    again = packages.index_file(file)
+    assert again is not first and again.functions == {"b"} and not again.classes
 
 
 def test_a_missing_source_path_is_a_one_line_error(tmp_path):

@@ -10,13 +10,16 @@ The roots are the `--source-path` folders (unpacked wheels, a checkout) followed
 torch, NumPy and the like are never read: torch's effects come from analyze/torch_effects.py,
 and a compiled package has no source to read.
 
-Parsed files are kept per process, keyed by path, size and modification time.
+A module is indexed with `ast` (what it defines and imports: fast), and only the definitions a
+summary needs are parsed with libcst. Indexes are kept per process, keyed by path, size and
+modification time.
 """
 
 from __future__ import annotations
 
 import sys
 import sysconfig
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,10 +29,10 @@ if TYPE_CHECKING:
 
 # Packages whose Python source says nothing useful about what their ops do to tensors.
 NOT_READ = frozenset({"torch", "torch_npu", "torchair", "numpy", "triton", "jax", "tensorflow"})
-MAX_FILE_BYTES = 300_000  # a larger file (generated tables, kernel zoos) is not read
+MAX_FILE_BYTES = 1_000_000  # a larger file (generated tables, kernel zoos) is not read
 
 _source_roots: tuple[Path, ...] = ()
-_parsed: dict[tuple[Path, int, int], "cst.Module | None"] = {}
+_parsed: dict[tuple[Path, int, int], "SourceIndex | None"] = {}
 _found: dict[tuple[tuple[str, ...], str], Path | None] = {}
 _roots_for: dict[tuple, tuple[str, ...]] = {}
 
@@ -99,22 +102,93 @@ def _walk(dotted: str, roots: tuple[str, ...]) -> Path | None:
     return None
 
 
-def parse_file(path: Path) -> "cst.Module | None":
-    """The parsed source of `path` (cached per process by path, size and mtime), or None when it
-    cannot be read, is too large, or does not parse."""
+@dataclass
+class SourceIndex:
+    """What a module defines and imports, from a fast `ast` pass; each definition is parsed with
+    libcst only when a summary needs it (`definition`)."""
+
+    lines: list[str]
+    spans: dict[str, tuple[int, int]]  # class or function name -> (first line incl. decorators, last line)
+    classes: set[str]
+    functions: set[str]
+    imports: dict[str, tuple[int, str, str]]  # local name -> (dots, module, name)
+    module_imports: dict[str, str]  # `import a.b as m`: m -> a.b; `import a.b`: a -> a
+    patched: dict[str, str]  # function -> the class it is assigned to (Cls.forward = fn)
+
+    parsed: dict = field(default_factory=dict)  # name -> its libcst node (None: does not parse alone)
+
+    def definition(self, name: str) -> "cst.BaseStatement | None":
+        if name not in self.parsed:
+            self.parsed[name] = self._parse(name)
+        return self.parsed[name]
+
+    def _parse(self, name: str) -> "cst.BaseStatement | None":
+        import textwrap
+
+        import libcst as cst
+
+        first, last = self.spans[name]
+        text = textwrap.dedent("".join(self.lines[first - 1 : last]))
+        try:
+            body = cst.parse_module(text).body
+        except (cst.ParserSyntaxError, RecursionError):
+            return None
+        return body[0] if len(body) == 1 else None
+
+
+def index_file(path: Path) -> SourceIndex | None:
+    """The index of `path` (cached per process by path, size and mtime), or None when it cannot be
+    read, is too large, or does not parse."""
     try:
         stat = path.stat()
     except OSError:
         return None
     key = (path, stat.st_size, stat.st_mtime_ns)
     if key not in _parsed:
-        module = None
+        index = None
         if stat.st_size <= MAX_FILE_BYTES:
-            import libcst as cst
-
             try:
-                module = cst.parse_module(path.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, cst.ParserSyntaxError, RecursionError):
-                module = None
-        _parsed[key] = module
+                text = path.read_text(encoding="utf-8")
+                index = _index(text)
+            except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError):
+                index = None
+        _parsed[key] = index
     return _parsed[key]
+
+
+def _index(text: str) -> SourceIndex:
+    import ast
+
+    tree = ast.parse(text)
+    index = SourceIndex(text.splitlines(keepends=True), {}, set(), set(), {}, {}, {})
+
+    def visit(body: list) -> None:
+        for stmt in body:
+            if isinstance(stmt, (ast.If, ast.Try)):  # optional imports, guarded classes
+                visit(stmt.body)
+                visit(stmt.orelse)
+                continue
+            if isinstance(stmt, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([stmt.lineno, *(d.lineno for d in stmt.decorator_list)])
+                index.spans[stmt.name] = (first, stmt.end_lineno or stmt.lineno)
+                index.classes.discard(stmt.name)  # a later definition of the name wins
+                index.functions.discard(stmt.name)
+                (index.classes if isinstance(stmt, ast.ClassDef) else index.functions).add(stmt.name)
+            elif isinstance(stmt, ast.ImportFrom):
+                for alias in stmt.names:
+                    if alias.name != "*":
+                        index.imports[alias.asname or alias.name] = (stmt.level, stmt.module or "", alias.name)
+            elif isinstance(stmt, ast.Import):
+                for alias in stmt.names:
+                    if alias.asname:
+                        index.module_imports[alias.asname] = alias.name
+                    else:
+                        head = alias.name.split(".")[0]
+                        index.module_imports[head] = head
+            elif isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Name):
+                for target in stmt.targets:
+                    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name):
+                        index.patched[stmt.value.id] = target.value.id
+
+    visit(tree.body)
+    return index

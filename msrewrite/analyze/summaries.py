@@ -56,7 +56,7 @@ class Summary:
 # Bounds on reading other modules' source for one analysis: import hops from the user's file,
 # and bytes read (a lookup past either stays an unknown callee).
 MAX_IMPORT_DEPTH = 6
-MAX_BYTES_READ = 1_500_000
+MAX_BYTES_READ = 3_000_000
 
 
 @dataclass
@@ -189,10 +189,13 @@ class ModuleSummaries:
         if self._reading.bytes_read + size > MAX_BYTES_READ:
             return None
         self._reading.bytes_read += size
-        module = packages.parse_file(file)
-        if module is None:
+        index = packages.index_file(file)
+        if index is None:
             return None
-        other = ModuleSummaries(module, tuple(self.assume_pure), file, self._reading, self.depth + 1, package)
+        other = ModuleSummaries(cst.Module(body=[]), tuple(self.assume_pure), file, self._reading, self.depth + 1, package)
+        other.classes = _LazyDefinitions(index, index.classes, "class")  # type: ignore[assignment]
+        other.functions = _LazyDefinitions(index, index.functions, "def")  # type: ignore[assignment]
+        other.imports, other.module_imports, other.patched = dict(index.imports), dict(index.module_imports), dict(index.patched)
         other.assumed = self.assumed  # names vouched for anywhere count as used
         loaded[file] = other
         return other
@@ -558,6 +561,35 @@ class ModuleSummaries:
                 return _apply(owner.function_summary(name, forward[1]), call, f"{label} ({ctor})", strict=owner.package)
             return _unknown(call, f"{label} ({ctor or _short(value.func)}, not visible to msrewrite)")
         return _unknown(call, f"{label} (set from {_short(value)}, not visible to msrewrite)")
+
+
+class _LazyDefinitions(dict):
+    """A read module's classes or functions: the names from its `ast` index, each parsed with
+    libcst on first use. One that does not parse on its own stands in as something msrewrite
+    cannot see into (a class with an unseen base, a function calling an unseen callee)."""
+
+    def __init__(self, index: "packages.SourceIndex", names: set[str], kind: str) -> None:
+        super().__init__()
+        self._index, self._names, self._kind = index, names, kind
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __getitem__(self, name: str):
+        if name not in self._names:
+            raise KeyError(name)
+        if not dict.__contains__(self, name):
+            node = self._index.definition(name)
+            wanted = cst.ClassDef if self._kind == "class" else cst.FunctionDef
+            if not isinstance(node, wanted):
+                stub = (f"class {name}(_unreadable_source):\n    pass\n" if self._kind == "class"
+                        else f"def {name}(*args, **kwargs):\n    return _unreadable_source(*args, **kwargs)\n")
+                node = cst.parse_module(stub).body[0]
+            dict.__setitem__(self, name, node)
+        return dict.__getitem__(self, name)
+
+    def get(self, name, default=None):
+        return self[name] if name in self._names else default
 
 
 class Storage:
