@@ -137,3 +137,31 @@ def test_a_missing_source_path_is_a_one_line_error(tmp_path):
                      "--source-path", str(tmp_path / "missing"))
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [f"msrewrite: error: --source-path {tmp_path / 'missing'}: not a folder"]
+
+
+SIDE_WORK = (FIXTURES / "pkg_side_work.py").read_text()
+
+
+def test_an_inherited_package_method_and_a_package_function_are_read(tmp_path, source_path):
+    """vLLM's minicpmv (`self._repeat(...)` from BaseResampler) and idefics2 (`async_tensor_h2d`):
+    both are pure in their source, so the edit goes through and verifies."""
+    original = tmp_path / "pkg_side_work.py"
+    original.write_text(SIDE_WORK.replace('Path(__file__).resolve().parent / "srcpkg"', repr(str(SOURCES))))
+    src = load(original)
+    steps = case_steps(original, src.text, src.module, "moe-shared-expert", "eager", None,
+                       FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"), None)
+    assert steps[-1].plans[0].trust_boundary == ()
+    edited = tmp_path / "pkg_side_work_ms.py"
+    edited.write_text(steps[-1].new)
+    result = verify_files(edited, original=original)
+    assert result.ok, result.problems
+
+
+def test_without_the_source_path_the_inherited_method_is_unknown(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p).resolve() != SOURCES.resolve()])
+    original = tmp_path / "pkg_side_work.py"
+    original.write_text(SIDE_WORK)
+    src = load(original)
+    with pytest.raises(NothingToDo, match=r"self\._repeat \(BaseResampler, not visible to msrewrite\) may write 'x'"):
+        case_steps(original, src.text, src.module, "moe-shared-expert", "eager", None,
+                   FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"), None)
