@@ -408,7 +408,9 @@ def test_emission_context_is_built_only_from_the_validated_plan():
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Context"]
     assert len(calls) == 1
     # snapshots: plan.protect_inputs (validated) mapped to names the emitter made unique
-    internal = {"init", "config_param", "init_sets_flag", "gates", "names", "what", "list", "bool", "snapshots", "n"}
+    # model_stream: the name of a `self.<attr>` stream the class's __init__ assigns (read from the source)
+    internal = {"init", "config_param", "init_sets_flag", "gates", "names", "what", "list", "bool", "snapshots", "n",
+                "model_stream"}
     for keyword in calls[0].keywords:
         roots = {n.id for n in ast.walk(keyword.value) if isinstance(n, ast.Name)}
         assert roots <= internal | {"plan"}, (keyword.arg, roots - internal)

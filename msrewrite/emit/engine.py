@@ -525,6 +525,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
             renames[gate.tensor] = side_name
         gates.append((side_name, gate.tensor, gate.anchor))
 
+    model_stream = _model_stream(cls, init, plan)  # an attribute name read from the class's __init__
     ctx = Context(
         case=plan.case,
         tag=plan.stream_tag,
@@ -547,7 +548,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         sync=plan.sync,
         phased=bool(plan.phase_anchors),
         core_limits=plan.core_limits,
-        model_stream=_model_stream(cls, init, plan),
+        model_stream=model_stream,
     )
     em = async_comm(ctx) if plan.sync == "async-comm" else STRATEGIES[plan.mode](ctx)
     if guarded is not None:
