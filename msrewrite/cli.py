@@ -58,6 +58,9 @@ def apply(
         False, "--allow-rng-reorder",
         help="Move side work that draws random numbers (dropout, torch.rand*) even when the main path draws too.",
     ),
+    source_path: Optional[List[Path]] = Option(
+        None, "--source-path", help="A folder of package sources (an unpacked wheel) to read callees from, never imported (repeat)."
+    ),
     in_place: bool = Option(False, "--in-place", "-i", help="Rewrite the file in place (atomic)."),
     output: Optional[Path] = Option(None, "-o", "--output", help="Write git format-patch files to this folder."),
     verify: bool = Option(False, "--verify", help="Run `msrewrite verify` on the edit."),
@@ -66,10 +69,12 @@ def apply(
     max_bytes: Optional[int] = Option(None, "--max-bytes", help="Refuse input files larger than this (default 16 MiB)."),
 ) -> int:
     """Rewrite FILE: move a branch onto a side stream behind an enable flag."""
+    from msrewrite.analyze.packages import set_source_path
     from msrewrite.commands.apply import run_apply
     from msrewrite.load import set_max_bytes
 
     set_max_bytes(max_bytes)
+    set_source_path(source_path or ())
     return run_apply(
         file=file,
         case=case,
@@ -168,14 +173,19 @@ def suggest(
     phase: str = Option("decode", "--phase", help="prefill or decode (report name and cost shapes)."),
     jobs: int = Option(1, "-j", "--jobs", help="Worker processes for several files."),
     quiet: bool = Option(False, "--quiet", "-q", help="No progress lines on stderr (shown only on a terminal)."),
+    source_path: Optional[List[Path]] = Option(
+        None, "--source-path", help="A folder of package sources (an unpacked wheel) to read callees from, never imported (repeat)."
+    ),
     extra: Optional[List[Path]] = Argument(None, help="More files (static tier)."),
     max_bytes: Optional[int] = Option(None, "--max-bytes", help="Refuse input files larger than this (default 16 MiB)."),
 ) -> int:
     """Find independent branches worth overlapping, rank them, and name the case that applies."""
+    from msrewrite.analyze.packages import set_source_path
     from msrewrite.commands.suggest import run_suggest
     from msrewrite.load import set_max_bytes
 
     set_max_bytes(max_bytes)
+    set_source_path(source_path or ())
     return run_suggest(
         files=[file, *(extra or [])],
         static=static,

@@ -62,10 +62,15 @@ def calls_of_plan(func: cst.FunctionDef, positions, plan: OverlapPlan) -> list[c
     body = list(func.body.body)
     by_line = {positions[s].start.line: s for s in body}
     guarded_if = by_line.get(plan.guard_line) if plan.guard_line else None
-    if isinstance(guarded_if, cst.If):  # a guarded plan's side statements sit inside its `if`
-        for block in (guarded_if.body, getattr(guarded_if.orelse, "body", None)):
+    todo = [guarded_if] if isinstance(guarded_if, cst.If) else []
+    while todo:  # a guarded plan's side statements sit inside its `if` (or a nested `if`/`elif`)
+        node = todo.pop()
+        for block in (node.body, getattr(node.orelse, "body", None)):
             if isinstance(block, cst.IndentedBlock):
                 by_line.update({positions[s].start.line: s for s in block.body if s in positions})
+                todo += [s for s in block.body if isinstance(s, cst.If)]
+        if isinstance(node.orelse, cst.If):
+            todo.append(node.orelse)
     calls: list[cst.Call] = []
     for side in plan.side:
         if side.hoist:

@@ -419,7 +419,8 @@ def test_emission_context_is_built_only_from_the_validated_plan():
     # phase_gate, framework_imports: emit/frameworks.py, from plan.flag (kind and gate are enums) with
     # fixed templates and the function's own parameter names
     internal = {"init", "config_param", "init_sets_flag", "gates", "names", "what", "list", "bool", "snapshots", "n",
-                "phase_gate", "framework_imports"}
+                "phase_gate", "framework_imports", "model_stream"}
+    # model_stream: the name of a `self.<attr>` stream the class's __init__ assigns (read from the source)
     for keyword in calls[0].keywords:
         roots = {n.id for n in ast.walk(keyword.value) if isinstance(n, ast.Name)}
         assert roots <= internal | {"plan"}, (keyword.arg, roots - internal)

@@ -29,9 +29,8 @@ from typing import Callable
 
 import libcst as cst
 
-from msrewrite.analyze.defuse import function_names
-from msrewrite.analyze.guards import conjoin, negate
-from msrewrite.analyze.guards import source as guard_source
+from msrewrite.analyze.defuse import dotted_name, function_names
+from msrewrite.analyze.guards import conjoin, guard_path, path_condition, rebuild_path
 from msrewrite.analyze.positions import positions_for
 from msrewrite.emit import frameworks
 from msrewrite.emit import helpers as helper_text
@@ -271,25 +270,24 @@ def _splice(stmts: list[cst.BaseStatement], mapping) -> list[cst.BaseStatement]:
 # Guarded side branches ------------------------------------------------------------------------------
 @dataclass
 class _GuardedIf:
-    """The top-level `if` (statement `index`) whose block holds a guarded plan's side statements."""
+    """The top-level `if` (statement `index`) whose block, reached through `path` (nested `if`s,
+    `elif`s), holds a guarded plan's side statements."""
 
     index: int
     node: cst.If
-    in_orelse: bool
+    path: list
+    block_suite: cst.IndentedBlock
 
     @property
     def block(self) -> list[cst.BaseStatement]:
-        return list((self.node.orelse if self.in_orelse else self.node).body.body)  # type: ignore[union-attr]
+        return list(self.block_suite.body)
 
     @property
     def inside(self) -> range:
         return range(self.index, self.index + len(self.block))
 
     def rebuild(self, statements: list[cst.BaseStatement]) -> cst.If:
-        if self.in_orelse:
-            orelse = self.node.orelse
-            return self.node.with_changes(orelse=orelse.with_changes(body=orelse.body.with_changes(body=statements)))  # type: ignore[union-attr]
-        return self.node.with_changes(body=self.node.body.with_changes(body=statements))
+        return rebuild_path(self.path, statements)
 
 
 def _guarded_if(body, spans, positions, plan: OverlapPlan) -> _GuardedIf:
@@ -298,16 +296,13 @@ def _guarded_if(body, spans, positions, plan: OverlapPlan) -> _GuardedIf:
     if not isinstance(node, cst.If) or not isinstance(node.body, cst.IndentedBlock):
         raise BadInput(f"stale plan for {plan.function}: line {plan.guard_line} is not an `if` with a block")
     first = min(s.first_line for s in plan.side)
-    orelse = node.orelse
-    in_orelse = (
-        isinstance(orelse, cst.Else)
-        and isinstance(orelse.body, cst.IndentedBlock)
-        and positions[orelse].start.line <= first <= positions[orelse].end.line
-    )
-    expected = negate(node.test) if in_orelse else guard_source(node.test)
+    found = guard_path(node, lambda part: part in positions and positions[part].start.line <= first <= positions[part].end.line)
+    if isinstance(found, str) or not isinstance(found[1], cst.IndentedBlock):
+        raise BadInput(f"stale plan for {plan.function}: no block of the `if` at line {plan.guard_line} holds line {first}")
+    expected = path_condition(found[0])
     if plan.guard != expected:  # the guard is emitted as code: it must be the `if`'s own condition
         raise BadInput(f"stale plan for {plan.function}: the `if` at line {plan.guard_line} tests {expected!r}, not {plan.guard!r}")
-    return _GuardedIf(index, node, in_orelse)
+    return _GuardedIf(index, node, found[0], found[1])
 
 
 # The transform ----------------------------------------------------------------------------------
@@ -367,6 +362,62 @@ def _init_info(cls: cst.ClassDef | None, flag_names: tuple[str, ...]):
             sets_flag = bool(set(flag_names) & _assigned_self_attrs(stmt))
             return stmt, config, sets_flag
     return None, None, False
+
+
+def _model_stream(cls: cst.ClassDef | None, init: cst.FunctionDef | None, plan: OverlapPlan) -> str:
+    """`alt_stream` when the class already holds a side stream of the plan's API family in
+    `self.alt_stream`: made in `__init__` (`torch.cuda.Stream()`, also `... if c else None`) or
+    handed in as a constructor argument (`alt_stream=None`, SGLang's layers), and never
+    reassigned elsewhere in the class. The edit then runs on that stream instead of a second one.
+    Only the plain wait_stream modes (eager, cuda) with a lazily made stream reuse it."""
+    if (cls is None or init is None or plan.mode not in ("eager", "cuda") or plan.stream_source != "lazy"
+            or plan.sync != "wait_stream" or plan.core_limits or not isinstance(cls.body, cst.IndentedBlock)):
+        return ""
+    api = "torch.cuda" if plan.mode == "cuda" else "torch.npu"
+    params = {p.name.value: p for p in (*init.params.params, *init.params.kwonly_params)}
+
+    def is_stream(value: cst.BaseExpression) -> bool:
+        if isinstance(value, cst.IfExp):
+            return all(is_stream(v) or (isinstance(v, cst.Name) and v.value == "None") for v in (value.body, value.orelse)) \
+                and not all(isinstance(v, cst.Name) for v in (value.body, value.orelse))
+        if isinstance(value, cst.Call):
+            return dotted_name(value.func) == f"{api}.Stream"
+        if isinstance(value, cst.Name) and value.value in params and "stream" in value.value:
+            note = params[value.value].annotation
+            other = "torch.npu" if api == "torch.cuda" else "torch.cuda"
+            return note is None or other not in code_of(note.annotation)
+        return False
+
+    assigned: dict[str, list[cst.BaseExpression]] = {}
+    for stmt in init.body.body:  # type: ignore[union-attr]
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, (cst.Assign, cst.AnnAssign)) and small.value is not None:
+                    targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
+                    for target in targets:
+                        name = dotted_name(target) or ""
+                        if name.startswith("self.") and name.count(".") == 1:
+                            assigned.setdefault(name[5:], []).append(small.value)
+    elsewhere = set().union(*(_assigned_self_attrs(m) for m in cls.body.body
+                              if isinstance(m, cst.FunctionDef) and m is not init))
+    for attr, values in assigned.items():
+        if "stream" in attr and attr not in elsewhere and all(is_stream(v) for v in values) \
+                and not _assigned_nested(init, attr, len(values)):
+            return attr
+    return ""
+
+
+def _assigned_nested(func: cst.FunctionDef, attr: str, top_level: int) -> bool:
+    """`self.<attr>` is assigned more often than the `top_level` plain statements seen (in an `if`, a loop)."""
+    count = 0
+
+    class _Count(cst.CSTVisitor):
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            nonlocal count
+            count += dotted_name(node.target) == f"self.{attr}"
+
+    func.body.visit(_Count())
+    return count != top_level
 
 
 def _assigned_self_attrs(func: cst.FunctionDef) -> set[str]:
@@ -491,6 +542,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
             renames[gate.tensor] = side_name
         gates.append((side_name, gate.tensor, gate.anchor))
 
+    model_stream = _model_stream(cls, init, plan)  # an attribute name read from the class's __init__
     ctx = Context(
         case=plan.case,
         tag=plan.stream_tag,
@@ -515,6 +567,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         core_limits=plan.core_limits,
         phase_gate=phase_gate,
         framework_imports=framework_imports,
+        model_stream=model_stream,
     )
     em = async_comm(ctx) if plan.sync == "async-comm" else STRATEGIES[plan.mode](ctx)
     if guarded is not None:
@@ -592,6 +645,8 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
     opening = (
         f"msrewrite({label}): {what} start as soon as their tensors exist, overlapping {_main}."
         if em.async_comm
+        else f"msrewrite({label}): {what} runs on the model's own side stream self.{ctx.model_stream} during {_main}."
+        if ctx.model_stream
         else f"msrewrite({label}): {what} runs on side stream {literal(plan.stream_tag)} during {_main}."
     )
     notes = [_comment(opening)]

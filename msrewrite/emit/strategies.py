@@ -54,6 +54,7 @@ class Context:
     phase_gate: str | None = None
     # names the file's framework provides, imported from it: sglang's get_bool_env_var, ...
     framework_imports: list[tuple[str, str]] = field(default_factory=list)
+    model_stream: str = ""  # self.<attr> already holding a side stream of this API family: reused
 
 
 @dataclass
@@ -164,7 +165,8 @@ def _native(ctx: Context, api: str) -> Emission:
     flag = _flag(ctx, em)
     gate = _gate_condition(ctx, em)
     enabled = flag if gate is None else f"{flag} and {gate}"
-    em.helpers += ["_ms_side_stream:" + ("cuda" if api == "torch.cuda" else "npu")]
+    if not ctx.model_stream:
+        em.helpers += ["_ms_side_stream:" + ("cuda" if api == "torch.cuda" else "npu")]
     if api == "torch.npu":
         em.imports.append("torch_npu")
     limited = bool(ctx.core_limits) and api == "torch.npu"
@@ -177,7 +179,10 @@ def _native(ctx: Context, api: str) -> Emission:
         em.helpers.append("_ms_limited_side_stream")
         return f"_ms_limited_side_stream({literal(ctx.tag)}, {enabled_expr}, {side_c}, {side_v})"
 
-    if ctx.stream_source == "constructor" and ctx.has_init:
+    if ctx.model_stream:
+        # the model's own side stream (None where it made none): no second stream next to it
+        em.prelude = [f"{n.stream} = self.{ctx.model_stream} if {enabled} else None"]
+    elif ctx.stream_source == "constructor" and ctx.has_init:
         param = n.stream_attr
         em.init_lines += [
             "# Handed down by the model so every layer shares one stream; built directly, the layer",
