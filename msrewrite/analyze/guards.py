@@ -130,6 +130,30 @@ def rebuild_path(path: list[GuardStep], statements: list[cst.BaseStatement]) -> 
     return new
 
 
+def follow_turns(node: cst.If, turns: tuple[bool, ...]) -> list[GuardStep]:
+    """The path through `node` (an `if` rebuilt by `rebuild_path`) that takes `turns`, each step's
+    `in_orelse`, as the original path did."""
+    path: list[GuardStep] = []
+    current = node
+    for i, in_orelse in enumerate(turns):
+        path.append((current, in_orelse))
+        if i == len(turns) - 1:
+            break
+        if in_orelse and isinstance(current.orelse, cst.If):
+            current = current.orelse
+        else:
+            block = current.orelse.body if in_orelse else current.body  # type: ignore[union-attr]
+            current = block.body[0]  # type: ignore[union-attr,assignment]
+    return path
+
+
+def block_of(path: list[GuardStep]) -> list[cst.BaseStatement]:
+    """The statements of the guarded block at the end of `path`."""
+    node, in_orelse = path[-1]
+    block = node.orelse.body if in_orelse else node.body  # type: ignore[union-attr]
+    return list(block.body)  # type: ignore[union-attr]
+
+
 def _with_block(node: cst.If, in_orelse: bool, statements: list[cst.BaseStatement]) -> cst.If:
     if in_orelse:
         orelse = node.orelse

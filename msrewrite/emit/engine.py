@@ -322,8 +322,9 @@ class PlannedEdit:
     side_nodes: tuple[cst.BaseStatement, ...] = ()
     window: tuple[int, int] | None = None
     # A guarded plan: `window` counts in the body with the guarded `if`'s block spliced in place
-    # of the `if`; this is [start, end) of that block there, and whether it is the `else:` block.
-    guarded_block: tuple[int, int, bool] | None = None
+    # of the `if`; this is [start, end) of that block there, and the turns (each step's `else:`)
+    # that reach it through nested `if`s and `elif`s.
+    guarded_block: tuple[int, int, tuple[bool, ...]] | None = None
 
 
 def _body_positions(func: cst.FunctionDef, positions) -> list[tuple[int, int]]:
@@ -735,7 +736,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
     guarded_block = None
     if guarded is not None:  # the block goes back into its `if` (window and side nodes count without it)
         new_body[block_start:block_end] = [guarded.rebuild(new_body[block_start:block_end])]
-        guarded_block = (block_start, block_end, guarded.in_orelse)
+        guarded_block = (block_start, block_end, tuple(in_orelse for _node, in_orelse in guarded.path))
     new_func = func.with_changes(body=func.body.with_changes(body=new_body))
 
     new_init = None

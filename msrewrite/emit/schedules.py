@@ -27,6 +27,7 @@ from pathlib import Path
 import libcst as cst
 
 from msrewrite.analyze.defuse import function_names, node_facts
+from msrewrite.analyze.guards import block_of, follow_turns, rebuild_path
 from msrewrite.emit.engine import (
     PlannedEdit, _comment, _if_block, _parse_block, _unique, apply_plans, code_of, strip_leading,
 )
@@ -63,28 +64,22 @@ def _flat_body(edit: PlannedEdit) -> list[cst.BaseStatement]:
     body = list(edit.new_func.body.body)  # type: ignore[union-attr]
     if edit.guarded_block is None:
         return body
-    start, _end, in_orelse = edit.guarded_block
-    node = body[start]
-    block = node.orelse if in_orelse else node  # type: ignore[union-attr]
-    return body[:start] + list(block.body.body) + body[start + 1 :]  # type: ignore[union-attr]
+    start, _end, turns = edit.guarded_block
+    block = block_of(follow_turns(body[start], turns))  # type: ignore[arg-type]
+    return body[:start] + block + body[start + 1 :]
 
 
 def _unflat_body(edit: PlannedEdit, flat: list[cst.BaseStatement], inserted: int, at: int) -> list[cst.BaseStatement]:
     """`flat` with the guarded block put back into its `if`; `inserted` statements were added at `at`."""
     if edit.guarded_block is None:
         return flat
-    start, end, in_orelse = edit.guarded_block
+    start, end, turns = edit.guarded_block
     if at < start:
         start += inserted
     if at < end:
         end += inserted
     node = edit.new_func.body.body[edit.guarded_block[0]]  # type: ignore[union-attr]
-    block = flat[start:end]
-    if in_orelse:
-        orelse = node.orelse  # type: ignore[union-attr]
-        rebuilt = node.with_changes(orelse=orelse.with_changes(body=orelse.body.with_changes(body=block)))
-    else:
-        rebuilt = node.with_changes(body=node.body.with_changes(body=block))  # type: ignore[union-attr]
+    rebuilt = rebuild_path(follow_turns(node, turns), flat[start:end])  # type: ignore[arg-type]
     return flat[:start] + [rebuilt] + flat[end:]
 
 
