@@ -1,4 +1,4 @@
-"""Command line: `msrewrite apply | suggest | verify | cases`.
+"""Command line: `msrewrite apply | suggest | verify | cases | profile | bench`.
 
 Every failure the user can cause ends as one line on stderr and a documented exit code
 (0 done, 1 nothing to do / problems found, 2 bad input); tracebacks are for our own bugs.
@@ -180,6 +180,25 @@ def suggest(
         jobs=jobs,
         quiet=quiet,
     )
+
+
+@command
+def profile(
+    trace: Path = Argument(..., help="torch.profiler Chrome trace (.json) or torch_npu profiler output folder."),
+    edit: Optional[Path] = Option(
+        None, "--edit", help="Plans (suggest --json) for the estimate, or the edited model file (its markers)."
+    ),
+    baseline: Optional[Path] = Option(None, "--baseline", help="Trace of the same run with the flag off."),
+    json_out: bool = Option(False, "--json", help="Print the result as JSON (the gantt included)."),
+    threshold: float = Option(0.1, "--threshold", help="Busy-time growth that counts as contention (0.1 = 10%)."),
+    gantt: bool = Option(False, "--gantt", help="Also print a Mermaid gantt of one step."),
+    step: Optional[int] = Option(None, "--step", help="Step of the gantt (1-based; default the first marked one)."),
+) -> int:
+    """Read a device trace: overlap, exposed side time and tail of each marked region; saving and contention."""
+    from msrewrite.commands.profile import run_profile
+
+    return run_profile(trace=trace, edit=edit, baseline=baseline, json_out=json_out, threshold=threshold,
+                       gantt=gantt, step=step)
 
 
 def main(argv: list[str] | None = None) -> None:
