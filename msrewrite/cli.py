@@ -57,6 +57,10 @@ def apply(
     harness: Optional[str] = Option(None, "--harness", help="With --verify: H.py:make building model and inputs."),
     force: bool = Option(False, "--force", help="With -o: replace a patch series already in the folder."),
     max_bytes: Optional[int] = Option(None, "--max-bytes", help="Refuse input files larger than this (default 16 MiB)."),
+    markers: bool = Option(
+        False, "--markers", help="Profiler ranges msrewrite:<case>:<tag>:side|main around the windows (eager, cuda)."
+    ),
+    no_markers: bool = Option(False, "--no-markers", help="Remove the profiler ranges from an edited FILE."),
 ) -> int:
     """Rewrite FILE: move a branch onto a side stream behind an enable flag."""
     from msrewrite.commands.apply import run_apply
@@ -86,6 +90,8 @@ def apply(
         verify=verify,
         harness=harness,
         force=force,
+        markers=markers,
+        no_markers=no_markers,
     )
 
 
@@ -199,6 +205,25 @@ def profile(
 
     return run_profile(trace=trace, edit=edit, baseline=baseline, json_out=json_out, threshold=threshold,
                        gantt=gantt, step=step)
+
+
+@command
+def bench(
+    file: Path = Argument(..., help="Original model file (with --case), or an edited one."),
+    harness: Optional[str] = Option(None, "--harness", help="H.py:make returning (module, inputs)."),
+    case: Optional[str] = Option(None, "--case", help="The edit to time (its default options)."),
+    mode: str = Option("auto", "--mode", help="auto (cuda on CUDA, eager on NPU), or a mode of the case."),
+    variants: bool = Option(False, "--variants", help="Also time the other arrangements and rank them."),
+    iters: int = Option(20, "--iters", help="Timed forwards per arrangement."),
+    warmup: int = Option(3, "--warmup", help="Untimed forwards first."),
+    dry_run: bool = Option(False, "--dry-run", help="Run every step on CPU under the stream stand-ins."),
+    json_out: bool = Option(False, "--json", help="Print the timings as JSON."),
+) -> int:
+    """Time flag off vs flag on on the device present; with --variants, rank msrewrite's arrangements."""
+    from msrewrite.commands.bench import run_bench
+
+    return run_bench(file=file, harness=harness, case=case, mode=mode, variants=variants, iters=iters,
+                     warmup=warmup, dry_run=dry_run, json_out=json_out)
 
 
 def main(argv: list[str] | None = None) -> None:

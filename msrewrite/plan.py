@@ -163,6 +163,9 @@ class OverlapPlan:
     # with --assume-pure: printed with every edit.
     trust_boundary: tuple[str, ...] = ()
     assume_pure: tuple[str, ...] = ()
+    # Profiler ranges around the side and main windows (apply --markers, read by msrewrite profile);
+    # left out of the JSON when off, so plan files without it read as before.
+    markers: bool = False
 
     def __post_init__(self) -> None:
         # Every field that reaches emitted code (names, literals, comments) is checked here, so no
@@ -206,6 +209,8 @@ class OverlapPlan:
             validate.line_number(self.guard_line, "guard_line")
         if self.case_branch:
             validate.case_name(self.case_branch, "case_branch")
+        if not isinstance(self.markers, bool):
+            raise ValueError(f"markers must be true or false, got {validate.shown(self.markers)}")
         if not isinstance(self.non_blocking, bool):
             raise ValueError(f"non_blocking must be true or false, got {validate.shown(self.non_blocking)}")
         if self.core_limits is not None and (
@@ -234,6 +239,8 @@ class OverlapPlan:
     # JSON ------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
+        if not self.markers:
+            del data["markers"]
         data["version"] = PLAN_VERSION
         return data
 
@@ -309,6 +316,7 @@ _PLAN_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "protect_inputs": ((list, tuple), False),
     "trust_boundary": ((list, tuple), False),
     "assume_pure": ((list, tuple), False),
+    "markers": ((bool,), False),
 }
 _PART_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "side": {"first_line": ((int,), True), "last_line": ((int,), True), "source": ((str,), True),

@@ -57,9 +57,9 @@ class _Miscut(Exception):
 
 
 def _split_events(path: Path, keep: Callable[[bytes], bool] | None, chunk: int) -> Iterator[dict]:
-    """The fast path: elements cut at `}` `,` `{` separators, each decoded alone. A cut inside an
-    element always leaves both halves undecodable, and the half holding what `keep` looks for is
-    decoded, so a miscut raises _Miscut instead of losing or inventing an event."""
+    """The fast path: elements cut at `}` `,` `{` separators. A cut inside an element leaves both
+    halves undecodable alone, and the half holding what `keep` looks for is decoded, so a miscut
+    raises _Miscut instead of losing or inventing an event."""
     with open(path, "rb") as f:
         buf, eof, pos = _open_array(f, chunk)
         while True:
@@ -72,17 +72,20 @@ def _split_events(path: Path, keep: Callable[[bytes], bool] | None, chunk: int) 
                     raise _Miscut
                 if last >= pos:
                     ends.append(last + 1)
+            kept = []
             for end in ends:
-                text = buf[pos:end]
-                if keep is None or keep(text):
-                    try:
-                        event = json.loads(text)
-                    except ValueError:
-                        raise _Miscut from None
-                    if not isinstance(event, dict):
-                        raise _Miscut
-                    yield event
+                if keep is None or keep(buf[pos:end]):
+                    kept.append(buf[pos:end])
                 pos = _SPACE.match(buf, end).end()
+            # One decode per chunk. Two halves of a miscut event, both kept, join back into one
+            # element: the count then falls short, which is how that miscut is caught.
+            try:
+                events = json.loads(b"[" + b",".join(kept) + b"]")
+            except ValueError:
+                raise _Miscut from None
+            if len(events) != len(kept):
+                raise _Miscut
+            yield from events
             if eof:
                 return
             buf, pos, eof = _read_on(f, buf, pos, chunk)

@@ -31,6 +31,7 @@ torch_npu (`<worker>_ascend_pt/ASCEND_PROFILER_OUTPUT/`), read from Ascend/pytor
 
 from __future__ import annotations
 
+import bisect
 import csv
 import re
 from collections import defaultdict
@@ -100,8 +101,8 @@ def _num(value, what: str) -> float:
 
 
 # torch.profiler ------------------------------------------------------------------------------------
-def _torch_keep(text: bytes) -> bool:
-    return b"kernel" in text or b"gpu_mem" in text or b"annotation" in text or b"cuda_runtime" in text
+# The events the analysis reads hold one of these words; the rest (CPU ops, flows) is not decoded.
+_torch_keep = re.compile(rb"kernel|gpu_mem|annotation|cuda_runtime").search
 
 
 def _load_torch(path: Path) -> Trace:
@@ -132,10 +133,14 @@ def _load_torch(path: Path) -> Trace:
             launches[ev.get("tid")].append((start, int(args["correlation"])))
     on_device = {name for name, _ in device_ranges}
     windows: list[list[Span]] = list(device_ranges.values())
+    for calls in launches.values():
+        calls.sort()
     for name, start, end, tid in host_ranges:
         if name in on_device:
             continue
-        spans = [kernel_of[c] for ts, c in launches.get(tid, ()) if start <= ts <= end and c in kernel_of]
+        calls = launches.get(tid, [])
+        first, last = bisect.bisect_left(calls, (start, -1)), bisect.bisect_right(calls, (end, float("inf")))
+        spans = [kernel_of[c] for _, c in calls[first:last] if c in kernel_of]
         if not spans:
             if name.startswith(MARKER_PREFIX):
                 trace.host_only_markers.append(name)
