@@ -270,9 +270,10 @@ def _recheck(module, plan: OverlapPlan, text: str, path: Path, protect: bool) ->
     from msrewrite.plancheck import check_plan
 
     try:
-        return check_plan(module, plan, text, path, protect=protect or None)
+        checked = check_plan(module, plan, text, path, protect=protect or None)
     except NoBranch as exc:
         raise NothingToDo(f"refused plan for {plan.function}: {exc}") from None
+    return checked.with_changes(markers=plan.markers)  # ranges are the file's choice, not the analysis'
 
 
 def _plan_step(plan: OverlapPlan, old: str, new: str) -> EditStep:
@@ -359,7 +360,7 @@ def _with_markers(steps: list[EditStep], original: str) -> list[EditStep]:
 
     marked, before, so_far = [], original, []
     for step in steps:
-        so_far += [p for p in step.plans if p.markers]
+        so_far += [p for p in step.plans if p.markers and p not in so_far]
         new = markers.add(step.new, so_far) if so_far else step.new
         marked.append(dataclasses.replace(step, old=before, new=new))
         before = new
@@ -447,6 +448,12 @@ def run_apply(
         chosen_mode, why = resolve_mode(mode, src.text)
     except ValueError as exc:
         raise BadInput(str(exc)) from None
+    if markers and case is not None:
+        from msrewrite.emit.markers import MARKER_MODES
+
+        if chosen_mode not in MARKER_MODES:
+            raise BadInput(f"--markers: {chosen_mode} mode is not supported (eager and cuda only: a range opened "
+                           "while a graph is captured is not replayed with it)")
 
     if case is not None:
         from msrewrite.codemods import get_case
@@ -524,7 +531,7 @@ def run_apply(
             after = apply_plans(src.module, plans[:k], src.text).code
             steps.append(_plan_step(plans[k - 1], before, after))
             before = after
-    if any(p.markers for p in plans):
+    if plan_path is None and any(p.markers for p in plans):  # plan files are marked by apply_plans itself
         steps = _with_markers(steps, src.text)
     new_text = steps[-1].new
     _compile_check(file, src, new_text)

@@ -81,7 +81,8 @@ def _print(kind, mode, off, ranked, dry_run, iters, warmup) -> None:
     from msrewrite.commands.suggest import fit_table
 
     where = "CPU dry run under the stream stand-ins (times say nothing about a device)" if dry_run else kind
-    print(f"bench: {where}, mode {mode}, {warmup} warm-up + {iters} timed forwards, synchronised")
+    print(f"bench: {where}")
+    print(f"mode {mode}, {warmup} warm-up + {iters} timed forwards each, synchronised")
     lo, hi = off.interval
     rows = [["-", "flag off (original path)", _ms(off.median), f"{_ms(lo)}-{_ms(hi)}", "1.00x"]]
     for rank, v in enumerate(ranked, 1):

@@ -83,17 +83,6 @@ def _is_stream_with(stmt: cst.CSTNode, api: str) -> str | None:
     return None
 
 
-def _current_stream(func: cst.FunctionDef, api: str) -> str | None:
-    """NAME of the fork's `NAME = torch.<api>.current_stream()` (verify's later schedules move the
-    side block away from it)."""
-    for assign in m.findall(func, m.Assign(
-            targets=[m.AssignTarget(target=m.Name())],
-            value=m.Call(func=m.Attribute(value=m.Attribute(value=m.Name("torch"), attr=m.Name(api)),
-                                          attr=m.Name("current_stream"))))):
-        return assign.targets[0].target.value  # type: ignore[attr-defined]
-    return None
-
-
 def _tests_stream(node: cst.If, stream: str) -> bool:
     """`if STREAM is not None...:` (the emitted fork and join conditions start so)."""
     test = node.test
@@ -145,9 +134,7 @@ class _Mark(cst.CSTTransformer):
         side_id, main_id = _unique("side_range", self.taken), _unique("main_range", self.taken)
         state = {"fork": False, "join": False}
         api = self.api
-        current = _current_stream(func, api)
-        if current is None:
-            raise BadInput(f"--markers: {qualname}: the fork does not read the current stream")
+        current = f"torch.{api}.current_stream()"  # the main stream at the fork, whatever the edit named it
 
         class Blocks(cst.CSTTransformer):
             def leave_If(self, original, updated):
@@ -217,8 +204,9 @@ def add(text: str, plans: list[OverlapPlan]) -> str:
     if any(isinstance(s, cst.FunctionDef) and s.name.value == START for s in module.body):
         raise BadInput("--markers: the file already has profiler ranges (apply --no-markers removes them)")
     by_function: dict[str, list[OverlapPlan]] = {}
-    for plan in plans:
-        by_function.setdefault(plan.function, []).append(plan)
+    for plan in plans:  # a branch that re-enters a stream (indexer-prolog's int8 q) keeps its first window's ranges
+        if all(p.stream_tag != plan.stream_tag for p in by_function.get(plan.function, [])):
+            by_function.setdefault(plan.function, []).append(plan)
     taken = {n.value for n in m.findall(module, m.Name())}  # type: ignore[union-attr]
     marked = module.visit(_Mark(by_function, "cuda" if mode == "cuda" else "npu", taken))
     helpers = list(cst.parse_module(HELPERS[mode].replace("\n", module.default_newline)).body)
