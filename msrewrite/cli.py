@@ -167,6 +167,9 @@ def suggest(
     quiet: bool = Option(False, "--quiet", "-q", help="No progress lines on stderr (shown only on a terminal)."),
     extra: Optional[List[Path]] = Argument(None, help="More files (static tier)."),
     max_bytes: Optional[int] = Option(None, "--max-bytes", help="Refuse input files larger than this (default 16 MiB)."),
+    profile_json: Optional[Path] = Option(
+        None, "--profile", help="msrewrite profile --json output: fills the report's profile acceptance section."
+    ),
 ) -> int:
     """Find independent branches worth overlapping, rank them, and name the case that applies."""
     from msrewrite.commands.suggest import run_suggest
@@ -185,6 +188,7 @@ def suggest(
         phase=phase,
         jobs=jobs,
         quiet=quiet,
+        profile_json=profile_json,
     )
 
 

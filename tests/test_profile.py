@@ -177,3 +177,31 @@ def test_cut_short_trace_raises(tmp_path: Path) -> None:
     path.write_text(text[: len(text) // 2])
     with pytest.raises(TraceFormatError):
         list(iter_events(path, chunk=256))
+
+
+# suggest --report: profile acceptance ---------------------------------------------------------------
+def test_report_profile_acceptance_section_is_filled_from_profile_json(tmp_path: Path) -> None:
+    on, off = TRACES["torch"]
+    measured = run_cli("profile", str(on), "--baseline", str(off), "--edit", str(FIX / "plans.json"), "--json")
+    (tmp_path / "profile.json").write_text(measured.stdout)
+    example = Path(__file__).parents[1] / "examples" / "deepseek_moe.py"
+    out = run_cli("suggest", "--static", str(example), "--report", str(tmp_path / "r"), "--profile",
+                  str(tmp_path / "profile.json"))
+    assert out.returncode == 0, out.stderr
+    text = next((tmp_path / "r").glob("*.md")).read_text()
+    section = text[text.index("### 11.5 Profile acceptance"):text.index("## 12.")]
+    assert "| moe-shared-expert:shared_expert | 12.0 | 12.0 | 1.00x | 12.0 | 8.0 | 4 |" in section
+    assert "20.0 µs per step" in section and "+25%" in section
+    assert all(mermaid.check(b) == [] for b in mermaid.blocks(text))
+    plain = run_cli("suggest", "--static", str(example), "--report", str(tmp_path / "p"))
+    assert plain.returncode == 0
+    assert "### 11.5 Profile acceptance\n\nN/A (apply --markers" in next((tmp_path / "p").glob("*.md")).read_text()
+
+
+def test_report_profile_needs_report_and_profile_json(tmp_path: Path) -> None:
+    example = Path(__file__).parents[1] / "examples" / "deepseek_moe.py"
+    bad = tmp_path / "p.json"
+    bad.write_text('{"candidates": []}')
+    for args in (["--profile", str(bad)], ["--profile", str(bad), "--report", str(tmp_path / "r")]):
+        out = run_cli("suggest", "--static", str(example), *args)
+        assert out.returncode == 2 and out.stderr.startswith("msrewrite: error: --profile")
