@@ -118,7 +118,8 @@ def _load_torch(path: Path) -> Trace:
         start = _num(ev.get("ts"), "ts")
         end = start + _num(ev.get("dur", 0), "dur")
         if cat in _DEVICE_CATS:
-            stream = _stream_key(args.get("device", ev.get("pid")), args.get("stream", ev.get("tid")))
+            # keyed as the gpu_user_annotation ranges are: pid = device, tid = stream
+            stream = _stream_key(ev.get("pid"), ev.get("tid"))
             trace.stream_names.setdefault(stream, f"stream {args.get('stream', ev.get('tid'))}")
             span = Span(name, start, end, stream)
             trace.kernels.append(span)
