@@ -103,7 +103,6 @@ class _Mark(cst.CSTTransformer):
         self.plans = plans_by_function
         self.api = api
         self.path: list[str] = []
-        self.current: list[OverlapPlan] = []
         self.taken = taken
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:

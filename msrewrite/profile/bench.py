@@ -98,8 +98,9 @@ def time_forward(run: Callable[[], object], sync: Callable[[], None], iters: int
     return Timing(times)
 
 
-def edit_for(file: Path, text: str, case: str, mode: str, options: list[str]) -> tuple[str, list]:
-    """The text and plans `msrewrite apply --case CASE --mode MODE FILE OPTIONS` makes."""
+def edit_for(file: Path, text: str, case: str, mode: str, options: list[str]) -> tuple[str, str, list]:
+    """What `msrewrite apply --case CASE --mode MODE FILE OPTIONS` makes: the edited text, and the
+    text its last step was made on with that step's plans (verify's schedule source)."""
     from msrewrite import cores
     from msrewrite.codemods import get_case
     from msrewrite.commands.apply import _parse_flag, case_steps
@@ -114,14 +115,14 @@ def edit_for(file: Path, text: str, case: str, mode: str, options: list[str]) ->
     spec = _parse_flag("", "on", max_tokens, known.flag_name)
     budget = cores.resolve(opts.get("--cores", "a3"), None).as_tuple() if known.core_limits else None
     steps = case_steps(file, text, parse_source(file, text), case, mode, None, spec, None, (), anchors, budget)
-    return steps[-1].new, steps[-1].plans
+    return steps[-1].new, steps[-1].old, steps[-1].plans
 
 
 def variants(file: Path, text: str, case: str, mode: str, every: bool) -> list[Variant]:
     from msrewrite.codemods import get_case
     from msrewrite.cores import PRESETS
 
-    base_text, plans = edit_for(file, text, case, mode, [])
+    base_text, last_old, plans = edit_for(file, text, case, mode, [])
     out = [Variant("fork as early as possible (default)", [], base_text)]
     if not every:
         return out
@@ -129,14 +130,10 @@ def variants(file: Path, text: str, case: str, mode: str, every: bool) -> list[V
     if plans:
         from msrewrite.emit.schedules import NoSchedule, ScheduleSource, variant
 
-        source_text = text
-        if known.phased:  # the plans address the inlined text of the refactor step
-            source_text = None
         try:
-            if source_text is not None:
-                out.append(Variant("side work at its original place (late)", None,
-                                   variant(ScheduleSource(source_text, plans), "late")))
-        except NoSchedule as exc:
+            out.append(Variant("side work at its original place (late)", None,
+                               variant(ScheduleSource(last_old, plans), "late")))
+        except NoSchedule as exc:  # phased or async-comm side work: not one movable block
             out[0].notes.append(f"no original-place variant: {exc}")
     if known.phased and plans:
         for anchor in plans[0].phase_anchors:
