@@ -1,4 +1,4 @@
-"""Command line: `msrewrite apply | suggest | verify | cases`.
+"""Command line: `msrewrite apply | suggest | verify | cases | profile | bench`.
 
 Every failure the user can cause ends as one line on stderr and a documented exit code
 (0 done, 1 nothing to do / problems found, 2 bad input); tracebacks are for our own bugs.
@@ -67,6 +67,10 @@ def apply(
     harness: Optional[str] = Option(None, "--harness", help="With --verify: H.py:make building model and inputs."),
     force: bool = Option(False, "--force", help="With -o: replace a patch series already in the folder."),
     max_bytes: Optional[int] = Option(None, "--max-bytes", help="Refuse input files larger than this (default 16 MiB)."),
+    markers: bool = Option(
+        False, "--markers", help="Profiler ranges msrewrite:<case>:<tag>:side|main around the windows (eager, cuda)."
+    ),
+    no_markers: bool = Option(False, "--no-markers", help="Remove the profiler ranges from an edited FILE."),
 ) -> int:
     """Rewrite FILE: move a branch onto a side stream behind an enable flag."""
     from msrewrite.analyze.packages import set_source_path
@@ -100,6 +104,8 @@ def apply(
         verify=verify,
         harness=harness,
         force=force,
+        markers=markers,
+        no_markers=no_markers,
     )
 
 
@@ -178,6 +184,9 @@ def suggest(
     ),
     extra: Optional[List[Path]] = Argument(None, help="More files (static tier)."),
     max_bytes: Optional[int] = Option(None, "--max-bytes", help="Refuse input files larger than this (default 16 MiB)."),
+    profile_json: Optional[Path] = Option(
+        None, "--profile", help="msrewrite profile --json output: fills the report's profile acceptance section."
+    ),
 ) -> int:
     """Find independent branches worth overlapping, rank them, and name the case that applies."""
     from msrewrite.analyze.packages import set_source_path
@@ -198,7 +207,46 @@ def suggest(
         phase=phase,
         jobs=jobs,
         quiet=quiet,
+        profile_json=profile_json,
     )
+
+
+@command
+def profile(
+    trace: Path = Argument(..., help="torch.profiler Chrome trace (.json) or torch_npu profiler output folder."),
+    edit: Optional[Path] = Option(
+        None, "--edit", help="Plans (suggest --json) for the estimate, or the edited model file (its markers)."
+    ),
+    baseline: Optional[Path] = Option(None, "--baseline", help="Trace of the same run with the flag off."),
+    json_out: bool = Option(False, "--json", help="Print the result as JSON (the gantt included)."),
+    threshold: float = Option(0.1, "--threshold", help="Busy-time growth that counts as contention (0.1 = 10%)."),
+    gantt: bool = Option(False, "--gantt", help="Also print a Mermaid gantt of one step."),
+    step: Optional[int] = Option(None, "--step", help="Step of the gantt (1-based; default the first marked one)."),
+) -> int:
+    """Read a device trace: overlap, exposed side time and tail of each marked region; saving and contention."""
+    from msrewrite.commands.profile import run_profile
+
+    return run_profile(trace=trace, edit=edit, baseline=baseline, json_out=json_out, threshold=threshold,
+                       gantt=gantt, step=step)
+
+
+@command
+def bench(
+    file: Path = Argument(..., help="Original model file (with --case), or an edited one."),
+    harness: Optional[str] = Option(None, "--harness", help="H.py:make returning (module, inputs)."),
+    case: Optional[str] = Option(None, "--case", help="The edit to time (its default options)."),
+    mode: str = Option("auto", "--mode", help="auto (cuda on CUDA, eager on NPU), or a mode of the case."),
+    variants: bool = Option(False, "--variants", help="Also time the other arrangements and rank them."),
+    iters: int = Option(20, "--iters", help="Timed forwards per arrangement."),
+    warmup: int = Option(3, "--warmup", help="Untimed forwards first."),
+    dry_run: bool = Option(False, "--dry-run", help="Run every step on CPU under the stream stand-ins."),
+    json_out: bool = Option(False, "--json", help="Print the timings as JSON."),
+) -> int:
+    """Time flag off vs flag on on the device present; with --variants, rank msrewrite's arrangements."""
+    from msrewrite.commands.bench import run_bench
+
+    return run_bench(file=file, harness=harness, case=case, mode=mode, variants=variants, iters=iters,
+                     warmup=warmup, dry_run=dry_run, json_out=json_out)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -181,6 +181,9 @@ class OverlapPlan:
     # analysis found (printed with the edit, never emitted).
     allow_rng_reorder: bool = False
     rng_reorder: str = ""
+    # Profiler ranges around the side and main windows (apply --markers, read by msrewrite profile);
+    # left out of the JSON when off, so plan files without it read as before.
+    markers: bool = False
 
     def __post_init__(self) -> None:
         # Every field that reaches emitted code (names, literals, comments) is checked here, so no
@@ -227,6 +230,8 @@ class OverlapPlan:
             validate.line_number(self.guard_line, "guard_line")
         if self.case_branch:
             validate.case_name(self.case_branch, "case_branch")
+        if not isinstance(self.markers, bool):
+            raise ValueError(f"markers must be true or false, got {validate.shown(self.markers)}")
         if not isinstance(self.non_blocking, bool):
             raise ValueError(f"non_blocking must be true or false, got {validate.shown(self.non_blocking)}")
         if self.core_limits is not None and (
@@ -255,6 +260,8 @@ class OverlapPlan:
     # JSON ------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
+        if not self.markers:
+            del data["markers"]
         data["version"] = PLAN_VERSION
         return data
 
@@ -332,6 +339,7 @@ _PLAN_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "assume_pure": ((list, tuple), False),
     "allow_rng_reorder": ((bool,), False),
     "rng_reorder": ((str,), False),
+    "markers": ((bool,), False),
 }
 _PART_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "side": {"first_line": ((int,), True), "last_line": ((int,), True), "source": ((str,), True),

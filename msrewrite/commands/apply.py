@@ -290,9 +290,10 @@ def _recheck(module, plan: OverlapPlan, text: str, path: Path, protect: bool) ->
     from msrewrite.plancheck import check_plan
 
     try:
-        return check_plan(module, plan, text, path, protect=protect or None)
+        checked = check_plan(module, plan, text, path, protect=protect or None)
     except NoBranch as exc:
         raise NothingToDo(f"refused plan for {plan.function}: {exc}") from None
+    return checked.with_changes(markers=plan.markers)  # ranges are the file's choice, not the analysis'
 
 
 def _plan_step(plan: OverlapPlan, old: str, new: str) -> EditStep:
@@ -373,6 +374,36 @@ def _write_stdout(text: str) -> None:
     buffer.flush()
 
 
+def _with_markers(steps: list[EditStep], original: str) -> list[EditStep]:
+    """Each step's edit with profiler ranges around the windows of its plans and the earlier ones."""
+    from msrewrite.emit import markers
+
+    marked, before, so_far = [], original, []
+    for step in steps:
+        so_far += [p for p in step.plans if p.markers and p not in so_far]
+        new = markers.add(step.new, so_far) if so_far else step.new
+        marked.append(dataclasses.replace(step, old=before, new=new))
+        before = new
+    return marked
+
+
+def _remove_markers(file: Path, in_place: bool) -> int:
+    """apply --no-markers: the edit without its profiler ranges, exactly as apply wrote it without them."""
+    from msrewrite.emit import markers
+
+    src = load(file)
+    new_text = markers.remove(src.text)
+    if new_text == src.text:
+        raise NothingToDo(f"{file}: no msrewrite profiler ranges to remove")
+    _compile_check(file, src, new_text)
+    if in_place:
+        write_in_place(file, src.on_disk(new_text).encode("utf-8"), src.digest)
+        _note(f"rewrote {file}")
+    else:
+        _write_stdout(unified_diff(src.on_disk(src.text), src.on_disk(new_text), _relpath(file)))
+    return EXIT_OK
+
+
 def run_apply(
     *,
     file: Path,
@@ -399,7 +430,13 @@ def run_apply(
     verify: bool,
     harness: str | None,
     force: bool = False,
+    markers: bool = False,
+    no_markers: bool = False,
 ) -> int:
+    if no_markers:
+        if case is not None or plan_path is not None or markers or verify or output is not None:
+            raise BadInput("--no-markers takes only the edited file (and -i): it removes the profiler ranges")
+        return _remove_markers(file, in_place)
     if (case is None) == (plan_path is None):
         raise BadInput("give exactly one of --case or --plan")
     if in_place and output is not None:
@@ -433,6 +470,12 @@ def run_apply(
         chosen_mode, why = resolve_mode(mode, src.text)
     except ValueError as exc:
         raise BadInput(str(exc)) from None
+    if markers and case is not None:
+        from msrewrite.emit.markers import MARKER_MODES
+
+        if chosen_mode not in MARKER_MODES:
+            raise BadInput(f"--markers: {chosen_mode} mode is not supported (eager and cuda only: a range opened "
+                           "while a graph is captured is not replayed with it)")
 
     if case is not None:
         from msrewrite.codemods import get_case
@@ -505,6 +548,10 @@ def run_apply(
         # exactly the inputs the analysis finds written, as with --case
         plans = [_recheck(src.module, plan, src.text, file, protect == "clone") for plan in plans]
 
+    if markers:  # through the plans, as a plan file's "markers": true
+        plans = [p.with_changes(markers=True) for p in plans]
+        for step in steps if plan_path is None else ():
+            step.plans = [p.with_changes(markers=True) for p in step.plans]
     if plan_path is not None:
         steps = []
         before = src.text
@@ -512,6 +559,8 @@ def run_apply(
             after = apply_plans(src.module, plans[:k], src.text).code
             steps.append(_plan_step(plans[k - 1], before, after))
             before = after
+    if plan_path is None and any(p.markers for p in plans):  # plan files are marked by apply_plans itself
+        steps = _with_markers(steps, src.text)
     new_text = steps[-1].new
     _compile_check(file, src, new_text)
     if new_text == src.text:

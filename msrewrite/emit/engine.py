@@ -1159,4 +1159,9 @@ def apply_plans(
     for edit in edits:
         if edit.plan.stream_source == "constructor" and edit.cls is not None and edit.new_init is not None:
             new = plumb_constructor_stream(new, edit.cls.name.value, edit.stream_param, edit.plan, edit.emission)
-    return add_helpers(new, [e.emission for e in edits], plans[0].mode)
+    new = add_helpers(new, [e.emission for e in edits], plans[0].mode)
+    if any(p.markers for p in plans):  # apply --markers: profiler ranges, added by a pass of their own
+        from msrewrite.emit import markers
+
+        new = cst.parse_module(markers.add(new.code, [p for p in plans if p.markers]))
+    return new
