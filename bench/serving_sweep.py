@@ -7,9 +7,13 @@ Run it on vLLM's and SGLang's model files (read as text, never imported):
     unzip -q -o 'sglang-0.5.23-*.whl' 'sglang/srt/models/*' -d sglang_src
     unzip -q -o 'vllm-0.33.0-*.whl' 'vllm/model_executor/models/*' -d vllm_src
     python bench/serving_sweep.py vllm=/tmp/serving/vllm_src/vllm/model_executor/models \\
-        sglang=/tmp/serving/sglang_src/sglang/srt/models -j 2
+        sglang=/tmp/serving/sglang_src/sglang/srt/models -j 2 \\
+        --source-path /tmp/serving/sglang_src --source-path /tmp/serving/vllm_src
 
 Each argument is `NAME=FOLDER` (or just FOLDER); every `*.py` in the folder is swept.
+`--source-path DIR` (repeat) is `apply --source-path`: the frameworks' own layers (`FusedMoE`,
+`ReplicatedLinear`, `fused_moe`) are read from the unpacked wheels, never imported. To unpack
+whole wheels for it: `unzip -q -o 'sglang-0.5.23-*.whl' 'sglang/*' -d sglang_src` (same for vllm).
 
 apply: every function that calls a shared expert (`self.shared_expert*(...)`, what the case's own
 matcher looks for) is edited, or refused with the analysis' reason, or found already overlapped
@@ -237,9 +241,44 @@ def sweep_file(args: tuple[str, str]) -> dict:
     return record
 
 
+def outcome(status: str, reason: str) -> str:
+    """One of the five outcomes the issue asks for, for one function or file-level verdict."""
+    if status in ("edited", "edited over an existing overlap"):
+        return "edited"
+    if status in ("crash", "bad edit"):
+        return "crash or bad edit"
+    if status == "already overlapped" or reason.startswith("already overlapped") or "by the framework" in reason:
+        return "already overlapped"
+    if "not visible to msrewrite" in reason or "cannot see into" in reason:
+        return "refused naming a callee"
+    return "refused, other reason"
+
+
+OUTCOMES = ("edited", "already overlapped", "refused naming a callee", "refused, other reason", "crash or bad edit")
+
+
+def outcomes(records: list[dict], corpus: str) -> Counter:
+    """Per function calling a shared expert, plus files whose shared expert is handed to the framework."""
+    counts: Counter = Counter()
+    for r in records:
+        if r["corpus"] != corpus:
+            continue
+        status = r["apply"]["file_status"]
+        if status and status[0] in ("already overlapped", "refused", "crash"):
+            counts[outcome(status[0], status[1])] += 1
+        for row in r["apply"]["functions"]:
+            counts[outcome(row["status"], row.get("reason", ""))] += 1
+    return counts
+
+
 def table(records: list[dict], corpus: str) -> list[str]:
     mine = [r for r in records if r["corpus"] == corpus]
     rows = [f"## {corpus}: {len(mine)} model files"]
+    counts = outcomes(records, corpus)
+    rows.append("| " + " | ".join(OUTCOMES) + " |")
+    rows.append("|" + "---|" * len(OUTCOMES))
+    rows.append("| " + " | ".join(str(counts[o]) for o in OUTCOMES) + " |")
+    rows.append("")
     statuses: Counter = Counter()
     reasons: Counter = Counter()
     files_with_shared = 0
@@ -294,7 +333,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("folders", nargs="+", help="NAME=FOLDER or FOLDER of model files")
     parser.add_argument("-j", "--jobs", type=int, default=1, help="worker processes (at most 2)")
     parser.add_argument("--json", type=Path, help="write per-file results here")
+    parser.add_argument("--source-path", type=Path, action="append", default=[],
+                        help="package sources to read callees from, as apply --source-path (repeat)")
     args = parser.parse_args(argv)
+    from msrewrite.analyze.packages import set_source_path
+    from msrewrite.errors import MsrewriteError
+
+    try:
+        set_source_path(args.source_path)
+    except MsrewriteError as exc:
+        print(f"serving_sweep: error: {exc}", file=sys.stderr)
+        return 2
     jobs = max(1, min(args.jobs, 2))
     work: list[tuple[str, str]] = []
     corpora: list[str] = []
@@ -309,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         work += [(name, str(p)) for p in sorted(folder_path.glob("*.py")) if p.name != "__init__.py"]
     start = time.perf_counter()
     if jobs > 1:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
+        with ProcessPoolExecutor(max_workers=jobs, initializer=set_source_path, initargs=(args.source_path,)) as pool:
             records = list(pool.map(sweep_file, work, chunksize=4))
     else:
         records = [sweep_file(w) for w in work]

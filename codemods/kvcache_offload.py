@@ -10,7 +10,12 @@ next layer overwrites the shared buffer. A host-to-device prefetch of the next l
 same function rides the same stream. Events are recorded per call, as the offload cache does.
 
 Which copies: `dst.copy_(src)` where one side is a host buffer, by its name (`host_kv`,
-`cpu_cache`, `offload_buffer`, `swap_*`, `pinned_*`). Transformers' OffloadedCache already prefetches on its own
+`cpu_cache`, `offload_buffer`, `swap_*`, `pinned_*`), written in the function or in a method of a
+cache object it calls (`self.cache.offload(i)`, `cache.offload(i, k, v)`, followed through the
+file's summaries): that call moves to the copy stream as it is, and the method is not edited, so
+the flag-off path stays the original. Its copies must already be `non_blocking=True` (a blocking
+copy on the copy stream would hold the host and overlap nothing), and everything it calls must be
+visible; otherwise it is refused, naming what could not be seen. Transformers' OffloadedCache already prefetches on its own
 stream (torch.Stream) and is the reference for the pattern, not a target.
 
 Modes: eager and cuda (offload runs in eager prefill). Not npugraph-ex: per-call events change
@@ -27,10 +32,15 @@ from msrewrite.cases import Case
 HOST_WORDS = ("host", "cpu", "offload", "swap", "pinned")
 
 
-def _names_host(expr: cst.BaseExpression) -> bool:
-    """The buffer itself (the last name of its path, `host_kv` in cache.host_kv[i]) is host memory."""
-    buffer = (buffer_path(expr) or "").split(".")[-1].lower()
+def is_host_buffer(path: str) -> bool:
+    """The buffer itself (the last name of its path, `host_kv` in cache.host_kv) is host memory; also
+    a method named for it (`offload`, `swap_out`)."""
+    buffer = path.split(".")[-1].lower()
     return any(word in buffer for word in HOST_WORDS)
+
+
+def _names_host(expr: cst.BaseExpression) -> bool:
+    return is_host_buffer(buffer_path(expr) or "")
 
 
 def is_host_copy(call: cst.Call) -> bool:
@@ -48,10 +58,11 @@ CASE = Case(
     is_seed=lambda callee: False,
     stream_tag="kv_copy",
     flag_name="ENABLE_KV_OFFLOAD_STREAM",
-    what=("the KV copy", "attention and the MLP"),
+    what=("the KV copy", "the layer's compute"),
     sync="events",
     analysis="copies",
     is_copy=is_host_copy,
+    is_host_buffer=is_host_buffer,
     non_blocking=True,
     notes="not npugraph-ex: per-call events change between capture and replay; not ge-graph: copies are not graph ops",
 )

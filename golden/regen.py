@@ -28,10 +28,10 @@ GOLDEN_EXAMPLES = {
     "moe-shared-mlp-init": ["hunyuan_moe", "hunyuan_moe_patch"],
     "moe-shared-expert-phased": ["deepep_moe", "qwen_gated_moe"],
     "indexer-prolog": ["indexer_prolog"],
-    "kvcache-offload": ["offload_decoder"],
+    "kvcache-offload": ["offload_decoder", "offload_cache_decoder"],
     "attn-moe-limit-core": ["longcat_layer"],
     "afd-overlap": ["afd_attention_node"],
-    "prefill-microbatch": ["microbatch_moe"],
+    "prefill-microbatch": ["microbatch_moe", "microbatch_moe_submodule"],
 }
 
 

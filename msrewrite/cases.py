@@ -26,6 +26,7 @@ from msrewrite.analyze.seeds import (
     stream_calls,
     uses_api,
 )
+from msrewrite.analyze.effects import CallBuffers, buffer_use
 from msrewrite.analyze.summaries import ModuleSummaries
 from msrewrite.emit.engine import already_applied, code_of, iter_functions, strip_leading
 from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement, StartGate
@@ -74,6 +75,7 @@ class Case:
     # where the buffers are reused rather than where a value is read (analyze/effects.py)
     analysis: str = "calls"
     is_copy: Callable[[cst.Call], bool] | None = None
+    is_host_buffer: Callable[[str], bool] | None = None  # copies: a buffer path (or method) that is host memory
     non_blocking: bool = False  # side copies get non_blocking=True
     core_limits: bool = False  # the branches get AI-core budgets (--cores / --core-limit)
     notes: str = ""
@@ -97,6 +99,16 @@ class Options:
     core_limits: tuple[int, int, int, int] | None = None
     protect: str = ""  # "clone": snapshot side inputs the main path may write, instead of refusing
     assume_pure: tuple[str, ...] = ()  # callees a reviewer vouched for (class, function or attribute names)
+    allow_rng_reorder: bool = False  # move side work even when the order of random draws changes
+
+
+def check_rng_order(branch: SideBranch, options: Options) -> None:
+    """Refuse a branch whose move reorders random draws, unless the reviewer allowed it."""
+    if branch.rng_reorder and not options.allow_rng_reorder:
+        raise NoBranch(
+            f"{branch.rng_reorder}; pass --allow-rng-reorder if the model runs in eval only, its dropout "
+            "is p=0, or the draws' order does not matter"
+        )
 
 
 def branch_marker(case_name: str, branch: BranchSpec | None) -> str | None:
@@ -118,10 +130,12 @@ def find_targets(
         if case.analysis == "calls" else None
     )
     summaries = ModuleSummaries(module, options.assume_pure, path=path)
+    copy_helpers = _copy_helpers(module, summaries, case) if case.analysis == "copies" else set()
     for name, func, cls in iter_functions(module):
         is_seed = seeds_of.predicate(name, cls) if seeds_of is not None else base_seed
         if case.analysis == "copies":
-            if not _has_copy(func, case.is_copy):
+            buffers = CallBuffers(summaries, cls.name.value if cls is not None else None, func)
+            if id(func) in copy_helpers or not (_has_copy(func, case.is_copy) or _calls_copy_helper(func, buffers, case)):
                 continue
         elif (
             name in calls
@@ -161,7 +175,7 @@ def find_targets(
             if case.analysis == "copies":
                 from msrewrite.analyze.effects import find_copy_branch
 
-                side = find_copy_branch(func, positions, case.is_copy)
+                side = find_copy_branch(func, positions, case.is_copy, buffers, case.is_host_buffer)
                 targets.append(Target(name, plan=branch_plan(case, path, name, side, options)))
                 continue
             anchors = tuple(gate.anchor for gate in options.start_gates)
@@ -174,6 +188,7 @@ def find_targets(
                 scope=summaries.scope_for(cls.name.value if cls is not None else None, func.name.value),
                 protect=options.protect == "clone",
             )
+            check_rng_order(side, options)
         except NoBranch as exc:
             targets.append(Target(name, reason=str(exc)))
             continue
@@ -280,6 +295,36 @@ def _other_family(func: cst.FunctionDef, calls: list[cst.Call], mode: str) -> st
     return ""
 
 
+def _copy_helpers(module: cst.Module, summaries: ModuleSummaries, case: Case) -> set[int]:
+    """The methods other functions of the file call (`self.cache.offload(i)`) that copy host memory:
+    their copies move with the call, so they are not targets of their own."""
+    found: set[int] = set()
+    for _, func, cls in iter_functions(module):
+        buffers = CallBuffers(summaries, cls.name.value if cls is not None else None, func)
+        buffer_use(func.body, buffers)
+        found |= {key for key, helper in buffers.followed.items() if _copies_host(helper, case)}
+    return found
+
+
+def _copies_host(helper, case: Case) -> bool:
+    return any(case.is_host_buffer(p) for d, s in helper.copies for p in d | s) if case.is_host_buffer else False
+
+
+def _calls_copy_helper(func: cst.FunctionDef, buffers: CallBuffers, case: Case) -> bool:
+    """Does `func` call a method that copies host memory, or one named for it (`cache.offload(...)`)?"""
+    named = False
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            nonlocal named
+            attr = node.func.attr.value if isinstance(node.func, cst.Attribute) else ""
+            named = named or bool(case.is_host_buffer and attr and case.is_host_buffer(attr))
+
+    func.body.visit(_Calls())
+    buffer_use(func.body, buffers)
+    return named or any(_copies_host(helper, case) for helper in buffers.found)
+
+
 def _has_copy(func: cst.FunctionDef, is_copy) -> bool:
     found = False
 
@@ -332,4 +377,6 @@ def branch_plan(case: Case, path: Path, function: str, branch: SideBranch, optio
         protect_inputs=tuple(branch.protected_inputs),
         trust_boundary=tuple(branch.trust_boundary),
         assume_pure=tuple(options.assume_pure),
+        allow_rng_reorder=options.allow_rng_reorder and bool(branch.rng_reorder),
+        rng_reorder=branch.rng_reorder if options.allow_rng_reorder else "",
     )

@@ -1,4 +1,4 @@
-"""Command line: `msrewrite apply | suggest | verify | cases`.
+"""Command line: `msrewrite apply | suggest | verify | cases | profile | bench`.
 
 Every failure the user can cause ends as one line on stderr and a documented exit code
 (0 done, 1 nothing to do / problems found, 2 bad input); tracebacks are for our own bugs.
@@ -28,9 +28,12 @@ def apply(
     candidate: Optional[int] = Option(None, "--candidate", help="With --plan: only this candidate (1-based)."),
     mode: str = Option("auto", "--mode", help="auto, eager, npugraph-ex, ge-graph or cuda."),
     target: Optional[str] = Option(None, "--target", help="Class.method to edit when several match."),
-    flag: str = Option("", "--flag", help="Enable flag: env:NAME (default) or attr:NAME."),
-    flag_default: str = Option("on", "--flag-default", help="Value when the flag is unset: on or off."),
+    flag: str = Option("", "--flag", help="Enable flag: env:NAME (default), attr:NAME, sglang:NAME or vllm-ascend:NAME."),
+    flag_default: str = Option("on", "--flag-default", help="Value when the flag is unset: on or off (off for upstream patches)."),
     max_tokens: Optional[int] = Option(None, "--max-tokens", help="Overlap only for at most N tokens."),
+    gate: Optional[str] = Option(
+        None, "--gate", help="capture, prefill, decode or tokens<=N: overlap only then, by the file's own predicate."
+    ),
     stream_tag: Optional[str] = Option(None, "--stream-tag", help="Side stream tag (shared by every layer)."),
     start_after: Optional[str] = Option(
         None, "--start-after", help="ge-graph: start the side work only after this main-stream tensor exists."
@@ -51,6 +54,13 @@ def apply(
     assume_pure: Optional[List[str]] = Option(
         None, "--assume-pure", help="A callee msrewrite cannot see into that writes none of its arguments (repeat)."
     ),
+    allow_rng_reorder: bool = Option(
+        False, "--allow-rng-reorder",
+        help="Move side work that draws random numbers (dropout, torch.rand*) even when the main path draws too.",
+    ),
+    source_path: Optional[List[Path]] = Option(
+        None, "--source-path", help="A folder of package sources (an unpacked wheel) to read callees from, never imported (repeat)."
+    ),
     in_place: bool = Option(False, "--in-place", "-i", help="Rewrite the file in place (atomic)."),
     output: Optional[Path] = Option(None, "-o", "--output", help="Write git format-patch files to this folder."),
     verify: bool = Option(False, "--verify", help="Run `msrewrite verify` on the edit."),
@@ -58,12 +68,18 @@ def apply(
     force: bool = Option(False, "--force", help="With -o: replace a patch series already in the folder."),
     max_bytes: Optional[int] = Option(None, "--max-bytes", help="Refuse input files larger than this (default 16 MiB)."),
     quiet: bool = Option(False, "--quiet", "-q", help="With --verify: no progress lines on stderr (shown only on a terminal)."),
+    markers: bool = Option(
+        False, "--markers", help="Profiler ranges msrewrite:<case>:<tag>:side|main around the windows (eager, cuda)."
+    ),
+    no_markers: bool = Option(False, "--no-markers", help="Remove the profiler ranges from an edited FILE."),
 ) -> int:
     """Rewrite FILE: move a branch onto a side stream behind an enable flag."""
+    from msrewrite.analyze.packages import set_source_path
     from msrewrite.commands.apply import run_apply
     from msrewrite.load import set_max_bytes
 
     set_max_bytes(max_bytes)
+    set_source_path(source_path or ())
     return run_apply(
         file=file,
         case=case,
@@ -74,6 +90,7 @@ def apply(
         flag=flag,
         flag_default=flag_default,
         max_tokens=max_tokens,
+        gate=gate,
         stream_tag=stream_tag,
         start_after=start_after,
         anchors=tuple(anchor or ()),
@@ -82,12 +99,15 @@ def apply(
         second_comm_group=second_comm_group,
         protect=protect,
         assume_pure=tuple(assume_pure or ()),
+        allow_rng_reorder=allow_rng_reorder,
         in_place=in_place,
         output=output,
         verify=verify,
         harness=harness,
         force=force,
         quiet=quiet,
+        markers=markers,
+        no_markers=no_markers,
     )
 
 
@@ -113,7 +133,7 @@ def verify(
     original: Optional[Path] = Option(None, "--original", help="Original model file to compare against."),
     harness: Optional[str] = Option(None, "--harness", help="H.py:make returning (module, inputs)."),
     target: Optional[str] = Option(None, "--target", help="Module class to build when the file has several."),
-    flag: str = Option("", "--flag", help="Enable flag of the edit: env:NAME or attr:NAME."),
+    flag: str = Option("", "--flag", help="Enable flag of the edit: env:NAME, attr:NAME, sglang:NAME or vllm-ascend:NAME."),
     mode: str = Option("auto", "--mode", help="auto, eager, npugraph-ex, ge-graph or cuda."),
     atol: float = Option(0.0, "--atol", help="Absolute tolerance (default: exact)."),
     rtol: float = Option(0.0, "--rtol", help="Relative tolerance (default: exact)."),
@@ -163,14 +183,22 @@ def suggest(
     phase: str = Option("decode", "--phase", help="prefill or decode (report name and cost shapes)."),
     jobs: int = Option(1, "-j", "--jobs", help="Worker processes for several files."),
     quiet: bool = Option(False, "--quiet", "-q", help="No progress lines on stderr (shown only on a terminal)."),
+    source_path: Optional[List[Path]] = Option(
+        None, "--source-path", help="A folder of package sources (an unpacked wheel) to read callees from, never imported (repeat)."
+    ),
     extra: Optional[List[Path]] = Argument(None, help="More files (static tier)."),
     max_bytes: Optional[int] = Option(None, "--max-bytes", help="Refuse input files larger than this (default 16 MiB)."),
+    profile_json: Optional[Path] = Option(
+        None, "--profile", help="msrewrite profile --json output: fills the report's profile acceptance section."
+    ),
 ) -> int:
     """Find independent branches worth overlapping, rank them, and name the case that applies."""
+    from msrewrite.analyze.packages import set_source_path
     from msrewrite.commands.suggest import run_suggest
     from msrewrite.load import set_max_bytes
 
     set_max_bytes(max_bytes)
+    set_source_path(source_path or ())
     return run_suggest(
         files=[file, *(extra or [])],
         static=static,
@@ -183,6 +211,7 @@ def suggest(
         phase=phase,
         jobs=jobs,
         quiet=quiet,
+        profile_json=profile_json,
     )
 
 
@@ -190,11 +219,52 @@ def entry() -> None:
     """The `msrewrite` command (and `python -m msrewrite`): main() with the cyclic garbage
     collector off. A run is one short pass over syntax trees, which hold no reference cycles, so
     the collector would only walk libcst's many nodes again and again (about 3% of a run). User
-    code (verify, traced suggest) runs in a child process that turns it back on."""
+    code (verify, traced suggest) runs in a child process that turns it back on; `bench` runs it
+    in this process, so it keeps the collector."""
     import gc
+    import sys
 
-    gc.disable()
+    if sys.argv[1:2] != ["bench"]:
+        gc.disable()
     main()
+
+
+@command
+def profile(
+    trace: Path = Argument(..., help="torch.profiler Chrome trace (.json) or torch_npu profiler output folder."),
+    edit: Optional[Path] = Option(
+        None, "--edit", help="Plans (suggest --json) for the estimate, or the edited model file (its markers)."
+    ),
+    baseline: Optional[Path] = Option(None, "--baseline", help="Trace of the same run with the flag off."),
+    json_out: bool = Option(False, "--json", help="Print the result as JSON (the gantt included)."),
+    threshold: float = Option(0.1, "--threshold", help="Busy-time growth that counts as contention (0.1 = 10%)."),
+    gantt: bool = Option(False, "--gantt", help="Also print a Mermaid gantt of one step."),
+    step: Optional[int] = Option(None, "--step", help="Step of the gantt (1-based; default the first marked one)."),
+) -> int:
+    """Read a device trace: overlap, exposed side time and tail of each marked region; saving and contention."""
+    from msrewrite.commands.profile import run_profile
+
+    return run_profile(trace=trace, edit=edit, baseline=baseline, json_out=json_out, threshold=threshold,
+                       gantt=gantt, step=step)
+
+
+@command
+def bench(
+    file: Path = Argument(..., help="Original model file (with --case), or an edited one."),
+    harness: Optional[str] = Option(None, "--harness", help="H.py:make returning (module, inputs)."),
+    case: Optional[str] = Option(None, "--case", help="The edit to time (its default options)."),
+    mode: str = Option("auto", "--mode", help="auto (cuda on CUDA, eager on NPU), or a mode of the case."),
+    variants: bool = Option(False, "--variants", help="Also time the other arrangements and rank them."),
+    iters: int = Option(20, "--iters", help="Timed forwards per arrangement."),
+    warmup: int = Option(3, "--warmup", help="Untimed forwards first."),
+    dry_run: bool = Option(False, "--dry-run", help="Run every step on CPU under the stream stand-ins."),
+    json_out: bool = Option(False, "--json", help="Print the timings as JSON."),
+) -> int:
+    """Time flag off vs flag on on the device present; with --variants, rank msrewrite's arrangements."""
+    from msrewrite.commands.bench import run_bench
+
+    return run_bench(file=file, harness=harness, case=case, mode=mode, variants=variants, iters=iters,
+                     warmup=warmup, dry_run=dry_run, json_out=json_out)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,7 +15,8 @@ from typing import Any
 from msrewrite import validate
 
 MODES = ("eager", "npugraph-ex", "ge-graph", "cuda")
-FLAG_KINDS = ("env", "attr")
+FLAG_KINDS = ("env", "attr", "sglang", "vllm-ascend")
+GATES = ("capture", "prefill", "decode")  # --gate tokens<=N is max_tokens
 STREAM_SOURCES = ("lazy", "constructor")
 SYNCS = ("wait_stream", "events", "async-comm")
 PLAN_VERSION = 1
@@ -26,42 +27,54 @@ MAX_PLAN_ERRORS = 3  # shown in the one error line; the rest are counted
 class FlagSpec:
     """How the overlap is switched on and off.
 
-    kind "env": an environment variable read once in `__init__` (SGLang style);
+    kind "env": an environment variable read once in `__init__` (`os.environ`, SGLang style);
     kind "attr": an attribute set in `__init__` (reused when the class already sets it,
-    otherwise read from `config.<name>` when `__init__` takes a config, else the default).
+    otherwise read from `config.<name>` when `__init__` takes a config, else the default);
+    kind "sglang": SGLang's own `get_bool_env_var(name, default)`, read once in `__init__`;
+    kind "vllm-ascend": a field of vllm-ascend's `get_ascend_config()` (its `additional_config`),
+    read once in `__init__` into `self.<name>`.
+    `gate`: a phase predicate the emitter finds in the file (capture, prefill, decode); with
+    `max_tokens`, the overlap runs only when every gate holds, else the original code runs.
     """
 
     kind: str = "env"
     name: str = "ENABLE_MOE_SHARED_EXPERT_STREAM"
     default: bool = True
     max_tokens: int | None = None
+    gate: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind == "none":  # verify's "no flag found" marker; never emitted
             return
         if self.kind not in FLAG_KINDS:
-            raise ValueError(f"flag kind must be env or attr, got {validate.shown(self.kind)}")
-        if self.kind == "env":
-            validate.env_name(self.name, "env flag name")
+            raise ValueError(f"flag kind must be {', '.join(FLAG_KINDS)}, got {validate.shown(self.kind)}")
+        if self.kind in ("env", "sglang"):
+            validate.env_name(self.name, f"{self.kind} flag name")
         else:
-            validate.attribute(self.name, "attr flag name")
+            validate.attribute(self.name, f"{self.kind} flag name")
         if not isinstance(self.default, bool):
             raise ValueError(f"flag default must be true or false, got {validate.shown(self.default)}")
         if self.max_tokens is not None and (
             isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1
         ):
             raise ValueError(f"flag max_tokens must be a positive token count, got {validate.shown(self.max_tokens)}")
+        if self.gate is not None and self.gate not in GATES:
+            raise ValueError(f"flag gate must be one of {', '.join(GATES)}, got {validate.shown(self.gate)}")
 
     @classmethod
-    def parse(cls, text: str, default: bool = True, max_tokens: int | None = None) -> "FlagSpec":
+    def parse(cls, text: str, default: bool = True, max_tokens: int | None = None,
+              gate: str | None = None) -> "FlagSpec":
         kind, sep, name = text.partition(":")
         if not sep or kind not in FLAG_KINDS or not name:
-            raise ValueError(f"flag must be env:NAME or attr:NAME, got {validate.shown(text)}")
-        return cls(kind=kind, name=name, default=default, max_tokens=max_tokens)
+            kinds = " or ".join(f"{k}:NAME" for k in FLAG_KINDS)
+            raise ValueError(f"flag must be {kinds}, got {validate.shown(text)}")
+        return cls(kind=kind, name=name, default=default, max_tokens=max_tokens, gate=gate)
 
     def describe(self) -> str:
         state = "on" if self.default else "off"
         text = f"{self.kind}:{self.name} (default {state})"
+        if self.gate is not None:
+            text += f", only when {self.gate}"
         if self.max_tokens is not None:
             text += f", only for at most {self.max_tokens} tokens"
         return text
@@ -163,6 +176,14 @@ class OverlapPlan:
     # with --assume-pure: printed with every edit.
     trust_boundary: tuple[str, ...] = ()
     assume_pure: tuple[str, ...] = ()
+    # The side work draws random numbers and so does the main path in the window: carried out
+    # only because a reviewer allowed it (--allow-rng-reorder); `rng_reorder` says what the
+    # analysis found (printed with the edit, never emitted).
+    allow_rng_reorder: bool = False
+    rng_reorder: str = ""
+    # Profiler ranges around the side and main windows (apply --markers, read by msrewrite profile);
+    # left out of the JSON when off, so plan files without it read as before.
+    markers: bool = False
 
     def __post_init__(self) -> None:
         # Every field that reaches emitted code (names, literals, comments) is checked here, so no
@@ -186,7 +207,7 @@ class OverlapPlan:
                 validate.identifier(name, f"{what} entry", constants=what == "side_inputs")
         validate.stream_tag(self.stream_tag, "stream_tag")
         if not isinstance(self.flag, FlagSpec) or self.flag.kind not in FLAG_KINDS:
-            raise ValueError("flag must be an env or attr flag")
+            raise ValueError(f"flag must be one of {', '.join(FLAG_KINDS)}")
         for gate in self.start_gates:
             if not isinstance(gate, StartGate) or not gate.tensor:
                 raise ValueError("start_gates entries need a tensor and an anchor")
@@ -198,6 +219,9 @@ class OverlapPlan:
         for what in ("trust_boundary", "assume_pure"):  # printed, never emitted as code
             for name in getattr(self, what):
                 validate.comment_text(name, f"{what} entry")
+        if not isinstance(self.allow_rng_reorder, bool):
+            raise ValueError(f"allow_rng_reorder must be true or false, got {validate.shown(self.allow_rng_reorder)}")
+        validate.comment_text(self.rng_reorder, "rng_reorder")
         if bool(self.guard) != bool(self.guard_line):
             raise ValueError("a guarded plan needs both guard and guard_line")
         if self.guard:
@@ -206,6 +230,8 @@ class OverlapPlan:
             validate.line_number(self.guard_line, "guard_line")
         if self.case_branch:
             validate.case_name(self.case_branch, "case_branch")
+        if not isinstance(self.markers, bool):
+            raise ValueError(f"markers must be true or false, got {validate.shown(self.markers)}")
         if not isinstance(self.non_blocking, bool):
             raise ValueError(f"non_blocking must be true or false, got {validate.shown(self.non_blocking)}")
         if self.core_limits is not None and (
@@ -234,6 +260,8 @@ class OverlapPlan:
     # JSON ------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
+        if not self.markers:
+            del data["markers"]
         data["version"] = PLAN_VERSION
         return data
 
@@ -309,12 +337,15 @@ _PLAN_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "protect_inputs": ((list, tuple), False),
     "trust_boundary": ((list, tuple), False),
     "assume_pure": ((list, tuple), False),
+    "allow_rng_reorder": ((bool,), False),
+    "rng_reorder": ((str,), False),
+    "markers": ((bool,), False),
 }
 _PART_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "side": {"first_line": ((int,), True), "last_line": ((int,), True), "source": ((str,), True),
              "hoist": ((str, type(None)), False), "phase": ((int,), False)},
     "flag": {"kind": ((str,), False), "name": ((str,), False), "default": ((bool,), False),
-             "max_tokens": ((int, type(None)), False)},
+             "max_tokens": ((int, type(None)), False), "gate": ((str, type(None)), False)},
     "start_gates": {"tensor": ((str,), True), "anchor": ((str,), True)},
 }
 

@@ -19,7 +19,7 @@ import libcst as cst
 from msrewrite.analyze.branch import NoBranch, SideBranch, find_branch_for_calls, find_side_branch, has_seed
 from msrewrite.analyze.defuse import self_callee
 from msrewrite.analyze.positions import positions_for
-from msrewrite.cases import Case, Options, branch_plan
+from msrewrite.cases import Case, Options, branch_plan, check_rng_order
 from msrewrite.emit.engine import code_of, locate, strip_leading
 from msrewrite.errors import BadInput
 from msrewrite.plan import MODES, OverlapPlan
@@ -62,10 +62,15 @@ def calls_of_plan(func: cst.FunctionDef, positions, plan: OverlapPlan) -> list[c
     body = list(func.body.body)
     by_line = {positions[s].start.line: s for s in body}
     guarded_if = by_line.get(plan.guard_line) if plan.guard_line else None
-    if isinstance(guarded_if, cst.If):  # a guarded plan's side statements sit inside its `if`
-        for block in (guarded_if.body, getattr(guarded_if.orelse, "body", None)):
+    todo = [guarded_if] if isinstance(guarded_if, cst.If) else []
+    while todo:  # a guarded plan's side statements sit inside its `if` (or a nested `if`/`elif`)
+        node = todo.pop()
+        for block in (node.body, getattr(node.orelse, "body", None)):
             if isinstance(block, cst.IndentedBlock):
                 by_line.update({positions[s].start.line: s for s in block.body if s in positions})
+                todo += [s for s in block.body if isinstance(s, cst.If)]
+        if isinstance(node.orelse, cst.If):
+            todo.append(node.orelse)
     calls: list[cst.Call] = []
     for side in plan.side:
         if side.hoist:
@@ -122,6 +127,7 @@ def derive_plan(
         func, positions, calls, anchors=anchors, phase_anchors=options.phase_anchors or None,
         scope=scope, protect=options.protect == "clone",
     )
+    check_rng_order(branch, options)
     return branch, branch_plan(case, Path(file), function, branch, options)
 
 
@@ -148,6 +154,7 @@ def check_plan_in(
         mode=plan.mode, flag=plan.flag, stream_tag=plan.stream_tag, start_gates=plan.start_gates,
         phase_anchors=plan.phase_anchors, core_limits=plan.core_limits,
         protect="clone" if (plan.protect_inputs if protect is None else protect) else "", assume_pure=plan.assume_pure,
+        allow_rng_reorder=plan.allow_rng_reorder,
     )
     _branch, derived = derive_plan(case or GENERIC, plan.file, plan.function, func, positions, calls, options, scope)
     _same_shape(plan, derived)

@@ -28,6 +28,10 @@ from msrewrite.load import encode_source, read_source
 from msrewrite.plan import MODES, FlagSpec
 
 _ENV_FLAG = re.compile(r'_ms_env_flag\("(\w+)",\s*(True|False)\)')
+_SGLANG_FLAG = re.compile(r'get_bool_env_var\("(\w+)",\s*"(true|false)"\)')
+# --gate capture: SGLang's predicate, which verify opens (flag on) and closes (the gate-false run)
+_CAPTURE_GATE = re.compile(r"\band get_is_capture_mode\(\)")
+_VLLM_ASCEND_FLAG = re.compile(r'getattr\(get_ascend_config\(\),\s*"(\w+)",\s*(True|False)\)')
 _ATTR_FLAG = re.compile(r"_ms_(?:side_stream|graph_streams)\((?:\"[^\"]*\",\s*)?(?:self\.)?(\w+)")
 _counter = itertools.count()
 
@@ -49,6 +53,12 @@ def detect_flag(text: str) -> FlagSpec | None:
     env = _ENV_FLAG.search(text)
     if env:
         return FlagSpec(kind="env", name=env.group(1), default=env.group(2) == "True")
+    sglang = _SGLANG_FLAG.search(text)
+    if sglang:
+        return FlagSpec(kind="sglang", name=sglang.group(1), default=sglang.group(2) == "true")
+    ascend = _VLLM_ASCEND_FLAG.search(text)
+    if ascend:
+        return FlagSpec(kind="vllm-ascend", name=ascend.group(1), default=ascend.group(2) == "True")
     attr = _ATTR_FLAG.search(text)
     if attr and attr.group(1) not in ("True", "False"):
         try:
@@ -138,6 +148,21 @@ def _set_attr_flag(obj: Any, name: str, value: bool) -> None:
     if obj is not None:
         with contextlib.suppress(Exception):
             setattr(obj, name, value)
+
+
+class _OverriddenConfig:
+    """vllm-ascend's AscendConfig with one field switched (verify's flag off / flag on)."""
+
+    def __init__(self, config: Any, name: str, value: bool) -> None:
+        self._config, self._name, self._value = config, name, value
+
+    def __getattr__(self, attr: str) -> Any:
+        return self._value if attr == self._name else getattr(self._config, attr)
+
+
+def _ascend_config_with(get_ascend_config, name: str, value: bool):
+    """get_ascend_config() as the edited module sees it, with `name` set: the edit reads it in __init__."""
+    return lambda: _OverriddenConfig(get_ascend_config(), name, value)
 
 
 def compare(reference: RunResult, other: RunResult, atol: float, rtol: float) -> str | None:
@@ -273,7 +298,7 @@ def _compiles(text: str) -> bool:
 
 def flag_is_read(text: str, flag: FlagSpec) -> bool:
     """Whether the edited file reads the switch at all (a misspelled --flag is bad input)."""
-    if flag.kind == "env":
+    if flag.kind in ("env", "sglang"):
         return re.search(rf"[\"']{re.escape(flag.name)}[\"']", text) is not None
     return re.search(rf"\b{re.escape(flag.name)}\b", text) is not None
 
@@ -333,19 +358,25 @@ def verify_files(
     )
     result.schedules = ["early", *variants]
 
+    capture_gate = _CAPTURE_GATE.search(text) is not None
+
     def switch(on: bool):
-        if flag.kind == "env":
+        if flag.kind in ("env", "sglang"):  # SGLang's get_bool_env_var reads 1/0 as well
             return _env(flag.name, "1" if on else "0")
         return contextlib.nullcontext()
 
-    def build_edited(reference, on: bool, path: Path = rewritten):
+    def build_edited(reference, on: bool, path: Path = rewritten, gate_open: bool = True):
         # A fresh module each run: module-level stream caches must belong to this runtime.
         fresh = f"_msrewrite_verify_{next(_counter)}"
         module = load_module(path, package=package, name=f"{package}.{fresh}" if package else fresh)
+        if capture_gate and callable(getattr(module, "get_is_capture_mode", None)):
+            module.get_is_capture_mode = lambda: gate_open  # as while SGLang captures a graph, or not
+        if flag.kind == "vllm-ascend" and callable(getattr(module, "get_ascend_config", None)):
+            module.get_ascend_config = _ascend_config_with(module.get_ascend_config, flag.name, on)
         if flag.kind == "attr":
             _set_attr_flag(reference.config, flag.name, on)
         built = reference.rebuild_from(module)
-        if flag.kind == "attr":
+        if flag.kind in ("attr", "vllm-ascend"):  # vllm-ascend: self.NAME, read from get_ascend_config()
             for sub in built.module.modules():
                 if hasattr(sub, flag.name):
                     setattr(sub, flag.name, on)
@@ -471,19 +502,21 @@ def _run_scenario(
 
     # An async-comm edit (afd-overlap: isend/irecv issued early) moves no op to a stream.
     uses_streams = re.search(r"^[^#\n]*stream\w*\s*\(", read_source(Path(rewritten), python=False), re.M) is not None
-    flag_on_runs = [("flag on", mode == "ge-graph", None)]
+    flag_on_runs = [("flag on", mode == "ge-graph", None, True)]
     if mode == "ge-graph":
-        flag_on_runs.append(("flag on, eager (prefill)", False, None))
+        flag_on_runs.append(("flag on, eager (prefill)", False, None, True))
     for name, path in variant_paths.items():
-        if scenario.name and name != "late":  # the other scenarios: early and late only (time)
-            continue
-        flag_on_runs.append((f"flag on, {name} schedule", mode == "ge-graph", path))
+        flag_on_runs.append((f"flag on, {name} schedule", mode == "ge-graph", path, True))
+    early_ops = late_ops = None  # what the early and late flag-on runs issued, in order
+    gate_runs = {"flag on, gate false"} if _CAPTURE_GATE.search(read_source(Path(rewritten), python=False)) else set()
+    if gate_runs and not scenario.name:  # flag on, gate closed: must be the original code, all on main
+        flag_on_runs.append(("flag on, gate false", mode == "ge-graph", None, False))
     with switch(True):
-        for name, graph, path in flag_on_runs:
+        for name, graph, path, gate_open in flag_on_runs:
             stage(scenario.label(name) + (", sanitized" if path is None else ""))
             san = None
             with install() as rt:
-                on = build_edited(reference, on=True, path=path or rewritten)
+                on = build_edited(reference, on=True, path=path or rewritten, gate_open=gate_open)
                 try:
                     with rt.graph_mode() if graph else contextlib.nullcontext():
                         if path is None:
@@ -503,11 +536,20 @@ def _run_scenario(
                 continue
             out.name, out.streams = scenario.label(name), _count_streams(ops)
             runs.append(out)
+            if name in gate_runs:
+                side = {s: n for s, n in out.streams.items() if s != "main"}
+                if side:
+                    result.problems.append(f"{name}: {sum(side.values())} ops ran off the main stream ({', '.join(side)})")
+                continue
             if path is None and (graph or mode != "ge-graph") and not scenario.name and uses_streams:
                 if not any(s != "main" for s in out.streams):
                     result.problems.append(f"{name}: no op ran on a side stream (is the flag wired?)")
-            if path is None:
-                _check_rng_order(result, ops, scenario)
+            if path is None and name == "flag on":
+                early_ops = ops
+            elif name == "flag on, late schedule":
+                late_ops = ops
+    if early_ops is not None:
+        _check_rng_order(result, scenario, early_ops, late_ops if "late" in variant_paths else None)
     reference_run = runs[0]
     for run in runs[1:]:
         problem = compare(reference_run, run, atol, rtol)
@@ -520,21 +562,53 @@ def _run_scenario(
     return runs
 
 
-def _check_rng_order(result, ops, scenario) -> None:
-    """Random draws on both streams: the side work moved before main draws, so the order changed."""
-    drawn: dict[str, list] = {}
+def _check_rng_order(result, scenario, early_ops, late_ops=None) -> None:
+    """Random draws on the side stream and main-path draws between the fork and the join: the order
+    of the draws changes (a device may run the side work anywhere in that window).
+
+    The early run issues the side work at the fork, the late run just before the join, so the
+    main draws in the window are those the late run issues before its first side op and the early
+    run after it. Without a late run, any main draw next to a side draw counts."""
+    early = _draws(early_ops)
+    if not early.side or not early.main:
+        return
+    window_draw = early.main[0]
+    if late_ops is not None:
+        late = _draws(late_ops)
+        if late.main_before_side <= early.main_before_side:
+            return  # the main path draws only before the fork or after the join: same order
+        window_draw = early.main[min(early.main_before_side, len(early.main) - 1)]
+    side = early.side[0]
+    line = (
+        f"rng-order: {scenario.label('flag on')}: the side stream draws random numbers ({side.name} at "
+        f"{Path(side.file).name}:{side.line}) and so does the main path between the fork and the join "
+        f"({window_draw.name} at {Path(window_draw.file).name}:{window_draw.line}): moving the side work changes "
+        "the order of the draws"
+    )
+    if line not in result.problems:
+        result.problems.append(line)
+
+
+@dataclass
+class _Draws:
+    side: list  # random draws on a side stream, in issue order
+    main: list  # random draws on the main stream, in issue order
+    main_before_side: int  # main draws issued before the first side-stream op
+
+
+def _draws(ops) -> _Draws:
+    found = _Draws([], [], 0)
+    seen_side = False
     for op in ops:
+        on_side = op.stream != "main"
+        seen_side = seen_side or on_side
         if RANDOM_OPS.match(op.name):
-            drawn.setdefault("main" if op.stream == "main" else "side", []).append(op)
-    if "main" in drawn and "side" in drawn:
-        side, main = drawn["side"][0], drawn["main"][0]
-        line = (
-            f"rng-order: {scenario.label('flag on')}: the side stream draws random numbers ({side.name} at "
-            f"{Path(side.file).name}:{side.line}) and so does the main path ({main.name} at "
-            f"{Path(main.file).name}:{main.line}): moving the side work changes the order of the draws"
-        )
-        if line not in result.problems:
-            result.problems.append(line)
+            if on_side:
+                found.side.append(op)
+            else:
+                found.main.append(op)
+                found.main_before_side += not seen_side
+    return found
 
 
 def _leak(source, scenario, reference, reference_run, build_edited, switch, atol, rtol) -> str:

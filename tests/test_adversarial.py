@@ -182,3 +182,28 @@ def test_inference_only_model_skips_train_and_says_so(tmp_path):
     assert result.ok, result.problems
     assert "train" not in result.scenarios
     assert any(s.startswith("train (the original raises RuntimeError: inference only") for s in result.skipped)
+
+
+def test_rng_model_refused_without_the_option_and_caught_when_forced(tmp_path):
+    """Dropout on both branches: apply (--case and --plan) refuses the move naming both draws;
+    with --allow-rng-reorder apply --plan carries it out, and verify --plan catches the reordered
+    draws in train mode (exit 1)."""
+    model = MODELS / "dropout_both_branches.py"
+    case = run_cli("apply", str(model), "--case", "moe-shared-expert")
+    assert case.returncode == 1 and not case.stdout
+    assert "draws random numbers (line 24: self.drop)" in case.stderr and "(line 25: self.drop)" in case.stderr
+    plan = forced_plan(model, model.read_text())
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps([plan.to_dict()]))
+    refused = run_cli("apply", str(model), "--plan", str(plan_file))
+    assert refused.returncode == 1 and "refused plan" in refused.stderr and "--allow-rng-reorder" in refused.stderr
+    edited = tmp_path / "dropout_both_branches_ms.py"
+    edited.write_text(model.read_text())
+    applied = run_cli("apply", str(edited), "--plan", str(plan_file), "--allow-rng-reorder", "-i")
+    assert applied.returncode == 0, applied.stderr
+    verified = run_cli("verify", str(edited), "--original", str(model), "--plan", str(plan_file), "--json")
+    assert verified.returncode == 1, verified.stdout + verified.stderr
+    report = json.loads(verified.stdout)
+    assert any(p.startswith("rng-order: train: flag on") and "aten.bernoulli" in p for p in report["problems"]), (
+        report["problems"]
+    )

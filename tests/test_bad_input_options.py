@@ -95,6 +95,7 @@ PLAN_FILES = {
     "sync-enum.json": _with(sync="threads"),
     "source-enum.json": _with(stream_source="global"),
     "non-blocking-string.json": _with(non_blocking="yes"),
+    "allow-rng-string.json": _with(allow_rng_reorder="yes"),
     "core-limits-short.json": _with(core_limits=[1, 2]),
     "flag-not-object.json": _with(flag="env:X"),
     "max-tokens-zero.json": _with(**{"flag.max_tokens": 0}),
@@ -116,7 +117,7 @@ ROWS = [
     Row("plan-injected-flag-name", ("apply", "--plan", "{inject-flag.json}", "{good.py}"), 2,
         "not a valid environment variable name"),
     Row("plan-flag-kind-yaml", ("apply", "--plan", "{flag-kind-yaml.json}", "{good.py}"), 2,
-        "flag kind must be env or attr"),
+        "flag kind must be env, attr"),
     Row("plan-attr-flag-forward", ("apply", "--plan", "{attr-forward.json}", "{good.py}"), 2, "nn.Module.forward"),
     Row("plan-tag-quote", ("apply", "--plan", "{tag-quote.json}", "{good.py}"), 2, "not a valid stream tag"),
     Row("plan-tag-newline", ("apply", "--plan", "{tag-newline.json}", "{good.py}"), 2, "not a valid stream tag"),
@@ -148,6 +149,8 @@ ROWS = [
     Row("plan-stream-source-enum", ("apply", "--plan", "{source-enum.json}", "{good.py}"), 2, "stream_source"),
     Row("plan-non-blocking-string", ("apply", "--plan", "{non-blocking-string.json}", "{good.py}"), 2,
         "non_blocking must be bool"),
+    Row("plan-allow-rng-string", ("apply", "--plan", "{allow-rng-string.json}", "{good.py}"), 2,
+        "allow_rng_reorder must be bool"),
     Row("plan-core-limits-short", ("apply", "--plan", "{core-limits-short.json}", "{good.py}"), 2, "core_limits"),
     Row("plan-flag-not-object", ("apply", "--plan", "{flag-not-object.json}", "{good.py}"), 2, "flag must be dict"),
     Row("plan-max-tokens-zero", ("apply", "--plan", "{max-tokens-zero.json}", "{good.py}"), 2,
@@ -179,6 +182,8 @@ ROWS = [
         "--anchor"),
     Row("option-second-group-missing", ("apply", "--case", "prefill-microbatch", "--second-comm-group", "nosuch",
                                         "{mb.py}"), 2, "never sets self.nosuch"),
+    Row("option-allow-rng-reorder-copies", ("apply", "--case", "kvcache-offload", "--allow-rng-reorder", "{good.py}"),
+        2, "--allow-rng-reorder is for cases that move calls onto a side stream"),
     Row("option-second-group-code", ("apply", "--case", "prefill-microbatch", "--second-comm-group", "g)\nimport os",
                                      "{mb.py}"), 2, "--second-comm-group"),
     Row("option-second-group-module-method", ("apply", "--case", "prefill-microbatch", "--second-comm-group", "cuda",
@@ -266,6 +271,7 @@ PLAN_FIELD_HOSTILE = {
     "phase_anchors": [[v] for v in HOSTILE],
     "case_branch": [v for v in HOSTILE_TEXT if v] + [3, "1x"],
     "non_blocking": ["yes", 1],
+    "markers": ["yes", 1, None],
     "core_limits": [[1, 2], [1, 2, 3, "4"], [-1, 0, 0, 0], "8/16"],
     # a guard is emitted as code: the emitter also requires it to be its `if`'s own condition
     # (tests/test_guards.py::test_guard_that_is_not_the_if_condition_is_refused)
@@ -274,6 +280,8 @@ PLAN_FIELD_HOSTILE = {
     "protect_inputs": [[v] for v in HOSTILE] + ["abc", [3]],
     "trust_boundary": [["a\nb"], [3], "abc"],
     "assume_pure": [["a\nb"], [None], "abc"],
+    "allow_rng_reorder": ["yes", 1, None],
+    "rng_reorder": [3, "a\nb", "a\x00b", ["x"]],
 }
 SIDE_FIELD_HOSTILE = {
     "first_line": [0, "3", True],
@@ -287,6 +295,7 @@ FLAG_FIELD_HOSTILE = {
     "name": HOSTILE_TEXT + ["é"],
     "default": ["off", 0, None],
     "max_tokens": [0, -5, "64", True],
+    "gate": ["always", "", "tokens<=4", 1, "capture; os.system(1)"],
 }
 
 
@@ -408,7 +417,11 @@ def test_emission_context_is_built_only_from_the_validated_plan():
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Context"]
     assert len(calls) == 1
     # snapshots: plan.protect_inputs (validated) mapped to names the emitter made unique
-    internal = {"init", "config_param", "init_sets_flag", "gates", "names", "what", "list", "bool", "snapshots", "n"}
+    # phase_gate, framework_imports: emit/frameworks.py, from plan.flag (kind and gate are enums) with
+    # fixed templates and the function's own parameter names
+    internal = {"init", "config_param", "init_sets_flag", "gates", "names", "what", "list", "bool", "snapshots", "n",
+                "phase_gate", "framework_imports", "model_stream"}
+    # model_stream: the name of a `self.<attr>` stream the class's __init__ assigns (read from the source)
     for keyword in calls[0].keywords:
         roots = {n.id for n in ast.walk(keyword.value) if isinstance(n, ast.Name)}
         assert roots <= internal | {"plan"}, (keyword.arg, roots - internal)

@@ -298,10 +298,21 @@ def test_plan_json_round_trip():
         OverlapPlan.from_dict({"case": "x"})
 
 
-def copy_plan(body: str):
+COPY_LAYER_INIT = """
+    def __init__(self):
+        self.kv_a = nn.Linear(8, 8)
+        self.kv_b = nn.Linear(8, 8)
+        self.attn = nn.MultiheadAttention(8, 2)
+        self.mlp = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 8)
+"""
+
+
+def copy_plan(body: str, init: str = COPY_LAYER_INIT):
     from msrewrite.codemods import get_case as case_named
 
     source = "class Layer:\n    def forward(self, x, cache):\n" + textwrap.indent(textwrap.dedent(body).lstrip("\n"), " " * 8)
+    source += init
     module = cst.parse_module(source)
     targets = find_targets(case_named("kvcache-offload"), Path("layer.py"), module, Options())
     assert len(targets) == 1
@@ -335,6 +346,20 @@ def test_copy_joins_before_return_when_nothing_reuses_the_buffer():
         """
     )
     assert (target.plan.fork_line, target.plan.join_line) == (4, 6)  # overlaps attention and the MLP
+
+
+def test_copy_does_not_move_past_an_unseen_callee_given_its_buffer():
+    """A callee msrewrite cannot see into may write the buffer the copy reads: the copy cannot be
+    issued before it (here nothing is left to overlap, so it is refused)."""
+    body = """
+        cache.temp_kv.copy_(self.kv_a(x))
+        y = self.attn(x, cache.temp_kv)
+        cache.host_kv[0].copy_(cache.temp_kv)
+        return self.mlp(y)
+        """
+    assert copy_plan(body).plan is not None
+    target = copy_plan(body, init=COPY_LAYER_INIT.replace("nn.MultiheadAttention(8, 2)", "FusedAttention()"))
+    assert target.plan is None and "nothing to overlap" in target.reason, target.reason
 
 
 def test_copy_is_refused_when_a_statement_reads_its_destination():

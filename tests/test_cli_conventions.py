@@ -87,7 +87,7 @@ def _declared(command: str) -> set[str]:
     return {part for _n, _k, spec in params(COMMANDS[command]) for decl in spec.decls for part in decl.split("/")}
 
 
-@pytest.mark.parametrize("command", ["apply", "suggest", "verify"])
+@pytest.mark.parametrize("command", ["apply", "suggest", "verify", "profile", "bench"])
 def test_readme_documents_exactly_the_options_of_each_command(command):
     section = _readme_commands()
     start = section.index(f"`{command}` options:")

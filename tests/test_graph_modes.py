@@ -326,3 +326,65 @@ def test_ge_graph_file_records_its_backend_config(tmp_path):
     plain.write_text((regen.ROOT / "examples" / "deepseek_moe.py").read_text())
     told = run_cli("apply", "--case", "moe-shared-expert", "--mode", "ge-graph", str(plain))
     assert told.returncode == 0 and "does not build torchair's backend" in told.stderr
+
+
+# --- npugraph-ex lifetimes on torch_npu 2.10 and 2.14 ---------------------------------------------
+NO_CAPTURE_GATE = ("_ms_capture_safe(self.shared_expert_stream)", "self.shared_expert_stream")
+
+
+def _npugraph_ex_compiled_run(tmp_path, example, torch_npu_version, replace=None):
+    """The npugraph-ex golden inside a compiled graph (aclgraph semantics) under the sanitizer."""
+    from msrewrite.sanitizer import Sanitizer
+
+    golden, _ = regen.golden_paths("moe-shared-expert", "npugraph-ex", example)
+    text = golden.read_text()
+    if replace:
+        assert replace[0] in text
+        text = text.replace(*replace)
+    path = tmp_path / f"{example}_{torch_npu_version.replace('.', '_')}.py"
+    path.write_text(text)
+    original = load_file(regen.ROOT / "examples" / f"{example}.py", f"original_{example}")
+    model, inputs = original.make()
+    with torch.no_grad():
+        expected = model(*inputs)
+    with install(torch_npu_version=torch_npu_version) as rt:
+        edited = load_file(path, f"edited_{path.stem}").make()[0]
+        edited.load_state_dict(model.state_dict())
+        sanitizer = Sanitizer(rt, user_files=[str(path)])
+        with torch.no_grad(), rt.aclgraph_mode(), sanitizer, rt.record_ops() as ops:
+            out = edited(*inputs)
+    return expected, out, sanitizer.findings, {op.stream for op in ops}
+
+
+@pytest.mark.parametrize("version", ["2.14", "2.10"])
+@pytest.mark.parametrize("example", regen.GOLDEN_EXAMPLES["moe-shared-expert"])
+def test_npugraph_ex_side_stream_only_where_record_stream_reaches_it(tmp_path, example, version):
+    """torch_npu 2.14 lowers record_stream in a compiled graph by stream id: the side stream runs.
+    2.10 lowers it by FX node name (a stream of its own): the side stream stays off there."""
+    expected, out, findings, streams = _npugraph_ex_compiled_run(tmp_path, example, version)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert not findings, findings
+    assert (streams != {"main"}) == (version == "2.14"), streams
+
+
+# inplace_moe's side buffers outlive the graph (its input and its returned output): nothing to free early
+@pytest.mark.parametrize("example", ["deepseek_moe", "guarded_moe", "qwen_gated_moe"])
+def test_npugraph_ex_without_the_capture_gate_loses_lifetimes_on_2_10(tmp_path, example):
+    """The mutant without _ms_capture_safe: on 2.10 record_stream lands on another stream and the
+    sanitizer reports the unprotected free."""
+    _, _, findings, streams = _npugraph_ex_compiled_run(tmp_path, example, "2.10", replace=NO_CAPTURE_GATE)
+    assert streams != {"main"}
+    assert any(f.kind == "lifetime" for f in findings), findings
+
+
+def test_tagged_events_must_come_from_npu_create_tagged_event():
+    with install():
+        from torchair import ops as tops
+
+        made = tops.npu_create_tagged_event("made")
+        tops.npu_tagged_event_record(made)
+        tops.npu_tagged_event_wait(made)
+        plain = torch.npu.Event()
+        for call in (tops.npu_tagged_event_record, tops.npu_tagged_event_wait):
+            with pytest.raises(ValueError, match="is not in use"):
+                call(plain)

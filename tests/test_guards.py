@@ -65,6 +65,7 @@ class Block(nn.Module):
         self.experts = Experts(hidden, inter, num_experts)
         self.shared_experts = MLP(hidden, inter) if num_shared_experts else None
         self.shared_mlp = self.shared_experts
+        self.dense_mlp = MLP(hidden, inter)
 
     def route(self, h):
         return torch.topk(self.gate(h).softmax(dim=-1), self.top_k, dim=-1)
@@ -166,10 +167,109 @@ SAFE = {
         """,
         "",
     ),
+    "nested_invariant_ifs": (
+        """
+        weights, ids = self.route(x)
+        out = self.experts(x, weights, ids)
+        if self.shared_experts is not None:
+            if self.num_shared_experts > 0:
+                out = out + self.shared_experts(x)
+        return out
+        """,
+        "",
+    ),
+    "elif_chain": (
+        """
+        weights, ids = self.route(x)
+        out = self.experts(x, weights, ids)
+        if self.top_k > 4:
+            out = out * 2
+        elif self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        else:
+            out = out - 1
+        return out
+        """,
+        "",
+    ),
+    "elif_chain_into_else": (
+        """
+        weights, ids = self.route(x)
+        out = self.experts(x, weights, ids)
+        if self.top_k > 4:
+            out = out * 2
+        elif x.shape[0] == 0:
+            out = out * 0
+        else:
+            out = out + self.shared_experts(x)
+        return out
+        """,
+        "",
+    ),
+    "both_branches_side_work": (
+        """
+        if self.use_shared:
+            shared = self.shared_experts(x)
+        else:
+            shared = self.dense_mlp(x)
+        weights, ids = self.route(x)
+        out = self.experts(x, weights, ids)
+        return out + shared
+        """,
+        "use_shared=False",
+    ),
 }
+SAFE["both_branches_side_work_shared_taken"] = (SAFE["both_branches_side_work"][0], "")
+# the other branch writes x in place: not side work, so the `if` is split instead (fork only under
+# `self.use_shared`); with it false the original runs, relu_ included
+SAFE["other_branch_writes_its_input"] = ("""
+        if self.use_shared:
+            shared = self.shared_experts(x)
+        else:
+            shared = self.dense_mlp(torch.relu_(x))
+        weights, ids = self.route(x)
+        out = self.experts(x, weights, ids)
+        return out + shared
+        """, "")
+
 
 # name -> (forward body, the reason's words)
 UNSAFE = {
+    "other_branch_under_a_condition_on_data": (
+        """
+        if x.sum() > 0:
+            shared = self.shared_experts(x)
+        else:
+            shared = self.dense_mlp(x)
+        weights, ids = self.route(x)
+        out = self.experts(x, weights, ids)
+        return out + shared
+        """,
+        "calls `x.sum`, which msrewrite cannot see into",
+    ),
+    "nested_inner_condition_reads_data": (
+        """
+        weights, ids = self.route(x)
+        out = self.experts(x, weights, ids)
+        if self.shared_experts is not None:
+            if weights.sum() > 0:
+                out = out + self.shared_experts(x)
+        return out
+        """,
+        "calls `weights.sum`, which msrewrite cannot see into",
+    ),
+    "elif_after_a_condition_on_data": (
+        """
+        weights, ids = self.route(x)
+        out = self.experts(x, weights, ids)
+        if out.sum() > 0:
+            out = out * 2
+        elif self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out
+        """,
+        "calls `out.sum`, which msrewrite cannot see into",
+    ),
     "condition_reads_tensor_data": (
         """
         weights, ids = self.route(x)
@@ -250,6 +350,17 @@ def test_guarded_shape_is_edited_and_verifies(tmp_path, name):
     assert on.name == "flag on" and any(stream != "main" for stream in on.streams), on.streams
 
 
+def test_a_split_if_whose_other_branch_writes_verifies_with_that_branch_taken(tmp_path):
+    """use_shared=False: no fork, the original else (relu_ on x included) runs on the main stream."""
+    forward, _ = SAFE["other_branch_writes_its_input"]
+    original = write_model(tmp_path, "else_taken", model_source(forward, "use_shared=False"))
+    edited = edit(original)
+    assert "and self.use_shared:" in edited.read_text()
+    result = verify_files(edited, original=original)
+    # outputs equal and sanitizer clean; verify only notes that the side stream never ran
+    assert result.problems == ["flag on: no op ran on a side stream (is the flag wired?)"], result.problems
+
+
 @pytest.mark.parametrize("mode", ["npugraph-ex", "ge-graph", "cuda"])
 def test_guarded_split_verifies_in_every_mode(tmp_path, mode):
     forward, kwargs = SAFE["if_not_none_with_consumer"]
@@ -299,6 +410,18 @@ def test_false_guard_never_runs_the_side_call(tmp_path, name, flag):
     assert out.shape == x.shape
     assert shared is None or shared.calls == 0
     assert {op.stream for op in ops} == {"main"}  # nothing was issued on a side stream
+
+
+@pytest.mark.parametrize("name, guard", [
+    ("nested_invariant_ifs", "self.shared_experts is not None and self.num_shared_experts > 0"),
+    ("elif_chain", "self.top_k <= 4 and self.shared_experts is not None"),
+    ("elif_chain_into_else", "self.top_k <= 4 and x.shape[0] != 0"),
+])
+def test_nested_and_elif_guards_fork_under_every_condition_on_the_way(tmp_path, name, guard):
+    forward, _ = SAFE[name]
+    original = write_model(tmp_path, name, model_source(forward))
+    text = edit(original).read_text()
+    assert f"if shared_expert_stream is not None and ({guard}):" in text, text
 
 
 def test_guarded_plan_round_trips_through_json(tmp_path):

@@ -19,14 +19,14 @@ from conftest import EXAMPLES, free_port, load_file, load_regen
 regen = load_regen()
 
 
-def _worker(rank: int, port: int, edited: str, results: str) -> None:
+def _worker(rank: int, port: int, edited: str, results: str, example: str = "microbatch_moe") -> None:
     from msrewrite.runtime import install
     from msrewrite.sanitizer import Sanitizer
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
-        original = load_file(EXAMPLES / "microbatch_moe.py", "microbatch_original")
+        original = load_file(EXAMPLES / f"{example}.py", "microbatch_original")
         outputs, streams, findings = {}, {}, []
         with torch.no_grad():
             model, (x,) = original.make()
@@ -49,11 +49,13 @@ def _worker(rank: int, port: int, edited: str, results: str) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("mode", ["eager", "cuda"])
-def test_prefill_microbatch_with_a_real_gloo_group(tmp_path, mode):
-    golden, _ = regen.golden_paths("prefill-microbatch", mode, "microbatch_moe")
+@pytest.mark.parametrize("mode,example", [("eager", "microbatch_moe"), ("cuda", "microbatch_moe"),
+                                          ("eager", "microbatch_moe_submodule")])
+def test_prefill_microbatch_with_a_real_gloo_group(tmp_path, mode, example):
+    """microbatch_moe_submodule: the collectives sit inside self.moe, whose call is the comm stage."""
+    golden, _ = regen.golden_paths("prefill-microbatch", mode, example)
     results = tmp_path / "results.pt"
-    mp.start_processes(_worker, args=(free_port(), str(golden), str(results)), nprocs=2, join=True,
+    mp.start_processes(_worker, args=(free_port(), str(golden), str(results), example), nprocs=2, join=True,
                        start_method="spawn")
     saved = torch.load(results)
     outputs = saved["outputs"]
@@ -64,16 +66,20 @@ def test_prefill_microbatch_with_a_real_gloo_group(tmp_path, mode):
     assert saved["streams"] == {"main", "side:1"}  # compute on main, collectives on the comm stream
 
 
-def test_a_missing_event_wait_is_caught(tmp_path):
-    """Drop the wait that orders micro-batch 0's expert compute after its dispatch: a race."""
-    golden, _ = regen.golden_paths("prefill-microbatch", "eager", "microbatch_moe")
+@pytest.mark.parametrize("example,wait", [
+    ("microbatch_moe", "        current_stream.wait_event(stage1_mb0_done)\n"),  # expert compute after dispatch
+    ("microbatch_moe_submodule", "            comm_stream.wait_event(stage0_mb0_done)\n"),  # the MoE after attention
+])
+def test_a_missing_event_wait_is_caught(tmp_path, example, wait):
+    """Drop a wait of the event chain between the compute and comm stages: a race."""
+    golden, _ = regen.golden_paths("prefill-microbatch", "eager", example)
     text = golden.read_text()
-    mutated = text.replace("        current_stream.wait_event(stage1_mb0_done)\n", "", 1)
+    mutated = text.replace(wait, "", 1)
     assert mutated != text
-    edited = tmp_path / "microbatch_moe.py"
+    edited = tmp_path / f"{example}.py"
     edited.write_text(mutated)
     results = tmp_path / "results.pt"
-    mp.start_processes(_worker, args=(free_port(), str(edited), str(results)), nprocs=2, join=True,
+    mp.start_processes(_worker, args=(free_port(), str(edited), str(results), example), nprocs=2, join=True,
                        start_method="spawn")
     findings = torch.load(results)["findings"]
     assert any("race-raw" in f for f in findings), findings

@@ -206,7 +206,7 @@ MUTATED_EXAMPLES = {
     "moe-shared-mlp-init": ["hunyuan_moe"],
     "moe-shared-expert-phased": ["deepep_moe"],
     "indexer-prolog": ["indexer_prolog"],
-    "kvcache-offload": ["offload_decoder"],
+    "kvcache-offload": ["offload_decoder", "offload_cache_decoder"],
     "attn-moe-limit-core": ["longcat_layer"],
 }
 PARAMS = [
@@ -251,13 +251,13 @@ def test_unmutated_golden_verifies_clean(tmp_path, case, mode, example):
     assert result.ok, result.problems
     assert not result.findings
     assert {"train", "draw 1", "draw 2"} <= set(result.scenarios), result.scenarios
-    # the side work deferred to the join (and split around main work) gives the original's outputs
-    if example == "guarded_moe":  # known gap: the late/interleaved variants of a guarded join are not emitted yet
-        assert result.schedules == ["early"] and "guarded" in result.schedule_note
-    elif "phased" not in case:
+    # the side work deferred to the join (and split around main work) gives the original's outputs,
+    # in every scenario (eval, train, zero tokens, random draws), guarded plans included
+    if "phased" not in case:
         assert result.schedules == ["early", "late", "interleaved"], result.schedule_note
-        late = [r for r in result.runs if r.name.endswith("late schedule")]
-        assert len(late) == len(result.scenarios), [r.name for r in result.runs]
+        for schedule in ("late", "interleaved"):
+            runs = [r.name for r in result.runs if r.name.endswith(f"{schedule} schedule")]
+            assert len(runs) == len(result.scenarios), [r.name for r in result.runs]
 
 
 def _ge_edit_with_gate(example: str) -> str:
@@ -290,3 +290,41 @@ def test_ge_mixed_api_family_is_caught(tmp_path, example):
     )
     result = run_verify(tmp_path, example, text)
     assert "mixed-api" in {f.kind for f in result.findings}, result.problems
+
+
+
+@pytest.mark.parametrize("mode", ["eager", "ge-graph"])
+def test_guarded_late_schedule_names_the_leaking_statement(tmp_path, mode):
+    """A guarded plan's side work is deferred under its guard too, into the guarded `if`: with a
+    main-path write to the side input there, after the side call (the guarded example's plan forced
+    onto it, as the emitter carries out a plan file), the late schedule's result differs and verify
+    names that statement."""
+    import dataclasses
+
+    from msrewrite.emit.schedules import ScheduleSource
+
+    example = EXAMPLES / "guarded_moe.py"
+    src = load(example)
+    (plan,) = plans_for_case(example, src.module, "moe-shared-expert", mode, None,
+                             FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"), None)
+    anchor = "            shared_output = self.shared_experts(hidden_states)\n"
+    leak = src.text[: src.text.index(anchor)].count("\n") + 2  # the line the write goes to
+    original = tmp_path / "guarded_moe.py"
+    original.write_text(src.text.replace(anchor, anchor + "            hidden_states.mul_(2)\n"))
+
+    def shift(line: int) -> int:
+        return line + 1 if line >= leak else line
+
+    plan = plan.with_changes(
+        join_line=shift(plan.join_line), guard_line=shift(plan.guard_line),
+        side=tuple(dataclasses.replace(s, first_line=shift(s.first_line), last_line=shift(s.last_line)) for s in plan.side),
+    )
+    mutated = load(original)
+    edited = tmp_path / "guarded_moe_ms.py"
+    edited.write_text(apply_plans(mutated.module, [plan], mutated.text).code)
+    result = verify_files(edited, original=original, schedule_source=ScheduleSource(mutated.text, [plan]),
+                          inputs=0, train=False)
+    assert result.schedules == ["early", "late", "interleaved"], result.schedule_note
+    assert any(
+        "late schedule" in p and f"main statement at line {leak}: hidden_states.mul_(2)" in p for p in result.problems
+    ), result.problems

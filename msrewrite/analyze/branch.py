@@ -21,7 +21,7 @@ from typing import Callable
 import libcst as cst
 from libcst.metadata import CodeRange
 
-from msrewrite.analyze.guards import Guard, invariance_problem, negate, source
+from msrewrite.analyze.guards import Guard, assigned_self_attrs, guard_path, invariance_problem, path_condition, source
 from msrewrite.analyze.defuse import (
     Scope,
     is_docstring,
@@ -64,6 +64,8 @@ class SideBranch:
     protected_inputs: list[str] = field(default_factory=list)
     # callees the side branch and the window call that msrewrite could not see into
     trust_boundary: list[str] = field(default_factory=list)
+    # why moving the side work changes the order of random draws (dropout, torch.rand*), or ""
+    rng_reorder: str = ""
 
 
 class NoBranch(Exception):
@@ -139,7 +141,7 @@ def find_side_branch(
             raise
         if isinstance(guard, str):
             raise NoBranch(guard) from None
-        block = _guarded_block(facts[guard.index].node, guard.in_orelse)
+        block = _guarded_block(facts[guard.index].node, is_seed)
         flat = body[: guard.index] + block + body[guard.index + 1 :]
         flat_facts = statement_facts(flat, positions, scope)
         try:
@@ -150,9 +152,10 @@ def find_side_branch(
             raise unsplit from None
 
 
-def _guarded_block(node: cst.If, in_orelse: bool) -> list[cst.BaseStatement]:
-    block = node.orelse.body if in_orelse else node.body  # type: ignore[union-attr]
-    return list(block.body)  # type: ignore[union-attr]
+def _guarded_block(node: cst.If, is_seed: SeedPredicate) -> list[cst.BaseStatement]:
+    found = guard_path(node, lambda part: has_seed(part, is_seed))
+    assert not isinstance(found, str)  # _splittable_if found the same path
+    return list(found[1].body)  # type: ignore[union-attr]
 
 
 def _splittable_if(func: cst.FunctionDef, facts: list[StatementFacts], is_seed: SeedPredicate) -> Guard | str | None:
@@ -166,29 +169,26 @@ def _splittable_if(func: cst.FunctionDef, facts: list[StatementFacts], is_seed: 
     holder = holders[0]
     node = holder.node
     assert isinstance(node, cst.If)
-    in_body = has_seed(node.body, is_seed)
-    orelse = node.orelse
-    if isinstance(orelse, cst.If):
-        return f"line {holder.first_line}: the side call sits in an `if`/`elif` chain, which msrewrite does not split"
-    in_orelse = orelse is not None and has_seed(orelse.body, is_seed)
-    if in_body and in_orelse:
-        return (
-            f"line {holder.first_line}: both branches of `if {source(node.test)}` call the side branch; "
-            "msrewrite does not merge them into one fork"
-        )
-    block = node.orelse.body if in_orelse else node.body  # type: ignore[union-attr]
+    found = guard_path(node, lambda part: has_seed(part, is_seed))
+    if isinstance(found, str):
+        return f"line {holder.first_line}: {found}"
+    path, block = found
     if not isinstance(block, cst.IndentedBlock):
         return f"line {holder.first_line}: a one-line `if` body cannot be split"
     params = {p.name.value for p in (*func.params.params, *func.params.kwonly_params, *func.params.posonly_params)}
     local_names = params | {name for f in facts for name in f.stores}
-    problem, locals_read = invariance_problem(node.test, func, facts, local_names)
-    if problem:
-        return (
-            f"line {holder.first_line}: the side call is inside `if {source(node.test)}`, whose condition "
-            f"{problem}: it may not read the same at an earlier fork"
-        )
-    condition = negate(node.test) if in_orelse else source(node.test)
-    return Guard(holder.index, holder.first_line, condition, in_orelse, locals_read, len(block.body))
+    read: set[str] = set()
+    # every test on the way is evaluated again at the fork: each must be invariant
+    for step, _ in path:
+        problem, locals_read = invariance_problem(step.test, func, facts, local_names)
+        if problem:
+            return (
+                f"line {holder.first_line}: the side call is inside `if {source(step.test)}`, whose condition "
+                f"{problem}: it may not read the same at an earlier fork"
+            )
+        read |= locals_read
+    in_orelse = len(path) == 1 and path[0][1]
+    return Guard(holder.index, holder.first_line, path_condition(path), in_orelse, frozenset(read), len(block.body))
 
 
 def _find_side_branch(
@@ -202,7 +202,9 @@ def _find_side_branch(
             continue
         # `if self.shared_experts is not None: out = self.shared_experts(x)` moves as one unit,
         # as long as everything it calls is side work and it cannot leave the function.
-        if not isinstance(f.node, cst.If) or f.exits or not all(is_seed(c) for c in f.self_calls):
+        if not isinstance(f.node, cst.If) or f.exits or not (
+            all(is_seed(c) for c in f.self_calls) or _side_only_if(f, func, facts)
+        ):
             raise NoBranch(
                 f"line {f.first_line}: the side-branch call sits inside a {type(f.node).__name__} "
                 "that also does other work, which msrewrite does not split"
@@ -484,7 +486,9 @@ def _find_side_branch(
     if phase_anchors is not None:
         chosen_anchors = list(phase_anchors) or derive_phase_anchors(facts, fork, join, side_idx)
         phases = _assign_phases(facts, whole, chosen_anchors, fork, join, side_idx, reaching_def, set(inputs))
+    rng = _rng_reorder(facts, whole, hoists, start, join, side_idx, scope)
     return SideBranch(
+        rng_reorder=rng,
         phases=phases,
         phase_anchors=chosen_anchors,
         maybe_outputs=maybe,
@@ -502,6 +506,110 @@ def _find_side_branch(
         facts=facts,
         guard=guard,
     )
+
+
+def _random_draws(node: cst.CSTNode, scope: Scope, skip: tuple[cst.Call, ...] = ()) -> tuple[list[str], list[str]]:
+    """(the calls in `node` that draw random numbers, the callees not seen into that may), outside
+    the calls in `skip` (hoisted side calls inside a join statement)."""
+    draws: list[str] = []
+    unseen: list[str] = []
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> bool:
+            if any(call is s for s in skip):
+                return False
+            effect = scope.effect_of(call)
+            if effect.rng:
+                draws.append(source(call.func))
+            unseen.extend(u for u in effect.unknown if u not in unseen)
+            return True
+
+        def visit_FunctionDef(self, n: cst.FunctionDef) -> bool:
+            return False
+
+        def visit_Lambda(self, n: cst.Lambda) -> bool:
+            return False
+
+    node.visit(_Calls())
+    return list(dict.fromkeys(draws)), unseen
+
+
+def _few(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _rng_reorder(facts, whole, hoists, start: int, join: int, side_idx: set[int], scope: Scope) -> str:
+    """Why the side work's random draws change order against the main path's, or "".
+
+    The side work is issued at the fork, and a device (a graph compiler too) may run it anywhere
+    up to the join: when the side work draws and so do the main statements of that window (from
+    the fork, or from the side's own place if that is earlier, to the join; with hoisted calls,
+    the rest of the join statement too), the draws may come in another order, and every random
+    value after the first moved draw changes in train mode. A callee msrewrite cannot see into
+    may draw too. Dropout with p=0, or used only in eval, cannot be told apart here: it counts."""
+    side_draws: list[str] = []
+    side_unseen: list[str] = []
+    side_line = 0
+    for f in whole:
+        draws, unseen = _random_draws(f.node, scope)
+        side_line = side_line or (f.first_line if draws else 0)
+        side_draws += [d for d in draws if d not in side_draws]
+        side_unseen += [u for u in unseen if u not in side_unseen]
+    for h in hoists:
+        draws, unseen = _random_draws(h.call, scope)
+        side_line = side_line or (h.first_line if draws else 0)
+        side_draws += [d for d in draws if d not in side_draws]
+        side_unseen += [u for u in unseen if u not in side_unseen]
+    if not side_draws and not side_unseen:
+        return ""  # the common case: nothing on the side can draw
+    main: list[tuple[int, list[str], list[str]]] = []
+    for f in facts[start:join]:
+        if f.index not in side_idx:
+            main.append((f.first_line, *_random_draws(f.node, scope)))
+    if hoists:
+        main.append((facts[join].first_line, *_random_draws(facts[join].node, scope, tuple(h.call for h in hoists))))
+    main_draw = next(((line, draws) for line, draws, _ in main if draws), None)
+    main_unseen = next(((line, unseen) for line, _, unseen in main if unseen), None)
+    if side_draws and main_draw is not None:
+        return (
+            f"the side branch draws random numbers (line {side_line}: {_few(side_draws)}) and so does the main "
+            f"path between the fork and the join (line {main_draw[0]}: {_few(main_draw[1])}): on a side "
+            "stream the order of the draws changes, and with it every random value in train mode"
+        )
+    if side_draws and main_unseen is not None:
+        return (
+            f"the side branch draws random numbers (line {side_line}: {_few(side_draws)}) and the main path "
+            f"between the fork and the join calls {main_unseen[1][0]} (line {main_unseen[0]}), which msrewrite "
+            "cannot see into and which may draw too: their order may change in train mode"
+        )
+    if main_draw is not None and side_unseen:
+        return (
+            f"the main path draws random numbers between the fork and the join (line {main_draw[0]}: "
+            f"{_few(main_draw[1])}) and the side branch calls {side_unseen[0]}, which msrewrite cannot "
+            "see into and which may draw too: their order may change in train mode"
+        )
+    return ""
+
+
+def _side_only_if(f: StatementFacts, func: cst.FunctionDef, facts: list[StatementFacts]) -> bool:
+    """`if c: s = self.shared_experts(h) else: s = self.dense_mlp(h)`: the other branch is side
+    work too when the `if` as a whole writes nothing in place, assigns no `self.` state, reaches no
+    callee msrewrite cannot see into and holds no collective, RNG or stream code, and every test
+    of it (and its `elif`s) is invariant: then the whole `if` moves to the side stream."""
+    if f.mutates or f.may_write or f.unknown_callees or f.collective or f.rng or f.stream:
+        return False
+    node = f.node
+    assert isinstance(node, cst.If)
+    if assigned_self_attrs(cst.FunctionDef(name=cst.Name("_"), params=cst.Parameters(), body=cst.IndentedBlock(body=[node]))):
+        return False
+    params = {p.name.value for p in (*func.params.params, *func.params.kwonly_params, *func.params.posonly_params)}
+    local_names = params | {name for g in facts for name in g.stores}
+    test: cst.If | None = node
+    while test is not None:
+        if invariance_problem(test.test, func, facts, local_names)[0]:
+            return False
+        test = test.orelse if isinstance(test.orelse, cst.If) else None
+    return True
 
 
 def _check_guard(guard: Guard, facts, fork: int, join: int, side_idx: set[int], block_len: int) -> None:
@@ -669,13 +777,15 @@ def _returns(node: cst.CSTNode) -> bool:
 
 def vouch_name(callee: str) -> str:
     """The name a reviewer passes to --assume-pure for a callee description:
-    'FusedMoE' for 'self.experts (FusedMoE, not visible to msrewrite)', else the callee itself."""
-    last = callee.split(" -> ")[-1]
-    name, _, rest = last.partition(" (")
-    cls = rest.split(",")[0].split(" ")[0].rstrip(")")
-    if cls.isidentifier() and cls not in ("not", "set", "indexed", "a"):
-        return cls
-    return name.removeprefix("self.")
+    'FusedMoE' for 'self.experts (FusedMoE, not visible to msrewrite)', else the callee itself.
+    In a chain read from a package's source ('self.gate (ReplicatedLinear) -> current_platform.x
+    (not visible ...)') the deepest layer class named, which a reviewer can vouch for as a whole."""
+    parts = callee.split(" -> ")
+    for part in reversed(parts):
+        cls = part.partition(" (")[2].split(",")[0].split(" ")[0].rstrip(")")
+        if cls.isidentifier() and cls not in ("not", "set", "indexed", "a"):
+            return cls
+    return parts[-1].partition(" (")[0].removeprefix("self.")
 
 
 def _check_join_statement(join_fact, hoists, hoist_facts, storage: Storage, is_seed, scope) -> None:

@@ -8,8 +8,16 @@ destination. Buffers are named by attribute paths (`offload_cache.temp_kv`, subs
 so two fields of one object do not conflict while a buffer and the object holding it do.
 
 When nothing in the function reuses the buffers, the join goes before the function returns: the
-caller (the next layer) may overwrite them. Calls we cannot see into are assumed to read, not
-write, the objects they are given: that is the limit of a static, single-function view.
+caller (the next layer) may overwrite them.
+
+Calls are followed through the file's summaries (analyze/summaries.py, `CallBuffers`): a method of a
+cache object whose class is known (`self.cache = OffloadCache(...)` in `__init__`, or a parameter
+annotated with the class) or of the layer itself contributes the buffers it reads and writes,
+rebased onto its receiver and arguments. Such a method whose copies move host memory is itself
+side work (`self.cache.offload(i)`): the call moves to the copy stream and the method stays as it
+is, so the flag-off path is the original. A callee msrewrite cannot see into may write every
+buffer it is given (its receiver too): the join goes before it, and a copy helper that calls one
+is refused, naming it.
 """
 
 from __future__ import annotations
@@ -45,10 +53,12 @@ class BufferUse:
 
 
 class _Buffers(cst.CSTVisitor):
-    """The buffers (longest attribute paths) a statement reads and writes."""
+    """The buffers (longest attribute paths) a statement reads and writes. `calls` (CallBuffers)
+    adds what a callee does to the buffers it is given; True with it: the call is fully described."""
 
-    def __init__(self) -> None:
+    def __init__(self, calls: "CallBuffers | None" = None) -> None:
         self.use = BufferUse()
+        self.calls = calls
 
     def _chain(self, node: cst.BaseExpression) -> None:
         # the indices inside a.b[i].c are ordinary reads
@@ -62,6 +72,16 @@ class _Buffers(cst.CSTVisitor):
 
     def visit_Call(self, node: cst.Call) -> bool:
         func = node.func
+        if self.calls is not None:
+            extra, described = self.calls.call_use(node)
+            self.use.reads |= extra.reads
+            self.use.writes |= extra.writes
+            if described:  # a followed method: its receiver counts only through what it touches
+                if isinstance(func, cst.Attribute):
+                    self._chain(func.value)
+                for arg in node.args:
+                    arg.value.visit(self)
+                return False
         if isinstance(func, cst.Attribute):
             path = buffer_path(func.value)
             if path:
@@ -105,8 +125,8 @@ class _Buffers(cst.CSTVisitor):
         self.use.reads.add(node.value)
 
 
-def buffer_use(node: cst.CSTNode) -> BufferUse:
-    visitor = _Buffers()
+def buffer_use(node: cst.CSTNode, calls: "CallBuffers | None" = None) -> BufferUse:
+    visitor = _Buffers(calls)
     node.visit(visitor)
     return visitor.use
 
@@ -127,10 +147,15 @@ def find_copy_branch(
     func: cst.FunctionDef,
     positions: dict[cst.CSTNode, CodeRange],
     is_copy: Callable[[cst.Call], bool],
+    calls: "CallBuffers | None" = None,
+    is_host: Callable[[str], bool] | None = None,
 ) -> SideBranch:
+    """The copies of `func` and where they fork and join. With `calls` (and `is_host`, which
+    buffer paths are host memory), a statement that only calls a method whose copies move host
+    memory (`self.cache.offload(i)`) is a copy too, and every call counts with what it touches."""
     body = list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else []
     facts = statement_facts(body, positions)
-    uses = [buffer_use(f.node) for f in facts]
+    uses = [buffer_use(f.node, calls) for f in facts]
 
     def has_copy(f: StatementFacts) -> bool:
         found = []
@@ -143,11 +168,16 @@ def find_copy_branch(
         f.node.visit(_Copies())
         return bool(found)
 
-    side = [f for f in facts if has_copy(f)]
+    helpers = {f.index: h for f in facts if (h := _copy_helper_call(f, calls, is_host)) is not None}
+    side = [f for f in facts if has_copy(f) or f.index in helpers]
     if not side:
+        if calls is not None and is_host is not None:
+            _refuse_unseen_copy_helper(facts, calls, is_host)
         raise NoBranch("no cache copy in this function")
     for f in side:
-        if f.exits or f.self_calls:
+        if f.index in helpers:
+            _check_copy_helper(f, helpers[f.index])
+        elif f.exits or f.self_calls:
             raise NoBranch(f"line {f.first_line}: the copy statement also does other work")
     side_idx = {f.index for f in side}
     side_reads = set().union(*(uses[f.index].reads for f in side)) - set().union(*(uses[f.index].writes for f in side))
@@ -205,6 +235,9 @@ def find_copy_branch(
     if not any(f.self_calls for f in window):
         raise NoBranch("no main-path work between the copy and its join: nothing to overlap")
     inputs = sorted({name for f in side for name in f.loads})
+    # a local the copy reads (cache.offload(i, k, v)) and the main path rebinds before the join:
+    # its old tensor must outlive the copy (record_stream on the copy stream)
+    rebound = sorted({name for name in inputs for f in window if name in f.stores})
     return SideBranch(
         statements=side,
         hoists=[],
@@ -212,7 +245,275 @@ def find_copy_branch(
         join=join,
         inputs=inputs,
         outputs=[],
-        rebound_inputs=[],
+        rebound_inputs=rebound,
         facts=facts,
     )
 
+
+# Calls followed through the file's summaries ------------------------------------------------------
+@dataclass
+class CopyHelper:
+    """What a followed method does to buffers, as paths rooted at its receiver and arguments once
+    rebased to a call site (`self.host_kv` in OffloadCache.offload -> `cache.host_kv`)."""
+
+    label: str  # "OffloadCache.offload"
+    reads: set[str] = field(default_factory=set)
+    writes: set[str] = field(default_factory=set)
+    copies: list[tuple[set[str], set[str]]] = field(default_factory=list)  # (destination, source) paths
+    blocking: list[str] = field(default_factory=list)  # copies without non_blocking=True
+    unseen: list[str] = field(default_factory=list)  # callees msrewrite could not see into
+    other_work: str = ""  # "a collective", "RNG", "stream code"
+
+    def rebased(self, mapping: dict[str, set[str]]) -> "CopyHelper":
+        move = lambda paths: _rebase(paths, mapping)  # noqa: E731
+        return CopyHelper(self.label, move(self.reads), move(self.writes),
+                          [(move(d), move(s)) for d, s in self.copies], list(self.blocking), list(self.unseen),
+                          self.other_work)
+
+
+def _rebase(paths: set[str], mapping: dict[str, set[str]]) -> set[str]:
+    """Each path's root replaced by the paths it stands for (none for a fresh local); a root
+    `mapping` does not name (a module-level buffer) stays as it is."""
+    out = set()
+    for path in paths:
+        root, dot, rest = path.partition(".")
+        out |= {base + dot + rest for base in mapping.get(root, {root})}
+    return out
+
+
+class CallBuffers:
+    """The buffers calls in one function touch inside their callees, from the file's summaries.
+
+    `recv.method(...)` on an object of a known class (`self`, `self.cache` built in `__init__`, a
+    parameter annotated with the class) is followed into the method: a `CopyHelper`. Any other call
+    takes its effect from the torch table or the summaries; a callee msrewrite cannot see into may
+    write every buffer it is given.
+    """
+
+    MAX_DEPTH = 4
+
+    def __init__(self, summaries, cls: str | None, func: cst.FunctionDef, depth: int = 0) -> None:
+        from msrewrite.analyze.defuse import dotted_name
+
+        self.summaries, self.cls, self.depth = summaries, cls, depth
+        self.scope = summaries.scope_for(cls, func.name.value)
+        self.annotated: dict[str, str] = {}  # parameter -> its annotated class name
+        for param in (*func.params.posonly_params, *func.params.params, *func.params.kwonly_params):
+            if param.annotation is not None:
+                self.annotated[param.name.value] = dotted_name(param.annotation.annotation) or ""
+        self.found: list[CopyHelper] = []  # helpers followed, rebased to this function
+        self.followed: dict[int, CopyHelper] = {}  # id(method def) -> its helper, as written
+        self._helpers: dict[tuple[int, str], CopyHelper] = {}
+
+    def receiver_class(self, path: str):
+        """(summaries, class) of the object at `path`, or None when msrewrite cannot tell."""
+        head, _, rest = path.partition(".")
+        if head == "self" and self.cls is not None:
+            if not rest:
+                return self.summaries, self.cls
+            if "." not in rest:
+                return self.summaries.attribute_class(self.cls, rest)
+            return None
+        if not rest and head in self.annotated:
+            return self.summaries.find_class(self.annotated[head].split(".")[-1])
+        return None
+
+    def helper_at(self, call: cst.Call) -> CopyHelper | None:
+        """The followed method `call` runs, rebased onto the call's receiver and arguments."""
+        from msrewrite.analyze.summaries import bind_args
+        from msrewrite.analyze.torch_effects import torch_call_effect
+
+        func = call.func
+        if not isinstance(func, cst.Attribute) or torch_call_effect(call) is not None:
+            return None
+        receiver = buffer_path(func.value)
+        owner = self.receiver_class(receiver) if receiver else None
+        found = owner[0].method_of(owner[1], func.attr.value) if owner is not None else None
+        if found is None:
+            return None
+        summaries, cls = owner[0], owner[1]
+        if receiver == "self" and self.summaries.attribute_values(cls).get(func.attr.value):
+            return None  # self.sub(...) is a submodule, not this method
+        helper = self._helper(summaries, cls, found[1])
+        self.followed[id(found[1])] = helper
+        summary = summaries.function_summary(cls, found[1])
+        mapping = {"self": {receiver}}
+        for param, exprs in bind_args(summary, call).items():
+            mapping[param] = set().union(*(buffer_use(e).reads for e in exprs)) if exprs else set()
+        return helper.rebased(mapping)
+
+    def _helper(self, summaries, cls: str, method: cst.FunctionDef) -> CopyHelper:
+        key = (id(method), cls)
+        if key in self._helpers:
+            return self._helpers[key]
+        label = f"{cls}.{method.name.value}"
+        if self.depth >= self.MAX_DEPTH:
+            return CopyHelper(label, unseen=[f"{label} (calls nested too deep)"])
+        self._helpers[key] = CopyHelper(label, unseen=[f"{label} (recursive)"])
+        summary = summaries.function_summary(cls, method)
+        inner = CallBuffers(summaries, cls, method, self.depth + 1)
+        use = buffer_use(method.body, inner)
+        aliases = _local_aliases(method, inner)
+        roots = {"self", *summary.params, *(n for n in (summary.vararg, summary.kwarg) if n)}
+        mapping = {name: set() for name in aliases}  # locals stand for what they were bound from
+        mapping.update({root: {root} for root in roots})
+        for _ in range(len(aliases) + 1):  # a local bound from another local: follow the chain
+            for name, paths in aliases.items():
+                mapping[name] = mapping.get(name, set()) | _rebase(paths, mapping)
+        helper = CopyHelper(label, _rebase(use.reads, mapping), _rebase(use.writes, mapping))
+        helper.unseen = sorted(summary.unknown)
+        helper.other_work = ("a collective" if summary.collective else "RNG" if summary.rng
+                             else "stream code" if summary.stream else "")
+
+        class _Copies(cst.CSTVisitor):
+            def visit_Call(self, node: cst.Call) -> None:
+                func = node.func
+                if isinstance(func, cst.Attribute) and func.attr.value == "copy_" and node.args:
+                    dst = _rebase(buffer_use(func.value).reads, mapping)
+                    src = _rebase(buffer_use(node.args[0].value).reads, mapping)
+                    helper.copies.append((dst, src))
+                    if not any(a.keyword is not None and a.keyword.value == "non_blocking"
+                               and isinstance(a.value, cst.Name) and a.value.value == "True" for a in node.args):
+                        helper.blocking.append(f"{label}: {cst.Module(body=[]).code_for_node(node)}")
+
+        method.body.visit(_Copies())
+        for nested in inner.found:  # helpers this one calls, already rebased into its frame
+            helper.copies += [(_rebase(d, mapping), _rebase(s, mapping)) for d, s in nested.copies]
+            helper.blocking += nested.blocking
+            helper.unseen += [u for u in nested.unseen if u not in helper.unseen]
+            helper.other_work = helper.other_work or nested.other_work
+        self._helpers[key] = helper
+        return helper
+
+    def call_use(self, call: cst.Call) -> tuple[BufferUse, bool]:
+        """(what `call` touches beyond its own syntax, whether that describes it fully)."""
+        helper = self.helper_at(call)
+        if helper is not None:
+            self.found.append(helper)
+            use = BufferUse(set(helper.reads), set(helper.writes))
+            if helper.unseen:  # what it could not see into may write anything the call can reach
+                reach = [call.func.value, *(arg.value for arg in call.args)]  # type: ignore[attr-defined]
+                use.writes |= set().union(*(buffer_use(e).reads for e in reach))
+            return use, True
+        effect = self.scope.effect_of(call)
+        written = [*effect.writes, *(expr for expr, _ in effect.may_writes)]
+        return BufferUse(writes=set().union(*(buffer_use(e).reads for e in written)) if written else set()), False
+
+
+def _copy_helper_call(f: StatementFacts, calls: CallBuffers | None, is_host) -> tuple[CopyHelper, cst.Call] | None:
+    """(the helper, its call) when statement `f` is only a call of a method that copies host memory."""
+    node = f.node
+    if calls is None or is_host is None or not isinstance(node, cst.SimpleStatementLine) or len(node.body) != 1:
+        return None
+    expr = node.body[0]
+    if not (isinstance(expr, cst.Expr) and isinstance(expr.value, cst.Call)):
+        return None
+    helper = calls.helper_at(expr.value)
+    if helper is None or not any(is_host(p) for d, s in helper.copies for p in d | s):
+        return None
+    return helper, expr.value
+
+
+def _check_copy_helper(f: StatementFacts, found: tuple[CopyHelper, cst.Call]) -> None:
+    """A copy helper moves as a whole: everything it does must be seen, and be copies that let the
+    host run ahead."""
+    from msrewrite.analyze.defuse import self_callee
+
+    helper, call = found
+    where = f"line {f.first_line}: {helper.label}"
+    if helper.unseen:
+        raise NoBranch(f"{where} calls {helper.unseen[0]}: msrewrite cannot see what it does to the KV buffers")
+    if helper.other_work:
+        raise NoBranch(f"{where} also holds {helper.other_work}: only copies move to the copy stream")
+    if helper.blocking:
+        raise NoBranch(
+            f"{where} copies without non_blocking=True ({helper.blocking[0].split(': ', 1)[1]}): on the copy stream "
+            "it would hold the host until the copy ends and overlap nothing; pass non_blocking=True in the helper"
+        )
+    own = self_callee(call.func)
+    if f.exits or any(c != own for c in f.self_calls):
+        raise NoBranch(f"line {f.first_line}: the copy statement also does other work")
+
+
+def _refuse_unseen_copy_helper(facts: list[StatementFacts], calls: CallBuffers, is_host) -> None:
+    """A method named for host memory (`cache.offload(i)`) that msrewrite cannot follow: say so."""
+    for f in facts:
+        for call in _calls_in(f.node):
+            func = call.func
+            if not (isinstance(func, cst.Attribute) and is_host(func.attr.value)):
+                continue
+            receiver = buffer_path(func.value) or "its receiver"
+            callee = f"{receiver}.{func.attr.value}()"
+            helper = calls.helper_at(call)
+            if helper is None:
+                raise NoBranch(
+                    f"line {f.first_line}: {callee} may copy the KV buffers, but msrewrite cannot see into it: "
+                    f"the class of `{receiver}` is not known (assign it in __init__ or annotate the parameter)"
+                )
+            if helper.unseen:
+                raise NoBranch(
+                    f"line {f.first_line}: {callee} ({helper.label}) calls {helper.unseen[0]}: msrewrite cannot "
+                    "see what it does to the KV buffers"
+                )
+
+
+def _calls_in(node: cst.CSTNode) -> list[cst.Call]:
+    found: list[cst.Call] = []
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            found.append(call)
+
+    node.visit(_Calls())
+    return found
+
+
+def _local_aliases(func: cst.FunctionDef, calls: CallBuffers) -> dict[str, set[str]]:
+    """Local name -> the buffers (paths, before rebasing) its value may share: every buffer its
+    binding expression mentions (`dst = self.host_kv[i]` -> self.host_kv, i)."""
+    aliases: dict[str, set[str]] = {}
+
+    def bind(target: cst.BaseExpression, value: cst.CSTNode) -> None:
+        names = [n.value for n in _target_names(target)]
+        if names:
+            paths = buffer_use(value).reads
+            for name in names:
+                aliases.setdefault(name, set()).update(paths)
+
+    class _Bindings(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            for target in node.targets:
+                bind(target.target, node.value)
+
+        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+            if node.value is not None:
+                bind(node.target, node.value)
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            bind(node.target, node.value)
+
+        def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+            bind(node.target, node.value)
+
+        def visit_For(self, node: cst.For) -> None:
+            bind(node.target, node.iter)
+
+        def visit_WithItem(self, node: cst.WithItem) -> None:
+            if node.asname is not None:
+                bind(node.asname.name, node.item)
+
+        def visit_CompFor(self, node: cst.CompFor) -> None:
+            bind(node.target, node.iter)
+
+    func.body.visit(_Bindings())
+    return aliases
+
+
+def _target_names(target: cst.BaseExpression) -> list[cst.Name]:
+    if isinstance(target, cst.Name):
+        return [target]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for el in target.elements for n in _target_names(el.value)]
+    if isinstance(target, cst.StarredElement):
+        return _target_names(target.value)
+    return []

@@ -24,6 +24,7 @@ reads is rebound or written in place between the fork and the `if`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import libcst as cst
 
@@ -63,6 +64,101 @@ class Guard:
     @property
     def inside(self) -> range:
         return range(self.index, self.index + self.size)
+
+
+# One step from an `if` into the branch that holds the side work: (the `if`, into its `else`/`elif`).
+GuardStep = tuple[cst.If, bool]
+
+
+def guard_path(node: cst.If, holds: Callable[[cst.CSTNode], bool]) -> tuple[list[GuardStep], cst.BaseSuite] | str:
+    """The steps from the top-level `if` `node` to the one block that holds the side work
+    (`holds`), through `elif`s and through an `if` that is the only statement of its block:
+
+        if a:                 if a:               -> [(if a, False), (if b, False)], condition `a and b`
+            if b:                 ...
+                <side>        elif b:             -> [(if a, True), (if b, False)], `not a and b`
+                                  <side>
+
+    A reason (str) when no single block holds it: both branches of one `if`, or its condition."""
+    path: list[GuardStep] = []
+    current = node
+    while True:
+        if holds(current.test):
+            return f"the side call is in the condition of `if {source(current.test)}`"
+        in_body = holds(current.body)
+        orelse = current.orelse
+        in_orelse = orelse is not None and holds(orelse)
+        if in_body and in_orelse:
+            return (
+                f"both branches of `if {source(current.test)}` call the side branch; "
+                "msrewrite does not merge them into one fork"
+            )
+        if in_orelse and isinstance(orelse, cst.If):  # elif
+            path.append((current, True))
+            current = orelse
+            continue
+        block = orelse.body if in_orelse else current.body  # type: ignore[union-attr]
+        path.append((current, in_orelse))
+        if isinstance(block, cst.IndentedBlock) and len(block.body) == 1 and isinstance(block.body[0], cst.If):
+            current = block.body[0]  # `if a:` whose whole block is `if b:`
+            continue
+        return path, block
+
+
+def path_condition(path: list[GuardStep]) -> str:
+    """What holds exactly when the guarded block runs: each step's test, negated into an `else`."""
+    parts = [negate(step.test) if in_orelse else source(step.test) for step, in_orelse in path]
+    if len(parts) == 1:
+        return parts[0]
+    wrapped = []
+    for part in parts:
+        expr = cst.parse_expression(part)
+        needs = isinstance(expr, (cst.BooleanOperation, cst.IfExp, cst.Lambda, cst.NamedExpr)) and not expr.lpar
+        wrapped.append(f"({part})" if needs else part)
+    return " and ".join(wrapped)
+
+
+def rebuild_path(path: list[GuardStep], statements: list[cst.BaseStatement]) -> cst.If:
+    """The top-level `if` of `path` with its guarded block's statements replaced."""
+    node, in_orelse = path[-1]
+    new = _with_block(node, in_orelse, statements)
+    for node, in_orelse in reversed(path[:-1]):
+        if in_orelse and isinstance(node.orelse, cst.If):
+            new = node.with_changes(orelse=new)
+        else:
+            new = _with_block(node, in_orelse, [new])
+    return new
+
+
+def follow_turns(node: cst.If, turns: tuple[bool, ...]) -> list[GuardStep]:
+    """The path through `node` (an `if` rebuilt by `rebuild_path`) that takes `turns`, each step's
+    `in_orelse`, as the original path did."""
+    path: list[GuardStep] = []
+    current = node
+    for i, in_orelse in enumerate(turns):
+        path.append((current, in_orelse))
+        if i == len(turns) - 1:
+            break
+        if in_orelse and isinstance(current.orelse, cst.If):
+            current = current.orelse
+        else:
+            block = current.orelse.body if in_orelse else current.body  # type: ignore[union-attr]
+            current = block.body[0]  # type: ignore[union-attr,assignment]
+    return path
+
+
+def block_of(path: list[GuardStep]) -> list[cst.BaseStatement]:
+    """The statements of the guarded block at the end of `path`."""
+    node, in_orelse = path[-1]
+    block = node.orelse.body if in_orelse else node.body  # type: ignore[union-attr]
+    return list(block.body)  # type: ignore[union-attr]
+
+
+def _with_block(node: cst.If, in_orelse: bool, statements: list[cst.BaseStatement]) -> cst.If:
+    if in_orelse:
+        orelse = node.orelse
+        return node.with_changes(orelse=orelse.with_changes(body=orelse.body.with_changes(body=statements)))  # type: ignore[union-attr]
+    return node.with_changes(body=node.body.with_changes(body=statements))  # type: ignore[union-attr]
 
 
 def source(node: cst.CSTNode) -> str:

@@ -8,9 +8,15 @@ importing anything:
     `nn.*` modules (`nn.ReLU(inplace=True)` writes its input, `nn.Linear` does not), activation
     tables (`ACT2FN[...]`) and torch functions stored on self (`self.act = F.silu`);
   - `self.helper(...)` -> the method; `helper(...)` -> the module-level function;
-  - `expert(...)` for `for expert in self.experts` -> the ModuleList's element class.
-Anything else (a class imported from elsewhere, a callable passed in) is unknown: it "may write
-its tensor arguments", and the summary names it so a refusal can say what msrewrite could not see.
+  - `expert(...)` for `for expert in self.experts` -> the ModuleList's element class;
+  - a class or function imported from a sibling module, or from any package whose source
+    analyze/packages.py finds on `--source-path` or `sys.path` (read, never imported), also
+    through `__init__.py` re-exports, relative imports and bases (`class X(FusedMoE)`).
+A package's function counts only as far as its summary proves: one that calls anything
+msrewrite cannot see into (`self.quant_method.apply(...)`, a Triton kernel, a custom op) may
+write every tensor argument. Reading is bounded (import depth, bytes read per analysis).
+Anything else (a callable passed in, dynamic dispatch) is unknown: it "may write its tensor
+arguments", and the summary names it so a refusal can say what msrewrite could not see.
 `assume_pure` holds names a reviewer vouched for (`--assume-pure NAME`): a class, function or
 `self.` attribute name.
 """
@@ -22,6 +28,7 @@ from pathlib import Path
 
 import libcst as cst
 
+from msrewrite.analyze import packages
 from msrewrite.analyze.defuse import Scope, StatementFacts, alias_roots, dotted_name, node_facts
 from msrewrite.analyze.torch_effects import CallEffect, nn_module_effect, positional, torch_call_effect
 
@@ -46,6 +53,20 @@ class Summary:
     kwarg: str | None = None
 
 
+# Bounds on reading other modules' source for one analysis: import hops from the user's file,
+# and bytes read (a lookup past either stays an unknown callee).
+MAX_IMPORT_DEPTH = 6
+MAX_BYTES_READ = 3_000_000
+
+
+@dataclass
+class _Reading:
+    """Modules read for one analysis (shared by every ModuleSummaries it loads)."""
+
+    loaded: dict[Path, "ModuleSummaries | None"] = field(default_factory=dict)
+    bytes_read: int = 0
+
+
 @dataclass
 class _Binding:
     """What `self.<attr>` holds, from `__init__`: constructor calls (or other expressions)."""
@@ -59,7 +80,7 @@ class ModuleSummaries:
 
     def __init__(
         self, module: cst.Module, assume_pure: tuple[str, ...] = (), path: Path | None = None,
-        _loaded: dict[Path, "ModuleSummaries | None"] | None = None,
+        _reading: _Reading | None = None, _depth: int = 0, _package: bool = False,
     ) -> None:
         self.assume_pure = set(assume_pure)
         self.assumed: set[str] = set()  # names the reviewer vouched for that were used
@@ -67,8 +88,11 @@ class ModuleSummaries:
         self.classes: dict[str, cst.ClassDef] = {}
         self.functions: dict[str, cst.FunctionDef] = {}
         self.imports: dict[str, tuple[int, str, str]] = {}  # local name -> (dots, module, name)
+        self.module_imports: dict[str, str] = {}  # `import a.b as m`: m -> a.b; `import a.b`: a -> a
+        self.depth = _depth  # import hops from the user's file
+        self.package = _package  # read from an installed package: its callees count only if proven
         self.patched: dict[str, str] = {}  # free function -> the class it is assigned to (Cls.forward = fn)
-        self._loaded = _loaded if _loaded is not None else {}
+        self._reading = _reading if _reading is not None else _Reading()
         for stmt in _top_level(module.body):
             if isinstance(stmt, cst.ClassDef):
                 self.classes[stmt.name.value] = stmt
@@ -81,6 +105,14 @@ class ModuleSummaries:
                         for alias in small.names:
                             local = alias.asname.name.value if alias.asname else alias.name.value
                             self.imports[local] = (len(small.relative), source or "", dotted_name(alias.name) or "")
+                    elif isinstance(small, cst.Import):
+                        for alias in small.names:
+                            full = dotted_name(alias.name) or ""
+                            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                                self.module_imports[alias.asname.name.value] = full
+                            elif full:
+                                head = full.split(".")[0]
+                                self.module_imports[head] = head
                     elif isinstance(small, cst.Assign) and isinstance(small.value, cst.Name):
                         for target in small.targets:
                             name = dotted_name(target.target) or ""
@@ -91,16 +123,47 @@ class ModuleSummaries:
 
     # classes ----------------------------------------------------------------------------
     def find_class(self, name: str) -> tuple["ModuleSummaries", str] | None:
-        """A class defined in this file, or imported from a sibling module whose source is next to it."""
-        if name in self.classes:
+        """A class defined in this file, or imported from a sibling module or an installed
+        package whose source msrewrite can read (never imported)."""
+        return self._find_def(name, "classes")
+
+    def find_function(self, name: str) -> tuple["ModuleSummaries", str] | None:
+        """A free function defined in this file or imported (as `find_class`)."""
+        return self._find_def(name, "functions")
+
+    def _find_def(self, name: str, kind: str, seen: frozenset = frozenset()) -> tuple["ModuleSummaries", str] | None:
+        if name in getattr(self, kind):
             return self, name
-        if name not in self.imports or self.path is None:
+        if self.path is None or (id(self), name) in seen:
+            return None
+        seen = seen | {(id(self), name)}
+        head, _, rest = name.partition(".")
+        if rest:  # m.Name / a.b.Name through `import a.b as m` / `from a import b`
+            if head in self.module_imports:
+                module, _, leaf = f"{self.module_imports[head]}.{rest}".rpartition(".")
+                other = self._module(0, module)
+            elif head in self.imports and "." not in rest:
+                dots, source, original = self.imports[head]
+                other, leaf = self._module(dots, f"{source}.{original}" if source else original), rest
+            else:
+                return None
+            return other._find_def(leaf, kind, seen) if other is not None else None
+        if name not in self.imports:
             return None
         dots, source, original = self.imports[name]
-        other = self._sibling(dots, source)
-        if other is None:
+        other = self._module(dots, source)
+        return other._find_def(original, kind, seen) if other is not None else None
+
+    def _module(self, dots: int, source: str) -> "ModuleSummaries | None":
+        """The module `from <dots><source> import ...` names: a sibling of this file, or a module
+        of an installed package (analyze/packages.py). Read lazily, within the reading bounds."""
+        if self.path is None or self.depth >= MAX_IMPORT_DEPTH:
             return None
-        return other.find_class(original) if original in other.classes or original in other.imports else None
+        found = self._sibling(dots, source)
+        if found is not None or dots:
+            return found
+        file = packages.module_file(source)
+        return self._read(file, package=True) if file is not None else None
 
     def _sibling(self, dots: int, source: str) -> "ModuleSummaries | None":
         """The parsed sibling module: `from .x import A`, `from x import A` next to this file (never imported)."""
@@ -109,19 +172,33 @@ class ModuleSummaries:
             base = base.parent
         rel = Path(*source.split(".")) if source else Path()
         for candidate in (base / rel.with_suffix(".py"), base / rel / "__init__.py"):
-            candidate = candidate.resolve()
-            if candidate in self._loaded:
-                return self._loaded[candidate]
             if candidate.is_file():
-                self._loaded[candidate] = None  # a cycle sees nothing
-                try:
-                    module = cst.parse_module(candidate.read_text(encoding="utf-8"))
-                except (OSError, UnicodeDecodeError, cst.ParserSyntaxError):
-                    return None
-                other = ModuleSummaries(module, tuple(self.assume_pure), candidate, self._loaded)
-                self._loaded[candidate] = other
-                return other
+                return self._read(candidate, package=self.package)
         return None
+
+    def _read(self, file: Path, package: bool) -> "ModuleSummaries | None":
+        file = file.resolve()
+        loaded = self._reading.loaded
+        if file in loaded:
+            return loaded[file]
+        loaded[file] = None  # a cycle sees nothing
+        try:
+            size = file.stat().st_size
+        except OSError:
+            return None
+        if self._reading.bytes_read + size > MAX_BYTES_READ:
+            return None
+        self._reading.bytes_read += size
+        index = packages.index_file(file)
+        if index is None:
+            return None
+        other = ModuleSummaries(cst.Module(body=[]), tuple(self.assume_pure), file, self._reading, self.depth + 1, package)
+        other.classes = _LazyDefinitions(index, index.classes, "class")  # type: ignore[assignment]
+        other.functions = _LazyDefinitions(index, index.functions, "def")  # type: ignore[assignment]
+        other.imports, other.module_imports, other.patched = dict(index.imports), dict(index.module_imports), dict(index.patched)
+        other.assumed = self.assumed  # names vouched for anywhere count as used
+        loaded[file] = other
+        return other
 
     def _bases(self, cls: str) -> list[str]:
         node = self.classes.get(cls)
@@ -141,6 +218,58 @@ class ModuleSummaries:
             if found:
                 return found
         return None
+
+    def _inherited(self, cls: str, name: str, seen: frozenset = frozenset()) -> tuple["ModuleSummaries", str, cst.FunctionDef] | None:
+        """Method `name` of `cls` (or a base), also from a base class imported from another
+        module: (the module that defines it, its class there, the method)."""
+        if cls in seen or cls not in self.classes:
+            return None
+        found = self._method(cls, name)
+        if found is not None:
+            return self, found[0], found[1]
+        for base in self._bases(cls):
+            if base in self.classes:
+                hit = self._inherited(base, name, seen | {cls})
+            else:
+                where = self.find_class(base)
+                hit = where[0]._inherited(where[1], name, seen | {cls}) if where is not None else None
+            if hit is not None:
+                return hit
+        return None
+
+    def _overridden(self, cls: str, owner: "ModuleSummaries", base: str) -> str | None:
+        """A `self.<name>` the base class (in another module) uses that `cls` reassigns or
+        redefines: the base's method, summarized in its own module, would not see the subclass's."""
+        mine = set(self.attribute_values(cls))
+        chain = [cls]
+        while chain:
+            node = self.classes.get(chain.pop())
+            if node is None:
+                continue
+            mine |= {s.name.value for s in node.body.body if isinstance(s, cst.FunctionDef)} - {"__init__"}
+            chain += [b for b in self._bases(node.name.value) if b in self.classes]
+        used: set[str] = set()
+
+        class _SelfAttrs(cst.CSTVisitor):
+            def visit_Attribute(self, node: cst.Attribute) -> None:
+                if isinstance(node.value, cst.Name) and node.value.value == "self":
+                    used.add(node.attr.value)
+
+        owner.classes[base].visit(_SelfAttrs())
+        clash = sorted(mine & used)
+        return clash[0] if clash else None
+
+    def _inherited_effect(self, call: cst.Call, cls: str, name: str, label: str) -> CallEffect | None:
+        """The effect of calling inherited method `name` on a `cls` instance, when a base in
+        another module defines it; None when no base does."""
+        hit = self._inherited(cls, name)
+        if hit is None or hit[0] is self:
+            return None
+        owner, base, method = hit
+        clash = self._overridden(cls, owner, base)
+        if clash is not None:
+            return _unknown(call, f"{label} ({base}.{name} uses self.{clash}, which {cls} overrides; not visible to msrewrite)")
+        return _apply(owner.function_summary(base, method), call, f"{label} ({base}.{name})", strict=owner.package)
 
     def _external_bases(self, cls: str) -> list[str]:
         """Bases that are neither same-file classes nor torch's nn.Module (they may define methods)."""
@@ -173,6 +302,24 @@ class ModuleSummaries:
         self._attrs[cls] = values
         return values
 
+    # queries for the other analyses (analyze/effects.py) -----------------------------------
+    def method_of(self, cls: str, name: str) -> tuple[str, cst.FunctionDef] | None:
+        """Method `name` of class `cls` or of a same-file base: (the class defining it, its def)."""
+        return self._method(cls, name)
+
+    def attribute_class(self, cls: str, attr: str) -> tuple["ModuleSummaries", str] | None:
+        """The one class (this file or a sibling) whose instance `self.<attr>` holds, from `__init__`
+        (`self.cache = OffloadCache(...)`, also through `self.a = self.b`); None when it is not
+        assigned there, comes from elsewhere (an argument) or may be of several classes."""
+        values = self.attribute_values(cls).get(attr)
+        found: dict[tuple[int, str], tuple[ModuleSummaries, str]] = {}
+        for value in self._through_self_aliases(cls, values or []):
+            hit = self.find_class(dotted_name(value.func) or "") if isinstance(value, cst.Call) else None
+            if hit is None:
+                return None
+            found[(id(hit[0]), hit[1])] = hit
+        return next(iter(found.values())) if len(found) == 1 else None
+
     # summaries ---------------------------------------------------------------------------
     def function_summary(self, cls: str | None, func: cst.FunctionDef) -> Summary:
         """Summary of `func` called on an instance of `cls` (None: a free function)."""
@@ -193,7 +340,19 @@ class ModuleSummaries:
                                    unknown={f"{func.name.value} (recursive)"})
         body = list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else [func.body]
         scope = self.scope_for(cls)
-        facts = [node_facts(stmt, scope) for stmt in body]
+        facts = []
+        for stmt in body:
+            facts.append(node_facts(stmt, scope))
+            if self.package and facts[-1].unknown_callees:
+                # a package's function with an unseen call may write every argument (_apply,
+                # strict): the rest of it would change nothing, so it is not read
+                unseen = sorted(facts[-1].unknown_callees)[0]
+                every = [*params, *(n for n in (vararg, kwarg) if n)]
+                summary.may_write = {p: unseen for p in every}
+                summary.returns = set(every)
+                summary.unknown = {unseen}
+                self._cache[key] = summary
+                return summary
         for index, item in enumerate(facts):
             item.index = index
         returns: dict[int, set[str]] = {}  # statement -> names its return values may alias
@@ -259,19 +418,54 @@ class ModuleSummaries:
             if name in self.functions:
                 if self._vouched(name):
                     return _vouched_effect(call)
-                return _apply(self.function_summary(None, self.functions[name]), call, name)
+                return _apply(self.function_summary(None, self.functions[name]), call, name, strict=self.package)
             if self.find_class(name) is not None:
                 return CallEffect()  # constructing a module does not touch tensors
+        named = dotted_name(func)
+        if named and named.split(".")[0] in (*self.imports, *self.module_imports) and named not in scope.modules:
+            # an imported function or class, read from its module's source (never imported)
+            if self._vouched(named, named.split(".")[-1]):
+                return _vouched_effect(call)
+            found = self.find_function(named)
+            if found is not None:
+                owner_module, fname = found
+                return _apply(owner_module.function_summary(None, owner_module.functions[fname]), call, named,
+                              strict=owner_module.package)
+            found_cls = self.find_class(named)
+            if found_cls is not None:
+                return found_cls[0]._construct(call, found_cls[1], named)
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call):
             if dotted_name(func.value.func) == "super" and cls is not None:
                 for base in self._bases(cls):
                     found = self._method(base, func.attr.value)
                     if found is not None:
                         return _apply(self.function_summary(cls, found[1]), call, f"super().{func.attr.value}")
+                    if base not in self.classes and (where := self.find_class(base)) is not None:
+                        hit = where[0]._inherited(where[1], func.attr.value)
+                        if hit is not None:
+                            label = f"super().{func.attr.value}"
+                            clash = self._overridden(cls, hit[0], hit[1])
+                            if clash is not None:
+                                return _unknown(call, f"{label} ({hit[1]}.{func.attr.value} uses self.{clash}, which {cls} overrides; not visible to msrewrite)")
+                            return _apply(hit[0].function_summary(hit[1], hit[2]), call, f"{label} ({hit[1]})", strict=hit[0].package)
         callee = dotted_name(func) or _short(func)
         if self._vouched(callee, callee.split(".")[-1]):
             return _vouched_effect(call)
         return _unknown(call, f"{callee} (not visible to msrewrite)")
+
+    def _construct(self, call: cst.Call, cls: str, label: str) -> CallEffect:
+        """`Cls(args)` for an imported class: what its `__init__` does to the arguments (a
+        dataclass or NamedTuple has none of its own); the object may hold them."""
+        args = [a.value for a in call.args]
+        init = self._inherited(cls, "__init__")
+        if init is None:
+            if self._external_bases(cls) and not _is_record(self.classes[cls]):
+                return _unknown(call, f"{label} ({self._external_bases(cls)[0]}.__init__, not visible to msrewrite)")
+            return CallEffect(returns=args)
+        owner, base, method = init
+        effect = _apply(owner.function_summary(base, method), call, f"{label}.__init__", strict=owner.package)
+        effect.returns = args
+        return effect
 
     def _resolve_self(self, call: cst.Call, cls: str, path: str) -> CallEffect:
         head, _, rest = path.partition(".")
@@ -283,10 +477,14 @@ class ModuleSummaries:
             if method is not None and not rest:
                 if self._vouched(head, f"self.{head}"):
                     return _vouched_effect(call)
-                return _apply(self.function_summary(cls, method[1]), call, f"self.{head}")
+                return _apply(self.function_summary(cls, method[1]), call, f"self.{head}", strict=self.package)
         if self._vouched(head, label):
             return _vouched_effect(call)
         values = self.attribute_values(cls).get(head)
+        if not values and not element and not rest:
+            inherited = self._inherited_effect(call, cls, head, label)
+            if inherited is not None:
+                return inherited
         if not values:
             extra = self._external_bases(cls)
             where = f"{extra[0]}" if extra else "not assigned in __init__"
@@ -363,11 +561,43 @@ class ModuleSummaries:
                     return owner._resolve_self(call, name, rest)
                 forward = owner._method(name, "forward")
                 if forward is None:
+                    inherited = owner._inherited_effect(call, name, "forward", f"{label} ({ctor})")
+                    if inherited is not None:
+                        return inherited
                     base = (owner._external_bases(name) or ["no forward"])[0]
                     return _unknown(call, f"{label} ({ctor} from {base}, not visible to msrewrite)")
-                return _apply(owner.function_summary(name, forward[1]), call, f"{label} ({ctor})")
+                return _apply(owner.function_summary(name, forward[1]), call, f"{label} ({ctor})", strict=owner.package)
             return _unknown(call, f"{label} ({ctor or _short(value.func)}, not visible to msrewrite)")
         return _unknown(call, f"{label} (set from {_short(value)}, not visible to msrewrite)")
+
+
+class _LazyDefinitions(dict):
+    """A read module's classes or functions: the names from its `ast` index, each parsed with
+    libcst on first use. One that does not parse on its own stands in as something msrewrite
+    cannot see into (a class with an unseen base, a function calling an unseen callee)."""
+
+    def __init__(self, index: "packages.SourceIndex", names: set[str], kind: str) -> None:
+        super().__init__()
+        self._index, self._names, self._kind = index, names, kind
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __getitem__(self, name: str):
+        if name not in self._names:
+            raise KeyError(name)
+        if not dict.__contains__(self, name):
+            node = self._index.definition(name)
+            wanted = cst.ClassDef if self._kind == "class" else cst.FunctionDef
+            if not isinstance(node, wanted):
+                stub = (f"class {name}(_unreadable_source):\n    pass\n" if self._kind == "class"
+                        else f"def {name}(*args, **kwargs):\n    return _unreadable_source(*args, **kwargs)\n")
+                node = cst.parse_module(stub).body[0]
+            dict.__setitem__(self, name, node)
+        return dict.__getitem__(self, name)
+
+    def get(self, name, default=None):
+        return self[name] if name in self._names else default
 
 
 class Storage:
@@ -425,6 +655,14 @@ def _makes_tensor(ctor: str) -> bool:
     """`nn.Parameter(...)`, `torch.zeros(...)`: module state that is a tensor, not a submodule."""
     module, _, leaf = ctor.rpartition(".")
     return leaf in ("Parameter", "Buffer") or (module == "torch" and leaf[:1].islower())
+
+
+def _is_record(node: cst.ClassDef) -> bool:
+    """A `@dataclass` or a NamedTuple: its constructor only stores its arguments."""
+    decorators = {(dotted_name(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator) or "").split(".")[-1]
+                  for d in node.decorators}
+    bases = {(dotted_name(b.value) or "").split(".")[-1] for b in node.bases}
+    return "dataclass" in decorators or bool(bases & {"NamedTuple", "TypedDict"})
 
 
 def _is_name(node: cst.BaseExpression, name: str) -> bool:
@@ -525,13 +763,22 @@ def _bind_args(summary: Summary, call: cst.Call) -> dict[str, list[cst.BaseExpre
     return bound
 
 
-def _apply(summary: Summary, call: cst.Call, label: str) -> CallEffect:
+def _apply(summary: Summary, call: cst.Call, label: str, strict: bool = False) -> CallEffect:
+    """The effect of `call` from the callee's summary. `strict` (a package's code): a callee that
+    calls anything msrewrite cannot see into may write every argument, not only those the
+    unseen call is handed (module state, globals, a dispatch table could reach them)."""
     bound = _bind_args(summary, call)
     effect = CallEffect(unknown=sorted(summary.unknown), collective=summary.collective, rng=summary.rng,
                         stream=summary.stream)
     for name in summary.writes:
         effect.writes += bound.get(name, [])
-    for name, why in summary.may_write.items():
+    may_write = dict(summary.may_write)
+    if strict and summary.unknown:
+        unseen = sorted(summary.unknown)[0]
+        for name in bound:
+            if name not in summary.writes:
+                may_write.setdefault(name, unseen)
+    for name, why in may_write.items():
         effect.may_writes += [(expr, f"{label} -> {why}" if not why.startswith(label) else why) for expr in bound.get(name, [])]
     for name in summary.returns:
         effect.returns += bound.get(name, [])
@@ -569,3 +816,6 @@ def _union(effects: list[CallEffect]) -> CallEffect:
         out.rng |= e.rng
         out.stream |= e.stream
     return out
+
+
+bind_args = _bind_args  # for analyses that rebase a callee's effects onto a call site (analyze/effects.py)

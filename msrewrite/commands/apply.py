@@ -49,15 +49,29 @@ def _relpath(file: Path) -> str:
     return resolved.name
 
 
-def _parse_flag(flag: str, flag_default: str, max_tokens: int | None, case_flag: str) -> FlagSpec:
+def _parse_flag(flag: str, flag_default: str, max_tokens: int | None, case_flag: str, gate: str | None = None) -> FlagSpec:
+    """`case_flag`: the switch when --flag is not given (`KIND:NAME`, or a bare NAME for env)."""
     if flag_default not in ("on", "off"):
         raise BadInput(f"--flag-default must be on or off, got {flag_default!r}")
     if max_tokens is not None and max_tokens < 1:
         raise BadInput(f"--max-tokens must be a positive token count, got {max_tokens}")
+    phase = None
+    if gate is not None:
+        kind, sep, count = gate.partition("<=")
+        if sep:  # tokens<=N is --max-tokens N
+            if kind.strip() != "tokens" or not count.strip().isdigit() or int(count) < 1:
+                raise BadInput(f"--gate must be capture, prefill, decode or tokens<=N (N >= 1), got {gate!r}")
+            if max_tokens is not None and max_tokens != int(count):
+                raise BadInput(f"--gate {gate} and --max-tokens {max_tokens} disagree; give one")
+            max_tokens = int(count)
+        else:
+            phase = gate
     try:
-        return FlagSpec.parse(flag or f"env:{case_flag}", default=flag_default == "on", max_tokens=max_tokens)
+        return FlagSpec.parse(flag or (case_flag if ":" in case_flag else f"env:{case_flag}"),
+                              default=flag_default == "on", max_tokens=max_tokens, gate=phase)
     except ValueError as exc:
-        raise BadInput(f"--flag: {exc}") from None
+        option = "--gate" if phase is not None and "gate" in str(exc) else "--flag"
+        raise BadInput(f"{option}: {exc}") from None
 
 
 def _checked(check, value, option: str):
@@ -89,6 +103,7 @@ def plans_for_case(
     text: str | None = None,
     protect: str = "",
     assume_pure: tuple[str, ...] = (),
+    allow_rng_reorder: bool = False,
 ) -> list[OverlapPlan]:
     case = get_known_case(case_name) if isinstance(case_name, str) else case_name
     if mode not in case.modes:
@@ -97,7 +112,7 @@ def plans_for_case(
         core_limits = cores.resolve("a3", None).as_tuple()
     options = Options(
         mode=mode, flag=flag, stream_tag=stream_tag, start_gates=start_gates, phase_anchors=phase_anchors,
-        core_limits=core_limits, protect=protect, assume_pure=assume_pure,
+        core_limits=core_limits, protect=protect, assume_pure=assume_pure, allow_rng_reorder=allow_rng_reorder,
     )
     targets = find_targets(case, file, module, options, text=text)
     if target:
@@ -139,14 +154,14 @@ def case_steps(
     file: Path, text: str, module, case_name: str, mode: str, target: str | None, flag: FlagSpec,
     stream_tag: str | None, start_gates: tuple[StartGate, ...] = (), phase_anchors: tuple[str, ...] = (),
     core_limits: tuple[int, int, int, int] | None = None, second_group: str | None = None,
-    protect: str = "", assume_pure: tuple[str, ...] = (),
+    protect: str = "", assume_pure: tuple[str, ...] = (), allow_rng_reorder: bool = False,
 ) -> list[EditStep]:
     """The edit a case makes, as steps: phased cases first inline and flatten the side branch (a
     refactor that changes no behaviour), then issue it in phases."""
     case = get_known_case(case_name)
     if case.analysis == "microbatch":
-        return _microbatch_steps(case, text, module, mode, target, flag, second_group)
-    effects = {"protect": protect, "assume_pure": assume_pure}
+        return _microbatch_steps(case, text, module, mode, target, flag, second_group, file, assume_pure)
+    effects = {"protect": protect, "assume_pure": assume_pure, "allow_rng_reorder": allow_rng_reorder}
     if case.branches:
         return _branch_steps(file, text, module, case, mode, target, flag, **effects)
     if not case.phased:
@@ -192,7 +207,7 @@ def _parse_own_edit(text: str, what: str):
 
 def _branch_steps(
     file: Path, text: str, module, case: Case, mode: str, target: str | None, flag: FlagSpec,
-    protect: str = "", assume_pure: tuple[str, ...] = (),
+    protect: str = "", assume_pure: tuple[str, ...] = (), allow_rng_reorder: bool = False,
 ) -> list[EditStep]:
     """Several side streams: each branch is planned on the code the previous one produced, so it
     sees (and may re-enter) the streams already added. One step, and one patch, per branch."""
@@ -202,7 +217,8 @@ def _branch_steps(
     reasons: list[str] = []
     applied = 0
     for spec in case.branches:
-        options = Options(mode=mode, flag=flag, protect=protect, assume_pure=assume_pure)
+        options = Options(mode=mode, flag=flag, protect=protect, assume_pure=assume_pure,
+                          allow_rng_reorder=allow_rng_reorder)
         targets = find_targets(case, file, module, options, branch=spec, text=text)
         if target:
             if not any(_match_target(name, target) for name, _f, _c in iter_functions(module)):
@@ -231,14 +247,16 @@ def _branch_steps(
 
 
 def _microbatch_steps(
-    case: Case, text: str, module, mode: str, target: str | None, flag: FlagSpec, second_group: str | None = None
+    case: Case, text: str, module, mode: str, target: str | None, flag: FlagSpec, second_group: str | None = None,
+    file: Path | None = None, assume_pure: tuple[str, ...] = (),
 ) -> list[EditStep]:
     """The forked micro-batch path: a model-level edit with no single-function plan."""
     from msrewrite.emit.microbatch import microbatch_edit
 
     if mode not in case.modes:
         raise BadInput(f"case {case.name} does not support mode {mode} (supports {', '.join(case.modes)})")
-    new, function = microbatch_edit(module, mode, flag, target, case.stream_tag, second_group=second_group)
+    new, function = microbatch_edit(module, mode, flag, target, case.stream_tag, second_group=second_group,
+                                    path=file, assume_pure=assume_pure)
     model = function.rsplit(".", 1)[0]
     body = (
         f"{model}.forward gets a forward_microbatch path: the batch runs as two micro-batches\n"
@@ -256,6 +274,8 @@ def trust_lines(plan: OverlapPlan) -> list[str]:
     lines = [f"trust boundary (callees not seen into): {seen}"]
     if plan.assume_pure:
         lines.append(f"vouched for with --assume-pure: {', '.join(plan.assume_pure)}")
+    if plan.rng_reorder:
+        lines.append(f"--allow-rng-reorder: {plan.rng_reorder}")
     if plan.protect_inputs:
         lines.append(
             f"--protect clone: the side stream reads a copy of {', '.join(plan.protect_inputs)} made at the fork "
@@ -271,9 +291,10 @@ def _recheck(module, plan: OverlapPlan, text: str, path: Path, protect: bool) ->
     from msrewrite.plancheck import check_plan
 
     try:
-        return check_plan(module, plan, text, path, protect=protect or None)
+        checked = check_plan(module, plan, text, path, protect=protect or None)
     except NoBranch as exc:
         raise NothingToDo(f"refused plan for {plan.function}: {exc}") from None
+    return checked.with_changes(markers=plan.markers)  # ranges are the file's choice, not the analysis'
 
 
 def _plan_step(plan: OverlapPlan, old: str, new: str) -> EditStep:
@@ -361,6 +382,36 @@ def _write_stdout(text: str, src=None) -> None:
     buffer.flush()
 
 
+def _with_markers(steps: list[EditStep], original: str) -> list[EditStep]:
+    """Each step's edit with profiler ranges around the windows of its plans and the earlier ones."""
+    from msrewrite.emit import markers
+
+    marked, before, so_far = [], original, []
+    for step in steps:
+        so_far += [p for p in step.plans if p.markers and p not in so_far]
+        new = markers.add(step.new, so_far) if so_far else step.new
+        marked.append(dataclasses.replace(step, old=before, new=new))
+        before = new
+    return marked
+
+
+def _remove_markers(file: Path, in_place: bool) -> int:
+    """apply --no-markers: the edit without its profiler ranges, exactly as apply wrote it without them."""
+    from msrewrite.emit import markers
+
+    src = load(file)
+    new_text = markers.remove(src.text)
+    if new_text == src.text:
+        raise NothingToDo(f"{file}: no msrewrite profiler ranges to remove")
+    _compile_check(file, src, new_text)
+    if in_place:
+        write_in_place(file, src.on_disk(new_text).encode("utf-8"), src.digest)
+        _note(f"rewrote {file}")
+    else:
+        _write_stdout(unified_diff(src.on_disk(src.text), src.on_disk(new_text), _relpath(file)))
+    return EXIT_OK
+
+
 def run_apply(
     *,
     file: Path,
@@ -372,6 +423,7 @@ def run_apply(
     flag: str,
     flag_default: str,
     max_tokens: int | None,
+    gate: str | None = None,
     stream_tag: str | None,
     in_place: bool,
     start_after: str | None = None,
@@ -381,12 +433,19 @@ def run_apply(
     second_comm_group: str | None = None,
     protect: str = "",
     assume_pure: tuple[str, ...] = (),
+    allow_rng_reorder: bool = False,
     output: Path | None,
     verify: bool,
     harness: str | None,
     force: bool = False,
     quiet: bool = False,
+    markers: bool = False,
+    no_markers: bool = False,
 ) -> int:
+    if no_markers:
+        if case is not None or plan_path is not None or markers or verify or output is not None:
+            raise BadInput("--no-markers takes only the edited file (and -i): it removes the profiler ranges")
+        return _remove_markers(file, in_place)
     if (case is None) == (plan_path is None):
         raise BadInput("give exactly one of --case or --plan")
     if in_place and output is not None:
@@ -420,12 +479,18 @@ def run_apply(
         chosen_mode, why = resolve_mode(mode, src.text)
     except ValueError as exc:
         raise BadInput(str(exc)) from None
+    if markers and case is not None:
+        from msrewrite.emit.markers import MARKER_MODES
+
+        if chosen_mode not in MARKER_MODES:
+            raise BadInput(f"--markers: {chosen_mode} mode is not supported (eager and cuda only: a range opened "
+                           "while a graph is captured is not replayed with it)")
 
     if case is not None:
         from msrewrite.codemods import get_case
 
         known = get_case(case)
-        spec = _parse_flag(flag, flag_default, max_tokens, known.flag_name if known else "ENABLE_SIDE_STREAM")
+        spec = _parse_flag(flag, flag_default, max_tokens, known.flag_name if known else "ENABLE_SIDE_STREAM", gate)
         _note(f"mode {chosen_mode} ({'auto: ' if mode == 'auto' else ''}{why})")
         gates: tuple[StartGate, ...] = ()
         if start_after:
@@ -441,8 +506,11 @@ def run_apply(
             raise BadInput(f"--cores and --core-limit are for core-limit cases; {case} does not split cores")
         if second_comm_group and not (known and known.analysis == "microbatch"):
             raise BadInput(f"--second-comm-group is for prefill-microbatch; {case} has no micro-batches")
+        if allow_rng_reorder and not (known and known.analysis == "calls" and known.sync != "async-comm"):
+            raise BadInput(f"--allow-rng-reorder is for cases that move calls onto a side stream; {case} moves none")
         steps = case_steps(file, src.text, src.module, case, chosen_mode, target, spec, stream_tag, gates,
-                           tuple(anchors), budget, second_comm_group, protect=protect, assume_pure=assume_pure)
+                           tuple(anchors), budget, second_comm_group, protect=protect, assume_pure=assume_pure,
+                           allow_rng_reorder=allow_rng_reorder)
         plans = [plan for step in steps for plan in step.plans]
     else:
         try:
@@ -471,12 +539,15 @@ def run_apply(
         overrides: dict = {}
         if mode != "auto":
             overrides["mode"] = chosen_mode
-        if flag or flag_default != "on" or max_tokens is not None:
-            overrides["flag"] = _parse_flag(flag, flag_default, max_tokens, plans[0].flag.name)
+        if flag or flag_default != "on" or max_tokens is not None or gate is not None:
+            base = plans[0].flag
+            overrides["flag"] = _parse_flag(flag, flag_default, max_tokens, f"{base.kind}:{base.name}", gate)
         if stream_tag:
             overrides["stream_tag"] = stream_tag
         if assume_pure:
             overrides["assume_pure"] = assume_pure
+        if allow_rng_reorder:
+            overrides["allow_rng_reorder"] = True
         try:
             plans = [p.with_changes(**overrides) for p in plans]
         except ValueError as exc:
@@ -486,6 +557,10 @@ def run_apply(
         # exactly the inputs the analysis finds written, as with --case
         plans = [_recheck(src.module, plan, src.text, file, protect == "clone") for plan in plans]
 
+    if markers:  # through the plans, as a plan file's "markers": true
+        plans = [p.with_changes(markers=True) for p in plans]
+        for step in steps if plan_path is None else ():
+            step.plans = [p.with_changes(markers=True) for p in step.plans]
     if plan_path is not None:
         steps = []
         before = src.text
@@ -493,6 +568,8 @@ def run_apply(
             after = apply_plans(src.module, plans[:k], src.text).code
             steps.append(_plan_step(plans[k - 1], before, after))
             before = after
+    if plan_path is None and any(p.markers for p in plans):  # plan files are marked by apply_plans itself
+        steps = _with_markers(steps, src.text)
     new_text = steps[-1].new
     _compile_check(file, src, new_text)
     if new_text == src.text:

@@ -50,6 +50,7 @@ def run_suggest(
     jobs: int = 1,
     quiet: bool = False,
     timeout: float = 300.0,
+    profile_json: Path | None = None,
 ) -> int:
     from msrewrite.suggest.profiles import profile
 
@@ -79,6 +80,7 @@ def run_suggest(
         except OSError as exc:
             raise BadInput(f"--report {report}: cannot create the folder ({exc.strerror or exc})") from None
     shape = parse_shape(input_shape)
+    measured = _read_profile(profile_json, report) if profile_json is not None else None
 
     first, extra = Path(files[0]), [Path(f) for f in files[1:]]
     if harness is None and not static and input_shape is None and re.search(r"^def make\(", read_source(first), re.M):
@@ -89,7 +91,7 @@ def run_suggest(
 
         def traced(_child_progress):  # user prints go to stderr there; our output comes back as text
             return _analyze_and_print(first, extra, device, device_profile, phase, False, harness, target, shape, jobs,
-                                      json_out, report, progress, quiet)
+                                      json_out, report, progress, quiet, measured)
 
         try:
             code, text = run_in_child(traced, timeout=timeout)
@@ -97,13 +99,26 @@ def run_suggest(
             raise BadInput(f"{first}: user code {exc}") from None
     else:
         code, text = _analyze_and_print(first, extra, device, device_profile, phase, True, harness, target, shape, jobs,
-                                        json_out, report, progress, quiet)
+                                        json_out, report, progress, quiet, measured)
     sys.stdout.write(text)
     return code
 
 
+def _read_profile(path: Path, report: Path | None) -> dict:
+    """`msrewrite profile --json` output, for the report's profile acceptance section."""
+    if report is None:
+        raise BadInput("--profile fills the report's profile acceptance section: give --report DIR too")
+    try:
+        data = json.loads(read_source(path, python=False))
+    except ValueError as exc:
+        raise BadInput(f"--profile {path}: not JSON ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("regions"), list):
+        raise BadInput(f"--profile {path}: not `msrewrite profile --json` output (no regions list)")
+    return data
+
+
 def _analyze_and_print(first, extra, device, device_profile, phase, static, harness, target, shape, jobs, json_out, report,
-                       progress, quiet) -> tuple[int, str]:
+                       progress, quiet, measured=None) -> tuple[int, str]:
     """(exit code, what goes to stdout) of the analysis; stdout is gathered as text so that a traced
     run can hand it back from its child process."""
     import contextlib
@@ -141,6 +156,8 @@ def _analyze_and_print(first, extra, device, device_profile, phase, static, harn
             _print_table(analyses)
     if report is not None:
         for analysis in analyses:
+            if measured is not None and analysis is analyses[0]:  # the profiled model is the first file
+                analysis.profile = measured
             path = write_report(analysis, Path(report))
             print(f"report: {path}", file=sys.stderr)
     return (EXIT_OK if candidates else EXIT_NOTHING_TO_DO), out.getvalue()

@@ -29,10 +29,10 @@ from typing import Callable
 
 import libcst as cst
 
-from msrewrite.analyze.defuse import function_names
-from msrewrite.analyze.guards import conjoin, negate
-from msrewrite.analyze.guards import source as guard_source
+from msrewrite.analyze.defuse import dotted_name, function_names
+from msrewrite.analyze.guards import conjoin, guard_path, path_condition, rebuild_path
 from msrewrite.analyze.positions import positions_for
+from msrewrite.emit import frameworks
 from msrewrite.emit import helpers as helper_text
 from msrewrite.emit.strategies import STRATEGIES, Context, Emission, Names, async_comm
 from msrewrite.emit.torchair_config import record_torchair_config
@@ -270,25 +270,24 @@ def _splice(stmts: list[cst.BaseStatement], mapping) -> list[cst.BaseStatement]:
 # Guarded side branches ------------------------------------------------------------------------------
 @dataclass
 class _GuardedIf:
-    """The top-level `if` (statement `index`) whose block holds a guarded plan's side statements."""
+    """The top-level `if` (statement `index`) whose block, reached through `path` (nested `if`s,
+    `elif`s), holds a guarded plan's side statements."""
 
     index: int
     node: cst.If
-    in_orelse: bool
+    path: list
+    block_suite: cst.IndentedBlock
 
     @property
     def block(self) -> list[cst.BaseStatement]:
-        return list((self.node.orelse if self.in_orelse else self.node).body.body)  # type: ignore[union-attr]
+        return list(self.block_suite.body)
 
     @property
     def inside(self) -> range:
         return range(self.index, self.index + len(self.block))
 
     def rebuild(self, statements: list[cst.BaseStatement]) -> cst.If:
-        if self.in_orelse:
-            orelse = self.node.orelse
-            return self.node.with_changes(orelse=orelse.with_changes(body=orelse.body.with_changes(body=statements)))  # type: ignore[union-attr]
-        return self.node.with_changes(body=self.node.body.with_changes(body=statements))
+        return rebuild_path(self.path, statements)
 
 
 def _guarded_if(body, spans, positions, plan: OverlapPlan) -> _GuardedIf:
@@ -297,16 +296,13 @@ def _guarded_if(body, spans, positions, plan: OverlapPlan) -> _GuardedIf:
     if not isinstance(node, cst.If) or not isinstance(node.body, cst.IndentedBlock):
         raise BadInput(f"stale plan for {plan.function}: line {plan.guard_line} is not an `if` with a block")
     first = min(s.first_line for s in plan.side)
-    orelse = node.orelse
-    in_orelse = (
-        isinstance(orelse, cst.Else)
-        and isinstance(orelse.body, cst.IndentedBlock)
-        and positions[orelse].start.line <= first <= positions[orelse].end.line
-    )
-    expected = negate(node.test) if in_orelse else guard_source(node.test)
+    found = guard_path(node, lambda part: part in positions and positions[part].start.line <= first <= positions[part].end.line)
+    if isinstance(found, str) or not isinstance(found[1], cst.IndentedBlock):
+        raise BadInput(f"stale plan for {plan.function}: no block of the `if` at line {plan.guard_line} holds line {first}")
+    expected = path_condition(found[0])
     if plan.guard != expected:  # the guard is emitted as code: it must be the `if`'s own condition
         raise BadInput(f"stale plan for {plan.function}: the `if` at line {plan.guard_line} tests {expected!r}, not {plan.guard!r}")
-    return _GuardedIf(index, node, in_orelse)
+    return _GuardedIf(index, node, found[0], found[1])
 
 
 # The transform ----------------------------------------------------------------------------------
@@ -325,6 +321,10 @@ class PlannedEdit:
     # between the fork block and the join block.
     side_nodes: tuple[cst.BaseStatement, ...] = ()
     window: tuple[int, int] | None = None
+    # A guarded plan: `window` counts in the body with the guarded `if`'s block spliced in place
+    # of the `if`; this is [start, end) of that block there, and the turns (each step's `else:`)
+    # that reach it through nested `if`s and `elif`s.
+    guarded_block: tuple[int, int, tuple[bool, ...]] | None = None
 
 
 def _body_positions(func: cst.FunctionDef, positions) -> list[tuple[int, int]]:
@@ -365,6 +365,62 @@ def _init_info(cls: cst.ClassDef | None, flag_names: tuple[str, ...]):
     return None, None, False
 
 
+def _model_stream(cls: cst.ClassDef | None, init: cst.FunctionDef | None, plan: OverlapPlan) -> str:
+    """`alt_stream` when the class already holds a side stream of the plan's API family in
+    `self.alt_stream`: made in `__init__` (`torch.cuda.Stream()`, also `... if c else None`) or
+    handed in as a constructor argument (`alt_stream=None`, SGLang's layers), and never
+    reassigned elsewhere in the class. The edit then runs on that stream instead of a second one.
+    Only the plain wait_stream modes (eager, cuda) with a lazily made stream reuse it."""
+    if (cls is None or init is None or plan.mode not in ("eager", "cuda") or plan.stream_source != "lazy"
+            or plan.sync != "wait_stream" or plan.core_limits or not isinstance(cls.body, cst.IndentedBlock)):
+        return ""
+    api = "torch.cuda" if plan.mode == "cuda" else "torch.npu"
+    params = {p.name.value: p for p in (*init.params.params, *init.params.kwonly_params)}
+
+    def is_stream(value: cst.BaseExpression) -> bool:
+        if isinstance(value, cst.IfExp):
+            return all(is_stream(v) or (isinstance(v, cst.Name) and v.value == "None") for v in (value.body, value.orelse)) \
+                and not all(isinstance(v, cst.Name) for v in (value.body, value.orelse))
+        if isinstance(value, cst.Call):
+            return dotted_name(value.func) == f"{api}.Stream"
+        if isinstance(value, cst.Name) and value.value in params and "stream" in value.value:
+            note = params[value.value].annotation
+            other = "torch.npu" if api == "torch.cuda" else "torch.cuda"
+            return note is None or other not in code_of(note.annotation)
+        return False
+
+    assigned: dict[str, list[cst.BaseExpression]] = {}
+    for stmt in init.body.body:  # type: ignore[union-attr]
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, (cst.Assign, cst.AnnAssign)) and small.value is not None:
+                    targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
+                    for target in targets:
+                        name = dotted_name(target) or ""
+                        if name.startswith("self.") and name.count(".") == 1:
+                            assigned.setdefault(name[5:], []).append(small.value)
+    elsewhere = set().union(*(_assigned_self_attrs(m) for m in cls.body.body
+                              if isinstance(m, cst.FunctionDef) and m is not init))
+    for attr, values in assigned.items():
+        if "stream" in attr and attr not in elsewhere and all(is_stream(v) for v in values) \
+                and not _assigned_nested(init, attr, len(values)):
+            return attr
+    return ""
+
+
+def _assigned_nested(func: cst.FunctionDef, attr: str, top_level: int) -> bool:
+    """`self.<attr>` is assigned more often than the `top_level` plain statements seen (in an `if`, a loop)."""
+    count = 0
+
+    class _Count(cst.CSTVisitor):
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            nonlocal count
+            count += dotted_name(node.target) == f"self.{attr}"
+
+    func.body.visit(_Count())
+    return count != top_level
+
+
 def _assigned_self_attrs(func: cst.FunctionDef) -> set[str]:
     names: set[str] = set()
 
@@ -386,6 +442,12 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         raise NothingToDo(f"{plan.function} already runs its side branch on a side stream")
     if not isinstance(func.body, cst.IndentedBlock):
         raise BadInput(f"{plan.function}: a one-line function body cannot be split")
+    compiled = frameworks.fullgraph_region(module, plan.function)
+    if compiled is not None:
+        raise BadInput(
+            f"{plan.function} runs inside a torch.compile fullgraph region ({compiled}): stream code there "
+            "would be traced into the graph; vLLM keeps its own stream code inside a custom op"
+        )
     body = list(func.body.body)
     spans = _body_positions(func, positions)
     guarded = _guarded_if(body, spans, positions, plan) if plan.guard else None
@@ -426,7 +488,14 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
             whole.append(i)
             phase_of[i] = side.phase
 
-    switch = flag_attribute(plan.flag.name) if plan.flag.kind == "env" else plan.flag.name
+    switch = flag_attribute(plan.flag.name) if plan.flag.kind in ("env", "sglang") else plan.flag.name
+    roots = frameworks.imported_roots(module)
+    framework_imports = frameworks.flag_imports(plan.flag, roots)
+    phase_gate = None
+    if plan.flag.gate is not None:
+        phase_gate, needed = frameworks.phase_predicate(plan.flag.gate, func, roots, plan.function)
+        framework_imports += [i for i in needed if i not in framework_imports]
+    frameworks.check_own_bindings(module, framework_imports)
     init, config_param, init_sets_flag = _init_info(cls, (switch,))
     taken = function_names(func)
     # attributes the edit adds to the class (npugraph-ex streams/events, handed-down streams)
@@ -474,6 +543,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
             renames[gate.tensor] = side_name
         gates.append((side_name, gate.tensor, gate.anchor))
 
+    model_stream = _model_stream(cls, init, plan)  # an attribute name read from the class's __init__
     ctx = Context(
         case=plan.case,
         tag=plan.stream_tag,
@@ -496,6 +566,9 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         sync=plan.sync,
         phased=bool(plan.phase_anchors),
         core_limits=plan.core_limits,
+        phase_gate=phase_gate,
+        framework_imports=framework_imports,
+        model_stream=model_stream,
     )
     em = async_comm(ctx) if plan.sync == "async-comm" else STRATEGIES[plan.mode](ctx)
     if guarded is not None:
@@ -573,6 +646,8 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
     opening = (
         f"msrewrite({label}): {what} start as soon as their tensors exist, overlapping {_main}."
         if em.async_comm
+        else f"msrewrite({label}): {what} runs on the model's own side stream self.{ctx.model_stream} during {_main}."
+        if ctx.model_stream
         else f"msrewrite({label}): {what} runs on side stream {literal(plan.stream_tag)} during {_main}."
     )
     notes = [_comment(opening)]
@@ -652,14 +727,16 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
             continue
         new_body.append(stmt)
         new_body += phase_blocks.get(i, [])
-    if guarded is not None:
-        end = len(new_body) if block_end is None else block_end
-        new_body[block_start:end] = [guarded.rebuild(new_body[block_start:end])]
+    block_end = len(new_body) if block_end is None else block_end
     if join == len(body):
         if window_start is not None and em.main_limit:
             new_body[window_start:] = _wrap(em.main_limit, new_body[window_start:], plan, label)
         window_end = len(new_body)
         new_body += join_block
+    guarded_block = None
+    if guarded is not None:  # the block goes back into its `if` (window and side nodes count without it)
+        new_body[block_start:block_end] = [guarded.rebuild(new_body[block_start:block_end])]
+        guarded_block = (block_start, block_end, tuple(in_orelse for _node, in_orelse in guarded.path))
     new_func = func.with_changes(body=func.body.with_changes(body=new_body))
 
     new_init = None
@@ -671,7 +748,9 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         if plan.stream_source == "constructor":
             new_init = _add_keyword_param(new_init, names.stream_attr)
     window = (window_start, window_end) if window_start is not None and window_end is not None else None
-    return PlannedEdit(plan, func, new_func, init, new_init, em, cls, names.stream_attr, tuple(side_nodes), window)
+    return PlannedEdit(
+        plan, func, new_func, init, new_init, em, cls, names.stream_attr, tuple(side_nodes), window, guarded_block
+    )
 
 
 def _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what, guarded=None) -> dict[int, list[cst.BaseStatement]]:
@@ -816,6 +895,10 @@ def _creator_flag(plan: OverlapPlan, em: Emission) -> str:
     default = "True" if plan.flag.default else "False"
     if plan.flag.kind == "env":
         return f"_ms_env_flag({literal(plan.flag.name)}, {default})"
+    if plan.flag.kind == "sglang":
+        return f"get_bool_env_var({literal(plan.flag.name)}, {literal(default.lower())})"
+    if plan.flag.kind == "vllm-ascend":
+        return f"getattr(get_ascend_config(), {literal(plan.flag.name)}, {default})"
     return f"getattr(config, {literal(plan.flag.name)}, {default})"
 
 
@@ -930,11 +1013,23 @@ def _imports_module(module: cst.Module, name: str) -> bool:
     return False
 
 
+def _from_import_of(stmt: cst.BaseStatement, module: str) -> bool:
+    """A one-line `from <module> import a, b` (no parentheses, no star) that a name can join."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
+        return False
+    imp = stmt.body[0]
+    return (isinstance(imp, cst.ImportFrom) and not imp.relative and imp.module is not None
+            and code_of(imp.module) == module and not isinstance(imp.names, cst.ImportStar)
+            and imp.lpar is None and stmt.trailing_whitespace.comment is None)
+
+
 def add_helpers(module: cst.Module, emissions: list[Emission], mode: str) -> cst.Module:
     keys: list[str] = []
     imports: list[str] = []
     stdlib: list[str] = []
+    from_imports: list[tuple[str, str]] = []
     for em in emissions:
+        from_imports += [i for i in em.from_imports if i not in from_imports]
         keys += [k for k in em.helpers if k not in keys]
         imports += [i for i in em.imports if i not in imports]
         stdlib += [name for name in (["os"] if em.needs_os else []) + em.stdlib if name not in stdlib]
@@ -1001,6 +1096,20 @@ def add_helpers(module: cst.Module, emissions: list[Emission], mode: str) -> cst
                 lead = [cst.EmptyLine()] * (2 - blank) + lead
                 body[at] = following.with_changes(leading_lines=lead)
         body[at:at] = block
+    # the framework's own names, imported as its model files do, after the file's last import
+    new_from = [(mod, name) for mod, name in from_imports if name not in bound]
+    for mod, name in new_from:
+        same = next((i for i, s in enumerate(body) if _from_import_of(s, mod)), None)
+        if same is not None:  # `from M import a` becomes `from M import a, name`
+            line = body[same]
+            imp = line.body[0]
+            comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+            names = [*imp.names[:-1], imp.names[-1].with_changes(comma=comma), cst.ImportAlias(cst.Name(name))]
+            body[same] = line.with_changes(body=[imp.with_changes(names=names)])
+            continue
+        plain = [i for i, s in enumerate(body) if isinstance(s, cst.SimpleStatementLine) and _is_import(s)]
+        at = plain[-1] + 1 if plain else 0
+        body.insert(at, cst.parse_statement(f"from {mod} import {name}\n"))
     for name in sorted(stdlib, reverse=True):  # each lands first: the final order is sorted
         if name in bound or _imports_module(module, name):
             continue
@@ -1050,4 +1159,9 @@ def apply_plans(
     for edit in edits:
         if edit.plan.stream_source == "constructor" and edit.cls is not None and edit.new_init is not None:
             new = plumb_constructor_stream(new, edit.cls.name.value, edit.stream_param, edit.plan, edit.emission)
-    return add_helpers(new, [e.emission for e in edits], plans[0].mode)
+    new = add_helpers(new, [e.emission for e in edits], plans[0].mode)
+    if any(p.markers for p in plans):  # apply --markers: profiler ranges, added by a pass of their own
+        from msrewrite.emit import markers
+
+        new = cst.parse_module(markers.add(new.code, [p for p in plans if p.markers]))
+    return new

@@ -84,7 +84,8 @@ def _ms_microbatch(enabled, hidden_states):
 ''',
     "_ms_stream_events:npu": '''\
 def _ms_stream_events(stream):
-    """The (fork, join) event pair of one module: created once so graph capture and replay reuse them."""
+    """The (fork, join) event pair of one module, made once and reused by every eager call (a compiled
+    npugraph_ex graph replaces each event with a tagged event of its own)."""
     if stream is None:
         return None
     return torch.npu.Event(), torch.npu.Event()
@@ -99,6 +100,20 @@ def _ms_module_events(module, tag, stream):
     if events is None:
         events = module.__dict__[key] = (torch.npu.Event(), torch.npu.Event())
     return events
+''',
+    "_ms_capture_safe": '''\
+def _ms_capture_safe(stream):
+    """`stream`, or None (the original single-stream path) inside a compiled graph whose
+    record_stream would not reach it.
+
+    torch_npu 2.10 traces Tensor.record_stream as torch.npu.fake_record_stream, which npugraph_ex
+    lowers to record_tagged_stream_(t, <FX node name>): a stream made for that name, not this one,
+    so buffers used across the streams would lose their protection. torch_npu 2.14 lowers it by
+    stream id (record_tagged_on_stream_) and keeps the side stream; so does eager code, everywhere.
+    """
+    if stream is not None and torch.compiler.is_compiling() and hasattr(torch.npu, "fake_record_stream"):
+        return None
+    return stream
 ''',
     "_ms_core_limit:eager": '''\
 @contextlib.contextmanager

@@ -60,14 +60,16 @@ class Stage:
     statements: list[cst.BaseStatement]
 
 
-def stages_of(func: cst.FunctionDef) -> list[Stage]:
-    """The layer's statements grouped into alternating compute and comm stages."""
+def stages_of(func: cst.FunctionDef, deep: "DeepCollectives | None" = None) -> list[Stage]:
+    """The layer's statements grouped into alternating compute and comm stages. With `deep` (the
+    file's summaries), a statement whose call holds a collective one module deeper (`self.moe(x)`)
+    is a comm stage as a whole."""
     body = list(func.body.body)  # type: ignore[union-attr]
     if not body or not all(isinstance(s, cst.SimpleStatementLine) for s in body):
         raise NothingToDo(f"{func.name.value}: micro-batching needs a straight-line layer forward")
     stages: list[Stage] = []
     for stmt in body:
-        comm = _has_collective(stmt)
+        comm = _has_collective(stmt) or (deep is not None and deep.statement_communicates(stmt))
         if stages and stages[-1].comm == comm:
             stages[-1].statements.append(stmt)
         else:
@@ -75,6 +77,94 @@ def stages_of(func: cst.FunctionDef) -> list[Stage]:
     if not any(s.comm for s in stages):
         raise NothingToDo(f"{func.name.value}: no collective to overlap")
     return stages
+
+
+class DeepCollectives:
+    """Collectives inside the layer's callees, seen through the file's summaries (analyze/summaries.py).
+
+    A call whose summary holds a collective (`self.moe(x)` whose forward calls `dist.all_reduce`)
+    makes its statement a comm stage, whole: the submodule's compute then runs on the comm stream
+    too, but every collective of both micro-batches is still issued on one stream, in one order on
+    every rank. Splitting the submodule's forward instead would need its collectives in straight
+    line and an inliner; a collective under control flow there (an `if`, a loop) could be issued a
+    different number of times per micro-batch, so it is refused. A compute statement calling
+    something msrewrite cannot see into is refused too: a collective hidden there would be issued
+    on the compute stream, out of order with the comm stream's.
+    """
+
+    def __init__(self, summaries, layer_cls: str, func: cst.FunctionDef) -> None:
+        self.summaries, self.cls, self.func = summaries, layer_cls, func
+        self.scope = summaries.scope_for(layer_cls, func.name.value)
+        self.deep_calls: list[str] = []  # the calls that became comm stages, for messages
+
+    def statement_communicates(self, stmt: cst.BaseStatement) -> bool:
+        facts = node_facts(stmt, self.scope)
+        if not facts.collective:
+            if facts.unknown_callees:
+                raise NothingToDo(
+                    f"{self.cls}.{self.func.name.value}: `{code_of(strip_leading(stmt)).strip()}` calls "
+                    f"{sorted(facts.unknown_callees)[0]}: a collective in it would run on the compute stream, "
+                    "out of order with the comm stream"
+                )
+            return False
+        for call in _calls(stmt):
+            if self.scope.effect_of(call).collective:
+                where = self._nested_collective(self.summaries, self.cls, call, depth=0)
+                if where:
+                    raise NothingToDo(f"{self.cls}.{self.func.name.value}: {where}")
+                self.deep_calls.append(code_of(call.func).strip())
+        return True
+
+    def _callee(self, summaries, cls: str, call: cst.Call):
+        """(summaries, class, def) a `self.x(...)` call runs: a method, or a submodule's forward."""
+        path = dotted_name(call.func) or ""
+        if not path.startswith("self.") or path.count(".") != 1:
+            return None
+        name = path[len("self."):]
+        found = summaries.method_of(cls, name)
+        if found is not None:
+            return summaries, found[0], found[1]
+        owner = summaries.attribute_class(cls, name)
+        forward = owner[0].method_of(owner[1], "forward") if owner is not None else None
+        return (owner[0], forward[0], forward[1]) if forward is not None else None
+
+    def _nested_collective(self, summaries, cls: str, call: cst.Call, depth: int) -> str:
+        """Why the collective behind `call` cannot be a stage boundary, or ''."""
+        found = self._callee(summaries, cls, call)
+        if found is None or depth > 4:
+            return ""  # a collective the table knows by name (dist.*), or a module followed no further
+        owner, owner_cls, method = found
+        scope = owner.scope_for(owner_cls, method.name.value)
+        label = f"{owner_cls}.{method.name.value}"
+        for stmt in method.body.body:  # type: ignore[union-attr]
+            facts = node_facts(stmt, scope)
+            if not facts.collective:
+                continue
+            if not isinstance(stmt, cst.SimpleStatementLine):
+                kind = _CONTROL_FLOW.get(type(stmt).__name__, f"a `{type(stmt).__name__.lower()}`")
+                return (f"the collective in {label} sits inside {kind}: the micro-batches could issue it a "
+                        "different number of times, so the comm order cannot be kept")
+            for inner in _calls(stmt):
+                if scope.effect_of(inner).collective:
+                    why = self._nested_collective(owner, owner_cls, inner, depth + 1)
+                    if why:
+                        return why
+        return ""
+
+
+_CONTROL_FLOW = {"If": "an `if`", "For": "a `for` loop", "While": "a `while` loop", "With": "a `with` block",
+                 "Try": "a `try`"}
+
+
+def _calls(node: cst.CSTNode) -> list[cst.Call]:
+    found: list[cst.Call] = []
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            found.append(call)
+
+    node.visit(_Calls())
+    return found
 
 
 class _Suffix(cst.CSTTransformer):
@@ -111,7 +201,8 @@ class _Group(cst.CSTTransformer):
 
 
 def layer_microbatch_method(
-    func: cst.FunctionDef, api: str, stream_tag: str, second_group: str | None = None
+    func: cst.FunctionDef, api: str, stream_tag: str, second_group: str | None = None,
+    deep: DeepCollectives | None = None,
 ) -> cst.FunctionDef:
     """`forward_microbatch(self, x_mb0, x_mb1)` for a layer whose forward is `forward(self, x)`.
 
@@ -121,7 +212,12 @@ def layer_microbatch_method(
     if len(params) != 2 or func.params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) or func.params.kwonly_params:
         raise NothingToDo(f"{func.name.value}: micro-batching needs a layer forward(self, hidden_states)")
     x = params[1]
-    stages = stages_of(func)
+    stages = stages_of(func, deep)
+    if second_group and deep is not None and deep.deep_calls:
+        raise NothingToDo(
+            f"{func.name.value}: --second-comm-group moves micro-batch 1's collectives to self.{second_group}, "
+            f"but those inside {deep.deep_calls[0]}() take their group from the submodule"
+        )
     body = list(func.body.body)  # type: ignore[union-attr]
     ret = body[-1].body[0] if isinstance(body[-1].body[0], cst.Return) else None  # type: ignore[union-attr]
     if ret is None or ret.value is None:
@@ -333,7 +429,7 @@ def _existing_attribute(cls: cst.ClassDef, name: str, what: str) -> str:
 
 def microbatch_edit(
     module: cst.Module, mode: str, flag, target: str | None, stream_tag: str, dim: int = 0,
-    second_group: str | None = None,
+    second_group: str | None = None, path=None, assume_pure: tuple[str, ...] = (),
 ):
     """(new module, model function name): the forked micro-batch path for the first layer loop."""
     from msrewrite.emit.engine import Emission, add_helpers, flag_attribute
@@ -360,10 +456,17 @@ def microbatch_edit(
     if layer_forward is None:
         raise NothingToDo(f"{model_name}: cannot tell which class fills self.{loop.attr}")
     stream_tag = validate.stream_tag(stream_tag)
+    if flag.kind in ("sglang", "vllm-ascend") or flag.gate is not None:
+        from msrewrite.errors import BadInput
+
+        raise BadInput("prefill-microbatch supports --flag env:NAME only, and no --gate")
     if second_group is not None:
         second_group = _existing_attribute(classes[layer_name], second_group, "--second-comm-group")
     api = "torch.cuda" if mode == "cuda" else "torch.npu"
-    layer_method = layer_microbatch_method(layer_forward, api, stream_tag, second_group)
+    from msrewrite.analyze.summaries import ModuleSummaries
+
+    deep = DeepCollectives(ModuleSummaries(module, assume_pure, path=path), layer_name, layer_forward)
+    layer_method = layer_microbatch_method(layer_forward, api, stream_tag, second_group, deep)
 
     switch = flag_attribute(flag.name)
     default = "True" if flag.default else "False"

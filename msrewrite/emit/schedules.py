@@ -27,6 +27,7 @@ from pathlib import Path
 import libcst as cst
 
 from msrewrite.analyze.defuse import function_names, node_facts
+from msrewrite.analyze.guards import block_of, follow_turns, rebuild_path
 from msrewrite.emit.engine import (
     PlannedEdit, _comment, _if_block, _parse_block, _unique, apply_plans, code_of, strip_leading,
 )
@@ -55,16 +56,38 @@ def unsupported(plan: OverlapPlan) -> str | None:
         return "phased side work (its phases are already ordered after main-stream anchors)"
     if plan.sync == "async-comm":
         return "asynchronous send/recv (no side stream)"
-    if plan.guard:  # the join sits inside the guarded `if`: deferring there is not emitted yet
-        return "guarded side work (its join is inside the guarded if)"
     return None
+
+
+def _flat_body(edit: PlannedEdit) -> list[cst.BaseStatement]:
+    """The edited body as `edit.window` counts it: a guarded plan's `if` block spliced in place of the `if`."""
+    body = list(edit.new_func.body.body)  # type: ignore[union-attr]
+    if edit.guarded_block is None:
+        return body
+    start, _end, turns = edit.guarded_block
+    block = block_of(follow_turns(body[start], turns))  # type: ignore[arg-type]
+    return body[:start] + block + body[start + 1 :]
+
+
+def _unflat_body(edit: PlannedEdit, flat: list[cst.BaseStatement], inserted: int, at: int) -> list[cst.BaseStatement]:
+    """`flat` with the guarded block put back into its `if`; `inserted` statements were added at `at`."""
+    if edit.guarded_block is None:
+        return flat
+    start, end, turns = edit.guarded_block
+    if at < start:
+        start += inserted
+    if at < end:
+        end += inserted
+    node = edit.new_func.body.body[edit.guarded_block[0]]  # type: ignore[union-attr]
+    rebuilt = rebuild_path(follow_turns(node, turns), flat[start:end])  # type: ignore[arg-type]
+    return flat[:start] + [rebuilt] + flat[end:]
 
 
 def _side_with(edit: PlannedEdit) -> tuple[cst.If, int, cst.With]:
     """The fork `if` in the edited body, and the `with <side stream>:` that holds the side nodes."""
     if edit.window is None or not edit.side_nodes:
         raise NoSchedule(f"{edit.plan.function}: no side block at the fork")
-    body = list(edit.new_func.body.body)  # type: ignore[union-attr]
+    body = _flat_body(edit)
     fork_if = body[edit.window[0] - 1]
     side_ids = {id(n) for n in edit.side_nodes}
     if isinstance(fork_if, cst.If):
@@ -135,12 +158,18 @@ def reschedule(edit: PlannedEdit, schedule: str) -> cst.FunctionDef:
         with_body([*([] if early_part else head_part), *later_part, *tail]),
         *_parse_block(swap_out),
     ]
-    block = _if_block(edit.emission.on_cond, moved, None, [])
+    at = start + after
+    # A guarded plan's deferred work runs under its guard, as its fork did: inside the guarded
+    # `if` the condition already holds; before it, it is tested with the stream.
+    inside = edit.guarded_block is not None and edit.guarded_block[0] <= at < edit.guarded_block[1]
+    cond = code_of(fork_if.test) if edit.guarded_block is not None and not inside else edit.emission.on_cond
+    block = _if_block(cond, moved, None, [])
     note = f"msrewrite verify: {schedule} schedule, side work deferred to here"
     block = [block[0].with_changes(leading_lines=(_comment(note),)), *block[1:]]
-    body = list(edit.new_func.body.body)  # type: ignore[union-attr]
+    body = _flat_body(edit)
     body[start - 1] = new_fork_if
-    body[start + after : start + after] = block
+    body[at:at] = block
+    body = _unflat_body(edit, body, len(block), at)
     return edit.new_func.with_changes(body=edit.new_func.body.with_changes(body=body))
 
 
@@ -179,11 +208,24 @@ def _window_lines(edit: PlannedEdit, module: cst.Module, text: str) -> list[tupl
     positions = positions_for(module, edit.plan.function, edit.old_func, text)
     old = list(edit.old_func.body.body)  # type: ignore[union-attr]
     found = []
-    for stmt in edit.new_func.body.body[edit.window[0] : edit.window[1]]:  # type: ignore[union-attr]
-        same = next((s for s in old if s is stmt or s.deep_equals(stmt)), None)
+    for stmt in _flat_body(edit)[edit.window[0] : edit.window[1]]:
+        same = next((s for s in _old_flat(edit, old) if s is stmt or s.deep_equals(stmt)), None)
         line = positions[same].start.line if same is not None and same in positions else 0
         found.append((line, _first_line(stmt)))
     return found
+
+
+def _old_flat(edit: PlannedEdit, old: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    """The unedited body's statements, with those of a guarded `if`'s blocks (where its window may lie)."""
+    if edit.guarded_block is None:
+        return old
+    nested = [
+        stmt
+        for node in old if isinstance(node, cst.If)
+        for block in (node.body, getattr(node.orelse, "body", None)) if isinstance(block, cst.IndentedBlock)
+        for stmt in block.body
+    ]
+    return old + nested
 
 
 def window_size(source: ScheduleSource) -> int:

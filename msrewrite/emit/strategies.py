@@ -50,6 +50,11 @@ class Context:
     sync: str = "wait_stream"  # wait_stream | events
     phased: bool = False  # side phases re-enter the stream after main-stream anchors
     core_limits: tuple[int, int, int, int] | None = None  # side aicore, side vector, main aicore, main vector
+    # --gate capture|prefill|decode: the file's own predicate (emit/frameworks.py), read at the fork
+    phase_gate: str | None = None
+    # names the file's framework provides, imported from it: sglang's get_bool_env_var, ...
+    framework_imports: list[tuple[str, str]] = field(default_factory=list)
+    model_stream: str = ""  # self.<attr> already holding a side stream of this API family: reused
 
 
 @dataclass
@@ -71,6 +76,7 @@ class Emission:
     imports: list[str] = field(default_factory=list)  # guarded imports (helpers.GUARDED_IMPORTS keys)
     needs_os: bool = False
     stdlib: list[str] = field(default_factory=list)  # plain stdlib imports the helpers need
+    from_imports: list[tuple[str, str]] = field(default_factory=list)  # (module, name) from the framework
     # Core limits on the main branch: `with <main_limit>:` around the main work between fork and join.
     main_limit: str = ""
     async_comm: bool = False  # side statements are blocking send/recv made asynchronous, no stream
@@ -79,19 +85,38 @@ class Emission:
 def _flag(ctx: Context, em: Emission) -> str:
     """The expression that is true when the overlap is enabled, and the __init__ lines behind it."""
     default = "True" if ctx.flag_default else "False"
-    if ctx.flag_kind == "env":
-        em.helpers.append("_ms_env_flag")
-        em.needs_os = True
-        read = f"_ms_env_flag({literal(ctx.flag_name)}, {default})"
+    em.from_imports += [i for i in ctx.framework_imports if i not in em.from_imports]
+    if ctx.flag_kind in ("env", "sglang"):
+        if ctx.flag_kind == "env":
+            em.helpers.append("_ms_env_flag")
+            em.needs_os = True
+            read = f"_ms_env_flag({literal(ctx.flag_name)}, {default})"
+        else:  # SGLang's own reader takes the default as the text it would find in the environment
+            read = f"get_bool_env_var({literal(ctx.flag_name)}, {literal(default.lower())})"
         if not ctx.has_init:
             return read
         if ctx.init_sets_flag:  # another stream behind the same switch set it already
             return f"self.{ctx.names.flag_attr}"
         em.init_lines += [
-            f"# msrewrite({ctx.case}): {ctx.flag_name}=0 turns the side stream off.",
+            f"# msrewrite({ctx.case}): {ctx.flag_name}={'0' if ctx.flag_default else '1'} turns the side stream "
+            f"{'off' if ctx.flag_default else 'on'}.",
             f"self.{ctx.names.flag_attr} = {read}",
         ]
         return f"self.{ctx.names.flag_attr}"
+    if ctx.flag_kind == "vllm-ascend":
+        # A field of vllm-ascend's AscendConfig (its additional_config); getattr: a release without
+        # that field keeps the default.
+        read = f"getattr(get_ascend_config(), {literal(ctx.flag_name)}, {default})"
+        if not ctx.has_init:
+            return read
+        if not ctx.init_sets_flag:
+            switch = "false" if ctx.flag_default else "true"
+            em.init_lines += [
+                f"# msrewrite({ctx.case}): additional_config {{{literal(ctx.flag_name)}: {switch}}} turns the side "
+                f"stream {'off' if ctx.flag_default else 'on'}.",
+                f"self.{ctx.flag_name} = {read}",
+            ]
+        return f"self.{ctx.flag_name}"
     # attr flag
     if not ctx.has_init:
         return f"getattr(self, {literal(ctx.flag_name)}, {default})"
@@ -108,16 +133,18 @@ def _flag(ctx: Context, em: Emission) -> str:
     return f"self.{ctx.flag_name}"
 
 
-def _token_gate(ctx: Context, em: Emission) -> str | None:
-    """`_ms_num_tokens(x) <= N` for --max-tokens, else None."""
-    if ctx.max_tokens is None or ctx.token_input is None:
-        return None
-    em.helpers.append("_ms_num_tokens")
-    return f"_ms_num_tokens({ctx.token_input}) <= {ctx.max_tokens}"
+def _gate_condition(ctx: Context, em: Emission) -> str | None:
+    """Every gate as one condition: the phase (--gate) and `_ms_num_tokens(x) <= N` (--max-tokens),
+    else None. While it is false the original single-stream code runs."""
+    gates = [ctx.phase_gate] if ctx.phase_gate else []
+    if ctx.max_tokens is not None and ctx.token_input is not None:
+        em.helpers.append("_ms_num_tokens")
+        gates.append(f"_ms_num_tokens({ctx.token_input}) <= {ctx.max_tokens}")
+    return " and ".join(gates) or None
 
 
 def _gated(ctx: Context, em: Emission, enabled: str) -> str:
-    gate = _token_gate(ctx, em)
+    gate = _gate_condition(ctx, em)
     return enabled if gate is None else f"{enabled} and {gate}"
 
 
@@ -136,9 +163,10 @@ def _native(ctx: Context, api: str) -> Emission:
     em = Emission()
     n = ctx.names
     flag = _flag(ctx, em)
-    gate = _token_gate(ctx, em)
+    gate = _gate_condition(ctx, em)
     enabled = flag if gate is None else f"{flag} and {gate}"
-    em.helpers += ["_ms_side_stream:" + ("cuda" if api == "torch.cuda" else "npu")]
+    if not ctx.model_stream:
+        em.helpers += ["_ms_side_stream:" + ("cuda" if api == "torch.cuda" else "npu")]
     if api == "torch.npu":
         em.imports.append("torch_npu")
     limited = bool(ctx.core_limits) and api == "torch.npu"
@@ -151,7 +179,10 @@ def _native(ctx: Context, api: str) -> Emission:
         em.helpers.append("_ms_limited_side_stream")
         return f"_ms_limited_side_stream({literal(ctx.tag)}, {enabled_expr}, {side_c}, {side_v})"
 
-    if ctx.stream_source == "constructor" and ctx.has_init:
+    if ctx.model_stream:
+        # the model's own side stream (None where it made none): no second stream next to it
+        em.prelude = [f"{n.stream} = self.{ctx.model_stream} if {enabled} else None"]
+    elif ctx.stream_source == "constructor" and ctx.has_init:
         param = n.stream_attr
         em.init_lines += [
             "# Handed down by the model so every layer shares one stream; built directly, the layer",
@@ -222,24 +253,27 @@ def cuda(ctx: Context) -> Emission:
 
 
 def npugraph_ex(ctx: Context) -> Emission:
-    """Native streams and events, created once in __init__ so capture and replay reuse them."""
+    """Native streams and events, made once in __init__. Inside a compiled graph npugraph_ex resolves
+    the stream by its id and replaces each event with a tagged event of the graph's own; the side
+    stream stays off where record_stream would not reach it (helpers: _ms_capture_safe)."""
     em = Emission()
     n = ctx.names
     enabled = _flag(ctx, em)
-    em.helpers += ["_ms_side_stream:npu", "_ms_stream_events:npu", "_ms_record_stream"]
+    em.helpers += ["_ms_side_stream:npu", "_ms_stream_events:npu", "_ms_record_stream", "_ms_capture_safe"]
     em.imports.append("torch_npu")
     if ctx.has_init:
         em.init_lines += [
-            "# Stream and events are created once: graph capture and replay must see the same objects.",
+            "# Made once per module: eager calls reuse them; a compiled graph resolves the stream by id and",
+            "# swaps each event for a tagged event of its own.",
             f"self.{n.stream_attr} = _ms_side_stream({literal(ctx.tag)}, {enabled})",
             f"self.{n.events_attr} = _ms_stream_events(self.{n.stream_attr})",
         ]
-        stream_expr = f"self.{n.stream_attr}"
+        stream_expr = f"_ms_capture_safe(self.{n.stream_attr})"
         events_expr = f"self.{n.events_attr}"
     else:
-        stream_expr = f"_ms_side_stream({literal(ctx.tag)}, {enabled})"
+        stream_expr = f"_ms_capture_safe(_ms_side_stream({literal(ctx.tag)}, {enabled}))"
         events_expr = None
-    gate = _token_gate(ctx, em)
+    gate = _gate_condition(ctx, em)
     if gate:
         stream_expr = f"{stream_expr} if {gate} else None"
     em.prelude = [f"{n.stream} = {stream_expr}"]

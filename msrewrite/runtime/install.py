@@ -40,12 +40,19 @@ class _Patches:
             self._undo.pop()()
 
 
-def _record_stream(original):
+TORCH_NPU_VERSIONS = ("2.14", "2.10")  # how record_stream is lowered inside a compiled npugraph_ex graph
+
+
+def _record_stream(original, torch_npu_version: str):
     def record_stream(self: torch.Tensor, stream) -> None:
         if not isinstance(stream, Stream):
             return original(self, stream)  # the real op: rejects every stream object on CPU
         runtime = core.active_runtime()
         runtime.note_api("native", "Tensor.record_stream")
+        if torch_npu_version == "2.10" and runtime.in_aclgraph:
+            # torch_npu 2.10 traces it as torch.npu.fake_record_stream, lowered to
+            # record_tagged_stream_(t, <FX node name>): a stream made for that name, not `stream`.
+            stream = runtime.tag_stream(f"record_tagged_stream_{stream.stream_id}")
         runtime.emit("on_record_stream", self, stream)
 
     record_stream.__doc__ = original.__doc__
@@ -66,7 +73,12 @@ def _cuda_functions() -> dict[str, object]:
     }
 
 
-def _apply(patches: _Patches, runtime: StreamRuntime, torchair_init_error: BaseException | None) -> None:
+def _fake_record_stream(self, s):
+    raise RuntimeError("tensor.record_stream is not supported on torch.compile! (torch_npu 2.10 stand-in)")
+
+
+def _apply(patches: _Patches, runtime: StreamRuntime, torchair_init_error: BaseException | None,
+           torch_npu_version: str = "2.14") -> None:
     npu_modules = build_npu_modules()
     torchair_modules = (build_torchair_modules() if torchair_init_error is None
                         else build_failing_torchair_modules(torchair_init_error))
@@ -75,15 +87,21 @@ def _apply(patches: _Patches, runtime: StreamRuntime, torchair_init_error: BaseE
     patches.set_attr(torch, "npu", npu_modules["torch.npu"])
     for name, value in _cuda_functions().items():
         patches.set_attr(torch.cuda, name, value)
-    patches.set_attr(torch.Tensor, "record_stream", _record_stream(torch.Tensor.record_stream))
+    patches.set_attr(torch.Tensor, "record_stream", _record_stream(torch.Tensor.record_stream, torch_npu_version))
+    if torch_npu_version == "2.10":
+        npu_modules["torch.npu"].fake_record_stream = _fake_record_stream
     original_is_compiling = torch.compiler.is_compiling
     patches.set_attr(torch.compiler, "is_compiling",
                      lambda: runtime.compiling or original_is_compiling())
 
 
 @contextlib.contextmanager
-def install(graph_mode: bool = False, torchair_init_error: BaseException | None = None) -> Iterator[StreamRuntime]:
+def install(graph_mode: bool = False, torchair_init_error: BaseException | None = None,
+            torch_npu_version: str = "2.14") -> Iterator[StreamRuntime]:
     """Run torch.npu / torch_npu / torchair / torch.cuda stream code on CPU inside the block.
+
+    ``torch_npu_version`` "2.10" models that release's npugraph_ex lowering of record_stream inside
+    a compiled graph (by FX node name, so onto a stream of its own; 2.14 resolves the stream by id).
 
     ``torchair_init_error`` models a torchair that fails to initialise: ``import torchair`` still
     succeeds (torch_npu's lazy proxy), and the first attribute access raises this error.
@@ -95,7 +113,9 @@ def install(graph_mode: bool = False, torchair_init_error: BaseException | None 
     runtime = StreamRuntime()
     patches = _Patches()
     try:
-        _apply(patches, runtime, torchair_init_error)
+        if torch_npu_version not in TORCH_NPU_VERSIONS:
+            raise ValueError(f"torch_npu_version must be one of {TORCH_NPU_VERSIONS}, got {torch_npu_version!r}")
+        _apply(patches, runtime, torchair_init_error, torch_npu_version)
         core.set_active(runtime)
         with runtime.graph_mode() if graph_mode else contextlib.nullcontext():
             yield runtime

@@ -105,6 +105,31 @@ def npugraph_ex_limit_core_num(op_aicore_num: int, op_vectorcore_num: int, strea
         set_stream_limit(target, saved["cube_core_num"], saved["vector_core_num"])
 
 
+class mstx:  # noqa: N801 - torch_npu's spelling
+    """torch_npu.npu.mstx (torch_npu/npu/mstx.py): profiler ranges; with a stream, marked on the
+    device too. The stand-in checks the arguments as the real one does and records nothing."""
+
+    _next_id = 0
+
+    @staticmethod
+    def mark(message: str = "") -> None:
+        pass
+
+    @staticmethod
+    def range_start(message: str, stream=None) -> int:
+        if not message:
+            raise ValueError("mstx.range_start needs a message")
+        if stream is not None:
+            _check_npu_stream(stream)
+        mstx._next_id += 1
+        return mstx._next_id
+
+    @staticmethod
+    def range_end(range_id: int) -> None:
+        if not isinstance(range_id, int):
+            raise TypeError("mstx.range_end takes the id range_start returned")
+
+
 def build_npu_modules() -> dict[str, types.ModuleType]:
     """Module objects for sys.modules: torch.npu, its npugraph_ex.scope, and torch_npu."""
     npu = types.ModuleType("torch.npu", "msrewrite stand-in for torch_npu.npu (CPU only)")
@@ -113,6 +138,7 @@ def build_npu_modules() -> dict[str, types.ModuleType]:
                  "set_stream_limit", "get_stream_limit", "reset_stream_limit"):
         setattr(npu, name, globals()[name])
     npu.Stream, npu.Event, npu.StreamContext = Stream, Event, StreamContext
+    npu.mstx = mstx
 
     npugraph_ex = types.ModuleType("torch.npu.npugraph_ex")
     scope = types.ModuleType("torch.npu.npugraph_ex.scope")

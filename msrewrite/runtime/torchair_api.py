@@ -1,9 +1,11 @@
 """The stand-in ``torchair`` package: ``torchair.scope`` and ``torchair.ops``.
 
 Eager behaviour copies real torchair: the stream switch is a silent no-op,
-npu_wait_tensor raises, tagged events execute. Inside ``rt.graph_mode()`` the
-GE behaviour is modelled instead: the switch moves to a per-tag stream,
-npu_wait_tensor returns its input and adds an ordering edge, tagged events raise.
+npu_wait_tensor raises, tagged events execute (only events made by
+npu_create_tagged_event: any other raises ValueError, as torchair's tag lookup
+does). Inside ``rt.graph_mode()`` the GE behaviour is modelled instead: the
+switch moves to a per-tag stream, npu_wait_tensor returns its input and adds an
+ordering edge, tagged events raise.
 """
 
 from __future__ import annotations
@@ -93,9 +95,19 @@ def npu_create_tagged_event(tag: str) -> Event:
     return event
 
 
+def _tag_of(event: Event) -> str:
+    """The event's tag; ValueError, as torchair's _get_tag_by_event, for an event not made by
+    npu_create_tagged_event (a plain torch.npu.Event)."""
+    tag = next((tag for tag, made in active_runtime().tagged_events.items() if made is event), None)
+    if tag is None:
+        raise ValueError(f"tagged event {event} is not in use")
+    return tag
+
+
 def npu_tagged_event_record(event: Event) -> None:
     runtime = active_runtime()
     runtime.note_api("torchair", "npu_tagged_event_record")
+    _tag_of(event)
     _refuse_in_graph_mode("npu_tagged_event_record")
     event.record(runtime.current_stream())
 
@@ -103,6 +115,7 @@ def npu_tagged_event_record(event: Event) -> None:
 def npu_tagged_event_wait(event: Event) -> None:
     runtime = active_runtime()
     runtime.note_api("torchair", "npu_tagged_event_wait")
+    _tag_of(event)
     _refuse_in_graph_mode("npu_tagged_event_wait")
     event.wait(runtime.current_stream())
 

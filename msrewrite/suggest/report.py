@@ -38,6 +38,8 @@ class FileAnalysis:
     fx: dict[str, Any] = field(default_factory=dict)  # function -> fxgraph.FxResult
     # branches the finder refused: {"function", "side", "tier", "reason"} (apply --plan would refuse them too)
     refused: list[dict] = field(default_factory=list)
+    # `msrewrite profile --json` output for this model (suggest --profile): fills §11.5
+    profile: dict | None = None
 
     @property
     def tier(self) -> str:
@@ -371,6 +373,40 @@ def _section8(analysis: FileAnalysis, nodes: list[ModuleNode]) -> list[str]:
     return out
 
 
+def _profile_acceptance(analysis: FileAnalysis) -> list[str]:
+    """§11.5: suggest's estimate against what `msrewrite profile` measured, per marked region."""
+    out = ["### 11.5 Profile acceptance", ""]
+    data = analysis.profile
+    if not data:
+        return out + ["N/A (apply --markers, profile the model on the device, then `msrewrite profile TRACE "
+                      "--baseline OFF_TRACE --json > profile.json` and `suggest --report DIR --profile profile.json`)", ""]
+    estimates = {(c.plan.case, c.plan.stream_tag): c.estimated_saving for c in analysis.candidates}
+    out += [f"trace: `{data.get('trace')}` ({data.get('format')}, {data.get('steps')} steps)", "",
+            "| region | estimate µs | measured overlap µs | measured / estimate | exposed µs/step | tail µs/step | occurrences |",
+            "|---|---|---|---|---|---|---|"]
+    for region in data.get("regions", []):
+        estimate = region.get("estimated_saving_per_occurrence_us")
+        saving = estimates.get((region.get("case"), region.get("tag")))
+        if estimate is None and saving is not None:
+            estimate = saving * 1e6
+        measured = region.get("measured_overlap_per_occurrence_us")
+        steps = region.get("steps") or [{}]
+        exposed = sum(s.get("exposed_us", 0) for s in steps) / len(steps)
+        tail = sum(s.get("tail_us", 0) for s in steps) / len(steps)
+        ratio = f"{measured / estimate:.2f}x" if estimate and measured is not None else "N/A"
+        shown = f"{estimate:.1f}" if estimate is not None else "N/A"
+        out.append(f"| {region.get('region')} | {shown} | {measured} | {ratio} | {exposed:.1f} | {tail:.1f} | "
+                   f"{region.get('occurrences')} |")
+    if not data.get("regions"):
+        out.append("| N/A | no marked region in the trace (apply --markers) | - | - | - | - | - |")
+    saving = data.get("saving_per_step_us")
+    out += ["", f"- 步时间收益 (vs baseline): {'N/A (no --baseline)' if saving is None else f'{saving} µs per step'}"]
+    grown = data.get("contention") or []
+    out.append(f"- 资源竞争 (busy time grew > {data.get('contention_threshold', 0.1):.0%}): "
+               + (", ".join(f"{g['operator'][:40]} +{g['growth']:.0%}" for g in grown[:5]) or "none"))
+    return out + [""]
+
+
 def _sections9to12(analysis: FileAnalysis, best: Candidate | None) -> list[str]:
     na = "N/A (analysis only; needs an NPU run)"
     return [
@@ -390,7 +426,8 @@ def _sections9to12(analysis: FileAnalysis, best: Candidate | None) -> list[str]:
         "## 11. 验收结果", "",
         "### 11.1 功能\n\n- 是否通过: N/A (run `msrewrite verify` after apply)", "",
         f"### 11.2 同步\n\n{na}", "", f"### 11.3 性能\n\n- 优化前: {na}\n- 优化后: {na}\n- 结论: {na}", "",
-        f"### 11.4 Profile\n\n{na}", "",
+        f"### 11.4 Profile\n\n{'see §11.5' if analysis.profile else na}", "",
+        *_profile_acceptance(analysis),
         "## 12. 最终结论", "",
         f"- 最适合多流的位置: {best.plan.function} lines {best.plan.side_lines}" if best else "- 最适合多流的位置: none found",
         f"- 模块级主结论: {best.plan.summary}" if best else "- 模块级主结论: N/A",

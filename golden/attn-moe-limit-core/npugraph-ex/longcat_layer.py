@@ -36,10 +36,25 @@ def _ms_side_stream(tag, enabled=True):
 
 
 def _ms_stream_events(stream):
-    """The (fork, join) event pair of one module: created once so graph capture and replay reuse them."""
+    """The (fork, join) event pair of one module, made once and reused by every eager call (a compiled
+    npugraph_ex graph replaces each event with a tagged event of its own)."""
     if stream is None:
         return None
     return torch.npu.Event(), torch.npu.Event()
+
+
+def _ms_capture_safe(stream):
+    """`stream`, or None (the original single-stream path) inside a compiled graph whose
+    record_stream would not reach it.
+
+    torch_npu 2.10 traces Tensor.record_stream as torch.npu.fake_record_stream, which npugraph_ex
+    lowers to record_tagged_stream_(t, <FX node name>): a stream made for that name, not this one,
+    so buffers used across the streams would lose their protection. torch_npu 2.14 lowers it by
+    stream id (record_tagged_on_stream_) and keeps the side stream; so does eager code, everywhere.
+    """
+    if stream is not None and torch.compiler.is_compiling() and hasattr(torch.npu, "fake_record_stream"):
+        return None
+    return stream
 
 
 def _ms_core_limit(enabled, aicore_num, vectorcore_num):
@@ -117,7 +132,8 @@ class LongcatDecoderLayer(nn.Module):
         self.mlp = ShortcutMoE(hidden_size, moe_intermediate_size)
         # msrewrite(attn-moe-limit-core): ENABLE_MOE_SHORTCUT_STREAM=0 turns the side stream off.
         self.enable_moe_shortcut_stream = _ms_env_flag("ENABLE_MOE_SHORTCUT_STREAM", True)
-        # Stream and events are created once: graph capture and replay must see the same objects.
+        # Made once per module: eager calls reuse them; a compiled graph resolves the stream by id and
+        # swaps each event for a tagged event of its own.
         self.moe_shortcut_stream = _ms_side_stream("moe_shortcut", self.enable_moe_shortcut_stream)
         self.moe_shortcut_events = _ms_stream_events(self.moe_shortcut_stream)
 
@@ -129,7 +145,7 @@ class LongcatDecoderLayer(nn.Module):
         residual = hidden_states
         hidden_states = self.post_attention_layernorm[0](hidden_states)
         # msrewrite(attn-moe-limit-core): the shortcut MoE runs on side stream "moe_shortcut" during attention and the dense MLPs.
-        moe_shortcut_stream = self.moe_shortcut_stream
+        moe_shortcut_stream = _ms_capture_safe(self.moe_shortcut_stream)
         if moe_shortcut_stream is not None:
             fork_event, join_event = self.moe_shortcut_events
             _ms_record_stream(moe_shortcut_stream, hidden_states)

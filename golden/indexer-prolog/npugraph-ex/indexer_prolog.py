@@ -35,10 +35,25 @@ def _ms_side_stream(tag, enabled=True):
 
 
 def _ms_stream_events(stream):
-    """The (fork, join) event pair of one module: created once so graph capture and replay reuse them."""
+    """The (fork, join) event pair of one module, made once and reused by every eager call (a compiled
+    npugraph_ex graph replaces each event with a tagged event of its own)."""
     if stream is None:
         return None
     return torch.npu.Event(), torch.npu.Event()
+
+
+def _ms_capture_safe(stream):
+    """`stream`, or None (the original single-stream path) inside a compiled graph whose
+    record_stream would not reach it.
+
+    torch_npu 2.10 traces Tensor.record_stream as torch.npu.fake_record_stream, which npugraph_ex
+    lowers to record_tagged_stream_(t, <FX node name>): a stream made for that name, not this one,
+    so buffers used across the streams would lose their protection. torch_npu 2.14 lowers it by
+    stream id (record_tagged_on_stream_) and keeps the side stream; so does eager code, everywhere.
+    """
+    if stream is not None and torch.compiler.is_compiling() and hasattr(torch.npu, "fake_record_stream"):
+        return None
+    return stream
 
 
 def _ms_record_stream(stream, *values):
@@ -96,19 +111,22 @@ class Indexer(nn.Module):
         self.li_fusion = LightningIndexer(n_heads, head_dim)
         # msrewrite(indexer-prolog): ENABLE_INDEXER_PROLOG_STREAMS=0 turns the side stream off.
         self.enable_indexer_prolog_streams = _ms_env_flag("ENABLE_INDEXER_PROLOG_STREAMS", True)
-        # Stream and events are created once: graph capture and replay must see the same objects.
+        # Made once per module: eager calls reuse them; a compiled graph resolves the stream by id and
+        # swaps each event for a tagged event of its own.
         self.indexer_q_stream = _ms_side_stream("indexer_q", self.enable_indexer_prolog_streams)
         self.indexer_q_events = _ms_stream_events(self.indexer_q_stream)
-        # Stream and events are created once: graph capture and replay must see the same objects.
+        # Made once per module: eager calls reuse them; a compiled graph resolves the stream by id and
+        # swaps each event for a tagged event of its own.
         self.indexer_weights_stream = _ms_side_stream("indexer_weights", self.enable_indexer_prolog_streams)
         self.indexer_weights_events = _ms_stream_events(self.indexer_weights_stream)
-        # Stream and events are created once: graph capture and replay must see the same objects.
+        # Made once per module: eager calls reuse them; a compiled graph resolves the stream by id and
+        # swaps each event for a tagged event of its own.
         self.indexer_q_stream_2 = _ms_side_stream("indexer_q", self.enable_indexer_prolog_streams)
         self.indexer_q_events_2 = _ms_stream_events(self.indexer_q_stream_2)
 
     def forward(self, x, qr, cos, sin):
         # msrewrite(indexer-prolog: weights): the weights projection runs on side stream "indexer_weights" during the k path.
-        indexer_weights_stream = self.indexer_weights_stream
+        indexer_weights_stream = _ms_capture_safe(self.indexer_weights_stream)
         if indexer_weights_stream is not None:
             fork_event_2, join_event_2 = self.indexer_weights_events
             _ms_record_stream(indexer_weights_stream, x)
@@ -120,7 +138,7 @@ class Indexer(nn.Module):
         bsz, seqlen, _ = x.shape
         # q path
         # msrewrite(indexer-prolog: q): the q path runs on side stream "indexer_q" during the k path.
-        indexer_q_stream = self.indexer_q_stream
+        indexer_q_stream = _ms_capture_safe(self.indexer_q_stream)
         if indexer_q_stream is not None:
             fork_event, join_event = self.indexer_q_events
             _ms_record_stream(indexer_q_stream, qr, bsz, seqlen, cos, sin)
@@ -140,7 +158,7 @@ class Indexer(nn.Module):
             q_pe = apply_rope(q_pe, cos[:, :, None], sin[:, :, None])
             q = torch.cat([q_pe, q_nope], dim=-1)
         # msrewrite(indexer-prolog: q_quant): the q quantization runs on side stream "indexer_q" during the k path.
-        indexer_q_stream_2 = self.indexer_q_stream_2
+        indexer_q_stream_2 = _ms_capture_safe(self.indexer_q_stream_2)
         if indexer_q_stream_2 is not None:
             fork_event_3, join_event_3 = self.indexer_q_events_2
             _ms_record_stream(indexer_q_stream_2, q)

@@ -68,7 +68,7 @@ class DecoderLayer(nn.Module):
         history = offload_cache.prefetched_kv.clone() if self.layer_idx else offload_cache.temp_kv[:0]
         normed = self.input_norm(hidden_states)
         offload_cache.temp_kv.copy_(self.kv_proj(normed))
-        # msrewrite(kvcache-offload): the KV copy runs on side stream "kv_copy" during attention and the MLP.
+        # msrewrite(kvcache-offload): the KV copy runs on side stream "kv_copy" during the layer's compute.
         kv_copy_stream = _ms_side_stream("kv_copy", self.enable_kv_offload_stream)
         if kv_copy_stream is not None:
             current_stream = torch.cuda.current_stream()

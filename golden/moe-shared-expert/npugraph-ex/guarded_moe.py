@@ -39,10 +39,25 @@ def _ms_side_stream(tag, enabled=True):
 
 
 def _ms_stream_events(stream):
-    """The (fork, join) event pair of one module: created once so graph capture and replay reuse them."""
+    """The (fork, join) event pair of one module, made once and reused by every eager call (a compiled
+    npugraph_ex graph replaces each event with a tagged event of its own)."""
     if stream is None:
         return None
     return torch.npu.Event(), torch.npu.Event()
+
+
+def _ms_capture_safe(stream):
+    """`stream`, or None (the original single-stream path) inside a compiled graph whose
+    record_stream would not reach it.
+
+    torch_npu 2.10 traces Tensor.record_stream as torch.npu.fake_record_stream, which npugraph_ex
+    lowers to record_tagged_stream_(t, <FX node name>): a stream made for that name, not this one,
+    so buffers used across the streams would lose their protection. torch_npu 2.14 lowers it by
+    stream id (record_tagged_on_stream_) and keeps the side stream; so does eager code, everywhere.
+    """
+    if stream is not None and torch.compiler.is_compiling() and hasattr(torch.npu, "fake_record_stream"):
+        return None
+    return stream
 
 
 def _ms_record_stream(stream, *values):
@@ -90,14 +105,15 @@ class SparseMoeBlock(nn.Module):
         self.shared_experts = MLP(hidden_size, intermediate_size * n_shared_experts) if n_shared_experts else None
         # msrewrite(moe-shared-expert): ENABLE_MOE_SHARED_EXPERT_STREAM=0 turns the side stream off.
         self.enable_moe_shared_expert_stream = _ms_env_flag("ENABLE_MOE_SHARED_EXPERT_STREAM", True)
-        # Stream and events are created once: graph capture and replay must see the same objects.
+        # Made once per module: eager calls reuse them; a compiled graph resolves the stream by id and
+        # swaps each event for a tagged event of its own.
         self.shared_expert_stream = _ms_side_stream("shared_expert", self.enable_moe_shared_expert_stream)
         self.shared_expert_events = _ms_stream_events(self.shared_expert_stream)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # msrewrite(moe-shared-expert): the shared expert runs on side stream "shared_expert" during the routed experts.
         # Only when self.shared_experts is not None, as in the `if` below; nothing in between can change that.
-        shared_expert_stream = self.shared_expert_stream
+        shared_expert_stream = _ms_capture_safe(self.shared_expert_stream)
         if shared_expert_stream is not None and self.shared_experts is not None:
             fork_event, join_event = self.shared_expert_events
             _ms_record_stream(shared_expert_stream, hidden_states)

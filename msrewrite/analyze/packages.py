@@ -1,0 +1,194 @@
+"""Source files of installed packages, found without importing anything.
+
+`from sglang.srt.layers.moe import FusedMoE` names a module by its dotted path. Importing it to
+find its file would run the package (and its parents' `__init__`), which msrewrite never does.
+Instead the path is walked the way the path-based finder searches it, one component at a
+time, in the folders the previous component gave (a package's own folder, or every portion of
+a namespace package). Only the file system is looked at: no finder, no parent `__init__` runs.
+
+The roots are the `--source-path` folders (unpacked wheels, a checkout) followed by `sys.path`.
+torch, NumPy and the like are never read: torch's effects come from analyze/torch_effects.py,
+and a compiled package has no source to read.
+
+A module is indexed with `ast` (what it defines and imports: fast), and only the definitions a
+summary needs are parsed with libcst. Indexes are kept per process, keyed by path, size and
+modification time.
+"""
+
+from __future__ import annotations
+
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import libcst as cst
+
+
+# Packages whose Python source says nothing useful about what their ops do to tensors.
+NOT_READ = frozenset({"torch", "torch_npu", "torchair", "numpy", "triton", "jax", "tensorflow"})
+MAX_FILE_BYTES = 1_000_000  # a larger file (generated tables, kernel zoos) is not read
+
+_source_roots: tuple[Path, ...] = ()
+_parsed: dict[tuple[Path, int, int], "SourceIndex | None"] = {}
+_found: dict[tuple[tuple[str, ...], str], Path | None] = {}
+_roots_for: dict[tuple, tuple[str, ...]] = {}
+
+
+def set_source_path(roots: list[Path] | tuple[Path, ...]) -> None:
+    """Extra folders to read packages from, searched before `sys.path` (`--source-path DIR`).
+    A folder that does not exist is bad input (exit 2), before anything is read."""
+    global _source_roots
+    for root in roots:
+        if not Path(root).is_dir():
+            from msrewrite.errors import BadInput
+
+            raise BadInput(f"--source-path {root}: not a folder")
+    _source_roots = tuple(Path(r).resolve() for r in roots)
+
+
+def source_path() -> tuple[Path, ...]:
+    return _source_roots
+
+
+def _roots() -> tuple[str, ...]:
+    """`--source-path` folders, then `sys.path` without the standard library (its functions never
+    receive a model's tensors in a way worth reading; they stay unknown)."""
+    key = (_source_roots, tuple(sys.path))
+    if key not in _roots_for:
+        stdlib = {sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")}
+        _roots_for[key] = tuple(str(r) for r in _source_roots) + tuple(
+            p for p in sys.path if p and p not in stdlib and Path(p).is_dir()
+        )
+    return _roots_for[key]
+
+
+def module_file(dotted: str) -> Path | None:
+    """The source file of module `dotted` (`pkg/sub.py` or `pkg/sub/__init__.py`), or None."""
+    if not dotted or dotted.split(".")[0] in NOT_READ:
+        return None
+    roots = _roots()
+    key = (roots, dotted)
+    if key not in _found:
+        _found[key] = _walk(dotted, roots)
+    return _found[key]
+
+
+def _walk(dotted: str, roots: tuple[str, ...]) -> Path | None:
+    """Each component is looked up in the folders the previous one gave, as the path-based
+    finder does: `part/__init__.py` (a package), `part.py` (a module), or a plain `part/`
+    folder (a portion of a namespace package; all portions are searched)."""
+    locations = list(roots)
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        portions: list[str] = []
+        for folder in locations:
+            base = Path(folder) / part
+            if (base / "__init__.py").is_file():
+                if last:
+                    return base / "__init__.py"
+                portions = [str(base)]
+                break
+            if base.with_suffix(".py").is_file():
+                return base.with_suffix(".py") if last else None  # a plain module has no submodules
+            if base.is_dir():
+                portions.append(str(base))
+        if not portions or last:
+            return None  # not found, or a namespace package: no source of its own
+        locations = portions
+    return None
+
+
+@dataclass
+class SourceIndex:
+    """What a module defines and imports, from a fast `ast` pass; each definition is parsed with
+    libcst only when a summary needs it (`definition`)."""
+
+    lines: list[str]
+    spans: dict[str, tuple[int, int]]  # class or function name -> (first line incl. decorators, last line)
+    classes: set[str]
+    functions: set[str]
+    imports: dict[str, tuple[int, str, str]]  # local name -> (dots, module, name)
+    module_imports: dict[str, str]  # `import a.b as m`: m -> a.b; `import a.b`: a -> a
+    patched: dict[str, str]  # function -> the class it is assigned to (Cls.forward = fn)
+
+    parsed: dict = field(default_factory=dict)  # name -> its libcst node (None: does not parse alone)
+
+    def definition(self, name: str) -> "cst.BaseStatement | None":
+        if name not in self.parsed:
+            self.parsed[name] = self._parse(name)
+        return self.parsed[name]
+
+    def _parse(self, name: str) -> "cst.BaseStatement | None":
+        import textwrap
+
+        import libcst as cst
+
+        first, last = self.spans[name]
+        text = textwrap.dedent("".join(self.lines[first - 1 : last]))
+        try:
+            body = cst.parse_module(text).body
+        except (cst.ParserSyntaxError, RecursionError):
+            return None
+        return body[0] if len(body) == 1 else None
+
+
+def index_file(path: Path) -> SourceIndex | None:
+    """The index of `path` (cached per process by path, size and mtime), or None when it cannot be
+    read, is too large, or does not parse."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    key = (path, stat.st_size, stat.st_mtime_ns)
+    if key not in _parsed:
+        index = None
+        if stat.st_size <= MAX_FILE_BYTES:
+            try:
+                text = path.read_text(encoding="utf-8")
+                index = _index(text)
+            except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError):
+                index = None
+        _parsed[key] = index
+    return _parsed[key]
+
+
+def _index(text: str) -> SourceIndex:
+    import ast
+
+    tree = ast.parse(text)
+    index = SourceIndex(text.splitlines(keepends=True), {}, set(), set(), {}, {}, {})
+
+    def visit(body: list) -> None:
+        for stmt in body:
+            if isinstance(stmt, (ast.If, ast.Try)):  # optional imports, guarded classes
+                visit(stmt.body)
+                visit(stmt.orelse)
+                continue
+            if isinstance(stmt, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([stmt.lineno, *(d.lineno for d in stmt.decorator_list)])
+                index.spans[stmt.name] = (first, stmt.end_lineno or stmt.lineno)
+                index.classes.discard(stmt.name)  # a later definition of the name wins
+                index.functions.discard(stmt.name)
+                (index.classes if isinstance(stmt, ast.ClassDef) else index.functions).add(stmt.name)
+            elif isinstance(stmt, ast.ImportFrom):
+                for alias in stmt.names:
+                    if alias.name != "*":
+                        index.imports[alias.asname or alias.name] = (stmt.level, stmt.module or "", alias.name)
+            elif isinstance(stmt, ast.Import):
+                for alias in stmt.names:
+                    if alias.asname:
+                        index.module_imports[alias.asname] = alias.name
+                    else:
+                        head = alias.name.split(".")[0]
+                        index.module_imports[head] = head
+            elif isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Name):
+                for target in stmt.targets:
+                    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name):
+                        index.patched[stmt.value.id] = target.value.id
+
+    visit(tree.body)
+    return index

@@ -1,0 +1,268 @@
+"""Read a profiler trace into device spans: kernels per stream, marked regions, steps.
+
+Two formats, read field by field as their writers produce them:
+
+torch.profiler (`export_chrome_trace`, kineto). Read from torch 2.13's
+`torch/profiler/_cupti_monitor_trace.py` (which writes the same events kineto does):
+  - device work: `{"ph": "X", "cat": "kernel" | "gpu_memcpy" | "gpu_memset", "name", "pid": device,
+    "tid": stream, "ts": µs, "dur": µs, "args": {"device", "context", "stream", "correlation", ...}}`
+  - a `record_function` range as the device saw it: `{"ph": "X", "cat": "gpu_user_annotation",
+    "name", "pid": device, "tid": stream, "ts", "dur", "args": {"External id"}}`, one per stream
+    that ran kernels launched inside the range (their first start to their last end);
+  - the host side: `{"cat": "user_annotation", "name", "tid": host thread, "ts", "dur"}` (also
+    `ProfilerStep#N` from `profiler.step()`), and the launches, `{"cat": "cuda_runtime",
+    "args": {"correlation"}}`, whose correlation id the kernel repeats. A range without a
+    gpu_user_annotation is mapped to the device through these correlations.
+
+torch_npu (`<worker>_ascend_pt/ASCEND_PROFILER_OUTPUT/`), read from Ascend/pytorch
+`torch_npu/profiler/analysis/prof_view/` and its `_csv_headers.py`:
+  - `trace_view.json`: a bare event array; `{"ph": "M", "name": "process_name", "pid",
+    "args": {"name": "Ascend Hardware"}}` names the device process, `thread_name` events name its
+    threads `Stream <id>`; every `"ph": "X"` event of that process is a task on that stream
+    (`ts` may be a string of µs). `torch_npu.npu.mstx.range_start(message, stream)` with a stream
+    marks the range on the device as well as the host (mstx API reference, mstxRangeStartA); its
+    device side is read as an `X` event named by the message on the stream's thread.
+  - `kernel_details.csv`: `Step Id` (when steps were recorded), `Device_id, Name, Type,
+    Accelerator Core, Start Time(us), Duration(us), Wait Time(us), Block Num`
+    (CsvHeaders.OP_SUMMARY_KERNEL_BASE_HEADERS): steps' device windows and per-name busy time.
+  - `op_statistic.csv`: `Device_id, OP Type, Core Type, Count, Total Time(us), Min Time(us),
+    Avg Time(us), Max Time(us), Ratio(%)`: busy time per operator type.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from msrewrite.errors import BadInput
+from msrewrite.profile.jsonstream import TraceFormatError, iter_events
+
+MARKER_PREFIX = "msrewrite:"
+MARKER = re.compile(r"^msrewrite:(?P<case>[A-Za-z0-9_.-]+):(?P<tag>[A-Za-z0-9_]+):(?P<role>side|main)$")
+STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+NPU_OUTPUT = "ASCEND_PROFILER_OUTPUT"
+
+
+@dataclass(frozen=True)
+class Span:
+    name: str
+    start: float  # µs
+    end: float
+    stream: str = ""  # "" for a window over every stream (a step)
+
+    @property
+    def dur(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class Trace:
+    source: str
+    format: str  # "torch" or "torch_npu"
+    kernels: list[Span] = field(default_factory=list)
+    markers: list[Span] = field(default_factory=list)  # device windows of msrewrite:<case>:<tag>:<role>
+    steps: list[Span] = field(default_factory=list)  # device windows of ProfilerStep#N, in order
+    stream_names: dict[str, str] = field(default_factory=dict)
+    host_only_markers: list[str] = field(default_factory=list)  # ranges never seen on a device
+    # busy time per operator name (kernel_details.csv) and per operator type (op_statistic.csv), µs
+    operator_busy: dict[str, float] | None = None
+    type_busy: dict[str, float] | None = None
+
+
+def load_trace(path: Path) -> Trace:
+    """The trace at `path`: a Chrome trace file, or a torch_npu profiler output folder."""
+    path = Path(path)
+    if not path.exists():
+        raise BadInput(f"{path}: no such file or folder")
+    try:
+        if path.is_dir():
+            return _load_npu(path)
+        return _load_torch(path)
+    except TraceFormatError as exc:
+        raise BadInput(f"{path}: {exc}") from None
+    except (UnicodeDecodeError, OSError) as exc:
+        raise BadInput(f"{path}: cannot read the trace ({exc})") from None
+
+
+def _stream_key(pid, tid) -> str:
+    return f"{pid}:{tid}"
+
+
+def _num(value, what: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TraceFormatError(f"event {what} is not a number: {value!r}") from None
+
+
+# torch.profiler ------------------------------------------------------------------------------------
+# The events the analysis reads hold one of these words; the rest (CPU ops, flows) is not decoded.
+_torch_keep = re.compile(rb"kernel|gpu_mem|annotation|cuda_runtime").search
+
+
+def _load_torch(path: Path) -> Trace:
+    trace = Trace(source=str(path), format="torch")
+    device_ranges: dict[tuple[str, object], list[Span]] = defaultdict(list)
+    host_ranges: list[tuple[str, float, float, object]] = []
+    launches: dict[object, list[tuple[float, int]]] = defaultdict(list)  # host tid -> (ts, correlation)
+    kernel_of: dict[int, Span] = {}
+    for ev in iter_events(path, keep=_torch_keep):
+        if ev.get("ph") != "X":
+            continue
+        cat, name, args = ev.get("cat"), str(ev.get("name", "")), ev.get("args") or {}
+        start = _num(ev.get("ts"), "ts")
+        end = start + _num(ev.get("dur", 0), "dur")
+        if cat in _DEVICE_CATS:
+            # keyed as the gpu_user_annotation ranges are: pid = device, tid = stream
+            stream = _stream_key(ev.get("pid"), ev.get("tid"))
+            trace.stream_names.setdefault(stream, f"stream {args.get('stream', ev.get('tid'))}")
+            span = Span(name, start, end, stream)
+            trace.kernels.append(span)
+            if "correlation" in args:
+                kernel_of[int(args["correlation"])] = span
+        elif cat == "gpu_user_annotation" and (name.startswith(MARKER_PREFIX) or STEP.match(name)):
+            stream = _stream_key(ev.get("pid"), ev.get("tid"))
+            device_ranges[(name, args.get("External id", id(ev)))].append(Span(name, start, end, stream))
+        elif cat == "user_annotation" and (name.startswith(MARKER_PREFIX) or STEP.match(name)):
+            host_ranges.append((name, start, end, ev.get("tid")))
+        elif cat == "cuda_runtime" and "correlation" in args:
+            launches[ev.get("tid")].append((start, int(args["correlation"])))
+    on_device = {name for name, _ in device_ranges}
+    windows: list[list[Span]] = list(device_ranges.values())
+    for calls in launches.values():
+        calls.sort()
+    for name, start, end, tid in host_ranges:
+        if name in on_device:
+            continue
+        calls = launches.get(tid, [])
+        first, last = bisect.bisect_left(calls, (start, -1)), bisect.bisect_right(calls, (end, float("inf")))
+        spans = [kernel_of[c] for _, c in calls[first:last] if c in kernel_of]
+        if not spans:
+            if name.startswith(MARKER_PREFIX):
+                trace.host_only_markers.append(name)
+            continue
+        by_stream: dict[str, list[Span]] = defaultdict(list)
+        for span in spans:
+            by_stream[span.stream].append(span)
+        windows.append([Span(name, min(s.start for s in ks), max(s.end for s in ks), st) for st, ks in by_stream.items()])
+    _add_windows(trace, windows)
+    trace.kernels.sort(key=lambda s: (s.start, s.end))
+    return trace
+
+
+def _add_windows(trace: Trace, windows: list[list[Span]]) -> None:
+    """One range seen on several streams: a step covers all of them; a marker is the range on the
+    stream that ran most of it (the side range runs only on the side stream)."""
+    for spans in windows:
+        name = spans[0].name
+        if STEP.match(name):
+            trace.steps.append(Span(name, min(s.start for s in spans), max(s.end for s in spans)))
+        else:
+            trace.markers.append(max(spans, key=lambda s: (s.dur, -s.start)))
+    trace.steps.sort(key=lambda s: s.start)
+    trace.markers.sort(key=lambda s: (s.start, s.end))
+
+
+# torch_npu -----------------------------------------------------------------------------------------
+def npu_output_folder(path: Path) -> Path:
+    """The ASCEND_PROFILER_OUTPUT folder at, or one level under, `path`."""
+    if (path / "trace_view.json").is_file():
+        return path
+    if (path / NPU_OUTPUT / "trace_view.json").is_file():
+        return path / NPU_OUTPUT
+    found = sorted(path.glob(f"*/{NPU_OUTPUT}/trace_view.json"))
+    if len(found) == 1:
+        return found[0].parent
+    if len(found) > 1:
+        raise BadInput(f"{path}: {len(found)} profiler outputs (one per rank?); name one of them")
+    raise BadInput(f"{path}: no {NPU_OUTPUT}/trace_view.json (not a torch_npu profiler output)")
+
+
+def _load_npu(path: Path) -> Trace:
+    folder = npu_output_folder(path)
+    trace = Trace(source=str(folder), format="torch_npu")
+    process: dict[object, str] = {}
+    threads: dict[tuple, str] = {}
+    events: list[dict] = []
+    for ev in iter_events(folder / "trace_view.json"):
+        ph = ev.get("ph")
+        if ph == "M" and ev.get("name") == "process_name":
+            process[ev.get("pid")] = str((ev.get("args") or {}).get("name", ""))
+        elif ph == "M" and ev.get("name") == "thread_name":
+            threads[(ev.get("pid"), ev.get("tid"))] = str((ev.get("args") or {}).get("name", ""))
+        elif ph == "X":
+            events.append(ev)  # the process table may come after the events
+    hardware = {pid for pid, name in process.items() if name == "Ascend Hardware"}
+    if not hardware:
+        raise BadInput(f"{folder / 'trace_view.json'}: no 'Ascend Hardware' process (profiled without the NPU activity?)")
+    windows: list[list[Span]] = []
+    for ev in events:
+        name = str(ev.get("name", ""))
+        start = _num(ev.get("ts"), "ts")
+        span_end = start + _num(ev.get("dur", 0), "dur")
+        if ev.get("pid") not in hardware:
+            if name.startswith(MARKER_PREFIX):
+                trace.host_only_markers.append(name)
+            continue
+        stream = _stream_key(ev.get("pid"), ev.get("tid"))
+        trace.stream_names.setdefault(stream, threads.get((ev.get("pid"), ev.get("tid")), f"stream {ev.get('tid')}"))
+        if name.startswith(MARKER_PREFIX) or STEP.match(name):
+            windows.append([Span(name, start, span_end, stream)])
+        else:
+            trace.kernels.append(Span(name, start, span_end, stream))
+    on_device = {w[0].name for w in windows}
+    trace.host_only_markers = sorted(set(trace.host_only_markers) - on_device)
+    _add_windows(trace, windows)
+    trace.kernels.sort(key=lambda s: (s.start, s.end))
+    details = folder / "kernel_details.csv"
+    if details.is_file():
+        trace.operator_busy, steps = _kernel_details(details)
+        if steps and not trace.steps:
+            trace.steps = steps
+    statistic = folder / "op_statistic.csv"
+    if statistic.is_file():
+        trace.type_busy = _op_statistic(statistic)
+    return trace
+
+
+def _rows(path: Path, needed: tuple[str, ...]) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in needed if c not in (reader.fieldnames or [])]
+        if missing:
+            raise BadInput(f"{path}: missing column(s) {', '.join(missing)}")
+        return list(reader)
+
+
+def _kernel_details(path: Path) -> tuple[dict[str, float], list[Span]]:
+    """Busy time per operator name, and each step's device window (first start to last end)."""
+    busy: dict[str, float] = defaultdict(float)
+    steps: dict[str, list[float]] = {}
+    for row in _rows(path, ("Name", "Start Time(us)", "Duration(us)")):
+        start, dur = _csv_num(row, "Start Time(us)", path), _csv_num(row, "Duration(us)", path)
+        busy[row["Name"]] += dur
+        step = (row.get("Step Id") or "").strip()
+        if step:
+            window = steps.setdefault(step, [start, start + dur])
+            window[0], window[1] = min(window[0], start), max(window[1], start + dur)
+    spans = [Span(f"ProfilerStep#{k}", a, b) for k, (a, b) in steps.items()]
+    return dict(busy), sorted(spans, key=lambda s: s.start)
+
+
+def _op_statistic(path: Path) -> dict[str, float]:
+    busy: dict[str, float] = defaultdict(float)
+    for row in _rows(path, ("OP Type", "Total Time(us)")):
+        busy[row["OP Type"]] += _csv_num(row, "Total Time(us)", path)
+    return dict(busy)
+
+
+def _csv_num(row: dict[str, str], column: str, path: Path) -> float:
+    try:
+        return float(row[column])
+    except (TypeError, ValueError):
+        raise BadInput(f"{path}: {column} is not a number: {row[column]!r}") from None

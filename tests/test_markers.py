@@ -1,0 +1,139 @@
+"""apply --markers / --no-markers: profiler ranges around the side and main windows, switched by
+the edit's flag, removed byte for byte, carried by the plan, and proved by verify."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from msrewrite.emit import markers
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "msrewrite", *args], capture_output=True, text=True, timeout=300,
+                          cwd=cwd)
+
+
+def edited(tmp_path: Path, example: str, case: str, mode: str, *extra: str) -> str:
+    path = tmp_path / f"{example}.py"
+    shutil.copy(EXAMPLES / f"{example}.py", path)
+    out = run_cli("apply", "--case", case, "--mode", mode, "-i", *extra, str(path))
+    assert out.returncode == 0, out.stderr
+    return path.read_text()
+
+
+@pytest.mark.parametrize("example, case, mode", [
+    ("deepseek_moe", "moe-shared-expert", "cuda"),
+    ("deepseek_moe", "moe-shared-expert", "eager"),
+    ("guarded_moe", "moe-shared-expert", "cuda"),
+    ("indexer_prolog", "indexer-prolog", "eager"),  # two side streams, one patch each
+])
+def test_markers_then_no_markers_is_the_plain_edit_byte_for_byte(tmp_path, example, case, mode):
+    plain = edited(tmp_path / "plain", example, case, mode) if (tmp_path / "plain").mkdir() is None else ""
+    (tmp_path / "marked").mkdir()
+    marked = edited(tmp_path / "marked", example, case, mode, "--markers")
+    tags = {"indexer-prolog": 2}.get(case, 1)
+    assert marked.count("_ms_range_start(\"msrewrite:") == 2 * tags
+    assert marked.count(f":side\", ") == tags and marked.count(f":main\", ") == tags
+    api = "torch.profiler.record_function" if mode == "cuda" else "torch.npu.mstx.range_start"
+    assert api in marked
+    path = tmp_path / "marked" / f"{example}.py"
+    out = run_cli("apply", "--no-markers", "-i", str(path))
+    assert out.returncode == 0, out.stderr
+    assert path.read_text() == plain
+    again = run_cli("apply", "--no-markers", str(path))
+    assert again.returncode == 1 and "no msrewrite profiler ranges" in again.stderr
+
+
+def test_every_range_line_sits_under_the_flag(tmp_path):
+    """With the flag off the side stream is None, so nothing inside `if <stream> is not None` runs."""
+    import libcst as cst
+
+    (tmp_path / "m").mkdir()
+    text = edited(tmp_path / "m", "deepseek_moe", "moe-shared-expert", "cuda", "--markers")
+    module = cst.parse_module(text)
+    found = []
+
+    class Walk(cst.CSTVisitor):
+        def __init__(self):
+            self.conditions: list[str] = []
+
+        def visit_If(self, node):
+            self.conditions.append(module.code_for_node(node.test))
+
+        def leave_If(self, node):
+            self.conditions.pop()
+
+        def visit_Call(self, node):
+            if isinstance(node.func, cst.Name) and node.func.value in (markers.START, markers.END):
+                found.append(list(self.conditions))
+
+    module.visit(Walk())
+    assert len(found) == 4
+    assert all(conds and conds[-1] == "shared_expert_stream is not None" for conds in found)
+
+
+def test_ranges_run_balanced_with_the_flag_on_and_not_at_all_off(tmp_path, monkeypatch):
+    from msrewrite.harness import load_module
+    from msrewrite.runtime import install
+
+    (tmp_path / "m").mkdir()
+    edited(tmp_path / "m", "deepseek_moe", "moe-shared-expert", "eager", "--markers")
+    for flag, expected in (("1", ["start:side", "end", "start:main", "end"]), ("0", [])):
+        monkeypatch.setenv("ENABLE_MOE_SHARED_EXPERT_STREAM", flag)
+        calls = []
+        with install():
+            module = load_module(tmp_path / "m" / "deepseek_moe.py", name=f"marked_{flag}")
+            monkeypatch.setattr(module, "_ms_range_start", lambda name, stream: calls.append("start:" + name.rsplit(":", 1)[1]) or 7)
+            monkeypatch.setattr(module, "_ms_range_end", lambda handle: calls.append("end"))
+            model, inputs = module.make()
+            model(*inputs) if isinstance(inputs, tuple) else model(inputs)
+        assert calls == expected
+
+
+def test_markers_come_from_the_plan_file(tmp_path):
+    path = tmp_path / "deepseek_moe.py"
+    shutil.copy(EXAMPLES / "deepseek_moe.py", path)
+    suggested = run_cli("suggest", "--static", "--json", str(path))
+    data = json.loads(suggested.stdout)
+    assert "markers" not in data["candidates"][0]["plan"]  # plan files without markers read as before
+    data["candidates"][0]["plan"]["markers"] = True
+    (tmp_path / "plans.json").write_text(json.dumps(data))
+    out = run_cli("apply", "--plan", str(tmp_path / "plans.json"), "--candidate", "1", "--mode", "cuda", str(path))
+    assert out.returncode == 0, out.stderr
+    assert '+                side_range = _ms_range_start("msrewrite:' in out.stdout
+    data["candidates"][0]["plan"]["markers"] = "yes"
+    (tmp_path / "plans.json").write_text(json.dumps(data))
+    bad = run_cli("apply", "--plan", str(tmp_path / "plans.json"), str(path))
+    assert bad.returncode == 2 and "markers" in bad.stderr and bad.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--case", "moe-shared-expert", "--mode", "ge-graph", "--markers"], "ge-graph mode is not supported"),
+    (["--case", "moe-shared-expert-phased", "--mode", "eager", "--markers"], "phased"),
+    (["--case", "moe-shared-expert", "--no-markers"], "--no-markers takes only the edited file"),
+])
+def test_markers_refusals_are_one_line(tmp_path, args, message):
+    path = tmp_path / "qwen_gated_moe.py"
+    shutil.copy(EXAMPLES / "qwen_gated_moe.py", path)
+    out = run_cli("apply", *args, str(path))
+    assert out.returncode == 2, out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("msrewrite: error: ")]
+    assert len(errors) == 1 and message in errors[0] and out.stderr.splitlines()[-1] == errors[0]
+    assert out.stdout == ""
+
+
+@pytest.mark.parametrize("mode", ["cuda", "eager"])
+def test_verify_passes_with_markers_on(mode):
+    out = run_cli("apply", "--case", "moe-shared-expert", "--mode", mode, "--markers", "--verify",
+                  str(EXAMPLES / "deepseek_moe.py"))
+    assert out.returncode == 0, out.stderr
+    assert "schedules: early, late, interleaved" in out.stderr and "sanitizer clean" in out.stderr

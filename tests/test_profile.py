@@ -1,0 +1,207 @@
+"""`msrewrite profile`: known answers on fixture traces in both formats (tests/fixtures/profile/,
+written by make_traces.py, whose docstring derives every number below), the streamed reader, the
+gantt, and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from msrewrite.errors import BadInput
+from msrewrite.profile.analysis import analyze
+from msrewrite.profile.gantt import gantt
+from msrewrite.profile.jsonstream import TraceFormatError, iter_events
+from msrewrite.profile.trace import load_trace
+from msrewrite.suggest import mermaid
+
+FIX = Path(__file__).parent / "fixtures" / "profile"
+TRACES = {"torch": (FIX / "torch_on.json", FIX / "torch_off.json"),
+          "torch-host-ranges": (FIX / "torch_on_host_ranges.json", FIX / "torch_off.json"),
+          "torch_npu": (FIX / "npu_on", FIX / "npu_off")}
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "msrewrite", *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("kind", TRACES)
+def test_known_answers(kind: str) -> None:
+    on, off = TRACES[kind]
+    from msrewrite.commands.profile import estimates_from
+
+    profile = analyze(load_trace(on), load_trace(off), estimates_from(FIX / "plans.json"))
+    (region,) = profile.regions
+    assert (region.case, region.tag) == ("moe-shared-expert", "shared_expert")
+    assert len(region.occurrences) == 4
+    for occ in region.occurrences:
+        assert (occ.side_busy, occ.main_busy, occ.overlap, occ.exposed, occ.tail) == (18, 14, 12, 6, 4)
+    assert [s.step for s in region.steps] == ["ProfilerStep#1", "ProfilerStep#2"]
+    for s in region.steps:
+        assert (s.occurrences, s.side_busy, s.main_busy, s.overlap, s.exposed, s.tail) == (2, 36, 28, 24, 12, 8)
+    assert profile.step_us == [53, 53] and profile.baseline_step_us == [73, 73]
+    assert profile.saving_us == 20
+    assert region.estimate_us == pytest.approx(12.0) and region.measured_us == 12
+    # contention: only the routed experts slowed down (16 -> 20 µs per step); the unchanged
+    # operators (router, shared expert, combine) did not grow, so they are not listed
+    grown = {(g.kind, g.baseline_us, g.measured_us) for g in profile.contention}
+    assert ("kernel", 16, 20) in grown
+    assert all((g.baseline_us, g.measured_us) == (16, 20) for g in profile.contention)
+    assert len([g for g in profile.contention if g.kind == "kernel"]) == 1
+    if kind == "torch_npu":  # op_statistic.csv: by operator type as well
+        assert [(g.operator, g.kind) for g in profile.contention if g.kind == "type"] == [("GroupedMatmul", "type")]
+
+
+def test_threshold_above_the_growth_lists_nothing() -> None:
+    on, off = TRACES["torch"]
+    assert analyze(load_trace(on), load_trace(off), threshold=0.3).contention == []
+
+
+def test_estimate_comes_from_suggest_cost_model() -> None:
+    """The plan file's costs go through suggest's BranchCost.saving (min(side, main) - syncs)."""
+    from msrewrite.commands.profile import estimates_from
+
+    data = json.loads((FIX / "plans.json").read_text())
+    data["candidates"][0]["cost"]["main_us"] = 30.0  # now the side branch (17) is the shorter one
+    path = FIX.parent.parent / "_tmp_plans.json"
+    try:
+        path.write_text(json.dumps(data))
+        assert estimates_from(path)[("moe-shared-expert", "shared_expert")] == pytest.approx(15.0)
+    finally:
+        path.unlink()
+
+
+def test_edited_file_names_regions_missing_from_the_trace(tmp_path: Path) -> None:
+    edited = tmp_path / "m.py"
+    edited.write_text('_ms_range_start("msrewrite:indexer-prolog:q:side", s)\n')
+    out = run_cli("profile", str(FIX / "torch_on.json"), "--edit", str(edited), "--json")
+    assert out.returncode == 0, out.stderr
+    notes = json.loads(out.stdout)["notes"]
+    assert any("indexer-prolog:q" in n and "not in the trace" in n for n in notes)
+
+
+def test_cli_table_fits_80_columns_and_json_round_trips() -> None:
+    on, off = TRACES["torch"]
+    out = run_cli("profile", str(on), "--baseline", str(off), "--edit", str(FIX / "plans.json"), "--gantt")
+    assert out.returncode == 0, out.stderr
+    table = out.stdout.split("```")[0]
+    assert all(len(line) <= 80 for line in table.splitlines()), table
+    assert "saving 20.0 µs" in out.stdout and "(1.00x)" in out.stdout
+    data = json.loads(run_cli("profile", str(on), "--baseline", str(off), "--json").stdout)
+    assert data["saving_per_step_us"] == 20.0
+    assert data["regions"][0]["steps"][0]["overlap_us"] == 24.0
+    assert mermaid.check(data["gantt"]) == []
+
+
+@pytest.mark.parametrize("kind", TRACES)
+def test_gantt_passes_the_strict_grammar(kind: str) -> None:
+    profile = analyze(load_trace(TRACES[kind][0]))
+    text = gantt(profile)
+    assert mermaid.check(text) == [], text
+    assert text.count(" window :crit, ") == 4  # two layers' side and main windows in the step
+    assert mermaid.check(gantt(analyze(load_trace(TRACES[kind][1])))) == []  # a trace without regions
+
+
+def test_gantt_checker_rejects_bad_charts() -> None:
+    good = "gantt\n    title t\n    dateFormat x\n    axisFormat %L\n    section s\n    a :t1, 0, 4"
+    assert mermaid.check(good) == []
+    assert mermaid.check(good + "\n    b :t1, 4, 6")  # id reused
+    assert mermaid.check(good + "\n    b :t2, 6, 4")  # ends before it starts
+    assert mermaid.check(good + "\n    a::b :t3, 0, 1")  # a colon in the label
+    assert mermaid.check(good.replace("    section s\n", ""))  # task before any section
+    assert mermaid.check(good.replace("    dateFormat x\n", ""))
+
+
+def test_no_regions_exits_1_and_says_how_to_get_them() -> None:
+    out = run_cli("profile", str(FIX / "torch_off.json"))
+    assert out.returncode == 1
+    assert "apply --markers" in out.stdout
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"schemaVersion": 1}', "no traceEvents array"),
+    ('{"traceEvents": [{"ph": "X", "cat": "kernel", "ts": 1, "dur": 2}', "not closed"),
+    ('{"traceEvents": [{"ph": "X", "cat": "kernel", "ts": "soon", "dur": 2, "args": {}}]}', "not a number"),
+    ('[1, 2]', "unexpected byte"),
+])
+def test_bad_traces_are_one_line_errors(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "t.json"
+    path.write_text(content)
+    out = run_cli("profile", str(path))
+    assert out.returncode == 2
+    assert out.stderr.startswith("msrewrite: error: ") and message in out.stderr
+    assert out.stderr.count("\n") == 1 and out.stdout == ""
+
+
+def test_bad_npu_folder_and_unpaired_marker(tmp_path: Path) -> None:
+    with pytest.raises(BadInput, match="ASCEND_PROFILER_OUTPUT"):
+        load_trace(tmp_path)
+    events = json.loads((FIX / "torch_on.json").read_text())
+    events["traceEvents"] = [e for e in events["traceEvents"]
+                             if not (e.get("cat") == "gpu_user_annotation" and e["name"].endswith(":main") and e["ts"] > 2000)]
+    path = tmp_path / "cut.json"
+    path.write_text(json.dumps(events))
+    with pytest.raises(BadInput, match="4 side and 3 main"):
+        analyze(load_trace(path))
+
+
+# the streamed reader --------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["torch_on.json", "npu_on/ASCEND_PROFILER_OUTPUT/trace_view.json"])
+@pytest.mark.parametrize("chunk", [64, 1000, 1 << 22])
+def test_streamed_events_equal_json_load(name: str, chunk: int) -> None:
+    path = FIX / name
+    data = json.loads(path.read_text())
+    expected = data["traceEvents"] if isinstance(data, dict) else data
+    assert list(iter_events(path, chunk=chunk)) == expected
+    kept = list(iter_events(path, keep=lambda text: b'"kernel"' in text, chunk=chunk))
+    assert kept == [e for e in expected if e.get("cat") == "kernel"]
+
+
+def test_separator_inside_an_event_falls_back_to_the_exact_reader(tmp_path: Path) -> None:
+    events = [{"ph": "X", "cat": "kernel", "name": "a}, {b", "ts": 1},
+              {"ph": "X", "cat": "cpu_op", "args": {"objs": [{"a": 1}, {"b": {"c": {"d": 2}}}]}},
+              {"ph": "X", "cat": "x", "name": 'n}, {"kernel"', "ts": 2}]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events, "traceName": "x"}))
+    for chunk in (16, 1 << 22):
+        assert list(iter_events(path, chunk=chunk)) == events
+        assert list(iter_events(path, keep=lambda t: b"kernel" in t, chunk=chunk)) == [events[0], events[2]]
+
+
+def test_cut_short_trace_raises(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    text = (FIX / "torch_on.json").read_text()
+    path.write_text(text[: len(text) // 2])
+    with pytest.raises(TraceFormatError):
+        list(iter_events(path, chunk=256))
+
+
+# suggest --report: profile acceptance ---------------------------------------------------------------
+def test_report_profile_acceptance_section_is_filled_from_profile_json(tmp_path: Path) -> None:
+    on, off = TRACES["torch"]
+    measured = run_cli("profile", str(on), "--baseline", str(off), "--edit", str(FIX / "plans.json"), "--json")
+    (tmp_path / "profile.json").write_text(measured.stdout)
+    example = Path(__file__).parents[1] / "examples" / "deepseek_moe.py"
+    out = run_cli("suggest", "--static", str(example), "--report", str(tmp_path / "r"), "--profile",
+                  str(tmp_path / "profile.json"))
+    assert out.returncode == 0, out.stderr
+    text = next((tmp_path / "r").glob("*.md")).read_text()
+    section = text[text.index("### 11.5 Profile acceptance"):text.index("## 12.")]
+    assert "| moe-shared-expert:shared_expert | 12.0 | 12.0 | 1.00x | 12.0 | 8.0 | 4 |" in section
+    assert "20.0 µs per step" in section and "+25%" in section
+    assert all(mermaid.check(b) == [] for b in mermaid.blocks(text))
+    plain = run_cli("suggest", "--static", str(example), "--report", str(tmp_path / "p"))
+    assert plain.returncode == 0
+    assert "### 11.5 Profile acceptance\n\nN/A (apply --markers" in next((tmp_path / "p").glob("*.md")).read_text()
+
+
+def test_report_profile_needs_report_and_profile_json(tmp_path: Path) -> None:
+    example = Path(__file__).parents[1] / "examples" / "deepseek_moe.py"
+    bad = tmp_path / "p.json"
+    bad.write_text('{"candidates": []}')
+    for args in (["--profile", str(bad)], ["--profile", str(bad), "--report", str(tmp_path / "r")]):
+        out = run_cli("suggest", "--static", str(example), *args)
+        assert out.returncode == 2 and out.stderr.startswith("msrewrite: error: --profile")

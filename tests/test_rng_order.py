@@ -1,0 +1,185 @@
+"""apply refuses to move side work whose random draws change order against the main path's
+(dropout, torch.rand*, bernoulli, nn.Dropout submodules) unless --allow-rng-reorder is given; each
+case is run through verify: a refused shape, forced with the option, fails verify in train mode, and
+an accepted one verifies clean (original = flag off = flag on under every schedule, train included).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from msrewrite.commands.apply import case_steps
+from msrewrite.errors import NothingToDo
+from msrewrite.load import load
+from msrewrite.plan import FlagSpec
+from msrewrite.verify import verify_files
+
+FLAG = FlagSpec(kind="env", name="ENABLE_MOE_SHARED_EXPERT_STREAM")
+
+HEADER = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules.dropout import Dropout as ExternalDropout
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.shared_experts = nn.Sequential(nn.Linear(16, 32), nn.SiLU(), nn.Linear(32, 16))
+        self.gate = nn.Linear(16, 16)
+        self.experts = nn.Linear(16, 16)
+        self.drop = nn.Dropout(0.5)
+        self.side_drop = nn.Dropout(0.25)
+        self.external = ExternalDropout(0.5)
+
+    def forward(self, x):
+'''
+FOOTER = '''
+
+def make():
+    torch.manual_seed(0)
+    return Block(), (torch.randn(2, 8, 16),)
+'''
+
+# name -> (forward body, the draws the refusal names); every one is refused without the option
+REFUSED = {
+    "nn-dropout-both": (
+        "        s = self.shared_experts(self.side_drop(x))\n"
+        "        h = self.experts(self.gate(self.drop(x)))\n"
+        "        return h + s\n",
+        "(line 19: self.side_drop) and so does the main path between the fork and the join (line 20: self.drop)",
+    ),
+    "functional-dropout-main": (
+        "        s = self.shared_experts(self.side_drop(x))\n"
+        "        h = self.experts(F.dropout(self.gate(x), 0.5, self.training))\n"
+        "        return h + s\n",
+        "(line 20: F.dropout)",
+    ),
+    "bernoulli-side": (
+        "        s = self.shared_experts(x * torch.bernoulli(torch.full_like(x, 0.5)))\n"
+        "        h = self.experts(self.gate(x + torch.rand_like(x)))\n"
+        "        return h + s\n",
+        "(line 19: torch.bernoulli) and so does the main path between the fork and the join (line 20: torch.rand_like)",
+    ),
+    # the side call is hoisted out of the join statement, across the dropout evaluated before it
+    "hoisted-across-join-draw": (
+        "        h = self.experts(self.gate(x))\n"
+        "        return F.dropout(h, 0.5, self.training) + self.shared_experts(self.side_drop(x))\n",
+        "(line 20: self.side_drop) and so does the main path between the fork and the join (line 20: F.dropout)",
+    ),
+    # a callee msrewrite cannot see into may draw: it is named
+    "unseen-main-callee": (
+        "        s = self.shared_experts(self.side_drop(x))\n"
+        "        h = self.experts(self.external(self.gate(x)))\n"
+        "        return h + s\n",
+        "the main path between the fork and the join calls self.external (ExternalDropout",
+    ),
+}
+# accepted: no draw on the main path between the fork and the join
+ACCEPTED = {
+    "side-only": "        s = self.shared_experts(self.side_drop(x))\n        h = self.experts(self.gate(x))\n        return h + s\n",
+    "main-draw-before-fork": (
+        "        x = self.drop(x)\n"
+        "        s = self.shared_experts(self.side_drop(x))\n"
+        "        h = self.experts(self.gate(x))\n"
+        "        return h + s\n"
+    ),
+    "main-draw-after-join": (
+        "        s = self.shared_experts(self.side_drop(x))\n"
+        "        h = self.experts(self.gate(x))\n"
+        "        return self.drop(h + s)\n"
+    ),
+    "main-only": "        s = self.shared_experts(x)\n        h = self.experts(self.gate(self.drop(x)))\n        return h + s\n",
+}
+
+
+def model(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / f"{name.replace('-', '_')}.py"
+    path.write_text(HEADER + body + FOOTER)
+    return path
+
+
+def edit(path: Path, allow: bool = False):
+    src = load(path)
+    steps = case_steps(path, src.text, src.module, "moe-shared-expert", "eager", None, FLAG, None, allow_rng_reorder=allow)
+    return steps[-1]
+
+
+def verify(tmp_path: Path, path: Path, text: str):
+    edited = tmp_path / f"{path.stem}_ms.py"
+    edited.write_text(text)
+    return verify_files(edited, original=path, inputs=0)
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_reordered_draws_are_refused_and_verify_catches_them_when_forced(tmp_path, name):
+    body, named = REFUSED[name]
+    path = model(tmp_path, name, body)
+    with pytest.raises(NothingToDo) as refused:
+        edit(path)
+    assert named in str(refused.value) and "--allow-rng-reorder" in str(refused.value), str(refused.value)
+    forced = edit(path, allow=True)
+    assert forced.plans[0].allow_rng_reorder and forced.plans[0].rng_reorder
+    result = verify(tmp_path, path, forced.new)
+    assert not result.ok
+    if name == "hoisted-across-join-draw":  # hoisting alone changes the order, with the flag off too
+        assert any(p.startswith("train: flag off: output 0 differs") for p in result.problems), result.problems
+    else:
+        assert any("rng-order" in p for p in result.problems), result.problems
+
+
+@pytest.mark.parametrize("name", list(ACCEPTED))
+def test_draws_in_the_same_order_are_edited_and_verify_clean(tmp_path, name):
+    path = model(tmp_path, name, ACCEPTED[name])
+    step = edit(path)
+    assert not step.plans[0].allow_rng_reorder and not step.plans[0].rng_reorder
+    result = verify(tmp_path, path, step.new)
+    assert result.ok, result.problems
+    assert "train" in result.scenarios and result.schedules == ["early", "late", "interleaved"]
+
+
+def test_plan_file_is_rechecked_and_the_option_is_recorded(tmp_path):
+    """apply --plan refuses a plan whose move reorders random draws; with --allow-rng-reorder it
+    carries it out, says so with the edit, and verify --plan catches the reordering (exit 1)."""
+    path = model(tmp_path, "plan", REFUSED["nn-dropout-both"][0])
+    plan = edit(path, allow=True).plans[0].with_changes(allow_rng_reorder=False, rng_reorder="")
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps([plan.to_dict()]))
+    refused = run_cli("apply", str(path), "--plan", str(plan_file))
+    assert refused.returncode == 1 and not refused.stdout
+    assert "refused plan for Block.forward: the side branch draws random numbers" in refused.stderr
+    assert refused.stderr.count("\n") == 2, refused.stderr  # the mode note and the one-line refusal
+
+    target = tmp_path / "edited.py"
+    target.write_text(path.read_text())
+    applied = run_cli("apply", str(target), "--plan", str(plan_file), "--allow-rng-reorder", "-i")
+    assert applied.returncode == 0, applied.stderr
+    assert "--allow-rng-reorder: the side branch draws random numbers" in applied.stderr
+    verified = run_cli("verify", str(target), "--original", str(path), "--plan", str(plan_file), "--json",
+                       "--inputs", "0")
+    assert verified.returncode == 1, verified.stdout + verified.stderr
+    report = json.loads(verified.stdout)
+    assert any(p.startswith("rng-order: train: flag on") for p in report["problems"]), report["problems"]
+
+
+def test_option_needs_a_case_that_moves_calls(tmp_path):
+    path = model(tmp_path, "options", ACCEPTED["side-only"])
+    result = run_cli("apply", str(path), "--case", "kvcache-offload", "--allow-rng-reorder")
+    assert result.returncode == 2 and not result.stdout
+    assert result.stderr.strip().endswith(
+        "msrewrite: error: --allow-rng-reorder is for cases that move calls onto a side stream; kvcache-offload moves none"
+    ), result.stderr
+
+
+def test_plan_file_field_types_are_checked(tmp_path):
+    path = model(tmp_path, "schema", ACCEPTED["side-only"])
+    plan = edit(path).plans[0].to_dict()
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps({**plan, "allow_rng_reorder": "yes"}))
+    result = run_cli("apply", str(path), "--plan", str(plan_file))
+    assert result.returncode == 2 and "allow_rng_reorder" in result.stderr and not result.stdout
