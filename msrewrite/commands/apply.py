@@ -405,10 +405,12 @@ def _remove_markers(file: Path, in_place: bool) -> int:
         raise NothingToDo(f"{file}: no msrewrite profiler ranges to remove")
     _compile_check(file, src, new_text)
     if in_place:
-        write_in_place(file, src.on_disk(new_text).encode("utf-8"), src.digest)
+        from msrewrite.output.inplace import write_in_place  # tempfile, signals: only for -i
+
+        write_in_place(file, src.encode(src.on_disk(new_text)), src.digest)
         _note(f"rewrote {file}")
     else:
-        _write_stdout(unified_diff(src.on_disk(src.text), src.on_disk(new_text), _relpath(file)))
+        _write_stdout(unified_diff(src.on_disk(src.text), src.on_disk(new_text), _relpath(file)), src)
     return EXIT_OK
 
 
