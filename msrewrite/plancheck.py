@@ -17,7 +17,7 @@ from pathlib import Path
 import libcst as cst
 
 from msrewrite.analyze.branch import NoBranch, SideBranch, find_branch_for_calls, find_side_branch, has_seed
-from msrewrite.analyze.defuse import self_callee
+from msrewrite.analyze.defuse import all_calls, self_callee
 from msrewrite.analyze.positions import positions_for
 from msrewrite.cases import Case, Options, branch_plan, check_rng_order
 from msrewrite.emit.engine import code_of, locate, strip_leading
@@ -75,7 +75,7 @@ def calls_of_plan(func: cst.FunctionDef, positions, plan: OverlapPlan) -> list[c
     for side in plan.side:
         if side.hoist:
             join = by_line.get(plan.join_line)
-            found = [] if join is None else [c for c in _all_calls(join) if code_of(c) == side.source]
+            found = [] if join is None else [c for c in all_calls(join) if code_of(c) == side.source]
             if len(found) != 1:
                 raise BadInput(
                     f"stale plan for {plan.function}: the join statement at line {plan.join_line} "
@@ -95,16 +95,6 @@ def calls_of_plan(func: cst.FunctionDef, positions, plan: OverlapPlan) -> list[c
         raise NoBranch("the plan moves no submodule call: the side work a plan moves is submodule calls")
     return calls
 
-
-def _all_calls(node: cst.CSTNode) -> list[cst.Call]:
-    found: list[cst.Call] = []
-
-    class _Calls(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            found.append(call)
-
-    node.visit(_Calls())
-    return found
 
 
 def summaries_scope(module: cst.Module, function: str, assume_pure: tuple[str, ...] = (), path: Path | None = None):

@@ -405,6 +405,18 @@ def function_names(node: cst.CSTNode) -> set[str]:
     return names
 
 
+def all_calls(node: cst.CSTNode) -> list[cst.Call]:
+    """Every call in `node`, in source order, nested functions and lambdas included."""
+    found: list[cst.Call] = []
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            found.append(call)
+
+    node.visit(_Calls())
+    return found
+
+
 def _function_names(node: cst.CSTNode) -> set[str]:
     names: set[str] = set()
 

@@ -29,7 +29,7 @@ import libcst as cst
 from libcst.metadata import CodeRange
 
 from msrewrite.analyze.branch import NoBranch, SideBranch
-from msrewrite.analyze.defuse import StatementFacts, is_docstring, statement_facts
+from msrewrite.analyze.defuse import StatementFacts, all_calls, is_docstring, statement_facts
 
 INPLACE_WRITES = frozenset({"copy_", "index_copy_", "index_put_", "scatter_", "fill_", "zero_", "add_", "mul_"})
 
@@ -438,7 +438,7 @@ def _check_copy_helper(f: StatementFacts, found: tuple[CopyHelper, cst.Call]) ->
 def _refuse_unseen_copy_helper(facts: list[StatementFacts], calls: CallBuffers, is_host) -> None:
     """A method named for host memory (`cache.offload(i)`) that msrewrite cannot follow: say so."""
     for f in facts:
-        for call in _calls_in(f.node):
+        for call in all_calls(f.node):
             func = call.func
             if not (isinstance(func, cst.Attribute) and is_host(func.attr.value)):
                 continue
@@ -456,16 +456,6 @@ def _refuse_unseen_copy_helper(facts: list[StatementFacts], calls: CallBuffers, 
                     "see what it does to the KV buffers"
                 )
 
-
-def _calls_in(node: cst.CSTNode) -> list[cst.Call]:
-    found: list[cst.Call] = []
-
-    class _Calls(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            found.append(call)
-
-    node.visit(_Calls())
-    return found
 
 
 def _local_aliases(func: cst.FunctionDef, calls: CallBuffers) -> dict[str, set[str]]:

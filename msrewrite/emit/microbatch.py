@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from msrewrite.analyze.defuse import dotted_name, is_docstring, node_facts
+from msrewrite.analyze.defuse import all_calls, dotted_name, is_docstring, node_facts
 from msrewrite.emit.engine import code_of, strip_leading
 from msrewrite import validate
 from msrewrite.errors import BadInput, NothingToDo
@@ -107,7 +107,7 @@ class DeepCollectives:
                     "out of order with the comm stream"
                 )
             return False
-        for call in _calls(stmt):
+        for call in all_calls(stmt):
             if self.scope.effect_of(call).collective:
                 where = self._nested_collective(self.summaries, self.cls, call, depth=0)
                 if where:
@@ -144,7 +144,7 @@ class DeepCollectives:
                 kind = _CONTROL_FLOW.get(type(stmt).__name__, f"a `{type(stmt).__name__.lower()}`")
                 return (f"the collective in {label} sits inside {kind}: the micro-batches could issue it a "
                         "different number of times, so the comm order cannot be kept")
-            for inner in _calls(stmt):
+            for inner in all_calls(stmt):
                 if scope.effect_of(inner).collective:
                     why = self._nested_collective(owner, owner_cls, inner, depth + 1)
                     if why:
@@ -155,16 +155,6 @@ class DeepCollectives:
 _CONTROL_FLOW = {"If": "an `if`", "For": "a `for` loop", "While": "a `while` loop", "With": "a `with` block",
                  "Try": "a `try`"}
 
-
-def _calls(node: cst.CSTNode) -> list[cst.Call]:
-    found: list[cst.Call] = []
-
-    class _Calls(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            found.append(call)
-
-    node.visit(_Calls())
-    return found
 
 
 class _Suffix(cst.CSTTransformer):
