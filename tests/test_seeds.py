@@ -251,7 +251,7 @@ def test_phased_inliner_keeps_a_multi_line_conditional_expression(tmp_path):
 
 
 def test_inliner_failure_is_an_internal_error_not_the_users_syntax_error(tmp_path, monkeypatch):
-    import msrewrite.commands.apply as apply_command
+    import msrewrite.emit.inline as inline_module
 
     path = block_file(tmp_path, FORWARD_THROUGH_HELPER.replace("self._shared(x)", "self.shared_experts(x)"))
 
@@ -261,7 +261,7 @@ def test_inliner_failure_is_an_internal_error_not_the_users_syntax_error(tmp_pat
         stmt = bad.with_changes(body=[bad.body[0].with_changes(value=value)])
         return func.with_changes(body=func.body.with_changes(body=[stmt, *func.body.body]))
 
-    monkeypatch.setattr(apply_command, "inline_and_flatten", broken)
+    monkeypatch.setattr(inline_module, "inline_and_flatten", broken)  # apply imports it lazily, at the call
     with pytest.raises(BadInput) as failed:
         edit(path, "moe-shared-expert-phased")
     message = str(failed.value)
