@@ -252,12 +252,12 @@ def test_unmutated_golden_verifies_clean(tmp_path, case, mode, example):
     assert not result.findings
     assert {"train", "draw 1", "draw 2"} <= set(result.scenarios), result.scenarios
     # the side work deferred to the join (and split around main work) gives the original's outputs,
-    # in every scenario (eval, train, zero tokens, random draws), guarded plans included
-    if "phased" not in case:
-        assert result.schedules == ["early", "late", "interleaved"], result.schedule_note
-        for schedule in ("late", "interleaved"):
-            runs = [r.name for r in result.runs if r.name.endswith(f"{schedule} schedule")]
-            assert len(runs) == len(result.scenarios), [r.name for r in result.runs]
+    # in every scenario (eval, train, zero tokens, random draws), guarded and phased plans included
+    # (each phase deferred up to the next issue on its stream, the last one up to the join)
+    assert result.schedules == ["early", "late", "interleaved"], result.schedule_note
+    for schedule in ("late", "interleaved"):
+        runs = [r.name for r in result.runs if r.name.endswith(f"{schedule} schedule")]
+        assert len(runs) == len(result.scenarios), [r.name for r in result.runs]
 
 
 def _ge_edit_with_gate(example: str) -> str:
@@ -328,3 +328,57 @@ def test_guarded_late_schedule_names_the_leaking_statement(tmp_path, mode):
     assert any(
         "late schedule" in p and f"main statement at line {leak}: hidden_states.mul_(2)" in p for p in result.problems
     ), result.problems
+
+
+@pytest.mark.parametrize("mode", ["eager", "ge-graph"])
+def test_phased_late_schedule_names_the_leaking_statement(tmp_path, mode):
+    """A phased plan's phase 1 re-enters the side stream after dispatch_output and may run up to the
+    join: with a main-path write to its input inside that span (after its anchor, and after the side
+    call in the original, so the original is unaffected; the plan found on the unwritten file forced
+    onto it), the late schedule's result differs and verify names the write. The early schedule,
+    with phase 1 issued at its anchor, reads the input before the write."""
+    import dataclasses
+
+    from msrewrite.emit.schedules import ScheduleSource
+
+    example = EXAMPLES / "deepep_moe.py"
+    src = load(example)
+    (plan,) = plans_for_case(example, src.module, "moe-shared-expert-phased", mode, None,
+                             FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"), None)
+    assert plan.phase_anchors == ("dispatch_output", "combine_input"), plan.phase_anchors
+    anchor = "        dispatch_output = self.experts.dispatcher.dispatch(hidden_states, topk_idx, topk_weights)\n"
+    leak = src.text[: src.text.index(anchor)].count("\n") + 2  # the line the write goes to
+    original = tmp_path / "deepep_moe.py"
+    original.write_text(src.text.replace(anchor, anchor + "        hidden_states.mul_(2)\n"))
+
+    def shift(line: int) -> int:
+        return line + 1 if line >= leak else line
+
+    plan = plan.with_changes(
+        join_line=shift(plan.join_line),
+        side=tuple(dataclasses.replace(s, first_line=shift(s.first_line), last_line=shift(s.last_line)) for s in plan.side),
+    )
+    mutated = load(original)
+    edited = tmp_path / "deepep_moe_ms.py"
+    edited.write_text(apply_plans(mutated.module, [plan], mutated.text).code)
+    result = verify_files(edited, original=original, schedule_source=ScheduleSource(mutated.text, [plan]),
+                          inputs=0, train=False)
+    assert result.schedules == ["early", "late", "interleaved"], result.schedule_note
+    assert not any(p.startswith("flag on:") for p in result.problems), result.problems
+    assert any(
+        "late schedule" in p and f"main statement at line {leak}: hidden_states.mul_(2)" in p for p in result.problems
+    ), result.problems
+
+
+def test_phased_schedules_refuse_a_guarded_phased_plan():
+    """Deferring a phase across its guarded `if` is not built: such a plan gets the early schedule
+    only, with the reason; the unguarded phased plan is scheduled."""
+    from msrewrite.emit.schedules import unsupported
+
+    example = EXAMPLES / "deepep_moe.py"
+    src = load(example)
+    (plan,) = plans_for_case(example, src.module, "moe-shared-expert-phased", "eager", None,
+                             FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"), None)
+    assert unsupported(plan) is None
+    guarded = plan.with_changes(guard="hidden_states.numel() > 0", guard_line=plan.fork_line)
+    assert "guarded phased" in unsupported(guarded)

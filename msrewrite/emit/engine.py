@@ -325,6 +325,9 @@ class PlannedEdit:
     # of the `if`; this is [start, end) of that block there, and the turns (each step's `else:`)
     # that reach it through nested `if`s and `elif`s.
     guarded_block: tuple[int, int, tuple[bool, ...]] | None = None
+    # A phased plan: for each later phase, the index (counted as `window` counts) of the `if` that
+    # re-enters the side stream after its anchor, and the statements it issues there (the very nodes).
+    phases: tuple[tuple[int, tuple[cst.BaseStatement, ...]], ...] = ()
 
 
 def _body_positions(func: cst.FunctionDef, positions) -> list[tuple[int, int]]:
@@ -603,7 +606,8 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         sends = [h for kind, h in handles if kind == "send"]
         em.join = [f"{h}.wait()" for h in recvs + sends]
     side_nodes = phase_nodes.get(0, [])
-    phase_blocks = _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what, guarded)
+    phase_blocks, phase_issued = _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what, guarded)
+    phases: list[tuple[int, tuple[cst.BaseStatement, ...]]] = []
 
     # Runs of side statements left at their original place (they form the off path).
     runs: list[list[int]] = []
@@ -726,7 +730,9 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
             new_body.append(join_stmt)
             continue
         new_body.append(stmt)
-        new_body += phase_blocks.get(i, [])
+        if i in phase_blocks:
+            phases.append((len(new_body), phase_issued[i]))
+            new_body += phase_blocks[i]
     block_end = len(new_body) if block_end is None else block_end
     if join == len(body):
         if window_start is not None and em.main_limit:
@@ -749,18 +755,21 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
             new_init = _add_keyword_param(new_init, names.stream_attr)
     window = (window_start, window_end) if window_start is not None and window_end is not None else None
     return PlannedEdit(
-        plan, func, new_func, init, new_init, em, cls, names.stream_attr, tuple(side_nodes), window, guarded_block
+        plan, func, new_func, init, new_init, em, cls, names.stream_attr, tuple(side_nodes), window, guarded_block,
+        tuple(phases),
     )
 
 
-def _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what, guarded=None) -> dict[int, list[cst.BaseStatement]]:
-    """body index of each phase's anchor -> the block that re-enters the side stream after it."""
+def _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what, guarded=None):
+    """body index of each phase's anchor -> the block that re-enters the side stream after it, and
+    -> the statements that block issues on the side stream (for schedule variants)."""
     from msrewrite.analyze.defuse import node_facts, statement_facts
 
     if not plan.phase_anchors:
-        return {}
+        return {}, {}
     facts = statement_facts(body, positions)
     blocks: dict[int, list[cst.BaseStatement]] = {}
+    issued: dict[int, tuple[cst.BaseStatement, ...]] = {}
     earlier: set[str] = set()  # names the side stream defined in earlier phases
     for nodes in [phase_nodes.get(0, [])]:
         for node in nodes:
@@ -792,7 +801,8 @@ def _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what, gua
         block = _if_block(cond, [*_parse_block(em.phase_head), *with_stmt], em.off_cond, [])
         note = f"msrewrite({plan.case}): phase {p} of {what} re-enters the side stream after {anchor}."
         blocks[at] = _with_leading(block, [_comment(note)])
-    return blocks
+        issued[at] = tuple(inner)
+    return blocks, issued
 
 
 class _ReplaceFunctions(cst.CSTTransformer):

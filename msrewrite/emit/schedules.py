@@ -11,7 +11,12 @@ never by reading the emitted text:
   after:K       all side work right after the K-th main statement of the window (used to name the
                 statement whose effect leaked into the side work when a schedule differs)
 
-The side inputs are captured by reference at the fork (`_ms_fork_x = x`) and swapped in around
+A phased plan issues side work at the fork and again after each phase anchor; the side stream runs
+the phases in order, so each phase moves within its own span: from its issue up to the next issue
+(`PlannedEdit.phases`), the last one up to the join. Late defers each phase to the end of its span,
+interleaved splits each around the middle of its span, after:K clamps K into each span.
+
+The side inputs are captured by reference at the issue (`_ms_fork_x = x`) and swapped in around
 the deferred side work, so a main-path rebinding of `x` in the window does not matter (the real
 side stream reads the tensor it was handed), but an in-place write to that tensor does: exactly
 the races a device can show. Flag-off code is untouched.
@@ -37,7 +42,7 @@ SCHEDULES = ("early", "late", "interleaved")
 
 
 class NoSchedule(Exception):
-    """This edit's structure has no movable side block (phases, async comm, several waits)."""
+    """This edit's structure has no movable side block (async comm, several waits)."""
 
 
 @dataclass
@@ -51,11 +56,11 @@ class ScheduleSource:
 
 
 def unsupported(plan: OverlapPlan) -> str | None:
-    """Why this plan's side work cannot be moved as one block, or None."""
-    if plan.phase_anchors:
-        return "phased side work (its phases are already ordered after main-stream anchors)"
+    """Why this plan's side work cannot be moved, or None."""
     if plan.sync == "async-comm":
         return "asynchronous send/recv (no side stream)"
+    if plan.phase_anchors and plan.guard:
+        return "guarded phased side work (deferring a phase across its guarded `if` is not built)"
     return None
 
 
@@ -69,32 +74,50 @@ def _flat_body(edit: PlannedEdit) -> list[cst.BaseStatement]:
     return body[:start] + block + body[start + 1 :]
 
 
-def _unflat_body(edit: PlannedEdit, flat: list[cst.BaseStatement], inserted: int, at: int) -> list[cst.BaseStatement]:
-    """`flat` with the guarded block put back into its `if`; `inserted` statements were added at `at`."""
+def _unflat_body(edit: PlannedEdit, flat: list[cst.BaseStatement], insertions: list[tuple[int, int]]) -> list[cst.BaseStatement]:
+    """`flat` with the guarded block put back into its `if`; each (at, count) of `insertions` added
+    `count` statements at `at` of the flat body as `edit.window` counts it."""
     if edit.guarded_block is None:
         return flat
     start, end, turns = edit.guarded_block
-    if at < start:
-        start += inserted
-    if at < end:
-        end += inserted
-    node = edit.new_func.body.body[edit.guarded_block[0]]  # type: ignore[union-attr]
-    rebuilt = rebuild_path(follow_turns(node, turns), flat[start:end])  # type: ignore[arg-type]
-    return flat[:start] + [rebuilt] + flat[end:]
+    new_start = start + sum(count for at, count in insertions if at < start)
+    new_end = end + sum(count for at, count in insertions if at < end)
+    node = edit.new_func.body.body[start]  # type: ignore[union-attr]
+    rebuilt = rebuild_path(follow_turns(node, turns), flat[new_start:new_end])  # type: ignore[arg-type]
+    return flat[:new_start] + [rebuilt] + flat[new_end:]
 
 
-def _side_with(edit: PlannedEdit) -> tuple[cst.If, int, cst.With]:
-    """The fork `if` in the edited body, and the `with <side stream>:` that holds the side nodes."""
+@dataclass
+class _Issue:
+    """One place the edit issues side work: the `if` at flat index `at` (the fork, or a phase's
+    re-entry after its anchor), and the statements it runs on the side stream there."""
+
+    at: int
+    nodes: tuple[cst.BaseStatement, ...]
+    lo: int = 0  # the side work may run from here (flat index: before the statement there) ...
+    hi: int = 0  # ... up to here: the next issue on the same stream, or the join
+
+
+def _issues(edit: PlannedEdit) -> list[_Issue]:
     if edit.window is None or not edit.side_nodes:
         raise NoSchedule(f"{edit.plan.function}: no side block at the fork")
-    body = _flat_body(edit)
-    fork_if = body[edit.window[0] - 1]
-    side_ids = {id(n) for n in edit.side_nodes}
-    if isinstance(fork_if, cst.If):
-        for k, stmt in enumerate(fork_if.body.body):  # type: ignore[union-attr]
+    start, end = edit.window
+    issues = [_Issue(start - 1, edit.side_nodes), *(_Issue(at, nodes) for at, nodes in sorted(edit.phases, key=lambda p: p[0]))]
+    for k, issue in enumerate(issues):
+        issue.lo = issue.at + 1
+        issue.hi = issues[k + 1].at if k + 1 < len(issues) else end
+    return issues
+
+
+def _side_with(edit: PlannedEdit, body: list[cst.BaseStatement], issue: _Issue) -> tuple[cst.If, int, cst.With]:
+    """The issuing `if` in the edited body, and the `with <side stream>:` that holds its side nodes."""
+    issue_if = body[issue.at]
+    side_ids = {id(n) for n in issue.nodes}
+    if isinstance(issue_if, cst.If):
+        for k, stmt in enumerate(issue_if.body.body):  # type: ignore[union-attr]
             if isinstance(stmt, cst.With) and any(id(n) in side_ids for n in stmt.body.body):  # type: ignore[union-attr]
-                return fork_if, k, stmt
-    raise NoSchedule(f"{edit.plan.function}: the side block is not a `with` inside the fork")
+                return issue_if, k, stmt
+    raise NoSchedule(f"{edit.plan.function}: the side block is not a `with` inside its `if`")
 
 
 def _split(with_stmt: cst.With, side_nodes: tuple[cst.BaseStatement, ...]):
@@ -104,48 +127,103 @@ def _split(with_stmt: cst.With, side_nodes: tuple[cst.BaseStatement, ...]):
     return inner[: at[0]], inner[at[0] : at[-1] + 1], inner[at[-1] + 1 :]
 
 
+def _main_positions(edit: PlannedEdit, issues: list[_Issue]) -> list[int]:
+    """Flat indices of the window's main statements (the phases' re-entry blocks are not main work)."""
+    start, end = edit.window  # type: ignore[misc]
+    issuing = {issue.at for issue in issues}
+    return [i for i in range(start, end) if i not in issuing]
+
+
 def reschedule(edit: PlannedEdit, schedule: str) -> cst.FunctionDef:
-    """The edited function with its side work issued under `schedule`."""
+    """The edited function with its side work issued under `schedule`. A phased plan's phases each
+    move within their own span: from their issue (the fork, or the re-entry after their anchor) up to
+    the next issue on the same stream (the stream runs them in order), the last one up to the join."""
     if schedule == "early":
         return edit.new_func
     why = unsupported(edit.plan)
     if why:
         raise NoSchedule(f"{edit.plan.function}: {why}")
-    fork_if, with_at, with_stmt = _side_with(edit)
-    head, side, tail = _split(with_stmt, edit.side_nodes)
-    start, end = edit.window  # type: ignore[misc]
-    main_count = end - start
-    if schedule == "late":
-        early_part, later_part, after = [], side, main_count
-    elif schedule == "interleaved":
-        k = len(side) // 2
-        early_part, later_part, after = side[:k], side[k:], (main_count + 1) // 2
-    elif schedule.startswith("after:"):
-        early_part, later_part, after = [], side, int(schedule.split(":", 1)[1])
-        if not 0 <= after <= main_count:
-            raise NoSchedule(f"{schedule}: the window has {main_count} main statement(s)")
-    else:
+    issues = _issues(edit)
+    body = _flat_body(edit)
+    mains = _main_positions(edit, issues)
+    if schedule.startswith("after:"):
+        after = int(schedule.split(":", 1)[1])
+        if not 0 <= after <= len(mains):
+            raise NoSchedule(f"{schedule}: the window has {len(mains)} main statement(s)")
+    elif schedule not in ("late", "interleaved"):
         raise ValueError(f"unknown schedule {schedule!r}")
 
-    taken = function_names(edit.new_func)
-    inputs = [name for name in edit.plan.side_inputs if name in _locals(edit.old_func) and name != "self"]
-    captured = {name: _unique(f"_ms_fork_{name}", taken) for name in inputs}
-    saved = {name: _unique(f"_ms_main_{name}", taken | set(captured.values())) for name in inputs}
-    outputs = set(edit.plan.side_outputs)
+    taken = set(function_names(edit.new_func))
+    old_locals = _locals(edit.old_func)
+    insertions: list[tuple[int, list[cst.BaseStatement]]] = []
+    replaced: dict[int, cst.If] = {}
+    for k, issue in enumerate(issues):
+        issue_if, with_at, with_stmt = _side_with(edit, body, issue)
+        head, side, tail = _split(with_stmt, issue.nodes)
+        span = [i for i in mains if issue.lo <= i < issue.hi]  # the main statements it may run after
+        if schedule == "late":
+            early_part, later_part, at = [], side, issue.hi
+        elif schedule == "interleaved":
+            half = len(side) // 2
+            early_part, later_part = side[:half], side[half:]
+            after_span = (len(span) + 1) // 2
+            at = span[after_span - 1] + 1 if after_span else issue.lo
+        else:
+            point = mains[after - 1] + 1 if after else edit.window[0]  # type: ignore[index]
+            early_part, later_part, at = [], side, min(max(point, issue.lo), issue.hi)
+        if not later_part:
+            continue
+        later = [n for issue2 in issues[k + 1 :] for n in issue2.nodes]
+        inputs = _inputs(edit, issue, k, old_locals)
+        outputs = set(edit.plan.side_outputs) | (set().union(*(node_facts(n).loads for n in later)) if later else set())
+        at_issue, moved = _defer(with_stmt, head, early_part, later_part, tail, inputs, outputs, taken)
+        issue_body = list(issue_if.body.body)  # type: ignore[union-attr]
+        issue_body[with_at : with_at + 1] = at_issue
+        replaced[issue.at] = issue_if.with_changes(body=issue_if.body.with_changes(body=issue_body))
+        # A guarded plan's deferred work runs under its guard, as its fork did: inside the guarded
+        # `if` the condition already holds; before it, it is tested with the stream.
+        inside = edit.guarded_block is not None and edit.guarded_block[0] <= at < edit.guarded_block[1]
+        cond = code_of(issue_if.test) if edit.guarded_block is not None and not inside else edit.emission.on_cond
+        block = _if_block(cond, moved, None, [])
+        where = "" if len(issues) == 1 else " (issued at the fork)" if k == 0 else f" (phase {k})"
+        note = f"msrewrite verify: {schedule} schedule, side work{where} deferred to here"
+        insertions.append((at, [block[0].with_changes(leading_lines=(_comment(note),)), *block[1:]]))
+    for at, new_if in replaced.items():
+        body[at] = new_if
+    for at, block in sorted(insertions, key=lambda item: item[0], reverse=True):
+        body[at:at] = block
+    body = _unflat_body(edit, body, [(at, len(block)) for at, block in insertions])
+    return edit.new_func.with_changes(body=edit.new_func.body.with_changes(body=body))
+
+
+def _inputs(edit: PlannedEdit, issue: _Issue, k: int, old_locals: set[str]) -> list[str]:
+    """The names the issue's side work reads as it finds them at its issue: the plan's side inputs at
+    the fork; at a phase's re-entry, every local it reads before storing it (its anchor, main values,
+    what earlier phases stored on the side stream)."""
+    names = list(edit.plan.side_inputs)
+    if k:
+        names, stored = [], set()
+        for node in issue.nodes:
+            facts = node_facts(node)
+            names += sorted(facts.loads - stored - set(names))
+            stored |= facts.stores
+    return [name for name in names if name in old_locals and name != "self"]
+
+
+def _defer(with_stmt, head, early_part, later_part, tail, inputs, outputs, taken):
+    """(statements left at the issue: the captures and the side work that stays there, the deferred
+    statements). The side inputs are captured by reference at the issue; the deferred side work reads
+    the captures (a main-path rebinding or `del` of the name does not matter). An input the side work
+    itself rebinds is swapped in and out instead."""
+    captured = {name: _unique(f"_ms_fork_{name}", taken) for name in inputs}  # _unique takes the name
+    saved = {name: _unique(f"_ms_main_{name}", taken) for name in inputs}
 
     def with_body(nodes: list[cst.BaseStatement]) -> cst.With:
         return with_stmt.with_changes(body=with_stmt.body.with_changes(body=nodes))
 
-    fork_body = list(fork_if.body.body)  # type: ignore[union-attr]
-    at_fork: list[cst.BaseStatement] = _parse_block([f"{c} = {name}" for name, c in captured.items()])
+    at_issue: list[cst.BaseStatement] = _parse_block([f"{c} = {name}" for name, c in captured.items()])
     if early_part:
-        at_fork.append(with_body([*head, *early_part]))
-    fork_body[with_at : with_at + 1] = at_fork
-    new_fork_if = fork_if.with_changes(body=fork_if.body.with_changes(body=fork_body))
-
-    # The deferred side work reads the tensors it was handed at the fork: its reads of the inputs are
-    # renamed to the captures (a main-path rebinding or `del` of the name does not matter). An input
-    # the side work itself rebinds is swapped in and out instead.
+        at_issue.append(with_body([*head, *early_part]))
     stored = set().union(*(node_facts(n).stores for n in later_part)) if later_part else set()
     renamed = {n: captured[n] for n in inputs if n not in stored}
     swapped = [n for n in inputs if n in stored]
@@ -158,19 +236,7 @@ def reschedule(edit: PlannedEdit, schedule: str) -> cst.FunctionDef:
         with_body([*([] if early_part else head_part), *later_part, *tail]),
         *_parse_block(swap_out),
     ]
-    at = start + after
-    # A guarded plan's deferred work runs under its guard, as its fork did: inside the guarded
-    # `if` the condition already holds; before it, it is tested with the stream.
-    inside = edit.guarded_block is not None and edit.guarded_block[0] <= at < edit.guarded_block[1]
-    cond = code_of(fork_if.test) if edit.guarded_block is not None and not inside else edit.emission.on_cond
-    block = _if_block(cond, moved, None, [])
-    note = f"msrewrite verify: {schedule} schedule, side work deferred to here"
-    block = [block[0].with_changes(leading_lines=(_comment(note),)), *block[1:]]
-    body = _flat_body(edit)
-    body[start - 1] = new_fork_if
-    body[at:at] = block
-    body = _unflat_body(edit, body, len(block), at)
-    return edit.new_func.with_changes(body=edit.new_func.body.with_changes(body=body))
+    return at_issue, moved
 
 
 def variant(source: ScheduleSource, schedule: str) -> str:
@@ -208,7 +274,9 @@ def _window_lines(edit: PlannedEdit, module: cst.Module, text: str) -> list[tupl
     positions = positions_for(module, edit.plan.function, edit.old_func, text)
     old = list(edit.old_func.body.body)  # type: ignore[union-attr]
     found = []
-    for stmt in _flat_body(edit)[edit.window[0] : edit.window[1]]:
+    flat = _flat_body(edit)
+    issues = _issues(edit) if edit.side_nodes else []
+    for stmt in (flat[i] for i in _main_positions(edit, issues)):
         same = next((s for s in _old_flat(edit, old) if s is stmt or s.deep_equals(stmt)), None)
         line = positions[same].start.line if same is not None and same in positions else 0
         found.append((line, _first_line(stmt)))

@@ -133,7 +133,7 @@ def variants(file: Path, text: str, case: str, mode: str, every: bool) -> list[V
         try:
             out.append(Variant("side work at its original place (late)", None,
                                variant(ScheduleSource(last_old, plans), "late")))
-        except NoSchedule as exc:  # phased or async-comm side work: not one movable block
+        except NoSchedule as exc:  # async-comm side work: no side stream to defer
             out[0].notes.append(f"no original-place variant: {exc}")
     if known.phased and plans:
         for anchor in plans[0].phase_anchors:
