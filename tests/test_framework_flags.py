@@ -220,3 +220,17 @@ def test_a_framework_name_the_file_binds_itself_is_refused(tmp_path, binding, me
     done = _apply(model, "--gate", "capture")
     assert done.returncode == 2 and done.stdout == ""
     assert message in done.stderr, done.stderr
+
+
+def test_fullgraph_text_precheck_neither_misses_a_region_nor_walks_for_a_class_attribute():
+    """fullgraph_region skips its module walk when the source names no root: `fullgraph =` with
+    spaces is still a region; transformers' `_can_compile_fullgraph = True` is not."""
+    import libcst as cst
+
+    from msrewrite.emit.frameworks import fullgraph_region
+
+    base = FULLGRAPH_MOE.read_text(encoding="utf-8")
+    spaced = base + "\n\ncompiled = torch.compile(Model(), fullgraph = True)\n"
+    assert fullgraph_region(cst.parse_module(spaced), "MoE.forward", spaced) is not None
+    flagged = base.replace("class Model", "class Model:\n    _can_compile_fullgraph = True\n\n\nclass _Model", 1)
+    assert fullgraph_region(cst.parse_module(flagged), "MoE.forward", flagged) is None

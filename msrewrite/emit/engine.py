@@ -437,7 +437,7 @@ def _assigned_self_attrs(func: cst.FunctionDef) -> set[str]:
     return names
 
 
-def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
+def plan_edit(module: cst.Module, positions, plan: OverlapPlan, text: str | None = None) -> PlannedEdit:
     located = locate(module, plan.function)
     func, cls = located.func, located.cls
     label = f"{plan.case}: {plan.case_branch}" if plan.case_branch else plan.case
@@ -445,7 +445,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan) -> PlannedEdit:
         raise NothingToDo(f"{plan.function} already runs its side branch on a side stream")
     if not isinstance(func.body, cst.IndentedBlock):
         raise BadInput(f"{plan.function}: a one-line function body cannot be split")
-    compiled = frameworks.fullgraph_region(module, plan.function)
+    compiled = frameworks.fullgraph_region(module, plan.function, text)
     if compiled is not None:
         raise BadInput(
             f"{plan.function} runs inside a torch.compile fullgraph region ({compiled}): stream code there "
@@ -1150,7 +1150,7 @@ def apply_plans(
     edits = []
     for plan in plans:
         located = locate(module, plan.function)
-        edits.append(plan_edit(module, positions_for(module, plan.function, located.func, text), plan))
+        edits.append(plan_edit(module, positions_for(module, plan.function, located.func, text), plan, text))
         if reschedule is not None:
             edits[-1].new_func = reschedule(edits[-1])
     functions = [e.old_func for e in edits]

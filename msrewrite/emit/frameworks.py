@@ -11,6 +11,8 @@ looked for, so the edit never guesses at an API.
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from msrewrite.errors import BadInput
@@ -184,10 +186,16 @@ def _compiled_roots(module: cst.Module) -> dict[str, str]:
     return roots
 
 
-def fullgraph_region(module: cst.Module, qualified: str) -> str | None:
+_FULLGRAPH_KEYWORD = re.compile(r"\bfullgraph\s*=")  # `fullgraph=`, not `_can_compile_fullgraph =`
+
+
+def fullgraph_region(module: cst.Module, qualified: str, text: str | None = None) -> str | None:
     """How `qualified` ("Class.method" or "function") runs inside a fullgraph compile, else None.
     A class is inside when a compiled class constructs it, directly or through other classes of the
-    file (vLLM's model class builds its layers in __init__)."""
+    file (vLLM's model class builds its layers in __init__). `text`, the module's source when the
+    caller has it, skips the walk over the whole module when neither name a root needs is in it."""
+    if text is not None and "support_torch_compile" not in text and not _FULLGRAPH_KEYWORD.search(text):
+        return None
     roots = _compiled_roots(module)
     if not roots:
         return None
