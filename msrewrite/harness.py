@@ -589,7 +589,7 @@ def run_in_child(fn: Callable[[ChildProgress], Any], *, timeout: float, stdout_t
             except MsrewriteError as exc:
                 value = ("error", exc)
             except SystemExit as exc:
-                value = ("exit", f"user code called sys.exit({exc.code!r})")
+                value = ("exit", f"called sys.exit({exc.code!r})")
             except BaseException as exc:  # noqa: BLE001 - reported to the parent as one line
                 value = ("crash", one_line(exc))
             if os.getpid() == me:  # a process forked by user code never reports

@@ -282,8 +282,7 @@ ROWS += [
     Row("verify-harness-raises", ("verify", "{applied.py}", "--harness", "{raising_harness.py}:make"), 2,
         "no weights here"),
     Row("apply-verify-harness-exits", ("apply", *CASE, "-i", "--verify", "--harness", "{exiting_harness.py}:make",
-                                       "{good.py}"), 2, "exiting_harness",
-        xfail="sys.exit() in make() ends msrewrite with its code: harness isolation (wt-verify) must catch it"),
+                                       "{good.py}"), 2, "exiting_harness"),
     # git state and what a checkout may hand over
     Row("apply-merge-conflict-markers", ("apply", *CASE, "{conflict.py}"), 2, "syntax error"),
     Row("apply-git-lfs-pointer", ("apply", *CASE, "{lfs_pointer.py}"), 2, "syntax error"),

@@ -33,7 +33,9 @@ def _report(result: VerifyResult, json_out: bool) -> int:
     return EXIT_OK if result.ok else EXIT_NOTHING_TO_DO
 
 
-def _isolated(fn, timeout: float, json_out: bool, err: bool = False, quiet: bool = False) -> VerifyResult | int:
+def _isolated(
+    fn, timeout: float, json_out: bool, err: bool = False, quiet: bool = False, harness: str | None = None
+) -> VerifyResult | int:
     """fn(progress) in a child; a child that died or hung in the model run is a problem (exit 1),
     in the harness bad input (exit 2)."""
     from msrewrite.harness import ChildFailed, run_in_child
@@ -44,7 +46,8 @@ def _isolated(fn, timeout: float, json_out: bool, err: bool = False, quiet: bool
         return run_in_child(fn, timeout=timeout, on_stage=stage_printer(quiet, "verify: "))
     except ChildFailed as exc:
         if exc.phase in _HARNESS_PHASES:
-            raise BadInput(f"bad harness: user code {exc}") from None
+            named = f" {harness}" if harness else ""  # the one the user gave; else the file's own make()
+            raise BadInput(f"bad harness{named}: user code {exc}") from None
         reason = f"user code {exc}"
         if json_out:
             typer.echo(json.dumps({"ok": False, "problems": [reason]}, indent=2))
@@ -113,7 +116,7 @@ def run_verify(
             rtol=rtol, schedule_source=source, inputs=inputs, progress=progress, schedules=chosen, train=train,
         )
 
-    result = _isolated(work, timeout, json_out, quiet=quiet)
+    result = _isolated(work, timeout, json_out, quiet=quiet, harness=harness)
     if isinstance(result, int):
         return result
     return _report(result, json_out)
@@ -166,7 +169,7 @@ def verify_edit(
                 progress=progress,
             )
 
-        result = _isolated(work, timeout, json_out=False, err=True, quiet=quiet)
+        result = _isolated(work, timeout, json_out=False, err=True, quiet=quiet, harness=harness)
     if isinstance(result, int):
         return result
     typer.echo("verify:", err=True)  # after the run: a bad harness is one error line, no header
