@@ -363,19 +363,33 @@ def test_nn_module_attribute_list_matches_torch():
 
 
 def test_microbatch_edit_checks_its_own_values():
+    from msrewrite.analyze.microbatch import microbatch_plan
     from msrewrite.emit.microbatch import microbatch_edit
     from msrewrite.errors import BadInput
     from msrewrite.load import load
 
     module = load(EXAMPLES / "microbatch_moe.py").module
     flag = FlagSpec(name="ENABLE_PREFILL_MICROBATCH")
-    with pytest.raises(ValueError):
-        microbatch_edit(module, "eager", flag, None, 'x")\nimport os\n("')
+
+    def plan(**kwargs):
+        return microbatch_plan(module, case="prefill-microbatch", path=None, mode="eager", flag=flag, **kwargs)
+
+    with pytest.raises(BadInput, match="--stream-tag"):
+        plan(stream_tag='x")\nimport os\n("')
     for group in ("nosuch", "forward", "a b"):
         with pytest.raises(BadInput):
-            microbatch_edit(module, "eager", flag, None, "microbatch_comm", second_group=group)
-    new, _ = microbatch_edit(module, "eager", flag, None, "microbatch_comm", second_group="ep_group_mb1")
-    assert "group=self.ep_group_mb1" in new.code
+            plan(second_group=group)
+    good = plan(second_group="ep_group_mb1")
+    assert "group=self.ep_group_mb1" in microbatch_edit(module, good).code
+    # the emitter takes no value on trust either: a plan is validated on construction
+    for value in HOSTILE_TEXT:
+        with pytest.raises(ValueError):
+            good.with_changes(stream_tag=value)
+        with pytest.raises(ValueError):
+            good.with_changes(second_group=value or "forward")  # "" is no second group
+    # and a group the layer does not set is refused by the emitter, not emitted
+    with pytest.raises(BadInput, match="never sets self.other_group"):
+        microbatch_edit(module, good.with_changes(second_group="other_group"))
 
 
 # Scans of the emitter ---------------------------------------------------------------------------

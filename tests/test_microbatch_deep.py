@@ -7,6 +7,7 @@ import libcst as cst
 import pytest
 
 from conftest import EXAMPLES
+from msrewrite.analyze.microbatch import microbatch_plan
 from msrewrite.emit.microbatch import microbatch_edit
 from msrewrite.errors import NothingToDo
 from msrewrite.plan import FlagSpec
@@ -16,8 +17,9 @@ FLAG = FlagSpec(name="ENABLE_PREFILL_MICROBATCH")
 
 
 def edit(source: str, **kwargs) -> str:
-    new, _ = microbatch_edit(cst.parse_module(source), "eager", FLAG, None, "microbatch_comm", **kwargs)
-    return new.code
+    module = cst.parse_module(source)
+    plan = microbatch_plan(module, case="prefill-microbatch", path=None, mode="eager", flag=FLAG, **kwargs)
+    return microbatch_edit(module, plan).code
 
 
 def test_the_submodule_call_is_the_comm_stage():
