@@ -566,6 +566,9 @@ def run_apply(
         if not plans:
             raise NothingToDo(f"{plan_path}: no plan to carry out")
         if any(isinstance(p, MicrobatchPlan) for p in plans):
+            if len(plans) > 1:
+                raise BadInput(f"{plan_path}: a prefill-microbatch plan forks the whole model: carry it out alone "
+                               "(--candidate N)")
             if allow_rng_reorder:
                 raise BadInput("--allow-rng-reorder is for cases that move calls onto a side stream; "
                                "a prefill-microbatch plan moves none")
