@@ -1,8 +1,10 @@
-"""The plan: one overlap edit, the contract between analysis (cases, `suggest`) and the emitter.
+"""The plan: one edit, the contract between analysis (cases, `suggest`) and the emitter.
 
-A plan names statements by their source lines and keeps their text, so a plan written by
-`suggest --json` can be checked against the file before `apply --plan` carries it out: if the
-file changed since, the emitter refuses the stale plan instead of editing the wrong lines.
+An OverlapPlan moves one branch onto a side stream; a MicrobatchPlan (`"kind": "microbatch"` in
+JSON) forks a model's layer loop into two micro-batches (prefill-microbatch). A plan names
+statements by their source lines and keeps their text, so a plan file can be checked against the
+file before `apply --plan` carries it out: if the file changed since, the stale plan is refused
+instead of editing the wrong lines.
 """
 
 from __future__ import annotations

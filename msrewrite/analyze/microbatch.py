@@ -276,8 +276,8 @@ def forward_of(cls: cst.ClassDef) -> cst.FunctionDef | None:
     )
 
 
-def assigned_attributes(cls: cst.ClassDef) -> set[str]:
-    """Every `self.<name>` the class assigns (`self.name = ...`, `self.name: T = ...`)."""
+def assigned_attributes(node: cst.CSTNode) -> set[str]:
+    """Every `self.<name>` a class (or one of its methods) assigns (`self.name = ...`, `self.name: T = ...`)."""
     assigned: set[str] = set()
 
     class _Assigned(cst.CSTVisitor):
@@ -291,7 +291,7 @@ def assigned_attributes(cls: cst.ClassDef) -> set[str]:
             if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self":
                 assigned.add(target.attr.value)
 
-    cls.visit(_Assigned())
+    node.visit(_Assigned())
     return assigned
 
 

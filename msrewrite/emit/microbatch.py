@@ -192,7 +192,7 @@ def _call_args(func: cst.FunctionDef) -> str:
     return ", ".join(parts)
 
 
-def _flag_lines(plan: MicrobatchPlan, model_cls: cst.ClassDef, init: cst.FunctionDef, roots: set[str]):
+def _flag_lines(plan: MicrobatchPlan, init: cst.FunctionDef, roots: set[str]):
     """(the switch expression, the `__init__` lines behind it, the Emission's extras) for the plan's
     flag, read as the other cases read it: env and sglang into self.enable_<name>; attr and
     vllm-ascend into self.<name>, an attribute the class already sets being reused."""
@@ -202,7 +202,7 @@ def _flag_lines(plan: MicrobatchPlan, model_cls: cst.ClassDef, init: cst.Functio
     default = "True" if flag.default else "False"
     keeps = "keeps the single-batch layer loop." if flag.default else "runs the layers as two micro-batches."
     label = f"# msrewrite({plan.case}):"
-    set_already = assigned_attributes(model_cls)
+    set_already = assigned_attributes(init)  # as the engine reads it: set in __init__, where the edit reads it
     extras: dict = {"helpers": [], "from_imports": frameworks.flag_imports(flag, roots), "needs_os": False}
     if flag.kind in ("env", "sglang"):
         attr = flag_attribute(flag.name)
@@ -262,7 +262,7 @@ def microbatch_edit(module: cst.Module, plan: MicrobatchPlan, text: str | None =
 
     roots = frameworks.imported_roots(module)
     init = _model_init(found.model_cls)
-    switch, init_lines, extras = _flag_lines(plan, found.model_cls, init, roots)
+    switch, init_lines, extras = _flag_lines(plan, init, roots)
     condition = f"_ms_microbatch({switch}, {found.loop.carried})"
     when = ""
     if plan.flag.gate is not None:  # prefill: the model forward's own phase predicate
