@@ -199,6 +199,22 @@ def test_apply_plan_makes_exactly_the_case_edit(tmp_path):
     # options on top of a plan file: the flag kind changes only because it was asked
     env = run_cli("apply", "--plan", str(plans), str(path), "--flag", "env:MB")
     assert env.returncode == 0 and '_ms_env_flag("MB", True)' in env.stdout, env.stderr
+    # --second-comm-group on a plan without one is carried, not dropped
+    bare = tmp_path / "bare.json"
+    bare.write_text(plan.with_changes(second_group="").to_json())
+    grouped = run_cli("apply", "--plan", str(bare), str(path), "--second-comm-group", "ep_group_mb1")
+    assert grouped.returncode == 0, grouped.stderr
+    assert grouped.stdout == by_case.stdout
+    from msrewrite.commands.apply import plans_for_case
+    from msrewrite.load import load
+
+    moe = EXAMPLES / "deepseek_moe.py"
+    overlap = tmp_path / "overlap.json"
+    overlap.write_text(plans_for_case(moe, load(moe).module, "moe-shared-expert", "eager", None,
+                                      FlagSpec(name="X"), None)[0].to_json())
+    refused = run_cli("apply", "--plan", str(overlap), str(moe), "--second-comm-group", "ep_group_mb1")
+    assert refused.returncode == 2 and refused.stdout == "", refused.stderr
+    assert "--second-comm-group is for prefill-microbatch; the plan file's plans have no micro-batches" in refused.stderr
 
 
 def test_apply_plan_on_a_stale_plan_is_refused(tmp_path):

@@ -581,6 +581,11 @@ def run_apply(
             overrides["flag"] = _parse_flag(flag, flag_default, max_tokens, f"{base.kind}:{base.name}", gate)
         if stream_tag:
             overrides["stream_tag"] = stream_tag
+        if second_comm_group is not None:  # a micro-batch plan's choice; no other plan has micro-batches
+            if not all(isinstance(p, MicrobatchPlan) for p in plans):
+                raise BadInput("--second-comm-group is for prefill-microbatch; the plan file's plans have no "
+                               "micro-batches")
+            overrides["second_group"] = second_comm_group
         if assume_pure:
             overrides["assume_pure"] = assume_pure
         if allow_rng_reorder:
