@@ -225,7 +225,7 @@ def test_ge_golden_raises_nothing_under_each_compile_mode(tmp_path, case, exampl
     assert bool(side) == (compile_mode == "max-autotune"), streams
 
 
-@pytest.mark.parametrize("compile_mode", ["reduce-overhead", "run_eagerly"])
+@pytest.mark.parametrize("compile_mode", ["reduce-overhead", "npugraph_ex", "run_eagerly"])
 @pytest.mark.parametrize("example", regen.GOLDEN_EXAMPLES["moe-shared-expert-phased"])
 def test_old_wait_tensor_gate_is_caught(tmp_path, example, compile_mode):
     """Gated on is_compiling() alone, npu_wait_tensor is reached outside GE graph mode and raises."""
