@@ -355,3 +355,38 @@ def test_bad_plan_values_never_reach_the_emitter():
             plan.with_changes(flag=flag)
     with pytest.raises(BadInput, match="prefill-microbatch takes no --gate capture"):
         _plan(flag=FlagSpec(gate="capture"))
+
+
+# suggest proposes the fork with its plan; apply --plan carries it out ------------------------------
+def test_suggest_json_proposes_the_fork_and_apply_plan_carries_it_out(tmp_path):
+    path = _write(tmp_path, SOURCE, "microbatch_moe.py")
+    suggested = run_cli("suggest", "--static", "--json", str(path))
+    assert suggested.returncode == 0, suggested.stderr
+    data = json.loads(suggested.stdout)
+    [candidate] = [c for c in data["candidates"] if c["case"] == CASE]
+    assert candidate["plan"]["kind"] == "microbatch" and candidate["estimated_saving"] is None
+    assert candidate["stages"] == "L31-35 compute, L36 comm, L37 compute, L38 comm, L39 compute"
+    assert candidate["command"] == f"msrewrite apply --case {CASE} --target MoEModel {path}"
+    plans = tmp_path / "plans.json"
+    plans.write_text(suggested.stdout)
+    by_plan = run_cli("apply", "--plan", str(plans), str(path))
+    by_case = run_cli("apply", "--case", CASE, str(path))
+    assert by_plan.returncode == 0 and by_plan.stdout == by_case.stdout, by_plan.stderr
+    table = run_cli("suggest", "--static", str(path))
+    assert table.returncode == 0 and "no candidates found" not in table.stdout
+    assert f"  msrewrite apply --case {CASE} --target MoEModel {path}" in table.stdout
+
+
+def test_suggest_reports_a_refused_fork_with_the_analysis_reason(tmp_path):
+    path = _write(tmp_path, COUNTER)
+    suggested = run_cli("suggest", "--static", "--json", str(path))
+    assert suggested.returncode == 1, suggested.stderr  # nothing to propose
+    data = json.loads(suggested.stdout)
+    assert not [c for c in data["candidates"] if c["case"] == CASE]
+    [refused] = [r for r in data["refused"] if r["function"] == "MoEModel.forward"]
+    assert "writes self.seen, which both micro-batches share" in refused["reason"]
+    # a file without a layer loop is not parsed for it at all (and proposes nothing)
+    from msrewrite.suggest.microbatch import microbatch_candidates
+
+    found: list = []
+    assert microbatch_candidates(path, (EXAMPLES / "deepseek_moe.py").read_text(), "x.py", found) == [] and not found

@@ -29,6 +29,11 @@ from msrewrite.analyze.positions import positions_for
 from msrewrite.errors import BadInput, NothingToDo
 from msrewrite.plan import FlagSpec, MicrobatchPlan, MicrobatchStage, SourceSpan, microbatch_flag_error
 
+class NotApplicable(NothingToDo):
+    """No micro-batch fork to make here (no layer loop, no collective, a layer shape the fork does
+    not handle), as opposed to a refusal: `suggest` lists only refusals."""
+
+
 COLLECTIVES = frozenset(
     {"all_reduce", "all_to_all", "all_to_all_single", "all_gather", "all_gather_into_tensor",
      "reduce_scatter", "reduce_scatter_tensor", "broadcast", "reduce"}
@@ -70,7 +75,8 @@ def stages_of(func: cst.FunctionDef, deep: "DeepCollectives | None" = None) -> l
     is a comm stage as a whole."""
     body = list(func.body.body)  # type: ignore[union-attr]
     if not body or not all(isinstance(s, cst.SimpleStatementLine) for s in body):
-        raise NothingToDo(f"{func.name.value}: micro-batching needs a straight-line layer forward")
+        error = NothingToDo if _has_collective(func) else NotApplicable
+        raise error(f"{func.name.value}: micro-batching needs a straight-line layer forward")
     stages: list[Stage] = []
     for stmt in body:
         comm = _has_collective(stmt) or (deep is not None and deep.statement_communicates(stmt))
@@ -79,7 +85,7 @@ def stages_of(func: cst.FunctionDef, deep: "DeepCollectives | None" = None) -> l
         else:
             stages.append(Stage(comm, [stmt]))
     if not any(s.comm for s in stages):
-        raise NothingToDo(f"{func.name.value}: no collective to overlap")
+        raise NotApplicable(f"{func.name.value}: no collective to overlap")
     return stages
 
 
@@ -331,13 +337,13 @@ def locate_model(module: cst.Module, target: str | None) -> Located:
     if not candidates:
         if target is not None and not any(target in (name, f"{name}.forward") for name in classes):
             raise BadInput(f"--target {target}: no such class with a forward in the file")
-        raise NothingToDo("no `for layer in self.layers: hidden_states = layer(hidden_states)` loop to micro-batch")
+        raise NotApplicable("no `for layer in self.layers: hidden_states = layer(hidden_states)` loop to micro-batch")
     if len(candidates) > 1:
         names = ", ".join(f"{c[0]}.forward" for c in candidates)
         raise BadInput(f"ambiguous target: {len(candidates)} layer loops ({names}); pick one with --target")
     model_name, model_cls, forward, loop = candidates[0]
     if any(isinstance(s, cst.FunctionDef) and s.name.value == "forward_microbatch" for s in model_cls.body.body):  # type: ignore[union-attr]
-        raise NothingToDo(f"{model_name}.forward: already applied, nothing to do")
+        raise NotApplicable(f"{model_name}.forward: already applied, nothing to do")
     layers = layer_classes(model_cls, loop.attr, classes)
     if len(layers) > 1:
         raise NothingToDo(f"{model_name}: self.{loop.attr} holds layers of several classes ({', '.join(layers)}); "
@@ -345,7 +351,7 @@ def locate_model(module: cst.Module, target: str | None) -> Located:
     layer_name = layers[0] if layers else None
     layer_forward = forward_of(classes[layer_name]) if layer_name else None
     if layer_name is None or layer_forward is None:
-        raise NothingToDo(f"{model_name}: cannot tell which class fills self.{loop.attr}")
+        raise NotApplicable(f"{model_name}: cannot tell which class fills self.{loop.attr}")
     return Located(model_name, model_cls, forward, loop, layer_name, classes[layer_name], layer_forward)  # type: ignore[arg-type]
 
 
@@ -374,7 +380,7 @@ def microbatch_plan(
     params = found.layer_forward.params
     if (len(params.params) != 2 or params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) or params.kwonly_params
             or params.posonly_params or params.star_kwarg is not None):
-        raise NothingToDo(f"{layer_label}: micro-batching needs a layer forward(self, hidden_states)")
+        raise NotApplicable(f"{layer_label}: micro-batching needs a layer forward(self, hidden_states)")
     if second_group is not None:
         second_group = existing_attribute(found.layer_cls, second_group, "--second-comm-group")
     deep = DeepCollectives(ModuleSummaries(module, assume_pure, path=Path(path) if path else None), found.layer,

@@ -146,7 +146,12 @@ def _analyze_and_print(first, extra, device, device_profile, phase, static, harn
         else:
             analyses += [analyze(f, device=device_profile, phase=phase, static=True) for f in extra]
 
-    candidates = [c for a in analyses for c in a.candidates]
+    from msrewrite.suggest.microbatch import microbatch_candidates
+
+    for analysis in analyses:  # the model-level fork: read from the text, after each file's branches
+        analysis.microbatch = microbatch_candidates(analysis.file, read_source(analysis.file), str(analysis.file),
+                                                    analysis.refused)
+    candidates = [c for a in analyses for c in [*a.candidates, *a.microbatch]]
     with contextlib.redirect_stdout(io.StringIO()) as out:
         if json_out:
             refused = [r for a in analyses for r in a.refused]
@@ -213,5 +218,8 @@ def _print_table(analyses) -> None:
             for line in fit_table(header, rows, shrink={2: 6, 1: 20, 4: 10, 5: 10, 6: 4}):
                 print(line)
             print(f"best: {analysis.candidates[0].command}")
-        else:
+        elif not analysis.microbatch:
             print("no candidates found")
+        for mb in analysis.microbatch:
+            print(f"{mb.case}: {mb.plan.summary} (no cost estimate: time it with msrewrite bench)")
+            print(f"  {mb.command}")
