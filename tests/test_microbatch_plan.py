@@ -313,7 +313,7 @@ def test_a_layer_writing_shared_state_is_refused_and_verify_catches_the_forced_e
     # forced past the analysis (the split the analysis would make without the rule): verify sees it
     import msrewrite.analyze.microbatch as analysis
 
-    keep, analysis.shared_write = analysis.shared_write, lambda func, label: None
+    keep, analysis.shared_write = analysis.shared_write, lambda func, label, deep=None: None
     try:
         forced = microbatch_edit(cst.parse_module(COUNTER), _plan(COUNTER)).code
     finally:
@@ -323,6 +323,20 @@ def test_a_layer_writing_shared_state_is_refused_and_verify_catches_the_forced_e
     bad = run_cli("verify", str(edited), "--original", str(original), "--no-train", "--inputs", "0")
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "flag on: output 0 differs from original" in bad.stdout
+
+
+LOCAL_WRITE = _changed(("        expert_out = torch.einsum",
+                        "        picked = torch.zeros_like(routed)\n        picked[:, 0] = routed[:, 0]\n"
+                        "        routed = routed + picked\n        expert_out = torch.einsum"))
+
+
+@pytest.mark.slow
+def test_a_layer_writing_only_its_own_locals_is_edited_and_verified(tmp_path):
+    """The shared-state rule looks at what is written: a subscript store into a local is per micro-batch."""
+    path = _write(tmp_path, LOCAL_WRITE)
+    done = run_cli("apply", "--case", CASE, str(path), "--verify")
+    assert done.returncode == 0, done.stderr
+    assert "picked_mb1[:, 0] = routed_mb1[:, 0]" in done.stdout and "OK: outputs equal" in done.stderr
 
 
 def test_layers_of_several_classes_are_refused():

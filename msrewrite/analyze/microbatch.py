@@ -127,6 +127,24 @@ class DeepCollectives:
                 self.deep_calls.append(_code(call.func).strip())
         return True
 
+    def state_writes(self, stmt: cst.BaseStatement) -> tuple[list[str], str]:
+        """(what the methods and submodules `stmt` calls write of their own state, ' in Class.method')."""
+        return self._state_writes(self.summaries, self.cls, stmt, depth=0)
+
+    def _state_writes(self, summaries, cls: str, node: cst.CSTNode, depth: int) -> tuple[list[str], str]:
+        for call in all_calls(node):
+            found = self._callee(summaries, cls, call) if depth <= 4 else None
+            if found is None:
+                continue
+            owner, owner_cls, method = found
+            written = shared_writes(method.body, _locals(method))
+            if written:
+                return written, f" in {owner_cls}.{method.name.value}"
+            deeper = self._state_writes(owner, owner_cls, method.body, depth + 1)
+            if deeper[0]:
+                return deeper
+        return [], ""
+
     def _callee(self, summaries, cls: str, call: cst.Call):
         """(summaries, class, def) a `self.x(...)` call runs: a method, or a submodule's forward."""
         path = dotted_name(call.func) or ""
@@ -168,27 +186,42 @@ _CONTROL_FLOW = {"If": "an `if`", "For": "a `for` loop", "While": "a `while` loo
                  "Try": "a `try`"}
 
 
-def shared_write(func: cst.FunctionDef, label: str) -> None:
+def shared_write(func: cst.FunctionDef, label: str, deep: "DeepCollectives | None" = None) -> None:
     """NothingToDo when a statement of the layer's forward writes state both micro-batches share:
-    an attribute (`self.cache[i] = x`, `self.buf.copy_(x)`, `self.last = x`) or a name it does not
-    bind itself (a global). Run per micro-batch, it would be written twice, and one micro-batch's
-    write would run beside the other's comm stage."""
-    params = {p.name.value for p in func.params.params}
-    body = list(func.body.body)  # type: ignore[union-attr]
-    local = params | {n for s in body for n in node_facts(s).stores}
-    for stmt in body:
-        facts = node_facts(stmt)
-        written = sorted(m for m in facts.mutates if m.split(".")[0] not in local or m.startswith("self."))
-        written += sorted(_attribute_stores(stmt))
+    an attribute (`self.cache[i] = x`, `self.buf.copy_(x)`, `self.last = x`), also inside a method
+    or submodule it calls (seen through `deep`'s summaries, e.g. a MoE block's expert counter), or a
+    name it does not bind itself (a global). Run per micro-batch, it would be written twice, and one
+    micro-batch's write would run beside the other's comm stage."""
+    for stmt in func.body.body:  # type: ignore[union-attr]
+        written = shared_writes(stmt, _locals(func))
+        where = ""
+        if not written and deep is not None:
+            written, where = deep.state_writes(stmt)
         if written:
             raise NothingToDo(
-                f"{label}: `{statement_source(stmt)}` writes {written[0]}, which both micro-batches share: "
+                f"{label}: `{statement_source(stmt)}` writes {written[0]}{where}, which both micro-batches share: "
                 "each would write it, one beside the other's comm stage"
             )
 
 
-def _attribute_stores(stmt: cst.CSTNode) -> set[str]:
-    found: set[str] = set()
+def _locals(func: cst.FunctionDef) -> set[str]:
+    params = func.params
+    names = {p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)}
+    names |= {star.name.value for star in (params.star_arg, params.star_kwarg) if isinstance(star, cst.Param)}
+    return (names | node_facts(func.body).stores) - {"self"}
+
+
+def shared_writes(node: cst.CSTNode, local: set[str]) -> list[str]:
+    """What `node` writes that is not one of the function's own locals: `self.<...>` or a global."""
+    shared = lambda path: path.split(".")[0] not in local or path.startswith("self.")  # noqa: E731
+    written = {m for m in node_facts(node).mutates if shared(m)}
+    written |= {shown for root, shown in _attribute_stores(node) if shared(root)}
+    return sorted(written)
+
+
+def _attribute_stores(stmt: cst.CSTNode) -> set[tuple[str, str]]:
+    """(root path, text) of every attribute or subscript assigned: `self.cache[i] = x` -> ("self.cache", ...)."""
+    found: set[tuple[str, str]] = set()
 
     def add(target: cst.BaseExpression) -> None:
         if isinstance(target, (cst.Tuple, cst.List)):
@@ -197,7 +230,10 @@ def _attribute_stores(stmt: cst.CSTNode) -> set[str]:
         elif isinstance(target, cst.StarredElement):
             add(target.value)
         elif isinstance(target, (cst.Attribute, cst.Subscript)):
-            found.add(dotted_name(target) or _code(target).strip())
+            root = target
+            while isinstance(root, cst.Subscript):
+                root = root.value
+            found.add((dotted_name(root) or _code(root).strip(), _code(target).strip()))
 
     class _Targets(cst.CSTVisitor):
         def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
@@ -395,7 +431,7 @@ def microbatch_plan(
     ret = last.body[0] if isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1 else None
     if not isinstance(ret, cst.Return) or ret.value is None:
         raise NothingToDo(f"{layer_label}: micro-batching needs the layer to end with `return <tensor>`")
-    shared_write(found.layer_forward, layer_label)
+    shared_write(found.layer_forward, layer_label, deep)
     source = text if text is not None else module.code
     layer_positions = positions_for(module, layer_label, found.layer_forward, source)
     model_positions = positions_for(module, f"{found.model}.forward", found.forward, source)
