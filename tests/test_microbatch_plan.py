@@ -64,6 +64,8 @@ def test_attr_flag_is_an_attribute_not_an_env_read(tmp_path):
     assert "if _ms_microbatch(self.use_microbatch, hidden_states):" in added
     assert "_ms_env_flag" not in done.stdout and "os.environ" not in done.stdout and "import os" not in added
     assert "flag attr:use_microbatch (default on)" in done.stderr
+    # the assumption no source analysis can check is said with the edit
+    assert "assumed, not checked: every layer treats the sequences of dim 0 independently" in done.stderr
 
 
 def test_attr_flag_set_by_the_class_is_reused_and_one_from_config_is_read():

@@ -288,6 +288,9 @@ def trust_lines(plan: OverlapPlan | MicrobatchPlan) -> list[str]:
     """What the edit takes on trust, and what protecting it costs: printed with every edit."""
     seen = ", ".join(plan.trust_boundary) if plan.trust_boundary else "none: every callee was seen into"
     lines = [f"trust boundary (callees not seen into): {seen}"]
+    if isinstance(plan, MicrobatchPlan):  # what no analysis of the source can show
+        lines.append("assumed, not checked: every layer treats the sequences of dim 0 independently (no batch "
+                     "statistics, no routing capacity shared across the batch); verify compares the outputs")
     if plan.assume_pure:
         lines.append(f"vouched for with --assume-pure: {', '.join(plan.assume_pure)}")
     if plan.rng_reorder:
