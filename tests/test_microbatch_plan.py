@@ -390,7 +390,8 @@ def test_suggest_json_proposes_the_fork_and_apply_plan_carries_it_out(tmp_path):
     assert by_plan.returncode == 0 and by_plan.stdout == by_case.stdout, by_plan.stderr
     table = run_cli("suggest", "--static", str(path))
     assert table.returncode == 0 and "no candidates found" not in table.stdout
-    assert f"  msrewrite apply --case {CASE} --target MoEModel {path}" in table.stdout
+    assert f"best: msrewrite apply --case {CASE} --target MoEModel {path}" in table.stdout.splitlines()
+    assert "prefill-microbatch  N/A     low" in table.stdout  # a row of the table, with no estimate
 
 
 def test_suggest_reports_a_refused_fork_with_the_analysis_reason(tmp_path):

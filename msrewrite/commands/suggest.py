@@ -211,15 +211,19 @@ def _print_table(analyses) -> None:
                 saving += f" (both {c.cost.same_resource}-bound)"
             lines = ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in c.plan.side_lines)
             rows.append([str(rank), c.plan.function, lines, str(c.plan.join_line), c.case, saving, c.confidence, c.tier])
+        for rank, mb in enumerate(analysis.microbatch, len(rows) + 1):  # the model-level fork: no estimate
+            layer = mb.plan.statements
+            rows.append([str(rank), mb.plan.function, f"layer {layer[0].first_line}-{layer[-1].last_line}", "-",
+                         mb.case, "N/A", "low", "static"])
         if rows:
             header = ["#", "function", "side", "join", "case", "saving", "conf.", "tier"]
             if len({row[-1] for row in rows}) == 1:  # one tier for all: the title says which
                 header, rows = header[:-1], [row[:-1] for row in rows]
             for line in fit_table(header, rows, shrink={2: 6, 1: 20, 4: 10, 5: 10, 6: 4}):
                 print(line)
-            print(f"best: {analysis.candidates[0].command}")
-        elif not analysis.microbatch:
+            best = analysis.candidates[0] if analysis.candidates else analysis.microbatch[0]
+            print(f"best: {best.command}")
+            if analysis.microbatch and analysis.candidates:
+                print(f"best: {analysis.microbatch[0].command}  (model-level fork)")
+        else:
             print("no candidates found")
-        for mb in analysis.microbatch:
-            print(f"{mb.case}: {mb.plan.summary} (no cost estimate: time it with msrewrite bench)")
-            print(f"  {mb.command}")
