@@ -19,6 +19,13 @@ Needs: a model forward with `for layer in self.layers: hidden_states = layer(hid
 a layer class whose forward is straight-line statements ending in `return`. Outputs can differ
 from the single-batch run in the last bits (kernels see half the rows); verify with a tolerance.
 
+Switch: every flag kind (`env:`, `attr:`, `sglang:`, `vllm-ascend:`), read in the model's
+`__init__`; `--gate prefill` reads the model forward's own phase parameter. `capture`, `decode`
+and token bounds mean nothing for this fork and are refused with the reason.
+
+The analysis (msrewrite/analyze/microbatch.py) makes a MicrobatchPlan; emit/microbatch.py
+carries it out, so `apply --plan` and `verify --plan` take it like any other plan.
+
 Modes: eager and cuda (prefill runs eager). Not npugraph-ex: per-call events change between
 capture and replay; not ge-graph: the graph compiler schedules the collectives.
 """

@@ -1,8 +1,10 @@
-"""The plan: one overlap edit, the contract between analysis (cases, `suggest`) and the emitter.
+"""The plan: one edit, the contract between analysis (cases, `suggest`) and the emitter.
 
-A plan names statements by their source lines and keeps their text, so a plan written by
-`suggest --json` can be checked against the file before `apply --plan` carries it out: if the
-file changed since, the emitter refuses the stale plan instead of editing the wrong lines.
+An OverlapPlan moves one branch onto a side stream; a MicrobatchPlan (`"kind": "microbatch"` in
+JSON) forks a model's layer loop into two micro-batches (prefill-microbatch). A plan names
+statements by their source lines and keeps their text, so a plan file can be checked against the
+file before `apply --plan` carries it out: if the file changed since, the stale plan is refused
+instead of editing the wrong lines.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from msrewrite import validate
 
@@ -301,6 +303,176 @@ class OverlapPlan:
         return cls.from_dict(json.loads(text))
 
 
+# Prefill micro-batching: a model-level fork ------------------------------------------------------
+MICROBATCH_KIND = "microbatch"
+
+
+def microbatch_flag_error(flag: FlagSpec) -> str | None:
+    """Why `flag` cannot switch a model-level micro-batch fork, or None. Every flag kind can; of the
+    gates only `prefill` means something for a fork that runs the whole layer stack eagerly."""
+    if flag.max_tokens is not None:
+        return ("prefill-microbatch takes no --gate tokens<=N / --max-tokens: an upper token bound keeps "
+                "micro-batching to small batches, and it pays only on large ones (each half must fill the device)")
+    if flag.gate == "capture":
+        return ("prefill-microbatch takes no --gate capture: it runs eager, and graph capture is exactly where "
+                "its per-call events are not replayed")
+    if flag.gate == "decode":
+        return "prefill-microbatch takes no --gate decode: it splits prefill batches; use --gate prefill"
+    return None
+
+
+@dataclass(frozen=True)
+class SourceSpan:
+    """One statement of the file, by its lines and its text (matched against the file, never pasted)."""
+
+    first_line: int
+    last_line: int
+    source: str
+
+    def __post_init__(self) -> None:
+        validate.line_number(self.first_line, "statement first_line")
+        validate.line_number(self.last_line, "statement last_line")
+        if self.last_line < self.first_line:
+            raise ValueError(f"statement ends (line {self.last_line}) before it starts ({self.first_line})")
+        if not isinstance(self.source, str):
+            raise ValueError(f"statement source must be text, got {validate.shown(self.source)}")
+
+
+@dataclass(frozen=True)
+class MicrobatchStage:
+    """Consecutive statements of the layer's forward: compute (main stream) or comm (comm stream)."""
+
+    comm: bool
+    statements: tuple[SourceSpan, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.comm, bool):
+            raise ValueError(f"stage comm must be true or false, got {validate.shown(self.comm)}")
+        if not self.statements or not all(isinstance(s, SourceSpan) for s in self.statements):
+            raise ValueError("a stage needs at least one statement")
+
+
+@dataclass(frozen=True)
+class MicrobatchPlan:
+    """Fork `function`'s layer loop (`loop`, over self.<layers> filled with `layer`'s class) into a
+    `forward_microbatch` path: two micro-batches, each layer split into `stages` at its collectives,
+    comm stages on one comm stream one micro-batch behind (micro-batch 1 over self.<second_group>
+    on a stream of its own when given). Written and read as JSON with `"kind": "microbatch"`."""
+
+    case: str
+    file: str
+    function: str  # the model's forward that holds the layer loop: "Model.forward"
+    layer: str  # the layer class's forward: "DecoderLayer.forward"
+    loop: SourceSpan  # the `for layer in self.layers:` statement
+    stages: tuple[MicrobatchStage, ...]
+    stream_tag: str = "microbatch_comm"
+    flag: FlagSpec = field(default_factory=lambda: FlagSpec(name="ENABLE_PREFILL_MICROBATCH"))
+    mode: str = "eager"
+    second_group: str = ""  # an attribute of the layer (a process group); "" = one comm stream
+    summary: str = ""
+    # Calls whose statement became a comm stage because a collective sits inside them (one module
+    # deeper), and callees the analysis could not see into inside comm stages; printed, not emitted.
+    trust_boundary: tuple[str, ...] = ()
+    assume_pure: tuple[str, ...] = ()
+    kind: str = MICROBATCH_KIND
+
+    # What the commands ask of every plan, with the values a micro-batch fork has.
+    markers: ClassVar[bool] = False
+    core_limits: ClassVar[None] = None
+    protect_inputs: ClassVar[tuple] = ()
+    rng_reorder: ClassVar[str] = ""
+    case_branch: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        if self.kind != MICROBATCH_KIND:
+            raise ValueError(f"kind must be {MICROBATCH_KIND!r}, got {validate.shown(self.kind)}")
+        _enum(self.mode, MODES, "mode")
+        validate.case_name(self.case, "case")
+        if not isinstance(self.file, str):
+            raise ValueError(f"file must be a path, got {validate.shown(self.file)}")
+        validate.qualified_name(self.function, "function")
+        validate.qualified_name(self.layer, "layer")
+        for what in ("function", "layer"):
+            if getattr(self, what).count(".") != 1 or not getattr(self, what).endswith(".forward"):
+                raise ValueError(f"{what} must be Class.forward, got {validate.shown(getattr(self, what))}")
+        if not isinstance(self.loop, SourceSpan):
+            raise ValueError("loop must be a statement (first_line, last_line, source)")
+        if not self.stages or not all(isinstance(s, MicrobatchStage) for s in self.stages):
+            raise ValueError("a micro-batch plan needs at least one stage")
+        if not any(s.comm for s in self.stages):
+            raise ValueError("a micro-batch plan needs a comm stage")
+        for before, after in zip(self.stages, self.stages[1:]):
+            if before.comm == after.comm:
+                raise ValueError("stages must alternate between compute and comm")
+        lines = [line for s in self.stages for st in s.statements for line in (st.first_line, st.last_line)]
+        if lines != sorted(lines) or len({st.first_line for s in self.stages for st in s.statements}) * 2 != len(lines):
+            raise ValueError("stage statements must be in source order, each once")
+        validate.stream_tag(self.stream_tag, "stream_tag")
+        if not isinstance(self.flag, FlagSpec) or self.flag.kind not in FLAG_KINDS:
+            raise ValueError(f"flag must be one of {', '.join(FLAG_KINDS)}")
+        why = microbatch_flag_error(self.flag)
+        if why:
+            raise ValueError(why)
+        if self.second_group != "":
+            validate.attribute(self.second_group, "second_group")
+        if isinstance(self.summary, str):
+            object.__setattr__(self, "summary", " ".join(self.summary.split()))
+        validate.comment_text(self.summary, "summary")
+        for what in ("trust_boundary", "assume_pure"):
+            if not isinstance(getattr(self, what), tuple):
+                raise ValueError(f"{what} must be a list")
+            for name in getattr(self, what):
+                validate.comment_text(name, f"{what} entry")
+
+    @property
+    def statements(self) -> list[SourceSpan]:
+        return [st for s in self.stages for st in s.statements]
+
+    def check_lines(self, line_count: int) -> None:
+        """The plan's line numbers lie inside a file of `line_count` lines."""
+        validate.line_number(self.loop.last_line, f"{self.function}: loop last_line", line_count)
+        for st in self.statements:
+            validate.line_number(st.last_line, f"{self.layer}: stage statement last_line", line_count)
+
+    def with_changes(self, **changes: Any) -> "MicrobatchPlan":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["version"] = PLAN_VERSION
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "MicrobatchPlan":
+        errors = microbatch_plan_errors(data)
+        if errors:
+            more = f" (and {len(errors) - MAX_PLAN_ERRORS} more)" if len(errors) > MAX_PLAN_ERRORS else ""
+            raise ValueError("malformed plan: " + "; ".join(errors[:MAX_PLAN_ERRORS]) + more)
+        data = dict(data)
+        data.pop("version", None)
+        try:
+            return cls(**{
+                **data,
+                "loop": SourceSpan(**data["loop"]),
+                "stages": tuple(
+                    MicrobatchStage(comm=s["comm"], statements=tuple(SourceSpan(**st) for st in s["statements"]))
+                    for s in data["stages"]
+                ),
+                "flag": FlagSpec(**data.get("flag", {"name": "ENABLE_PREFILL_MICROBATCH"})),
+                "trust_boundary": tuple(data.get("trust_boundary", ())),
+                "assume_pure": tuple(data.get("assume_pure", ())),
+            })
+        except ValueError as exc:
+            raise ValueError(f"malformed plan: {exc}") from None
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "MicrobatchPlan":
+        return cls.from_dict(json.loads(text))
+
+
 def _enum(value: Any, allowed: tuple[str, ...], what: str) -> None:
     if value not in allowed:
         raise ValueError(f"{what} must be one of {', '.join(allowed)}, got {validate.shown(value)}")
@@ -389,7 +561,64 @@ def plan_errors(data: Any) -> list[str]:
     return errors
 
 
-def load_plans(text: str) -> list[OverlapPlan]:
+_MICROBATCH_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "version": ((int,), False),
+    "kind": ((str,), True),
+    "case": ((str,), True),
+    "file": ((str,), True),
+    "function": ((str,), True),
+    "layer": ((str,), True),
+    "loop": ((dict,), True),
+    "stages": ((list, tuple), True),
+    "stream_tag": ((str,), False),
+    "flag": ((dict,), False),
+    "mode": ((str,), False),
+    "second_group": ((str,), False),
+    "summary": ((str,), False),
+    "trust_boundary": ((list, tuple), False),
+    "assume_pure": ((list, tuple), False),
+}
+_SPAN_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "first_line": ((int,), True), "last_line": ((int,), True), "source": ((str,), True),
+}
+_STAGE_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "comm": ((bool,), True), "statements": ((list, tuple), True),
+}
+
+
+def microbatch_plan_errors(data: Any) -> list[str]:
+    """What is wrong with one micro-batch plan's JSON (types and shape)."""
+    if not isinstance(data, dict):
+        return [f"a plan must be an object, got {validate.shown(data)}"]
+    if data.get("version", PLAN_VERSION) != PLAN_VERSION:
+        return [f"plan version {validate.shown(data['version'])} is not supported (expected {PLAN_VERSION})"]
+    errors = _type_errors(data, _MICROBATCH_FIELDS, "")
+    if errors:
+        return errors
+    errors += _type_errors(data.get("flag", {}), _PART_FIELDS["flag"], "flag: ")
+    errors += _type_errors(data["loop"], _SPAN_FIELDS, "loop: ")
+    for k, stage in enumerate(data["stages"]):
+        found = _type_errors(stage, _STAGE_FIELDS, f"stages[{k}]: ")
+        errors += found
+        if not found:
+            for j, st in enumerate(stage["statements"]):
+                errors += _type_errors(st, _SPAN_FIELDS, f"stages[{k}].statements[{j}]: ")
+    for part in ("trust_boundary", "assume_pure"):
+        errors += [f"{part}[{k}] must be str, got {validate.shown(v)}"
+                   for k, v in enumerate(data.get(part) or ()) if not isinstance(v, str)]
+    return errors
+
+
+def plan_from_dict(data: Any) -> "OverlapPlan | MicrobatchPlan":
+    """One plan from JSON, of either kind: `"kind": "microbatch"` is a micro-batch fork, no kind an overlap."""
+    if isinstance(data, dict) and "kind" in data:
+        if data["kind"] != MICROBATCH_KIND:
+            raise ValueError(f"malformed plan: kind must be {MICROBATCH_KIND!r} or absent, got {validate.shown(data['kind'])}")
+        return MicrobatchPlan.from_dict(data)
+    return OverlapPlan.from_dict(data)
+
+
+def load_plans(text: str) -> list["OverlapPlan | MicrobatchPlan"]:
     """Plans from a JSON file: one plan, a list of plans, or `suggest --json` output.
     Every problem is a ValueError with a one-line message."""
     try:
@@ -417,7 +646,7 @@ def load_plans(text: str) -> list[OverlapPlan]:
     plans = []
     for where, item in items:
         try:
-            plans.append(OverlapPlan.from_dict(item))
+            plans.append(plan_from_dict(item))
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
     return plans

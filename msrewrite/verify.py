@@ -32,7 +32,8 @@ _SGLANG_FLAG = re.compile(r'get_bool_env_var\("(\w+)",\s*"(true|false)"\)')
 # --gate capture: SGLang's predicate, which verify opens (flag on) and closes (the gate-false run)
 _CAPTURE_GATE = re.compile(r"\band get_is_capture_mode\(\)")
 _VLLM_ASCEND_FLAG = re.compile(r'getattr\(get_ascend_config\(\),\s*"(\w+)",\s*(True|False)\)')
-_ATTR_FLAG = re.compile(r"_ms_(?:side_stream|graph_streams)\((?:\"[^\"]*\",\s*)?(?:self\.)?(\w+)")
+# a call site, never the helper's own `def _ms_side_stream(tag, enabled=True):`
+_ATTR_FLAG = re.compile(r"(?<!def )_ms_(?:side_stream|graph_streams|microbatch)\((?:\"[^\"]*\",\s*)?(?:self\.)?(\w+)")
 _counter = itertools.count()
 
 

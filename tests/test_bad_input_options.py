@@ -65,8 +65,63 @@ def _side(**changes) -> list:
     return [{**PLAN["side"][0], **changes}]
 
 
+def _good_microbatch_plan() -> dict:
+    from msrewrite.analyze.microbatch import microbatch_plan
+    from msrewrite.load import load
+
+    path = EXAMPLES / "microbatch_moe.py"
+    return microbatch_plan(load(path).module, case="prefill-microbatch", path=path, mode="eager",
+                           flag=FlagSpec(name="ENABLE_PREFILL_MICROBATCH")).to_dict()
+
+
+MB_PLAN = _good_microbatch_plan()
+
+
+def _mb_with(**changes) -> dict:
+    plan = copy.deepcopy(MB_PLAN)
+    for key, value in changes.items():
+        outer, _, inner = key.partition(".")
+        if inner:
+            plan[outer][inner] = value
+        else:
+            plan[key] = value
+    return plan
+
+
+def _mb_statement(**changes) -> list:
+    """The plan's stages with the first statement of the first stage changed."""
+    stages = copy.deepcopy(MB_PLAN["stages"])
+    stages[0]["statements"][0].update(changes)
+    return stages
+
+
 # name -> file content (str: text, dict/list: JSON)
 PLAN_FILES = {
+    "mb-ok.json": {"candidates": [{"plan": MB_PLAN}]},
+    "mb-group-code.json": _mb_with(second_group="g)\nimport os"),
+    "mb-group-module-method.json": _mb_with(second_group="cuda"),
+    "mb-group-unset.json": _mb_with(second_group="other_group"),
+    "mb-tag-injection.json": _mb_with(stream_tag=INJECTION),
+    "mb-flag-injection.json": _mb_with(**{"flag.name": INJECTION}),
+    "mb-flag-attr-forward.json": _mb_with(**{"flag.kind": "attr", "flag.name": "forward"}),
+    "mb-gate-capture.json": _mb_with(**{"flag.gate": "capture"}),
+    "mb-max-tokens.json": _mb_with(**{"flag.max_tokens": 64}),
+    "mb-kind-other.json": _mb_with(kind="overlap"),
+    "mb-function-code.json": _mb_with(function="MoEModel.forward;os"),
+    "mb-function-not-forward.json": _mb_with(function="MoEModel.__init__"),
+    "mb-layer-code.json": _mb_with(layer="MoEDecoderLayer.forward)\nimport os"),
+    "mb-stages-empty.json": _mb_with(stages=[]),
+    "mb-stages-no-comm.json": _mb_with(stages=[MB_PLAN["stages"][0]]),
+    "mb-stages-not-alternating.json": _mb_with(stages=[MB_PLAN["stages"][1], MB_PLAN["stages"][1]]),
+    "mb-stage-comm-string.json": _mb_with(stages=[{**MB_PLAN["stages"][0], "comm": "no"}, *MB_PLAN["stages"][1:]]),
+    "mb-statement-line-zero.json": _mb_with(stages=_mb_statement(first_line=0)),
+    "mb-statement-source-code.json": _mb_with(stages=_mb_statement(source="import os; os.system('x')")),
+    "mb-statement-beyond-file.json": _mb_with(stages=[*MB_PLAN["stages"][:-1], {"comm": False, "statements": [
+        {**MB_PLAN["stages"][-1]["statements"][0], "last_line": 100000}]}]),
+    "mb-loop-source.json": _mb_with(**{"loop.source": "for layer in self.other:\n    x = layer(x)"}),
+    "mb-unknown-field.json": _mb_with(exec="os.system('x')"),
+    "mb-mode-ge-graph.json": _mb_with(mode="ge-graph"),
+    "mb-case-other.json": _mb_with(case="moe-shared-expert"),
     "inject-flag.json": {"candidates": [{"plan": _with(**{"flag.name": INJECTION})}]},
     "flag-kind-yaml.json": {"candidates": [{"plan": _with(**{"flag.kind": "yaml"})}]},
     "attr-forward.json": _with(**{"flag.kind": "attr", "flag.name": "forward"}),
@@ -160,6 +215,52 @@ ROWS = [
     Row("plan-nested-100000-deep", ("apply", "--plan", "{deep.json}", "{good.py}"), 2, "nested too deeply"),
     Row("plan-override-tag-quote", ("apply", "--plan", "{ok.json}", "--stream-tag", 'a"b', "{good.py}"), 2,
         "--stream-tag"),
+    # micro-batch plans (kind "microbatch"): the same checks, field by field
+    Row("plan-mb-group-code", ("apply", "--plan", "{mb-group-code.json}", "{mb.py}"), 2, "second_group"),
+    Row("plan-mb-group-module-method", ("apply", "--plan", "{mb-group-module-method.json}", "{mb.py}"), 2,
+        "nn.Module.cuda"),
+    Row("plan-mb-group-unset", ("apply", "--plan", "{mb-group-unset.json}", "{mb.py}"), 2,
+        "never sets self.other_group"),
+    Row("plan-mb-tag-injection", ("apply", "--plan", "{mb-tag-injection.json}", "{mb.py}"), 2,
+        "not a valid stream tag"),
+    Row("plan-mb-flag-injection", ("apply", "--plan", "{mb-flag-injection.json}", "{mb.py}"), 2,
+        "not a valid environment variable name"),
+    Row("plan-mb-flag-attr-forward", ("apply", "--plan", "{mb-flag-attr-forward.json}", "{mb.py}"), 2,
+        "nn.Module.forward"),
+    Row("plan-mb-gate-capture", ("apply", "--plan", "{mb-gate-capture.json}", "{mb.py}"), 2,
+        "prefill-microbatch takes no --gate capture"),
+    Row("plan-mb-max-tokens", ("apply", "--plan", "{mb-max-tokens.json}", "{mb.py}"), 2,
+        "prefill-microbatch takes no --gate tokens<=N"),
+    Row("plan-mb-kind-other", ("apply", "--plan", "{mb-kind-other.json}", "{mb.py}"), 2,
+        "kind must be 'microbatch' or absent"),
+    Row("plan-mb-function-code", ("apply", "--plan", "{mb-function-code.json}", "{mb.py}"), 2, "Class.method"),
+    Row("plan-mb-function-not-forward", ("apply", "--plan", "{mb-function-not-forward.json}", "{mb.py}"), 2,
+        "function must be Class.forward"),
+    Row("plan-mb-layer-code", ("apply", "--plan", "{mb-layer-code.json}", "{mb.py}"), 2, "layer must be"),
+    Row("plan-mb-stages-empty", ("apply", "--plan", "{mb-stages-empty.json}", "{mb.py}"), 2, "at least one stage"),
+    Row("plan-mb-stages-no-comm", ("apply", "--plan", "{mb-stages-no-comm.json}", "{mb.py}"), 2,
+        "needs a comm stage"),
+    Row("plan-mb-stages-not-alternating", ("apply", "--plan", "{mb-stages-not-alternating.json}", "{mb.py}"), 2,
+        "alternate"),
+    Row("plan-mb-stage-comm-string", ("apply", "--plan", "{mb-stage-comm-string.json}", "{mb.py}"), 2,
+        "comm must be bool"),
+    Row("plan-mb-statement-line-zero", ("apply", "--plan", "{mb-statement-line-zero.json}", "{mb.py}"), 2,
+        "out of range"),
+    Row("plan-mb-statement-source-code", ("apply", "--plan", "{mb-statement-source-code.json}", "{mb.py}"), 2,
+        "stale plan for MoEDecoderLayer.forward: line 31 no longer reads"),
+    Row("plan-mb-statement-beyond-file", ("apply", "--plan", "{mb-statement-beyond-file.json}", "{mb.py}"), 2,
+        "stale plan: MoEDecoderLayer.forward: stage statement last_line 100000 is out of range"),
+    Row("plan-mb-loop-source", ("apply", "--plan", "{mb-loop-source.json}", "{mb.py}"), 2, "is not its layer loop"),
+    Row("plan-mb-unknown-field", ("apply", "--plan", "{mb-unknown-field.json}", "{mb.py}"), 2,
+        "unknown field 'exec'"),
+    Row("plan-mb-mode-ge-graph", ("apply", "--plan", "{mb-mode-ge-graph.json}", "{mb.py}"), 2,
+        "does not support mode ge-graph"),
+    Row("plan-mb-case-other", ("apply", "--plan", "{mb-case-other.json}", "{mb.py}"), 2,
+        "a micro-batch plan for case moe-shared-expert, which has no micro-batches"),
+    Row("plan-mb-override-tag-quote", ("apply", "--plan", "{mb-ok.json}", "--stream-tag", 'a"b', "{mb.py}"), 2,
+        "--stream-tag"),
+    Row("plan-mb-with-another-plan", ("apply", "--plan", "{mixed.json}", "{mb.py}"), 2,
+        "a prefill-microbatch plan forks the whole model: carry it out alone"),
     # options that reach emitted code
     Row("option-tag-quote", ("apply", *CASE, "--stream-tag", 'a"b', "{good.py}"), 2, "--stream-tag"),
     Row("option-tag-newline", ("apply", *CASE, "--stream-tag", "a\nb", "{good.py}"), 2, "--stream-tag"),
@@ -202,6 +303,7 @@ def make_files(folder: Path) -> None:
     shutil.copy(EXAMPLES / "deepseek_moe.py", folder / "good.py")
     shutil.copy(EXAMPLES / "microbatch_moe.py", folder / "mb.py")
     (folder / "ok.json").write_text(json.dumps({"candidates": [{"plan": PLAN}]}))
+    (folder / "mixed.json").write_text(json.dumps([MB_PLAN, MB_PLAN]))
     for name, content in PLAN_FILES.items():
         (folder / name).write_text(content if isinstance(content, str) else json.dumps(content))
 
@@ -299,6 +401,67 @@ FLAG_FIELD_HOSTILE = {
 }
 
 
+MICROBATCH_FIELD_HOSTILE = {
+    "kind": ["overlap", "", 3, None],
+    "case": HOSTILE_TEXT + ["1x", "Moe"],
+    "file": [3, None, ["a"]],
+    "function": HOSTILE_TEXT + ["class", "MoEModel", "MoEModel.__init__", "A.B.forward"],
+    "layer": HOSTILE_TEXT + ["MoEDecoderLayer", "MoEDecoderLayer.run"],
+    "loop": [None, "for x in y", {"first_line": 1}, {"first_line": 0, "last_line": 1, "source": "x"},
+             {"first_line": 2, "last_line": 1, "source": "x"}, {"first_line": 1, "last_line": 1, "source": 3}],
+    "stages": [[], None, "abc", [None], [MB_PLAN["stages"][0]], [MB_PLAN["stages"][1], MB_PLAN["stages"][1]],
+               list(reversed(MB_PLAN["stages"]))],
+    "stream_tag": HOSTILE_TEXT + [3, "é"],
+    "flag": ["env:X", [], {"kind": "yaml"}, {"name": INJECTION}, {"kind": "attr", "name": "forward"},
+             {"gate": "capture"}, {"gate": "decode"}, {"max_tokens": 8}],
+    "mode": ["tpu", "", 3, None],
+    "second_group": [v for v in HOSTILE if v] + ["cuda", "training", 3, None],
+    "summary": [3, "a\x00b", "a\x1b[31m"],
+    "trust_boundary": [["a\nb"], [3], "abc"],
+    "assume_pure": [["a\nb"], [None], "abc"],
+}
+SPAN_FIELD_HOSTILE = {
+    "first_line": [0, -1, "3", True, None],
+    "last_line": [0, "3", None, False],
+    "source": [3, None, ["x"]],
+}
+STAGE_FIELD_HOSTILE = {
+    "comm": ["no", 0, None],
+    "statements": [[], None, "abc", [None]],
+}
+
+
+def test_every_microbatch_plan_field_has_hostile_values():
+    from msrewrite.plan import MicrobatchPlan, MicrobatchStage, SourceSpan
+
+    assert set(MICROBATCH_FIELD_HOSTILE) == {f.name for f in dataclasses.fields(MicrobatchPlan)}
+    assert set(SPAN_FIELD_HOSTILE) == {f.name for f in dataclasses.fields(SourceSpan)}
+    assert set(STAGE_FIELD_HOSTILE) == {f.name for f in dataclasses.fields(MicrobatchStage)}
+
+
+@pytest.mark.parametrize("field", sorted(MICROBATCH_FIELD_HOSTILE))
+def test_microbatch_plan_field_refuses_hostile_values(field):
+    assert load_plans(json.dumps(MB_PLAN))  # the base plan is fine
+    for value in MICROBATCH_FIELD_HOSTILE[field]:
+        with pytest.raises(ValueError) as info:
+            load_plans(json.dumps(_mb_with(**{field: value})))
+        assert "\n" not in str(info.value), (field, value)
+
+
+def test_nested_microbatch_plan_fields_refuse_hostile_values():
+    for key, values in SPAN_FIELD_HOSTILE.items():
+        for value in values:
+            for changed in (_mb_with(stages=_mb_statement(**{key: value})), _mb_with(**{f"loop.{key}": value})):
+                with pytest.raises(ValueError):
+                    load_plans(json.dumps(changed))
+    for key, values in STAGE_FIELD_HOSTILE.items():
+        for value in values:
+            stages = copy.deepcopy(MB_PLAN["stages"])
+            stages[0][key] = value
+            with pytest.raises(ValueError):
+                load_plans(json.dumps(_mb_with(stages=stages)))
+
+
 def test_every_plan_field_has_hostile_values():
     """A new field in the plan contract must come with the values it refuses."""
     assert set(PLAN_FIELD_HOSTILE) == {f.name for f in dataclasses.fields(OverlapPlan)}
@@ -363,19 +526,33 @@ def test_nn_module_attribute_list_matches_torch():
 
 
 def test_microbatch_edit_checks_its_own_values():
+    from msrewrite.analyze.microbatch import microbatch_plan
     from msrewrite.emit.microbatch import microbatch_edit
     from msrewrite.errors import BadInput
     from msrewrite.load import load
 
     module = load(EXAMPLES / "microbatch_moe.py").module
     flag = FlagSpec(name="ENABLE_PREFILL_MICROBATCH")
-    with pytest.raises(ValueError):
-        microbatch_edit(module, "eager", flag, None, 'x")\nimport os\n("')
+
+    def plan(**kwargs):
+        return microbatch_plan(module, case="prefill-microbatch", path=None, mode="eager", flag=flag, **kwargs)
+
+    with pytest.raises(BadInput, match="--stream-tag"):
+        plan(stream_tag='x")\nimport os\n("')
     for group in ("nosuch", "forward", "a b"):
         with pytest.raises(BadInput):
-            microbatch_edit(module, "eager", flag, None, "microbatch_comm", second_group=group)
-    new, _ = microbatch_edit(module, "eager", flag, None, "microbatch_comm", second_group="ep_group_mb1")
-    assert "group=self.ep_group_mb1" in new.code
+            plan(second_group=group)
+    good = plan(second_group="ep_group_mb1")
+    assert "group=self.ep_group_mb1" in microbatch_edit(module, good).code
+    # the emitter takes no value on trust either: a plan is validated on construction
+    for value in HOSTILE_TEXT:
+        with pytest.raises(ValueError):
+            good.with_changes(stream_tag=value)
+        with pytest.raises(ValueError):
+            good.with_changes(second_group=value or "forward")  # "" is no second group
+    # and a group the layer does not set is refused by the emitter, not emitted
+    with pytest.raises(BadInput, match="never sets self.other_group"):
+        microbatch_edit(module, good.with_changes(second_group="other_group"))
 
 
 # Scans of the emitter ---------------------------------------------------------------------------

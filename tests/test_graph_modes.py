@@ -102,6 +102,21 @@ def test_eager_core_limits_restore_the_main_stream_limit_and_set_the_side_once(t
         assert rt.core_limits[main.stream_id] == {"cube_core_num": 20, "vector_core_num": 40}
 
 
+@pytest.mark.parametrize("mode", regen.golden_modes("attn-moe-limit-core"))
+def test_every_core_limit_golden_leaves_a_pre_set_main_limit_as_it_was(tmp_path, mode):
+    """issue 13's done-when, for each core-limit golden run eagerly under the stand-ins: eager saves
+    and restores the main stream's limit, npugraph-ex's limit_core_num scope restores it on exit,
+    ge-graph's torchair scope touches no stream limit outside a GE graph."""
+    with install():
+        edited = _golden_module(tmp_path, "attn-moe-limit-core", mode, "longcat_layer")
+        model, inputs = edited.make()
+        main = torch.npu.current_stream()
+        torch.npu.set_stream_limit(main, 20, 40)
+        for _ in range(2):
+            model(*inputs)
+        assert torch.npu.get_stream_limit(main) == {"cube_core_num": 20, "vector_core_num": 40}
+
+
 def test_core_limit_caveats_are_printed_once_when_applying(tmp_path):
     from conftest import run_cli
 
@@ -210,7 +225,7 @@ def test_ge_golden_raises_nothing_under_each_compile_mode(tmp_path, case, exampl
     assert bool(side) == (compile_mode == "max-autotune"), streams
 
 
-@pytest.mark.parametrize("compile_mode", ["reduce-overhead", "run_eagerly"])
+@pytest.mark.parametrize("compile_mode", ["reduce-overhead", "npugraph_ex", "run_eagerly"])
 @pytest.mark.parametrize("example", regen.GOLDEN_EXAMPLES["moe-shared-expert-phased"])
 def test_old_wait_tensor_gate_is_caught(tmp_path, example, compile_mode):
     """Gated on is_compiling() alone, npu_wait_tensor is reached outside GE graph mode and raises."""

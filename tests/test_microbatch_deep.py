@@ -7,6 +7,7 @@ import libcst as cst
 import pytest
 
 from conftest import EXAMPLES
+from msrewrite.analyze.microbatch import microbatch_plan
 from msrewrite.emit.microbatch import microbatch_edit
 from msrewrite.errors import NothingToDo
 from msrewrite.plan import FlagSpec
@@ -16,8 +17,9 @@ FLAG = FlagSpec(name="ENABLE_PREFILL_MICROBATCH")
 
 
 def edit(source: str, **kwargs) -> str:
-    new, _ = microbatch_edit(cst.parse_module(source), "eager", FLAG, None, "microbatch_comm", **kwargs)
-    return new.code
+    module = cst.parse_module(source)
+    plan = microbatch_plan(module, case="prefill-microbatch", path=None, mode="eager", flag=FLAG, **kwargs)
+    return microbatch_edit(module, plan).code
 
 
 def test_the_submodule_call_is_the_comm_stage():
@@ -52,3 +54,20 @@ def test_a_second_comm_group_cannot_reach_into_the_submodule():
                             "        self.moe = MoE(hidden_size, num_experts)\n        self.ep_group_mb1 = None\n")
     with pytest.raises(NothingToDo, match=r"those inside self\.moe\(\) take their group from the submodule"):
         edit(source, second_group="ep_group_mb1")
+
+
+def test_a_submodule_writing_its_own_state_is_refused_naming_it():
+    """An expert counter in the MoE block: each micro-batch would add to it, one beside the other's
+    comm stage (summaries follow self.moe to MoE.forward)."""
+    source = SOURCE.replace(
+        "        tokens = hidden_states.clone()\n",
+        "        tokens = hidden_states.clone()\n        self.seen.add_(tokens.mean())\n",
+    ).replace(
+        "        self.router = nn.Linear(hidden_size, num_experts, bias=False)\n",
+        "        self.router = nn.Linear(hidden_size, num_experts, bias=False)\n"
+        "        self.register_buffer(\"seen\", torch.zeros(()))\n",
+    )
+    assert source.count("seen") == 2
+    with pytest.raises(NothingToDo, match=r"`moe_out = self.moe\(self.post_norm\(hidden_states\)\)` writes "
+                                          r"self.seen in MoE.forward, which both micro-batches share"):
+        edit(source)

@@ -21,7 +21,7 @@ def estimates_from(path: Path) -> dict[tuple[str, str], float | None]:
     text = read_source(path)
     if path.suffix == ".py":
         return {(case, tag): None for case, tag in EDIT_MARKER.findall(text)}
-    from msrewrite.plan import OverlapPlan, load_plans
+    from msrewrite.plan import MicrobatchPlan, load_plans, plan_from_dict
 
     try:
         load_plans(text)  # the same checks apply --plan makes, field by field
@@ -30,7 +30,9 @@ def estimates_from(path: Path) -> dict[tuple[str, str], float | None]:
         raise BadInput(f"--edit {path}: {exc}") from None
     out: dict[tuple[str, str], float | None] = {}
     for candidate in data.get("candidates", []) if isinstance(data, dict) else []:
-        plan = OverlapPlan.from_dict(candidate["plan"])
+        plan = plan_from_dict(candidate["plan"])
+        if isinstance(plan, MicrobatchPlan):  # a model-level fork marks no region (no --markers)
+            continue
         out.setdefault((plan.case, plan.stream_tag), _saving(candidate.get("cost")))
     return out
 

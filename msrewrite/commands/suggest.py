@@ -146,7 +146,12 @@ def _analyze_and_print(first, extra, device, device_profile, phase, static, harn
         else:
             analyses += [analyze(f, device=device_profile, phase=phase, static=True) for f in extra]
 
-    candidates = [c for a in analyses for c in a.candidates]
+    from msrewrite.suggest.microbatch import microbatch_candidates
+
+    for analysis in analyses:  # the model-level fork: read from the text, after each file's branches
+        analysis.microbatch = microbatch_candidates(analysis.file, read_source(analysis.file), str(analysis.file),
+                                                    analysis.refused)
+    candidates = [c for a in analyses for c in [*a.candidates, *a.microbatch]]
     with contextlib.redirect_stdout(io.StringIO()) as out:
         if json_out:
             refused = [r for a in analyses for r in a.refused]
@@ -206,12 +211,19 @@ def _print_table(analyses) -> None:
                 saving += f" (both {c.cost.same_resource}-bound)"
             lines = ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in c.plan.side_lines)
             rows.append([str(rank), c.plan.function, lines, str(c.plan.join_line), c.case, saving, c.confidence, c.tier])
+        for rank, mb in enumerate(analysis.microbatch, len(rows) + 1):  # the model-level fork: no estimate
+            layer = mb.plan.statements
+            rows.append([str(rank), mb.plan.function, f"layer {layer[0].first_line}-{layer[-1].last_line}", "-",
+                         mb.case, "N/A", "low", "static"])
         if rows:
             header = ["#", "function", "side", "join", "case", "saving", "conf.", "tier"]
             if len({row[-1] for row in rows}) == 1:  # one tier for all: the title says which
                 header, rows = header[:-1], [row[:-1] for row in rows]
             for line in fit_table(header, rows, shrink={2: 6, 1: 20, 4: 10, 5: 10, 6: 4}):
                 print(line)
-            print(f"best: {analysis.candidates[0].command}")
+            best = analysis.candidates[0] if analysis.candidates else analysis.microbatch[0]
+            print(f"best: {best.command}")
+            if analysis.microbatch and analysis.candidates:
+                print(f"best: {analysis.microbatch[0].command}  (model-level fork)")
         else:
             print("no candidates found")

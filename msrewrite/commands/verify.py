@@ -146,7 +146,7 @@ def verify_edit(
     schedule_source=None, timeout: float = DEFAULT_TIMEOUT, quiet: bool = False,
 ) -> int:
     """`apply --verify`: check the edit just made without writing anything next to the user's file.
-    `function` is the edited Class.method (None for model-level edits such as prefill-microbatch)."""
+    `function` is the edited Class.method (the model's forward for prefill-microbatch)."""
     from msrewrite.harness import package_of
 
     with tempfile.TemporaryDirectory(prefix="msrewrite-verify-") as folder:

@@ -37,7 +37,7 @@ from msrewrite.emit import helpers as helper_text
 from msrewrite.emit.strategies import STRATEGIES, Context, Emission, Names, async_comm
 from msrewrite.emit.torchair_config import record_torchair_config
 from msrewrite.errors import BadInput, NothingToDo
-from msrewrite.plan import OverlapPlan
+from msrewrite.plan import MicrobatchPlan, OverlapPlan
 from msrewrite.validate import comment_text, literal
 
 _EMPTY = cst.Module(body=[])
@@ -1144,6 +1144,13 @@ def apply_plans(
     `reschedule` (verify's schedule variants) returns the edited function with its side work moved."""
     if not plans:
         return module
+    micro = [p for p in plans if isinstance(p, MicrobatchPlan)]
+    if micro:  # a model-level fork (prefill-microbatch): its own emitter, and alone
+        if len(plans) > 1 or reschedule is not None:
+            raise BadInput("a prefill-microbatch plan forks the whole model: carry it out alone (--candidate N)")
+        from msrewrite.emit.microbatch import microbatch_edit
+
+        return microbatch_edit(module, micro[0], text)
     modes = {p.mode for p in plans}
     if len(modes) > 1:
         raise BadInput(f"plans for one file must share one execution mode, got {', '.join(sorted(modes))}")

@@ -14,147 +14,23 @@ the same stream in the same order on every rank, collectives never run concurren
 communicator. The model's loop is forked into `forward_microbatch`, selected by the flag at the
 top of `forward`; the original loop is untouched. Both streams wait for each other before the
 micro-batches are concatenated.
+
+This module only carries out a MicrobatchPlan (msrewrite/plan.py); which loop, which layer and
+where its stages split is decided by the analysis (msrewrite/analyze/microbatch.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import libcst as cst
 
-from msrewrite.analyze.defuse import all_calls, dotted_name, is_docstring, node_facts
+from msrewrite.analyze.defuse import is_docstring, node_facts
+from msrewrite.analyze.microbatch import Stage, assigned_attributes, is_collective, stale_plan
+from msrewrite.analyze.positions import positions_for
+from msrewrite.emit import frameworks
 from msrewrite.emit.engine import code_of, strip_leading
-from msrewrite import validate
-from msrewrite.errors import BadInput, NothingToDo
+from msrewrite.errors import BadInput
+from msrewrite.plan import MicrobatchPlan
 from msrewrite.validate import literal
-
-COLLECTIVES = frozenset(
-    {"all_reduce", "all_to_all", "all_to_all_single", "all_gather", "all_gather_into_tensor",
-     "reduce_scatter", "reduce_scatter_tensor", "broadcast", "reduce"}
-)
-COMM_HELPER_WORDS = ("dispatch", "combine", "all_to_all")
-
-
-def is_collective(call: cst.Call) -> bool:
-    module, _, name = (dotted_name(call.func) or "").rpartition(".")
-    if module in ("dist", "torch.distributed") and name in COLLECTIVES:
-        return True
-    return any(word in name for word in COMM_HELPER_WORDS)  # named comm helpers
-
-
-def _has_collective(node: cst.CSTNode) -> bool:
-    found = False
-
-    class _Finder(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            nonlocal found
-            found = found or is_collective(call)
-
-    node.visit(_Finder())
-    return found
-
-
-@dataclass
-class Stage:
-    comm: bool
-    statements: list[cst.BaseStatement]
-
-
-def stages_of(func: cst.FunctionDef, deep: "DeepCollectives | None" = None) -> list[Stage]:
-    """The layer's statements grouped into alternating compute and comm stages. With `deep` (the
-    file's summaries), a statement whose call holds a collective one module deeper (`self.moe(x)`)
-    is a comm stage as a whole."""
-    body = list(func.body.body)  # type: ignore[union-attr]
-    if not body or not all(isinstance(s, cst.SimpleStatementLine) for s in body):
-        raise NothingToDo(f"{func.name.value}: micro-batching needs a straight-line layer forward")
-    stages: list[Stage] = []
-    for stmt in body:
-        comm = _has_collective(stmt) or (deep is not None and deep.statement_communicates(stmt))
-        if stages and stages[-1].comm == comm:
-            stages[-1].statements.append(stmt)
-        else:
-            stages.append(Stage(comm, [stmt]))
-    if not any(s.comm for s in stages):
-        raise NothingToDo(f"{func.name.value}: no collective to overlap")
-    return stages
-
-
-class DeepCollectives:
-    """Collectives inside the layer's callees, seen through the file's summaries (analyze/summaries.py).
-
-    A call whose summary holds a collective (`self.moe(x)` whose forward calls `dist.all_reduce`)
-    makes its statement a comm stage, whole: the submodule's compute then runs on the comm stream
-    too, but every collective of both micro-batches is still issued on one stream, in one order on
-    every rank. Splitting the submodule's forward instead would need its collectives in straight
-    line and an inliner; a collective under control flow there (an `if`, a loop) could be issued a
-    different number of times per micro-batch, so it is refused. A compute statement calling
-    something msrewrite cannot see into is refused too: a collective hidden there would be issued
-    on the compute stream, out of order with the comm stream's.
-    """
-
-    def __init__(self, summaries, layer_cls: str, func: cst.FunctionDef) -> None:
-        self.summaries, self.cls, self.func = summaries, layer_cls, func
-        self.scope = summaries.scope_for(layer_cls, func.name.value)
-        self.deep_calls: list[str] = []  # the calls that became comm stages, for messages
-
-    def statement_communicates(self, stmt: cst.BaseStatement) -> bool:
-        facts = node_facts(stmt, self.scope)
-        if not facts.collective:
-            if facts.unknown_callees:
-                raise NothingToDo(
-                    f"{self.cls}.{self.func.name.value}: `{code_of(strip_leading(stmt)).strip()}` calls "
-                    f"{sorted(facts.unknown_callees)[0]}: a collective in it would run on the compute stream, "
-                    "out of order with the comm stream"
-                )
-            return False
-        for call in all_calls(stmt):
-            if self.scope.effect_of(call).collective:
-                where = self._nested_collective(self.summaries, self.cls, call, depth=0)
-                if where:
-                    raise NothingToDo(f"{self.cls}.{self.func.name.value}: {where}")
-                self.deep_calls.append(code_of(call.func).strip())
-        return True
-
-    def _callee(self, summaries, cls: str, call: cst.Call):
-        """(summaries, class, def) a `self.x(...)` call runs: a method, or a submodule's forward."""
-        path = dotted_name(call.func) or ""
-        if not path.startswith("self.") or path.count(".") != 1:
-            return None
-        name = path[len("self."):]
-        found = summaries.method_of(cls, name)
-        if found is not None:
-            return summaries, found[0], found[1]
-        owner = summaries.attribute_class(cls, name)
-        forward = owner[0].method_of(owner[1], "forward") if owner is not None else None
-        return (owner[0], forward[0], forward[1]) if forward is not None else None
-
-    def _nested_collective(self, summaries, cls: str, call: cst.Call, depth: int) -> str:
-        """Why the collective behind `call` cannot be a stage boundary, or ''."""
-        found = self._callee(summaries, cls, call)
-        if found is None or depth > 4:
-            return ""  # a collective the table knows by name (dist.*), or a module followed no further
-        owner, owner_cls, method = found
-        scope = owner.scope_for(owner_cls, method.name.value)
-        label = f"{owner_cls}.{method.name.value}"
-        for stmt in method.body.body:  # type: ignore[union-attr]
-            facts = node_facts(stmt, scope)
-            if not facts.collective:
-                continue
-            if not isinstance(stmt, cst.SimpleStatementLine):
-                kind = _CONTROL_FLOW.get(type(stmt).__name__, f"a `{type(stmt).__name__.lower()}`")
-                return (f"the collective in {label} sits inside {kind}: the micro-batches could issue it a "
-                        "different number of times, so the comm order cannot be kept")
-            for inner in all_calls(stmt):
-                if scope.effect_of(inner).collective:
-                    why = self._nested_collective(owner, owner_cls, inner, depth + 1)
-                    if why:
-                        return why
-        return ""
-
-
-_CONTROL_FLOW = {"If": "an `if`", "For": "a `for` loop", "While": "a `while` loop", "With": "a `with` block",
-                 "Try": "a `try`"}
-
 
 
 class _Suffix(cst.CSTTransformer):
@@ -191,27 +67,15 @@ class _Group(cst.CSTTransformer):
 
 
 def layer_microbatch_method(
-    func: cst.FunctionDef, api: str, stream_tag: str, second_group: str | None = None,
-    deep: DeepCollectives | None = None,
+    func: cst.FunctionDef, api: str, stream_tag: str, stages: list[Stage], second_group: str | None = None,
 ) -> cst.FunctionDef:
-    """`forward_microbatch(self, x_mb0, x_mb1)` for a layer whose forward is `forward(self, x)`.
+    """`forward_microbatch(self, x_mb0, x_mb1)` for a layer whose forward is `forward(self, x)`, its
+    body split into `stages` (the plan's).
 
     With `second_group` (a process group the layer holds), micro-batch 1 communicates over that
     group on a second communication stream, so the two micro-batches' collectives may overlap."""
-    params = [p.name.value for p in func.params.params]
-    if len(params) != 2 or func.params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) or func.params.kwonly_params:
-        raise NothingToDo(f"{func.name.value}: micro-batching needs a layer forward(self, hidden_states)")
-    x = params[1]
-    stages = stages_of(func, deep)
-    if second_group and deep is not None and deep.deep_calls:
-        raise NothingToDo(
-            f"{func.name.value}: --second-comm-group moves micro-batch 1's collectives to self.{second_group}, "
-            f"but those inside {deep.deep_calls[0]}() take their group from the submodule"
-        )
+    x = func.params.params[1].name.value
     body = list(func.body.body)  # type: ignore[union-attr]
-    ret = body[-1].body[0] if isinstance(body[-1].body[0], cst.Return) else None  # type: ignore[union-attr]
-    if ret is None or ret.value is None:
-        raise NothingToDo(f"{func.name.value}: micro-batching needs the layer to end with `return <tensor>`")
     local = {x} | {n for s in body for n in node_facts(s).stores}
 
     lines = [
@@ -288,41 +152,7 @@ def _splice_stage(block: list[cst.BaseStatement], stage: list[cst.BaseStatement]
 
 
 # The model: fork its layer loop --------------------------------------------------------------------
-@dataclass
-class LayerLoop:
-    index: int  # body index of the `for` statement
-    var: str  # the loop variable (`layer`)
-    attr: str  # self.<attr> iterated (`layers`)
-    carried: str  # the value threaded through the layers (`hidden_states`)
-
-
-def find_layer_loop(func: cst.FunctionDef) -> LayerLoop | None:
-    """`for layer in self.layers: hidden_states = layer(hidden_states)` at the top of `func`."""
-    for index, stmt in enumerate(func.body.body):  # type: ignore[union-attr]
-        if not (isinstance(stmt, cst.For) and isinstance(stmt.target, cst.Name)):
-            continue
-        iterated = dotted_name(stmt.iter) or ""
-        if not iterated.startswith("self.") or len(stmt.body.body) != 1:  # type: ignore[union-attr]
-            continue
-        line = stmt.body.body[0]  # type: ignore[union-attr]
-        if not (isinstance(line, cst.SimpleStatementLine) and isinstance(line.body[0], cst.Assign)):
-            continue
-        assign = line.body[0]
-        value, target = assign.value, assign.targets[0].target
-        if (
-            isinstance(value, cst.Call)
-            and isinstance(value.func, cst.Name)
-            and value.func.value == stmt.target.value
-            and len(value.args) == 1
-            and isinstance(value.args[0].value, cst.Name)
-            and isinstance(target, cst.Name)
-            and target.value == value.args[0].value.value
-        ):
-            return LayerLoop(index, stmt.target.value, iterated[len("self.") :], target.value)
-    return None
-
-
-def model_microbatch_method(func: cst.FunctionDef, loop: LayerLoop, dim: int) -> cst.FunctionDef:
+def model_microbatch_method(func: cst.FunctionDef, loop, dim: int) -> cst.FunctionDef:
     """A copy of the model's forward whose layer loop runs both micro-batches."""
     h, var, attr = loop.carried, loop.var, loop.attr
     text = [
@@ -351,36 +181,6 @@ def model_microbatch_method(func: cst.FunctionDef, loop: LayerLoop, dim: int) ->
 
 
 # The whole edit -----------------------------------------------------------------------------------
-def _layer_class(model_cls: cst.ClassDef, attr: str, classes: dict[str, cst.ClassDef]) -> str | None:
-    """The class whose instances fill self.<attr> (nn.ModuleList(Layer(...) for ...))."""
-    for stmt in model_cls.body.body:  # type: ignore[union-attr]
-        if isinstance(stmt, cst.FunctionDef) and stmt.name.value == "__init__":
-            found: list[str] = []
-
-            class _Assign(cst.CSTVisitor):
-                def visit_Assign(self, node: cst.Assign) -> None:
-                    target = node.targets[0].target
-                    if dotted_name(target) == f"self.{attr}":
-
-                        class _Calls(cst.CSTVisitor):
-                            def visit_Call(self, call: cst.Call) -> None:
-                                if isinstance(call.func, cst.Name) and call.func.value in classes:
-                                    found.append(call.func.value)
-
-                        node.value.visit(_Calls())
-
-            stmt.visit(_Assign())
-            return found[0] if found else None
-    return None
-
-
-def _forward_of(cls: cst.ClassDef) -> cst.FunctionDef | None:
-    return next(
-        (s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "forward"),  # type: ignore[union-attr]
-        None,
-    )
-
-
 def _call_args(func: cst.FunctionDef) -> str:
     p = func.params
     parts = [q.name.value for q in p.params[1:]]
@@ -392,87 +192,95 @@ def _call_args(func: cst.FunctionDef) -> str:
     return ", ".join(parts)
 
 
-def _existing_attribute(cls: cst.ClassDef, name: str, what: str) -> str:
-    """`name` is an attribute the class assigns (`self.name = ...`): the edit will read it."""
-    try:
-        validate.attribute(name, what)
-    except ValueError as exc:
-        raise BadInput(str(exc)) from None
-    assigned: set[str] = set()
+def _flag_lines(plan: MicrobatchPlan, init: cst.FunctionDef, roots: set[str]):
+    """(the switch expression, the `__init__` lines behind it, the Emission's extras) for the plan's
+    flag, read as the other cases read it: env and sglang into self.enable_<name>; attr and
+    vllm-ascend into self.<name>, an attribute the class already sets being reused."""
+    from msrewrite.emit.engine import flag_attribute
 
-    class _Assigned(cst.CSTVisitor):
-        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-            self._add(node.target)
-
-        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-            self._add(node.target)
-
-        def _add(self, target: cst.BaseExpression) -> None:
-            if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self":
-                assigned.add(target.attr.value)
-
-    cls.visit(_Assigned())
-    if name not in assigned:
-        raise BadInput(f"{what} {name}: {cls.name.value} never sets self.{name}")
-    return name
-
-
-def microbatch_edit(
-    module: cst.Module, mode: str, flag, target: str | None, stream_tag: str, dim: int = 0,
-    second_group: str | None = None, path=None, assume_pure: tuple[str, ...] = (),
-):
-    """(new module, model function name): the forked micro-batch path for the first layer loop."""
-    from msrewrite.emit.engine import Emission, add_helpers, flag_attribute
-
-    classes = {s.name.value: s for s in module.body if isinstance(s, cst.ClassDef)}
-    candidates = []
-    for name, cls in classes.items():
-        forward = _forward_of(cls)
-        loop = find_layer_loop(forward) if forward is not None else None
-        if loop is not None and (target is None or target in (name, f"{name}.forward")):
-            candidates.append((name, cls, forward, loop))
-    if not candidates:
-        raise NothingToDo("no `for layer in self.layers: hidden_states = layer(hidden_states)` loop to micro-batch")
-    if len(candidates) > 1:
-        from msrewrite.errors import BadInput
-
-        names = ", ".join(f"{c[0]}.forward" for c in candidates)
-        raise BadInput(f"ambiguous target: {len(candidates)} layer loops ({names}); pick one with --target")
-    model_name, model_cls, forward, loop = candidates[0]
-    if any(isinstance(s, cst.FunctionDef) and s.name.value == "forward_microbatch" for s in model_cls.body.body):  # type: ignore[union-attr]
-        raise NothingToDo(f"{model_name}.forward: already applied, nothing to do")
-    layer_name = _layer_class(model_cls, loop.attr, classes)
-    layer_forward = _forward_of(classes[layer_name]) if layer_name else None
-    if layer_forward is None:
-        raise NothingToDo(f"{model_name}: cannot tell which class fills self.{loop.attr}")
-    stream_tag = validate.stream_tag(stream_tag)
-    if flag.kind in ("sglang", "vllm-ascend") or flag.gate is not None:
-        from msrewrite.errors import BadInput
-
-        raise BadInput("prefill-microbatch supports --flag env:NAME only, and no --gate")
-    if second_group is not None:
-        second_group = _existing_attribute(classes[layer_name], second_group, "--second-comm-group")
-    api = "torch.cuda" if mode == "cuda" else "torch.npu"
-    from msrewrite.analyze.summaries import ModuleSummaries
-
-    deep = DeepCollectives(ModuleSummaries(module, assume_pure, path=path), layer_name, layer_forward)
-    layer_method = layer_microbatch_method(layer_forward, api, stream_tag, second_group, deep)
-
-    switch = flag_attribute(flag.name)
+    flag = plan.flag
     default = "True" if flag.default else "False"
-    init_lines = [
-        f"# msrewrite(prefill-microbatch): {flag.name}=0 keeps the single-batch layer loop.",
-        f"self.{switch} = _ms_env_flag({literal(flag.name)}, {default})",
-    ]
+    keeps = "keeps the single-batch layer loop." if flag.default else "runs the layers as two micro-batches."
+    label = f"# msrewrite({plan.case}):"
+    set_already = assigned_attributes(init)  # as the engine reads it: set in __init__, where the edit reads it
+    extras: dict = {"helpers": [], "from_imports": frameworks.flag_imports(flag, roots), "needs_os": False}
+    if flag.kind in ("env", "sglang"):
+        attr = flag_attribute(flag.name)
+        if flag.kind == "env":
+            read = f"_ms_env_flag({literal(flag.name)}, {default})"
+            extras["helpers"].append("_ms_env_flag")
+            extras["needs_os"] = True
+        else:  # SGLang's own reader takes the default as the text it would find in the environment
+            read = f"get_bool_env_var({literal(flag.name)}, {literal(default.lower())})"
+        lines = [f"{label} {flag.name}={'0' if flag.default else '1'} {keeps}", f"self.{attr} = {read}"]
+    elif flag.kind == "vllm-ascend":
+        attr = flag.name
+        switch = "false" if flag.default else "true"
+        read = f"getattr(get_ascend_config(), {literal(flag.name)}, {default})"
+        lines = [f"{label} additional_config {{{literal(flag.name)}: {switch}}} {keeps}", f"self.{attr} = {read}"]
+    else:  # attr: reused when the class sets it, else read from __init__'s config, else the default
+        attr = flag.name
+        params = {p.name.value for p in (*init.params.params, *init.params.kwonly_params)}
+        read = f"getattr(config, {literal(flag.name)}, {default})" if "config" in params else default
+        where = "config" if "config" in params else "self"
+        lines = [f"{label} {where}.{attr} = {'False' if flag.default else 'True'} {keeps}", f"self.{attr} = {read}"]
+    if attr in set_already:
+        lines = []
+    return f"self.{attr}", lines, extras
+
+
+def _model_init(model_cls: cst.ClassDef) -> cst.FunctionDef:
+    init = next((s for s in model_cls.body.body  # type: ignore[union-attr]
+                 if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
+    if init is None:  # the layer loop's self.<layers> is found in __init__, so there is one
+        raise BadInput(f"{model_cls.name.value} has no __init__ to read the switch in")
+    return init
+
+
+def microbatch_edit(module: cst.Module, plan: MicrobatchPlan, text: str | None = None, dim: int = 0) -> cst.Module:
+    """The module with `plan` carried out: the forked micro-batch path for the model's layer loop.
+    BadInput when the plan does not match the file (stale), or cannot be emitted here."""
+    from msrewrite.emit.engine import Emission, add_helpers
+
+    found = stale_plan(module, plan, text)
+    for qualified in (plan.function, plan.layer):
+        compiled = frameworks.fullgraph_region(module, qualified, text)
+        if compiled is not None:
+            raise BadInput(
+                f"{qualified} runs inside a torch.compile fullgraph region ({compiled}): stream code there "
+                "would be traced into the graph; vLLM keeps its own stream code inside a custom op"
+            )
+    second_group = plan.second_group or None
+    if second_group is not None and second_group not in assigned_attributes(found.layer_cls):
+        raise BadInput(f"plan for {plan.function}: {found.layer} never sets self.{second_group} (second_group)")
+    source = text if text is not None else module.code
+    positions = positions_for(module, plan.layer, found.layer_forward, source)
+    by_line = {positions[s].start.line: s for s in found.layer_forward.body.body}  # type: ignore[union-attr]
+    stages = [Stage(stage.comm, [by_line[st.first_line] for st in stage.statements]) for stage in plan.stages]
+    api = "torch.cuda" if plan.mode == "cuda" else "torch.npu"
+    layer_method = layer_microbatch_method(found.layer_forward, api, plan.stream_tag, stages, second_group)
+
+    roots = frameworks.imported_roots(module)
+    init = _model_init(found.model_cls)
+    switch, init_lines, extras = _flag_lines(plan, init, roots)
+    condition = f"_ms_microbatch({switch}, {found.loop.carried})"
+    when = ""
+    if plan.flag.gate is not None:  # prefill: the model forward's own phase predicate
+        predicate, needed = frameworks.phase_predicate(plan.flag.gate, found.forward, roots, plan.function)
+        extras["from_imports"] += [i for i in needed if i not in extras["from_imports"]]
+        condition += f" and {predicate}"
+        when = f", in {plan.flag.gate}"
+    frameworks.check_own_bindings(module, extras["from_imports"])
     dispatch = [
-        "# msrewrite(prefill-microbatch): two micro-batches on two streams when enabled (forward_microbatch);",
+        f"# msrewrite({plan.case}): two micro-batches on two streams when enabled{when} (forward_microbatch);",
         "# the loop below is the original path.",
-        f"if _ms_microbatch(self.{switch}, {loop.carried}):",
-        f"    return self.forward_microbatch({_call_args(forward)})",
+        f"if {condition}:",
+        f"    return self.forward_microbatch({_call_args(found.forward)})",
     ]
-    model_method = model_microbatch_method(forward, loop, dim)
+    model_method = model_microbatch_method(found.forward, found.loop, dim)
     dispatch_nodes = list(cst.parse_module("pass\n" + "\n".join(dispatch) + "\n").body[1:])
-    init_nodes = list(cst.parse_module("pass\n" + "\n".join(init_lines) + "\n").body[1:])
+    init_nodes = list(cst.parse_module("pass\n" + "\n".join(init_lines) + "\n").body[1:]) if init_lines else []
+    model_name, layer_name = found.model, found.layer
 
     class _Edit(cst.CSTTransformer):
         def leave_ClassDef(self, original, updated):
@@ -495,10 +303,11 @@ def microbatch_edit(
             return updated.with_changes(body=updated.body.with_changes(body=body))
 
     new = module.visit(_Edit())
-    kind = "cuda" if mode == "cuda" else "npu"
+    kind = "cuda" if plan.mode == "cuda" else "npu"
     em = Emission(
-        helpers=["_ms_env_flag", f"_ms_side_stream:{kind}", f"_ms_microbatch:{kind}"],
+        helpers=[*extras["helpers"], f"_ms_side_stream:{kind}", f"_ms_microbatch:{kind}"],
         imports=["torch_npu"] if kind == "npu" else [],
-        needs_os=True,
+        needs_os=extras["needs_os"],
+        from_imports=extras["from_imports"],
     )
-    return add_helpers(new, [em], mode), f"{model_name}.forward"
+    return add_helpers(new, [em], plan.mode)

@@ -36,7 +36,7 @@ from msrewrite.analyze.guards import block_of, follow_turns, rebuild_path
 from msrewrite.emit.engine import (
     PlannedEdit, _comment, _if_block, _parse_block, _unique, apply_plans, code_of, strip_leading,
 )
-from msrewrite.plan import OverlapPlan
+from msrewrite.plan import MicrobatchPlan, OverlapPlan
 
 SCHEDULES = ("early", "late", "interleaved")
 
@@ -241,6 +241,15 @@ def _defer(with_stmt, head, early_part, later_part, tail, inputs, outputs, taken
 
 def variant(source: ScheduleSource, schedule: str) -> str:
     """The edited file's text under `schedule` (NoSchedule when the edit has no movable block)."""
+    if any(isinstance(plan, MicrobatchPlan) for plan in source.plans):
+        if schedule != "early":  # early is the edit itself: verify checks the plans reproduce it
+            raise NoSchedule("prefill-microbatch is a model-level fork: each stage waits on the event of the "
+                             "stage before it, with no side block to move")
+        from msrewrite.load import parse_source
+
+        module = parse_source(Path(source.plans[0].file or "<edit>"), source.text)
+        source.window_statements = []
+        return apply_plans(module, list(source.plans), source.text).code
     for plan in source.plans:
         why = unsupported(plan)
         if why:
@@ -377,7 +386,5 @@ def _derive(text: str, original_name: str, original_text: str, mode: str, flag):
     last = steps[-1]
     if last.new != text:
         return None, f"the edit is not what apply --case {case} makes with default options (pass --plan PLANS.json)"
-    if not last.plans:
-        return None, f"{case} is a model-level edit with no side block to move"
     note = "later schedules move the last side stream's work only" if len(steps) > 1 and steps[0].plans else ""
     return (last.old, tuple(last.plans), note), ""

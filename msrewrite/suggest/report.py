@@ -40,6 +40,8 @@ class FileAnalysis:
     refused: list[dict] = field(default_factory=list)
     # `msrewrite profile --json` output for this model (suggest --profile): fills §11.5
     profile: dict | None = None
+    # the prefill-microbatch fork of a model with a layer loop (suggest/microbatch.py), with its plan
+    microbatch: list = field(default_factory=list)
 
     @property
     def tier(self) -> str:
