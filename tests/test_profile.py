@@ -258,3 +258,23 @@ def test_analysis_reads_each_kernel_a_few_times_not_once_per_window() -> None:
     # they overlap on [a+2, a+6] ... [a+32, a+36]: 4 x 4 = 16; the side window ends 10 later
     assert all((o.side_busy, o.main_busy, o.overlap, o.exposed, o.tail) == (30, 24, 16, 14, 10)
                for o in region.occurrences)
+
+
+def test_npu_lanes_as_msprof_writes_them() -> None:
+    """trace_view.json's device lanes as msprof writes them (make_traces.py cites the sources):
+    tasks carry args["Task Type"]; an mstx range with a stream is an X event on the stream's
+    thread of the Ascend Hardware process; another tool's range there is not a task."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_traces", FIX / "make_traces.py")
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    trace = load_trace(FIX / "npu_on")
+    hardware = make.HARDWARE_PID
+    assert {k.name for k in trace.kernels} == set(make.NPU_OP.values())  # not hccl_allgather, not the ranges
+    assert len(trace.kernels) == 20 and {k.stream for k in trace.kernels} == {f"{hardware}:2", f"{hardware}:5"}
+    assert trace.stream_names == {f"{hardware}:2": "Stream 2", f"{hardware}:5": "Stream 5"}
+    assert [(m.name.rsplit(":", 1)[1], m.stream) for m in trace.markers[:2]] == [
+        ("main", f"{hardware}:2"), ("side", f"{hardware}:5")]
+    assert trace.host_only_markers == []  # the host sides (MsprofTx layer) are seen on the device too
+    assert len(trace.steps) == 2  # from kernel_details.csv's Step Id

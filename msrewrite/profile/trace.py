@@ -18,12 +18,25 @@ torch.profiler (`export_chrome_trace`, kineto). Read from torch 2.13's
 
 torch_npu (`<worker>_ascend_pt/ASCEND_PROFILER_OUTPUT/`), read from Ascend/pytorch
 `torch_npu/profiler/analysis/prof_view/` and its `_csv_headers.py`:
-  - `trace_view.json`: a bare event array; `{"ph": "M", "name": "process_name", "pid",
-    "args": {"name": "Ascend Hardware"}}` names the device process, `thread_name` events name its
-    threads `Stream <id>`; every `"ph": "X"` event of that process is a task on that stream
-    (`ts` may be a string of µs). `torch_npu.npu.mstx.range_start(message, stream)` with a stream
-    marks the range on the device as well as the host (mstx API reference, mstxRangeStartA); its
-    device side is read as an `X` event named by the message on the stream's thread.
+  - `trace_view.json`: a bare event array. torch_npu 2.7.1 writes it
+    (`prof_view/_trace_view_parser.py`) as its own host events (`prof_common_func/
+    _trace_event_manager.py`: `{"ph": "X", "name", "pid", "tid", "ts": "<µs>", "dur", "cat":
+    "cpu_op", "args"}` on a process named "Python") followed by CANN msprof's timeline, the
+    `msprof_*.json` files it reads as they are (`prof_parse/_cann_file_parser.py`,
+    `get_timeline_all_data`). msprof (MindStudio's msprof, `analysis/csrc/application/
+    timeline/`) writes the device lanes: `ascend_hardware_assembler.cpp` a task as `{"name",
+    "pid", "tid": <stream>, "ts": "<µs>", "dur", "ph": "X", "args": {"Model Id", "Task Type",
+    "Physic Stream Id", "Task Id", "Batch Id", "Subtask Id", "connection_id"}}` under a process
+    named "Ascend Hardware" whose threads are named "Stream <id>" (`json_assembler.cpp`,
+    GenerateTaskMetaData); `device_tx_assembler.cpp` the device side of an mstx range started
+    with a stream (`torch_npu.npu.mstx.range_start(message, stream)`) as an `X` event on the
+    same process and the stream's thread, named by the message, `args` only `{"Physic Stream
+    Id", "Task Id"}`, from the range's first to its last device record
+    (`msproftx_device_processor.cpp`). So: an `X` event of that process named
+    `msrewrite:...` or `ProfilerStep#N` is a window; one with `args["Task Type"]` is a task;
+    the rest (another tool's mstx ranges, KFC turns, step-trace ranges) is not device work.
+    A range's thread is its stream id as recorded; msprof maps a task's GE logic stream to its
+    physical one (ge_logic_stream_info), so in GE graph mode the two may differ.
   - `kernel_details.csv`: `Step Id` (when steps were recorded), `Device_id, Name, Type,
     Accelerator Core, Start Time(us), Duration(us), Wait Time(us), Block Num`
     (CsvHeaders.OP_SUMMARY_KERNEL_BASE_HEADERS): steps' device windows and per-name busy time.
@@ -380,11 +393,13 @@ def _load_npu(path: Path) -> Trace:
                 trace.host_only_markers.append(name)
             continue
         stream = _stream_key(ev.get("pid"), ev.get("tid"))
-        trace.stream_names.setdefault(stream, threads.get((ev.get("pid"), ev.get("tid")), f"stream {ev.get('tid')}"))
         if name.startswith(MARKER_PREFIX) or STEP.match(name):
             windows.append([Span(name, start, span_end, stream)])
-        else:
+        elif "Task Type" in (ev.get("args") if isinstance(ev.get("args"), dict) else {}):
             trace.kernels.append(Span(name, start, span_end, stream))
+        else:  # another tool's mstx range on the stream, a KFC turn, a step-trace range: not a task
+            continue
+        trace.stream_names.setdefault(stream, threads.get((ev.get("pid"), ev.get("tid")), f"stream {ev.get('tid')}"))
     on_device = {w[0].name for w in windows}
     trace.host_only_markers = sorted(set(trace.host_only_markers) - on_device)
     _add_windows(trace, windows)
