@@ -62,7 +62,8 @@ from msrewrite.profile import torchscan
 from msrewrite.profile.jsonstream import CHUNK, TraceFormatError, iter_events
 
 MARKER_PREFIX = "msrewrite:"
-MARKER = re.compile(r"^msrewrite:(?P<case>[A-Za-z0-9_.-]+):(?P<tag>[A-Za-z0-9_]+):(?P<role>side|main)$")
+# <tag>: a stream tag, or a branch of a several-stream case (a case name: may hold "-")
+MARKER = re.compile(r"^msrewrite:(?P<case>[A-Za-z0-9_.-]+):(?P<tag>[A-Za-z0-9_-]+):(?P<role>side|main)$")
 STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _DEVICE_CATS = torchscan.DEVICE_CATS
 NPU_OUTPUT = "ASCEND_PROFILER_OUTPUT"
