@@ -338,3 +338,20 @@ def test_bad_values_are_one_line_errors_on_the_scanned_path(tmp_path: Path, text
     path.write_text(text)
     with pytest.raises(BadInput, match=message):
         load_trace(path)
+
+
+def test_load_trace_gives_the_collector_back_as_it_found_it(tmp_path: Path) -> None:
+    import gc
+
+    path = tmp_path / "t.json"
+    path.write_text(wrap(events(random.Random(2))))
+    for state in (True, False):
+        (gc.enable if state else gc.disable)()
+        try:
+            load_trace(path)
+            assert gc.isenabled() is state
+            with pytest.raises(BadInput):
+                load_trace(tmp_path / "missing.json")
+            assert gc.isenabled() is state
+        finally:
+            gc.enable()

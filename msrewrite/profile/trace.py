@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import bisect
 import csv
+import gc
 import json
 import re
 from collections import defaultdict
@@ -99,6 +100,10 @@ def load_trace(path: Path) -> Trace:
     path = Path(path)
     if not path.exists():
         raise BadInput(f"{path}: no such file or folder")
+    # The reader makes hundreds of thousands of tuples and keeps them, none in a reference
+    # cycle: the cyclic collector would only walk them again and again (a fifth of the time).
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         if path.is_dir():
             return _load_npu(path)
@@ -107,6 +112,9 @@ def load_trace(path: Path) -> Trace:
         raise BadInput(f"{path}: {exc}") from None
     except (UnicodeDecodeError, OSError) as exc:
         raise BadInput(f"{path}: cannot read the trace ({exc})") from None
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _stream_key(pid, tid) -> str:
