@@ -230,7 +230,7 @@ def test_numbers_written_as_strings(tmp_path: Path, seed: int) -> None:
 
 @pytest.mark.parametrize("edit", [
     "args absent", "args empty", "nested args", "correlation twice", "correlation as a key name's tail",
-    "correlation a float", "ph as a value", "ph inside args", "ph not first", "keys repeated before ph",
+    "correlation a float", "ph as a value", "ph inside args", "ph not first", "keys repeated before ph", "args only before ph",
     "key repeated after args", "exponent numbers", "ph before a needed cat later",
 ])
 def test_single_odd_events(tmp_path: Path, edit: str) -> None:
@@ -262,6 +262,11 @@ def test_single_odd_events(tmp_path: Path, edit: str) -> None:
         evs[kernels[4]] = {"name": evs[kernels[4]]["name"], **{x: y for x, y in evs[kernels[4]].items() if x != "name"}}
     elif edit == "keys repeated before ph":
         text = wrap(evs).replace('{"ph": "X", "cat": "kernel"', '{"ts": -5, "cat": "cpu_op", "ph": "X", "cat": "kernel"', 3)
+    elif edit == "args only before ph":  # json reads it as the event's args: the stream's name comes from it
+        at = next(i for i, e in enumerate(evs) if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+        first = evs[at]
+        first["args"]["stream"] = 99
+        evs[at] = {"args": first.pop("args"), **first}
     elif edit == "key repeated after args":
         text = wrap(evs).replace('"est. achieved occupancy %": 8}}', '"est. achieved occupancy %": 8}, "ts": 7.5}', 2)
     elif edit == "exponent numbers":

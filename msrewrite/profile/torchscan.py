@@ -14,9 +14,11 @@ stops at every `"ph"` key and, in C:
     string naming none of the six categories;
   - flags anything else at a `"ph"` key.
 Every `"ph"` key outside a needed event's own text is one of the three, so no event is passed
-over unseen. A chunk holding a flag, a value that is not plain (a string `ts`, an escaped name),
-an `args` with `correlation` twice, or a `\\u00XX` escape (which could spell a key) is decoded by
-`json` instead; chunks are cut where an event starts with `{ "ph"`, so each one is a run of whole
+over unseen. A chunk holding a flag, a needed event without `args` after `ph`, an `args` with
+`correlation` twice (or the word where it is not the key), a `\\u00XX` escape (which could spell
+a key) or a field json cannot decode (so the scan misread it) is decoded by `json` instead; a
+value that is not a plain number (a string `ts`) or a name with escapes is decoded by `json` on
+its own. Chunks are cut where an event starts with `{ "ph"`, so each one is a run of whole
 events. The last event and whatever follows the array are always decoded by `json`.
 
 The one form read differently from `json.load`: an object shaped like a needed event nested in
@@ -49,11 +51,13 @@ def _key(name: bytes) -> bytes:
     return rb'"' + name + rb'"' + _W + rb":" + _W
 
 
-# groups: 1 cat, 2 name, 3 pid, 4 tid, 5 ts, 6 dur, 7 the args object's inner text, 8 flag
+# groups: 1 cat, 2 name, 3 pid, 4 tid, 5 ts, 6 dur, 7 "{" when args is there, 8 the args object's
+# inner text, 9 flag. Keys before "ph" are not read: json keeps a repeated key's last value, so
+# they lose to these, except an args there when none follows (group 7 empty: json decides).
 _NEEDED = (rb'"(' + _ALT + rb')"' + _SEP + _key(b"name") + rb'"([^"]*+)"' + _SEP
            + _key(b"pid") + rb"([^,]*+)," + _W + _key(b"tid") + rb"([^,]*+)," + _W
            + _key(b"ts") + rb"([^,]*+)," + _W + _key(b"dur") + rb"([^,}]*+)"
-           + rb"(?:," + _W + _key(b"args") + rb"\{([^}]*+)\})?"
+           + rb"(?:," + _W + _key(b"args") + rb"(\{)([^}]*+)\})?"
            + _W + rb"\}(?=" + _W + rb"(?:," + _W + rb"\{|\]))")
 _OTHER_CAT = rb'"(?!(?:' + _ALT + rb')")[^"]*+"'
 _NOT_X = rb'"(?!X")[^"]*+"'
@@ -137,7 +141,7 @@ def _segment(buf: bytes, pos: int, cut: int) -> Segment:
     if buf.find(b"\\", pos, cut) >= 0 and _ASCII_ESCAPE.search(buf, pos, cut):
         return Segment(events=_decode_run(buf[pos:cut]))
     rows = _SCAN.findall(buf, pos, cut + 1)
-    if any(map(itemgetter(7), rows)):
+    if any(map(itemgetter(8), rows)):
         return Segment(events=_decode_run(buf[pos:cut]))
     groups: dict[str, list[tuple]] = {"device": [], "gpu_user_annotation": [], "user_annotation": [], "cuda_runtime": []}
     route = {c.encode(): groups["device" if c in DEVICE_CATS else c].append for c in CATS}
@@ -147,7 +151,9 @@ def _segment(buf: bytes, pos: int, cut: int) -> Segment:
     for group, got in groups.items():
         if not got:
             continue
-        _, names, pids, tids, tss, durs, args, _ = zip(*got)
+        _, names, pids, tids, tss, durs, opened, args, _ = zip(*got)
+        if not all(opened):  # no args after "ph": one before it would be the event's args
+            return Segment(events=_decode_run(buf[pos:cut]))
         counts = list(map(bytes.count, args, repeat(b'"correlation"')))
         has = list(map(bool, counts))
         joined = b"}".join(compress(args, has))  # an args text holds no "}"
