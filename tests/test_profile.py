@@ -278,3 +278,28 @@ def test_npu_lanes_as_msprof_writes_them() -> None:
         ("main", f"{hardware}:2"), ("side", f"{hardware}:5")]
     assert trace.host_only_markers == []  # the host sides (MsprofTx layer) are seen on the device too
     assert len(trace.steps) == 2  # from kernel_details.csv's Step Id
+
+
+def test_a_branch_plans_estimate_is_keyed_like_its_ranges(tmp_path: Path) -> None:
+    """apply --markers names a several-stream case's window by its branch
+    (msrewrite:indexer-prolog:q_quant:side); the plan file's estimate must land on that region,
+    not on the stream tag another branch shares (q and q_quant both run on indexer_q)."""
+    from msrewrite.commands.profile import estimates_from
+    from msrewrite.plan import OverlapPlan
+
+    data = json.loads((FIX / "plans.json").read_text())
+    q_quant = data["candidates"][0]
+    q_quant["plan"].update(case="indexer-prolog", case_branch="q_quant", stream_tag="indexer_q")
+    q = json.loads(json.dumps(q_quant))
+    q["plan"]["case_branch"] = "q"
+    q["cost"]["side_us"] = 3.0  # a different estimate: min(3, 14) - 2 = 1 µs
+    data["candidates"] = [q, q_quant]
+    path = tmp_path / "plans.json"
+    path.write_text(json.dumps(data))
+    estimates = estimates_from(path)
+    assert estimates == {("indexer-prolog", "q"): pytest.approx(1.0), ("indexer-prolog", "q_quant"): pytest.approx(12.0)}
+    assert OverlapPlan.from_dict(q_quant["plan"]).region_tag == "q_quant"
+    edited = tmp_path / "m.py"  # the edited file's ranges name the same regions
+    edited.write_text('_ms_range_start("msrewrite:indexer-prolog:q_quant:side", s)\n'
+                      '_ms_range_start("msrewrite:indexer-prolog:q-quant-2:main", s)\n')
+    assert set(estimates_from(edited)) == {("indexer-prolog", "q_quant"), ("indexer-prolog", "q-quant-2")}
