@@ -360,3 +360,27 @@ def test_load_trace_gives_the_collector_back_as_it_found_it(tmp_path: Path) -> N
             assert gc.isenabled() is state
         finally:
             gc.enable()
+
+
+# torch_npu: only what the reader uses is decoded ------------------------------------------------
+def test_npu_folder_reads_the_same_with_and_without_the_event_filter(tmp_path: Path) -> None:
+    """trace_view.json decoded whole (keep=None, every event) and filtered give the same Trace, on
+    the fixtures and on one whose names, keys and markers are written with \\u escapes."""
+    from msrewrite.profile.trace import _load_npu
+
+    fixtures = Path(__file__).parent / "fixtures" / "profile"
+    for folder in (fixtures / "npu_on", fixtures / "npu_off"):
+        assert _load_npu(folder) == _load_npu(folder, keep=None)
+    events = json.loads((fixtures / "npu_on" / "ASCEND_PROFILER_OUTPUT" / "trace_view.json").read_text())
+    rng = random.Random(9)
+    out = tmp_path / "run" / "ASCEND_PROFILER_OUTPUT"
+    out.mkdir(parents=True)
+    writer = Writer(rng, ws=" \n", escape=0.3)
+    text = "[" + ",".join(writer.value(e) for e in events) + "]"
+    assert "\\u00" in text
+    (out / "trace_view.json").write_text(text)
+    for name in ("kernel_details.csv", "op_statistic.csv"):
+        (out / name).write_text((fixtures / "npu_on" / "ASCEND_PROFILER_OUTPUT" / name).read_text())
+    filtered, whole = _load_npu(out.parent), _load_npu(out.parent, keep=None)
+    assert filtered == whole
+    assert len(whole.kernels) == 20 and len(whole.markers) == 8

@@ -375,13 +375,19 @@ def npu_output_folder(path: Path) -> Path:
     raise BadInput(f"{path}: no {NPU_OUTPUT}/trace_view.json (not a torch_npu profiler output)")
 
 
-def _load_npu(path: Path) -> Trace:
+# What _load_npu reads: the process and thread names, the tasks (args["Task Type"]) and the ranges
+# named msrewrite:... or ProfilerStep#N; each holds one of these words, or spells it with a \u
+# escape. The rest of trace_view.json (torch_npu's host ops, the CANN layer) is not decoded.
+_npu_keep = re.compile(rb"process_name|thread_name|Task Type|msrewrite:|ProfilerStep#|\\u").search
+
+
+def _load_npu(path: Path, keep=_npu_keep) -> Trace:
     folder = npu_output_folder(path)
     trace = Trace(source=str(folder), format="torch_npu")
     process: dict[object, str] = {}
     threads: dict[tuple, str] = {}
     events: list[dict] = []
-    for ev in iter_events(folder / "trace_view.json"):
+    for ev in iter_events(folder / "trace_view.json", keep=keep):
         ph = ev.get("ph")
         if ph == "M" and ev.get("name") == "process_name":
             process[ev.get("pid")] = str((ev.get("args") or {}).get("name", ""))
@@ -393,21 +399,20 @@ def _load_npu(path: Path) -> Trace:
     if not hardware:
         raise BadInput(f"{folder / 'trace_view.json'}: no 'Ascend Hardware' process (profiled without the NPU activity?)")
     windows: list[list[Span]] = []
-    for ev in events:
+    for ev in events:  # only the events used are timed (so only their ts and dur must be numbers)
         name = str(ev.get("name", ""))
-        start = _num(ev.get("ts"), "ts")
-        span_end = start + _num(ev.get("dur", 0), "dur")
         if ev.get("pid") not in hardware:
             if name.startswith(MARKER_PREFIX):
                 trace.host_only_markers.append(name)
             continue
+        window = name.startswith(MARKER_PREFIX) or STEP.match(name) is not None
+        if not window and "Task Type" not in (ev.get("args") if isinstance(ev.get("args"), dict) else {}):
+            continue  # another tool's mstx range on the stream, a KFC turn, a step-trace range: not a task
+        start = _num(ev.get("ts"), "ts")
+        span_end = start + _num(ev.get("dur", 0), "dur")
         stream = _stream_key(ev.get("pid"), ev.get("tid"))
-        if name.startswith(MARKER_PREFIX) or STEP.match(name):
-            windows.append([Span(name, start, span_end, stream)])
-        elif "Task Type" in (ev.get("args") if isinstance(ev.get("args"), dict) else {}):
-            trace.kernels.append(Span(name, start, span_end, stream))
-        else:  # another tool's mstx range on the stream, a KFC turn, a step-trace range: not a task
-            continue
+        (windows.append([Span(name, start, span_end, stream)]) if window
+         else trace.kernels.append(Span(name, start, span_end, stream)))
         trace.stream_names.setdefault(stream, threads.get((ev.get("pid"), ev.get("tid")), f"stream {ev.get('tid')}"))
     on_device = {w[0].name for w in windows}
     trace.host_only_markers = sorted(set(trace.host_only_markers) - on_device)
