@@ -219,13 +219,10 @@ def entry() -> None:
     """The `msrewrite` command (and `python -m msrewrite`): main() with the cyclic garbage
     collector off. A run is one short pass over syntax trees, which hold no reference cycles, so
     the collector would only walk libcst's many nodes again and again (about 3% of a run). User
-    code (verify, traced suggest) runs in a child process that turns it back on; `bench` runs it
-    in this process, so it keeps the collector."""
+    code (verify, traced suggest, bench) runs in a child process that turns it back on."""
     import gc
-    import sys
 
-    if sys.argv[1:2] != ["bench"]:
-        gc.disable()
+    gc.disable()
     main()
 
 
@@ -259,12 +256,13 @@ def bench(
     warmup: int = Option(3, "--warmup", help="Untimed forwards first."),
     dry_run: bool = Option(False, "--dry-run", help="Run every step on CPU under the stream stand-ins."),
     json_out: bool = Option(False, "--json", help="Print the timings as JSON."),
+    timeout: float = Option(600.0, "--timeout", help="Seconds before the child running user code is killed."),
 ) -> int:
     """Time flag off vs flag on on the device present; with --variants, rank msrewrite's arrangements."""
     from msrewrite.commands.bench import run_bench
 
     return run_bench(file=file, harness=harness, case=case, mode=mode, variants=variants, iters=iters,
-                     warmup=warmup, dry_run=dry_run, json_out=json_out)
+                     warmup=warmup, dry_run=dry_run, json_out=json_out, timeout=timeout)
 
 
 def main(argv: list[str] | None = None) -> None:

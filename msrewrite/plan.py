@@ -187,6 +187,18 @@ class OverlapPlan:
     # left out of the JSON when off, so plan files without it read as before.
     markers: bool = False
 
+    @property
+    def label(self) -> str:
+        """What the edit's comments name the plan by, `msrewrite(<label>): ...`: the case, and the
+        branch of a several-stream case (apply --markers finds each plan's stream by it)."""
+        return f"{self.case}: {self.case_branch}" if self.case_branch else self.case
+
+    @property
+    def region_tag(self) -> str:
+        """The <tag> of the plan's profiler range names (msrewrite:<case>:<tag>:side|main): its
+        branch in a several-stream case, where two branches may share a stream, else its stream tag."""
+        return self.case_branch or self.stream_tag
+
     def __post_init__(self) -> None:
         # Every field that reaches emitted code (names, literals, comments) is checked here, so no
         # plan, from a case or from a JSON file, can carry code into the edit (validate.py).

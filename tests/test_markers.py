@@ -34,15 +34,22 @@ def edited(tmp_path: Path, example: str, case: str, mode: str, *extra: str) -> s
     ("deepseek_moe", "moe-shared-expert", "cuda"),
     ("deepseek_moe", "moe-shared-expert", "eager"),
     ("guarded_moe", "moe-shared-expert", "cuda"),
-    ("indexer_prolog", "indexer-prolog", "eager"),  # two side streams, one patch each
+    # two side streams, three windows: q_quant re-enters q's stream after q's join
+    ("indexer_prolog", "indexer-prolog", "eager"),
+    # the stream handed down by the model's constructor (self.shared_mlp_stream), events sync
+    ("hunyuan_moe", "moe-shared-mlp-init", "cuda"),
+    ("hunyuan_moe", "moe-shared-mlp-init", "eager"),
 ])
 def test_markers_then_no_markers_is_the_plain_edit_byte_for_byte(tmp_path, example, case, mode):
     plain = edited(tmp_path / "plain", example, case, mode) if (tmp_path / "plain").mkdir() is None else ""
     (tmp_path / "marked").mkdir()
     marked = edited(tmp_path / "marked", example, case, mode, "--markers")
-    tags = {"indexer-prolog": 2}.get(case, 1)
-    assert marked.count("_ms_range_start(\"msrewrite:") == 2 * tags
-    assert marked.count(f":side\", ") == tags and marked.count(f":main\", ") == tags
+    windows = 3 if case == "indexer-prolog" else 1
+    if case == "indexer-prolog":  # in file order; each window its branch's name
+        assert [line.split(":")[2] for line in marked.splitlines() if ':side", ' in line] == ["weights", "q", "q_quant"]
+    assert marked.count("_ms_range_start(\"msrewrite:") == 2 * windows
+    assert marked.count(f":side\", ") == windows and marked.count(f":main\", ") == windows
+    assert marked.count("_ms_range_end(") == 2 * windows + 1  # and the helper's docstring
     api = "torch.profiler.record_function" if mode == "cuda" else "torch.npu.mstx.range_start"
     assert api in marked
     path = tmp_path / "marked" / f"{example}.py"
@@ -135,5 +142,75 @@ def test_markers_refusals_are_one_line(tmp_path, args, message):
 def test_verify_passes_with_markers_on(mode):
     out = run_cli("apply", "--case", "moe-shared-expert", "--mode", mode, "--markers", "--verify",
                   str(EXAMPLES / "deepseek_moe.py"))
+    assert out.returncode == 0, out.stderr
+    assert "schedules: early, late, interleaved" in out.stderr and "sanitizer clean" in out.stderr
+
+
+@pytest.mark.parametrize("example, case, mode, flag, expected", [
+    ("indexer_prolog", "indexer-prolog", "eager", "ENABLE_INDEXER_PROLOG_STREAMS",
+     ["start:weights:side", "end", "start:weights:main", "start:q:side", "end", "start:q:main",
+      "start:q_quant:side", "end", "start:q_quant:main", "end", "end", "end"]),
+    ("hunyuan_moe", "moe-shared-mlp-init", "cuda", "ENABLE_SHARED_MLP_STREAM",
+     ["start:shared_mlp:side", "end", "start:shared_mlp:main", "end"]),
+])
+def test_every_window_opens_and_closes_its_ranges(tmp_path, monkeypatch, example, case, mode, flag, expected):
+    """The re-entered stream's second window and the constructor-passed stream get their ranges,
+    each opened once and closed once per forward, and none with the flag off."""
+    from msrewrite.harness import load_module
+    from msrewrite.runtime import install
+
+    (tmp_path / "m").mkdir()
+    edited(tmp_path / "m", example, case, mode, "--markers")
+    layers = None
+    for value, want in (("1", expected), ("0", [])):
+        monkeypatch.setenv(flag, value)
+        calls, handles = [], iter(range(1000))
+        with install():
+            module = load_module(tmp_path / "m" / f"{example}.py", name=f"marked_{example}_{value}")
+
+            def start(name, stream):
+                calls.append("start:" + name.split(":", 2)[2])
+                return next(handles)
+            monkeypatch.setattr(module, "_ms_range_start", start)
+            monkeypatch.setattr(module, "_ms_range_end", lambda handle: calls.append("end"))
+            model, inputs = module.make()
+            model(*inputs) if isinstance(inputs, tuple) else model(inputs)
+        if want and len(calls) != len(want):  # a model of several layers runs the windows once per layer
+            layers = len(calls) // len(want)
+            want = want * layers
+        assert calls == want
+
+
+def test_a_plan_whose_stream_cannot_be_found_is_refused():
+    """The marker pass finds a plan's stream by the comment the emitter opens its prelude with;
+    without it (the edit changed by hand), it refuses in one line instead of marking another window."""
+    import libcst as cst
+
+    from msrewrite.commands.apply import case_steps
+    from msrewrite.errors import BadInput
+    from msrewrite.plan import FlagSpec
+
+    path = EXAMPLES / "indexer_prolog.py"
+    text = path.read_text()
+    steps = case_steps(path, text, cst.parse_module(text), "indexer-prolog", "eager", None, FlagSpec(), None)
+    plans = [p for step in steps for p in step.plans]
+    assert [p.case_branch for p in plans] == ["q", "weights", "q_quant"]
+    edit = steps[-1].new
+    assert markers.add(edit, plans).count("_ms_range_start(\"msrewrite:") == 6
+    cut = edit.replace("# msrewrite(indexer-prolog: q_quant): the q quantization runs on", "# the q quantization runs on")
+    assert cut != edit
+    with pytest.raises(BadInput, match="no side stream for 'indexer-prolog: q_quant'"):
+        markers.add(cut, plans)
+
+
+@pytest.mark.parametrize("case, example, mode", [
+    ("indexer-prolog", "indexer_prolog", "eager"),
+    ("moe-shared-mlp-init", "hunyuan_moe", "cuda"),
+    ("moe-shared-mlp-init", "hunyuan_moe", "eager"),
+])
+def test_verify_passes_with_markers_on_the_new_windows(case, example, mode):
+    """Every schedule runs with the ranges on: the later ones re-issue the last step's plans on its
+    unmarked input and mark every window again, reproducing the marked edit first."""
+    out = run_cli("apply", "--case", case, "--mode", mode, "--markers", "--verify", str(EXAMPLES / f"{example}.py"))
     assert out.returncode == 0, out.stderr
     assert "schedules: early, late, interleaved" in out.stderr and "sanitizer clean" in out.stderr

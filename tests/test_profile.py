@@ -205,3 +205,101 @@ def test_report_profile_needs_report_and_profile_json(tmp_path: Path) -> None:
     for args in (["--profile", str(bad)], ["--profile", str(bad), "--report", str(tmp_path / "r")]):
         out = run_cli("suggest", "--static", str(example), *args)
         assert out.returncode == 2 and out.stderr.startswith("msrewrite: error: --profile")
+
+
+# the analysis' indexes ------------------------------------------------------------------------------
+def test_kernel_index_and_step_finder_agree_with_the_plain_definitions() -> None:
+    """KernelIndex.clipped equals clipped() (every kernel read), and the step finder equals the
+    first step holding t, on random kernels that overlap on one stream, touch windows' edges and
+    sit outside every step."""
+    import random
+
+    from msrewrite.profile.analysis import KernelIndex, _step_finder, clipped
+    from msrewrite.profile.trace import Span
+
+    rng = random.Random(5)
+    for _ in range(40):
+        kernels = [Span("k", a, a + rng.choice([0.0, 0.5, 3.0, 40.0]), rng.choice(["0:7", "0:20", "1:7"]))
+                   for a in (rng.randrange(0, 200) / 2 for _ in range(rng.randrange(1, 60)))]
+        index = KernelIndex(kernels)
+        for _ in range(30):
+            a = rng.randrange(-10, 210) / 2
+            window = Span("w", a, a + rng.choice([0.0, 0.5, 7.0, 60.0]), "")
+            for stream in ("0:7", "0:20", "1:7", "9:9"):
+                assert index.clipped(stream, window) == clipped(kernels, stream, window)
+        starts = sorted(rng.randrange(0, 100) for _ in range(rng.randrange(0, 8)))
+        steps = [Span(f"s{i}", a, a + rng.choice([1, 5, 30]), "") for i, a in enumerate(starts)]
+        step_of = _step_finder(steps)
+        for t in range(-2, 140):
+            expected = next((s.name for s in steps if s.start <= t / 1 < s.end), "-")
+            assert step_of(t) == expected, (t, steps)
+
+
+def test_analysis_reads_each_kernel_a_few_times_not_once_per_window() -> None:
+    """100k kernels and 2000 windows: the old per-window scan read 200M kernels (minutes); the
+    index reads the few near each window."""
+    import time
+
+    from msrewrite.profile.trace import Span, Trace
+
+    kernels = [Span("k", i * 10.0 + (2 if s == "0:20" else 0), i * 10.0 + 6 + (2 if s == "0:20" else 0), s)
+               for i in range(50_000) for s in ("0:7", "0:20")]
+    markers = []
+    for j in range(1000):
+        a = j * 400.0
+        markers += [Span("msrewrite:c:t:side", a, a + 50, "0:20"), Span("msrewrite:c:t:main", a, a + 40, "0:7")]
+    trace = Trace("x", "torch", kernels=kernels, markers=markers)
+    started = time.process_time()
+    (region,) = analyze(trace).regions
+    assert time.process_time() - started < 20
+    assert len(region.occurrences) == 1000
+    # side window [a, a+50] on 0:20 holds [a+2, a+8] ... [a+42, a+48]: 5 x 6 = 30; main window
+    # [a, a+40] on 0:7 holds [a, a+6] ... [a+30, a+36] (the one at a+40 is cut to nothing): 24;
+    # they overlap on [a+2, a+6] ... [a+32, a+36]: 4 x 4 = 16; the side window ends 10 later
+    assert all((o.side_busy, o.main_busy, o.overlap, o.exposed, o.tail) == (30, 24, 16, 14, 10)
+               for o in region.occurrences)
+
+
+def test_npu_lanes_as_msprof_writes_them() -> None:
+    """trace_view.json's device lanes as msprof writes them (make_traces.py cites the sources):
+    tasks carry args["Task Type"]; an mstx range with a stream is an X event on the stream's
+    thread of the Ascend Hardware process; another tool's range there is not a task."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_traces", FIX / "make_traces.py")
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    trace = load_trace(FIX / "npu_on")
+    hardware = make.HARDWARE_PID
+    assert {k.name for k in trace.kernels} == set(make.NPU_OP.values())  # not hccl_allgather, not the ranges
+    assert len(trace.kernels) == 20 and {k.stream for k in trace.kernels} == {f"{hardware}:2", f"{hardware}:5"}
+    assert trace.stream_names == {f"{hardware}:2": "Stream 2", f"{hardware}:5": "Stream 5"}
+    assert [(m.name.rsplit(":", 1)[1], m.stream) for m in trace.markers[:2]] == [
+        ("main", f"{hardware}:2"), ("side", f"{hardware}:5")]
+    assert trace.host_only_markers == []  # the host sides (MsprofTx layer) are seen on the device too
+    assert len(trace.steps) == 2  # from kernel_details.csv's Step Id
+
+
+def test_a_branch_plans_estimate_is_keyed_like_its_ranges(tmp_path: Path) -> None:
+    """apply --markers names a several-stream case's window by its branch
+    (msrewrite:indexer-prolog:q_quant:side); the plan file's estimate must land on that region,
+    not on the stream tag another branch shares (q and q_quant both run on indexer_q)."""
+    from msrewrite.commands.profile import estimates_from
+    from msrewrite.plan import OverlapPlan
+
+    data = json.loads((FIX / "plans.json").read_text())
+    q_quant = data["candidates"][0]
+    q_quant["plan"].update(case="indexer-prolog", case_branch="q_quant", stream_tag="indexer_q")
+    q = json.loads(json.dumps(q_quant))
+    q["plan"]["case_branch"] = "q"
+    q["cost"]["side_us"] = 3.0  # a different estimate: min(3, 14) - 2 = 1 µs
+    data["candidates"] = [q, q_quant]
+    path = tmp_path / "plans.json"
+    path.write_text(json.dumps(data))
+    estimates = estimates_from(path)
+    assert estimates == {("indexer-prolog", "q"): pytest.approx(1.0), ("indexer-prolog", "q_quant"): pytest.approx(12.0)}
+    assert OverlapPlan.from_dict(q_quant["plan"]).region_tag == "q_quant"
+    edited = tmp_path / "m.py"  # the edited file's ranges name the same regions
+    edited.write_text('_ms_range_start("msrewrite:indexer-prolog:q_quant:side", s)\n'
+                      '_ms_range_start("msrewrite:indexer-prolog:q-quant-2:main", s)\n')
+    assert set(estimates_from(edited)) == {("indexer-prolog", "q_quant"), ("indexer-prolog", "q-quant-2")}

@@ -615,6 +615,7 @@ def run_apply(
             steps.append(_microbatch_step(plan, before, after) if isinstance(plan, MicrobatchPlan)
                          else _plan_step(plan, before, after))
             before = after
+    plain_steps = steps  # verify's schedules re-issue the last step's plans on the text they address: unmarked
     if plan_path is None and any(p.markers for p in plans):  # plan files are marked by apply_plans itself
         steps = _with_markers(steps, src.text)
     new_text = steps[-1].new
@@ -641,9 +642,10 @@ def run_apply(
         # the plans and the text they address, so verify can issue the side work under other schedules
         several = sum(1 for step in steps if step.plans) > 1
         last = ScheduleSource(src.text, plans) if plan_path is not None else (
-            ScheduleSource(steps[-1].old, steps[-1].plans,
-                           "later schedules move the last side stream's work only" if several else "")
-            if steps[-1].plans else None
+            ScheduleSource(plain_steps[-1].old, plain_steps[-1].plans,
+                           "later schedules move the last side stream's work only" if several else "",
+                           marked=tuple(p for step in plain_steps[:-1] for p in step.plans if p.markers))
+            if plain_steps[-1].plans else None
         )
         with contextlib.redirect_stdout(sys.stderr):  # what the user's code prints must not enter the diff
             code = verify_edit(file, new_text, function=function, flag=flag_spec, mode=edit_mode, harness=harness,

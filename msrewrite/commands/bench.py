@@ -1,38 +1,53 @@
-"""`msrewrite bench`: flag off vs flag on on the device present, and the ranking of the variants."""
+"""`msrewrite bench`: flag off vs flag on on the device present, and the ranking of the variants.
+
+User code (the harness, the model imports, the forwards) runs in a child process
+(harness.run_in_child) with a timeout, and so does finding the device: torch.cuda.is_available()
+is not safe to fork after. A harness that exits, dies or hangs is bad input (exit 2); a model that
+does so while it is timed, one error line naming the arrangement (exit 1). Either way one line,
+no traceback, and the child's output never reaches stdout (--json stays clean)."""
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
-from msrewrite.errors import EXIT_OK, BadInput
+from msrewrite.errors import EXIT_NOTHING_TO_DO, EXIT_OK, BadInput, MsrewriteError
+
+DEFAULT_TIMEOUT = 600.0
+_HARNESS_PHASES = ("starting", "building the harness")
 
 
 class NoDevice(BadInput):
     """No CUDA or NPU device: said in one line, exit 2."""
 
 
+class UserCodeFailed(MsrewriteError):
+    """The model exited, died, hung or raised while an arrangement was timed: one line, exit 1."""
+
+    exit_code = EXIT_NOTHING_TO_DO
+
+
 def run_bench(*, file: Path, harness: str | None, case: str | None, mode: str, variants: bool, iters: int,
-              warmup: int, dry_run: bool, json_out: bool) -> int:
+              warmup: int, dry_run: bool, json_out: bool, timeout: float = DEFAULT_TIMEOUT) -> int:
+    from msrewrite.harness import ChildFailed, run_in_child
     from msrewrite.load import read_source
-    from msrewrite.profile import bench
 
     if iters < 3 or warmup < 0:
         raise BadInput(f"--iters must be at least 3 and --warmup not negative, got {iters} and {warmup}")
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise BadInput("--timeout must be a positive number of seconds")
     text = read_source(file)
+    named = harness
     if harness is None:
         import re
 
         if not re.search(r"^def make\(", text, re.M):
             raise BadInput(f"{file}: pass --harness H.py:make (what builds the model and its inputs)")
         harness = f"{file}:make"
-    kind = "cpu" if dry_run else bench.device_kind()
-    if kind is None:
-        raise NoDevice("no CUDA or NPU device here: bench times on a device (--dry-run runs every step on CPU)")
-    if mode == "auto":
-        mode = {"cuda": "cuda", "npu": "eager", "cpu": "cuda"}[kind]
-    if "# msrewrite(" in text:  # an edit already: time it as it is
+    edited = "# msrewrite(" in text
+    if edited:  # an edit already: time it as it is
         if case is not None or variants:
             raise BadInput(f"{file} is already edited: --case and --variants take the original file")
         from msrewrite.verify import detect_flag
@@ -40,7 +55,6 @@ def run_bench(*, file: Path, harness: str | None, case: str | None, mode: str, v
         flag = detect_flag(text)
         if flag is None or flag.kind != "env":
             raise BadInput(f"{file}: bench switches env flags; no env:NAME flag found in the edit")
-        items = [bench.Variant("as edited", None, text)]
         flag_name = flag.name
     else:
         if case is None:
@@ -50,9 +64,27 @@ def run_bench(*, file: Path, harness: str | None, case: str | None, mode: str, v
         known = get_case(case)
         if known is None:
             raise BadInput(f"unknown case {case!r} (see `msrewrite cases`)")
-        items = bench.variants(file, text, case, mode, variants)
         flag_name = known.flag_name
-    off = bench.run_variants(file, harness, items, flag_name, kind, iters, warmup, dry_run)
+
+    def measure(progress):
+        from msrewrite.profile import bench
+
+        kind = "cpu" if dry_run else bench.device_kind()
+        if kind is None:
+            raise NoDevice("no CUDA or NPU device here: bench times on a device (--dry-run runs every step on CPU)")
+        chosen = {"cuda": "cuda", "npu": "eager", "cpu": "cuda"}[kind] if mode == "auto" else mode
+        items = ([bench.Variant("as edited", None, text)] if edited
+                 else bench.variants(file, text, case, chosen, variants))
+        off = bench.run_variants(file, harness, items, flag_name, kind, iters, warmup, dry_run, phase=progress.phase)
+        return kind, chosen, off, items
+
+    try:
+        kind, mode, off, items = run_in_child(measure, timeout=timeout)
+    except ChildFailed as exc:
+        if exc.phase in _HARNESS_PHASES:
+            shown = f" {named}" if named else ""  # the one the user gave; else the file's own make()
+            raise BadInput(f"bad harness{shown}: user code {exc}") from None
+        raise UserCodeFailed(f"bench: user code {exc}") from None
     ranked = sorted(items, key=lambda v: v.timing.median)
     if json_out:
         json.dump(_as_json(kind, mode, off, ranked), sys.stdout, indent=2)

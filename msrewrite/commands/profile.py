@@ -9,11 +9,12 @@ from pathlib import Path
 
 from msrewrite.errors import EXIT_NOTHING_TO_DO, EXIT_OK, BadInput
 
-EDIT_MARKER = re.compile(r"msrewrite:([A-Za-z0-9_.-]+):([A-Za-z0-9_]+):(?:side|main)")
+EDIT_MARKER = re.compile(r"msrewrite:([A-Za-z0-9_.-]+):([A-Za-z0-9_-]+):(?:side|main)")
 
 
 def estimates_from(path: Path) -> dict[tuple[str, str], float | None]:
-    """(case, stream tag) -> suggest's estimated saving per occurrence (µs), from a plan file written
+    """(case, region tag: the stream tag, or the branch) -> suggest's estimated saving per
+    occurrence (µs), from a plan file written
     by `suggest --json` (cost kept with each candidate); from an edited model file, the regions its
     markers name, without an estimate."""
     from msrewrite.load import read_source
@@ -33,7 +34,7 @@ def estimates_from(path: Path) -> dict[tuple[str, str], float | None]:
         plan = plan_from_dict(candidate["plan"])
         if isinstance(plan, MicrobatchPlan):  # a model-level fork marks no region (no --markers)
             continue
-        out.setdefault((plan.case, plan.stream_tag), _saving(candidate.get("cost")))
+        out.setdefault((plan.case, plan.region_tag), _saving(candidate.get("cost")))
     return out
 
 

@@ -440,7 +440,7 @@ def _assigned_self_attrs(func: cst.FunctionDef) -> set[str]:
 def plan_edit(module: cst.Module, positions, plan: OverlapPlan, text: str | None = None) -> PlannedEdit:
     located = locate(module, plan.function)
     func, cls = located.func, located.cls
-    label = f"{plan.case}: {plan.case_branch}" if plan.case_branch else plan.case
+    label = plan.label
     if already_applied(func, f"msrewrite({label})" if plan.case_branch else None):
         raise NothingToDo(f"{plan.function} already runs its side branch on a side stream")
     if not isinstance(func.body, cst.IndentedBlock):

@@ -3,8 +3,14 @@
 A pass over the edited module, after the emitter: in the function each plan edited, the side
 stream's `with <api>.stream(<side>):` block is wrapped in a range named
 `msrewrite:<case>:<tag>:side`, and the main work from the fork to the join in
-`msrewrite:<case>:<tag>:main`. Every added line sits inside the blocks the enable flag already
-guards (the fork's `if <side> is not None:` and the join's), so with the flag off nothing runs.
+`msrewrite:<case>:<tag>:main`; <tag> is the plan's stream tag, or its branch for a branch of a
+several-stream case (indexer-prolog's q, weights, q_quant: q_quant re-enters q's stream after
+its join and is a window of its own). Each plan's side stream is the local its prelude binds
+(`<side> = _ms_side_stream(...)`, `= self.<attr>` for a stream handed down by the model's
+constructor, or the model's own stream), found by the comment the emitter opens every plan's
+prelude with, `# msrewrite(<label>): ... runs on ...` (OverlapPlan.label). Every added line sits
+inside the blocks the enable flag already guards (the fork's `if <side> is not None:` and the
+join's), so with the flag off nothing runs.
 
 What the ranges are:
   cuda   torch.profiler.record_function: kineto records the host range and, per stream, the span
@@ -60,7 +66,7 @@ def {END}(range_id):
 
 
 def marker_name(plan: OverlapPlan, role: str) -> str:
-    return f"msrewrite:{plan.case}:{plan.stream_tag}:{role}"
+    return f"msrewrite:{plan.case}:{plan.region_tag}:{role}"
 
 
 def check(plan: OverlapPlan) -> None:
@@ -121,11 +127,10 @@ class _Mark(cst.CSTTransformer):
         plans = self.plans.get(qualname)
         if not plans:
             return updated
-        stream_tags = _stream_tags(updated)
         for plan in plans:
-            stream = next((name for name, tag in stream_tags.items() if tag == plan.stream_tag), None)
+            stream = _plan_stream(updated, plan)
             if stream is None:
-                raise BadInput(f"--markers: {qualname}: no side stream for tag {plan.stream_tag!r} in the edit")
+                raise BadInput(f"--markers: {qualname}: no side stream for {plan.label!r} in the edit")
             updated = self._mark(updated, plan, stream, qualname)
         return updated
 
@@ -167,20 +172,25 @@ def _joins(body: list[cst.BaseStatement], stream: str) -> bool:
     return f".wait_stream({stream})" in code or f".record({stream})" in code
 
 
-def _stream_tags(func: cst.FunctionDef) -> dict[str, str]:
-    """Side stream local -> its tag, from `NAME = _ms_side_stream("tag", ...)` (or the limited one)."""
-    out: dict[str, str] = {}
+def _plan_stream(func: cst.FunctionDef, plan: OverlapPlan) -> str | None:
+    """The local that holds `plan`'s side stream: the name the statement after the plan's opening
+    comment (`# msrewrite(<label>): ... runs on ...`) binds."""
+    opening = f"# msrewrite({plan.label}): "
+    found: list[str] = []
 
     class Find(cst.CSTVisitor):
-        def visit_Assign(self, node: cst.Assign) -> None:
-            call = node.value
-            if (len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name) and isinstance(call, cst.Call)
-                    and isinstance(call.func, cst.Name) and call.func.value in ("_ms_side_stream", "_ms_limited_side_stream")
-                    and call.args and isinstance(call.args[0].value, cst.SimpleString)):
-                out[node.targets[0].target.value] = call.args[0].value.evaluated_value  # type: ignore[assignment]
+        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+            if found or len(node.body) != 1 or not isinstance(node.body[0], cst.Assign):
+                return
+            if not any(line.comment is not None and line.comment.value.startswith(opening)
+                       and " runs on " in line.comment.value for line in node.leading_lines):
+                return
+            targets = node.body[0].targets
+            if len(targets) == 1 and isinstance(targets[0].target, cst.Name):
+                found.append(targets[0].target.value)
 
     func.visit(Find())
-    return out
+    return found[0] if found else None
 
 
 def _unique(base: str, taken: set[str]) -> str:
@@ -203,9 +213,8 @@ def add(text: str, plans: list[OverlapPlan]) -> str:
     if any(isinstance(s, cst.FunctionDef) and s.name.value == START for s in module.body):
         raise BadInput("--markers: the file already has profiler ranges (apply --no-markers removes them)")
     by_function: dict[str, list[OverlapPlan]] = {}
-    for plan in plans:  # a branch that re-enters a stream (indexer-prolog's int8 q) keeps its first window's ranges
-        if all(p.stream_tag != plan.stream_tag for p in by_function.get(plan.function, [])):
-            by_function.setdefault(plan.function, []).append(plan)
+    for plan in plans:
+        by_function.setdefault(plan.function, []).append(plan)
     taken = {n.value for n in m.findall(module, m.Name())}  # type: ignore[union-attr]
     marked = module.visit(_Mark(by_function, "cuda" if mode == "cuda" else "npu", taken))
     helpers = list(cst.parse_module(HELPERS[mode].replace("\n", module.default_newline)).body)

@@ -53,6 +53,9 @@ class ScheduleSource:
     plans: list[OverlapPlan]
     note: str = ""  # what the variants leave out, said in verify's summary
     window_statements: list[tuple[int, str]] = field(default_factory=list)  # filled by variant()
+    # apply --markers on an edit of several steps: the earlier steps' plans, whose windows carry
+    # profiler ranges too (text is the last step's input without them)
+    marked: tuple[OverlapPlan, ...] = ()
 
 
 def unsupported(plan: OverlapPlan) -> str | None:
@@ -254,13 +257,14 @@ def variant(source: ScheduleSource, schedule: str) -> str:
         why = unsupported(plan)
         if why:
             raise NoSchedule(why)
-    text, window = _variant(source.text, tuple(source.plans), schedule)
+    text, window = _variant(source.text, tuple(source.plans), schedule, tuple(source.marked))
     source.window_statements = list(window)
     return text
 
 
 @lru_cache(maxsize=64)
-def _variant(text: str, plans: tuple[OverlapPlan, ...], schedule: str) -> tuple[str, tuple[tuple[int, str], ...]]:
+def _variant(text: str, plans: tuple[OverlapPlan, ...], schedule: str,
+             marked: tuple[OverlapPlan, ...] = ()) -> tuple[str, tuple[tuple[int, str], ...]]:
     from msrewrite.load import parse_source
 
     module = parse_source(Path(plans[0].file or "<edit>"), text)
@@ -270,8 +274,14 @@ def _variant(text: str, plans: tuple[OverlapPlan, ...], schedule: str) -> tuple[
         windows.append(_window_lines(edit, module, text))
         return reschedule(edit, schedule)
 
-    new = apply_plans(module, list(plans), text, reschedule=move).code
-    return new, tuple(windows[0] if windows else ())
+    if not marked:
+        new = apply_plans(module, list(plans), text, reschedule=move).code
+        return new, tuple(windows[0] if windows else ())
+    from msrewrite.emit import markers  # every window's ranges, as apply wrote them
+
+    bare = [p.with_changes(markers=False) for p in plans]
+    new = apply_plans(module, bare, text, reschedule=move).code
+    return markers.add(new, [*marked, *(p for p in plans if p.markers)]), tuple(windows[0] if windows else ())
 
 
 def _window_lines(edit: PlannedEdit, module: cst.Module, text: str) -> list[tuple[int, str]]:

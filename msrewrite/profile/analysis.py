@@ -13,6 +13,7 @@ A step sums its occurrences (every layer runs the same code, so every layer is a
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -55,8 +56,38 @@ def intersect(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> l
 
 
 def clipped(kernels: list[Span], stream: str, window: Span) -> list[tuple[float, float]]:
+    """The union of `stream`'s kernels cut to `window`."""
     return union([(max(k.start, window.start), min(k.end, window.end))
                   for k in kernels if k.stream == stream and k.end > window.start and k.start < window.end])
+
+
+class KernelIndex:
+    """The kernels of each stream by start time, to find those that meet a window without
+    reading them all: a trace of hundreds of MB has hundreds of thousands of kernels and a
+    marked window per layer per step."""
+
+    def __init__(self, kernels: list[Span]) -> None:
+        by_stream: dict[str, list[Span]] = defaultdict(list)
+        for k in kernels:
+            by_stream[k.stream].append(k)
+        self.streams = {}
+        for stream, ks in by_stream.items():
+            ks.sort(key=lambda k: k.start)
+            reach, furthest = [], float("-inf")  # reach[i]: the latest end among ks[:i + 1]
+            for k in ks:
+                furthest = max(furthest, k.end)
+                reach.append(furthest)
+            self.streams[stream] = ([k.start for k in ks], reach, ks)
+
+    def clipped(self, stream: str, window: Span) -> list[tuple[float, float]]:
+        """What `clipped(kernels, stream, window)` gives: the kernels that start before the
+        window's end, from the first whose prefix reaches past its start."""
+        if stream not in self.streams:
+            return []
+        starts, reach, ks = self.streams[stream]
+        lo, hi = bisect.bisect_right(reach, window.start), bisect.bisect_left(starts, window.end)
+        return union([(max(k.start, window.start), min(k.end, window.end))
+                      for k in ks[lo:hi] if k.end > window.start])
 
 
 # Results -------------------------------------------------------------------------------------------
@@ -183,11 +214,19 @@ def step_windows(trace: Trace) -> list[Span]:
     return [Span("all", min(k.start for k in trace.kernels), max(k.end for k in trace.kernels))]
 
 
-def _step_of(steps: list[Span], t: float) -> str:
+def _step_finder(steps: list[Span]):
+    """step_of(t): the name of the first step (steps are in start order) whose window holds t,
+    or "-". The steps before the first whose prefix of ends reaches past t all end by t."""
+    starts = [s.start for s in steps]
+    reach, furthest = [], float("-inf")
     for step in steps:
-        if step.start <= t < step.end:
-            return step.name
-    return "-"
+        furthest = max(furthest, step.end)
+        reach.append(furthest)
+
+    def step_of(t: float) -> str:
+        i = bisect.bisect_right(reach, t)
+        return steps[i].name if i < len(steps) and starts[i] <= t else "-"
+    return step_of
 
 
 def regions(trace: Trace) -> list[Region]:
@@ -199,6 +238,8 @@ def regions(trace: Trace) -> list[Region]:
             raise BadInput(f"{trace.source}: range {marker.name!r} is not msrewrite:<case>:<tag>:side|main")
         pairs[(m["case"], m["tag"])][m["role"]].append(marker)
     out = []
+    index = KernelIndex(trace.kernels) if pairs else None
+    step_of = _step_finder(steps)
     for (case, tag), roles in pairs.items():
         side, main = roles["side"], roles["main"]
         if len(side) != len(main):
@@ -206,9 +247,9 @@ def regions(trace: Trace) -> list[Region]:
                            f"windows on the device; they must pair up (a range cut off by the trace's end?)")
         occurrences = []
         for s, m in zip(side, main):
-            side_u, main_u = clipped(trace.kernels, s.stream, s), clipped(trace.kernels, m.stream, m)
+            side_u, main_u = index.clipped(s.stream, s), index.clipped(m.stream, m)
             occurrences.append(Occurrence(
-                step=_step_of(steps, min(s.start, m.start)), side=s, main=m,
+                step=step_of(min(s.start, m.start)), side=s, main=m,
                 side_busy=length(side_u), main_busy=length(main_u),
                 overlap=length(intersect(side_u, main_u)), tail=max(0.0, s.end - m.end)))
         by_step: dict[str, list[Occurrence]] = defaultdict(list)

@@ -85,9 +85,12 @@ def synchronizer(kind: str) -> Callable[[], None]:
 def time_forward(run: Callable[[], object], sync: Callable[[], None], iters: int, warmup: int) -> Timing:
     import torch
 
+    from msrewrite.harness import exit_if_forked  # a process user code forked ends here
+
     with torch.no_grad():
         for _ in range(warmup):
             run()
+            exit_if_forked()
         sync()
         times = []
         for _ in range(iters):
@@ -95,6 +98,7 @@ def time_forward(run: Callable[[], object], sync: Callable[[], None], iters: int
             run()
             sync()
             times.append(time.perf_counter() - start)
+            exit_if_forked()
     return Timing(times)
 
 
@@ -162,8 +166,10 @@ def variants(file: Path, text: str, case: str, mode: str, every: bool) -> list[V
 
 
 def run_variants(file: Path, harness: str, items: list[Variant], flag_name: str, kind: str, iters: int, warmup: int,
-                 dry_run: bool) -> Timing:
-    """Time each variant flag on (in place) and the first one flag off; returns the flag-off timing."""
+                 dry_run: bool, phase: Callable[[str], None] = lambda name: None) -> Timing:
+    """Time each variant flag on (in place) and the first one flag off; returns the flag-off timing.
+    Runs user code: `msrewrite bench` calls it in a child (harness.run_in_child), `phase` telling
+    the parent where the user code is."""
     import contextlib
     import os
 
@@ -195,6 +201,7 @@ def run_variants(file: Path, harness: str, items: list[Variant], flag_name: str,
         return switch()
 
     with tempfile.TemporaryDirectory(prefix="msrewrite-bench-") as folder:
+        phase("building the harness")
         with env(False):
             reference = build_harness(file, harness=harness, package=package)
         device = {"cuda": "cuda", "npu": "npu"}.get(kind)
@@ -212,11 +219,15 @@ def run_variants(file: Path, harness: str, items: list[Variant], flag_name: str,
             return made
 
         with install():
+            phase("loading the model, flag off")
             off = built(items[0].text, False)
+            phase("timing the model, flag off")
             with env(False):
                 off_timing = time_forward(off.run, sync, iters, warmup)
             for v in items:
+                phase(f"loading the model, {v.label}")
                 on = built(v.text, True)
+                phase(f"timing the model, {v.label}")
                 with env(True):
                     v.timing = time_forward(on.run, sync, iters, warmup)
     torch.set_num_threads(threads)

@@ -13,15 +13,30 @@ torch.profiler (`export_chrome_trace`, kineto). Read from torch 2.13's
     `ProfilerStep#N` from `profiler.step()`), and the launches, `{"cat": "cuda_runtime",
     "args": {"correlation"}}`, whose correlation id the kernel repeats. A range without a
     gpu_user_annotation is mapped to the device through these correlations.
+  These events are found by torchscan's C-level scan, the rest of the file never decoded; what
+  the scan cannot vouch for is decoded by json (torchscan's docstring says when).
 
 torch_npu (`<worker>_ascend_pt/ASCEND_PROFILER_OUTPUT/`), read from Ascend/pytorch
 `torch_npu/profiler/analysis/prof_view/` and its `_csv_headers.py`:
-  - `trace_view.json`: a bare event array; `{"ph": "M", "name": "process_name", "pid",
-    "args": {"name": "Ascend Hardware"}}` names the device process, `thread_name` events name its
-    threads `Stream <id>`; every `"ph": "X"` event of that process is a task on that stream
-    (`ts` may be a string of µs). `torch_npu.npu.mstx.range_start(message, stream)` with a stream
-    marks the range on the device as well as the host (mstx API reference, mstxRangeStartA); its
-    device side is read as an `X` event named by the message on the stream's thread.
+  - `trace_view.json`: a bare event array. torch_npu 2.7.1 writes it
+    (`prof_view/_trace_view_parser.py`) as its own host events (`prof_common_func/
+    _trace_event_manager.py`: `{"ph": "X", "name", "pid", "tid", "ts": "<µs>", "dur", "cat":
+    "cpu_op", "args"}` on a process named "Python") followed by CANN msprof's timeline, the
+    `msprof_*.json` files it reads as they are (`prof_parse/_cann_file_parser.py`,
+    `get_timeline_all_data`). msprof (MindStudio's msprof, `analysis/csrc/application/
+    timeline/`) writes the device lanes: `ascend_hardware_assembler.cpp` a task as `{"name",
+    "pid", "tid": <stream>, "ts": "<µs>", "dur", "ph": "X", "args": {"Model Id", "Task Type",
+    "Physic Stream Id", "Task Id", "Batch Id", "Subtask Id", "connection_id"}}` under a process
+    named "Ascend Hardware" whose threads are named "Stream <id>" (`json_assembler.cpp`,
+    GenerateTaskMetaData); `device_tx_assembler.cpp` the device side of an mstx range started
+    with a stream (`torch_npu.npu.mstx.range_start(message, stream)`) as an `X` event on the
+    same process and the stream's thread, named by the message, `args` only `{"Physic Stream
+    Id", "Task Id"}`, from the range's first to its last device record
+    (`msproftx_device_processor.cpp`). So: an `X` event of that process named
+    `msrewrite:...` or `ProfilerStep#N` is a window; one with `args["Task Type"]` is a task;
+    the rest (another tool's mstx ranges, KFC turns, step-trace ranges) is not device work.
+    A range's thread is its stream id as recorded; msprof maps a task's GE logic stream to its
+    physical one (ge_logic_stream_info), so in GE graph mode the two may differ.
   - `kernel_details.csv`: `Step Id` (when steps were recorded), `Device_id, Name, Type,
     Accelerator Core, Start Time(us), Duration(us), Wait Time(us), Block Num`
     (CsvHeaders.OP_SUMMARY_KERNEL_BASE_HEADERS): steps' device windows and per-name busy time.
@@ -33,23 +48,29 @@ from __future__ import annotations
 
 import bisect
 import csv
+import gc
+import json
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import compress, repeat
+from operator import attrgetter, itemgetter
 from pathlib import Path
+from typing import NamedTuple
 
 from msrewrite.errors import BadInput
-from msrewrite.profile.jsonstream import TraceFormatError, iter_events
+from msrewrite.profile import torchscan
+from msrewrite.profile.jsonstream import CHUNK, TraceFormatError, iter_events
 
 MARKER_PREFIX = "msrewrite:"
-MARKER = re.compile(r"^msrewrite:(?P<case>[A-Za-z0-9_.-]+):(?P<tag>[A-Za-z0-9_]+):(?P<role>side|main)$")
+# <tag>: a stream tag, or a branch of a several-stream case (a case name: may hold "-")
+MARKER = re.compile(r"^msrewrite:(?P<case>[A-Za-z0-9_.-]+):(?P<tag>[A-Za-z0-9_-]+):(?P<role>side|main)$")
 STEP = re.compile(r"^ProfilerStep#(\d+)$")
-_DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+_DEVICE_CATS = torchscan.DEVICE_CATS
 NPU_OUTPUT = "ASCEND_PROFILER_OUTPUT"
 
 
-@dataclass(frozen=True)
-class Span:
+class Span(NamedTuple):
     name: str
     start: float  # µs
     end: float
@@ -79,6 +100,10 @@ def load_trace(path: Path) -> Trace:
     path = Path(path)
     if not path.exists():
         raise BadInput(f"{path}: no such file or folder")
+    # The reader makes hundreds of thousands of tuples and keeps them, none in a reference
+    # cycle: the cyclic collector would only walk them again and again (a fifth of the time).
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         if path.is_dir():
             return _load_npu(path)
@@ -87,6 +112,9 @@ def load_trace(path: Path) -> Trace:
         raise BadInput(f"{path}: {exc}") from None
     except (UnicodeDecodeError, OSError) as exc:
         raise BadInput(f"{path}: cannot read the trace ({exc})") from None
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _stream_key(pid, tid) -> str:
@@ -101,58 +129,222 @@ def _num(value, what: str) -> float:
 
 
 # torch.profiler ------------------------------------------------------------------------------------
-# The events the analysis reads hold one of these words; the rest (CPU ops, flows) is not decoded.
-_torch_keep = re.compile(rb"kernel|gpu_mem|annotation|cuda_runtime").search
+# An event the analysis reads holds one of these words, or spells it with a \u escape; the exact
+# reader decodes only those.
+_torch_keep = re.compile(rb"kernel|gpu_mem|annotation|cuda_runtime|\\u").search
 
 
-def _load_torch(path: Path) -> Trace:
+def _load_torch(path: Path, chunk: int = CHUNK) -> Trace:
     trace = Trace(source=str(path), format="torch")
-    device_ranges: dict[tuple[str, object], list[Span]] = defaultdict(list)
-    host_ranges: list[tuple[str, float, float, object]] = []
-    launches: dict[object, list[tuple[float, int]]] = defaultdict(list)  # host tid -> (ts, correlation)
-    kernel_of: dict[int, Span] = {}
-    for ev in iter_events(path, keep=_torch_keep):
-        if ev.get("ph") != "X":
-            continue
-        cat, name, args = ev.get("cat"), str(ev.get("name", "")), ev.get("args") or {}
-        start = _num(ev.get("ts"), "ts")
-        end = start + _num(ev.get("dur", 0), "dur")
-        if cat in _DEVICE_CATS:
-            # keyed as the gpu_user_annotation ranges are: pid = device, tid = stream
-            stream = _stream_key(ev.get("pid"), ev.get("tid"))
-            trace.stream_names.setdefault(stream, f"stream {args.get('stream', ev.get('tid'))}")
-            span = Span(name, start, end, stream)
-            trace.kernels.append(span)
-            if "correlation" in args:
-                kernel_of[int(args["correlation"])] = span
-        elif cat == "gpu_user_annotation" and (name.startswith(MARKER_PREFIX) or STEP.match(name)):
-            stream = _stream_key(ev.get("pid"), ev.get("tid"))
-            device_ranges[(name, args.get("External id", id(ev)))].append(Span(name, start, end, stream))
-        elif cat == "user_annotation" and (name.startswith(MARKER_PREFIX) or STEP.match(name)):
-            host_ranges.append((name, start, end, ev.get("tid")))
-        elif cat == "cuda_runtime" and "correlation" in args:
-            launches[ev.get("tid")].append((start, int(args["correlation"])))
-    on_device = {name for name, _ in device_ranges}
-    windows: list[list[Span]] = list(device_ranges.values())
-    for calls in launches.values():
-        calls.sort()
-    for name, start, end, tid in host_ranges:
-        if name in on_device:
-            continue
-        calls = launches.get(tid, [])
-        first, last = bisect.bisect_left(calls, (start, -1)), bisect.bisect_right(calls, (end, float("inf")))
-        spans = [kernel_of[c] for _, c in calls[first:last] if c in kernel_of]
-        if not spans:
-            if name.startswith(MARKER_PREFIX):
-                trace.host_only_markers.append(name)
-            continue
-        by_stream: dict[str, list[Span]] = defaultdict(list)
-        for span in spans:
-            by_stream[span.stream].append(span)
-        windows.append([Span(name, min(s.start for s in ks), max(s.end for s in ks), st) for st, ks in by_stream.items()])
-    _add_windows(trace, windows)
-    trace.kernels.sort(key=lambda s: (s.start, s.end))
+    reader = _TorchEvents(trace)
+    try:
+        for segment in torchscan.chunks(path, chunk):
+            if segment.rows is None:
+                reader.events(segment.events)
+                continue
+            try:
+                reader.rows(segment.rows)
+            except torchscan.Decode:
+                reader.events(segment.decode())
+    except torchscan.Unusual:  # a trace the scan cannot cut into whole events: decode it all
+        trace = Trace(source=str(path), format="torch")
+        reader = _TorchEvents(trace)
+        reader.events(iter_events(path, keep=_torch_keep, chunk=chunk))
+    reader.finish()
     return trace
+
+
+def torch_trace_from_events(events, source: str = "") -> Trace:
+    """The Trace of already decoded events (the exact path; the tests' reference)."""
+    trace = Trace(source=source, format="torch")
+    reader = _TorchEvents(trace)
+    reader.events(events)
+    reader.finish()
+    return trace
+
+
+def _wanted(name: str) -> bool:
+    return name.startswith(MARKER_PREFIX) or STEP.match(name) is not None
+
+
+def _correlation(value) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise TraceFormatError(f"event correlation is not a number: {value!r}") from None
+
+
+def _hashable(value, what: str):
+    if isinstance(value, (list, dict)):
+        raise TraceFormatError(f"event {what} is not a number or a string: {value!r}")
+    return value
+
+
+class _TorchEvents:
+    """What the analysis takes from the events: kernels per stream, the device and host sides of
+    marked ranges and steps, launches. Fed decoded events (`events`) or a chunk's raw rows from
+    torchscan (`rows`, all fields converted before any is kept, so a Decode leaves nothing
+    behind), in file order; both give the same result for the same events."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self.device_ranges: dict[tuple[str, object], list[Span]] = defaultdict(list)
+        self.host_ranges: list[tuple[str, float, float, object]] = []
+        self.launches: dict[object, list[tuple[float, int]]] = defaultdict(list)  # host tid -> (ts, correlation)
+        self.kernel_of: dict[int, Span] = {}
+        self.values = torchscan.Values()
+        self.stream_of: dict[tuple[bytes, bytes], str] = {}
+        self.unnamed = 0
+
+    def _range_id(self, args: dict) -> object:
+        """How gpu_user_annotation events of one range are told apart: its External id."""
+        if "External id" not in args:
+            self.unnamed += 1
+            return ("no External id", self.unnamed)
+        value = args["External id"]
+        return ("json", json.dumps(value, sort_keys=True)) if isinstance(value, (list, dict)) else value
+
+    def events(self, events) -> None:
+        trace = self.trace
+        for ev in events:
+            if not isinstance(ev, dict) or ev.get("ph") != "X":
+                continue
+            cat = ev.get("cat")
+            if not isinstance(cat, str) or cat not in torchscan.CATS:
+                continue
+            name, args = str(ev.get("name", "")), ev.get("args")
+            if not isinstance(args, dict):
+                args = {}
+            start = _num(ev.get("ts"), "ts")
+            end = start + _num(ev.get("dur", 0), "dur")
+            if cat in _DEVICE_CATS:
+                # keyed as the gpu_user_annotation ranges are: pid = device, tid = stream
+                stream = _stream_key(ev.get("pid"), ev.get("tid"))
+                trace.stream_names.setdefault(stream, f"stream {args.get('stream', ev.get('tid'))}")
+                span = Span(name, start, end, stream)
+                trace.kernels.append(span)
+                if "correlation" in args:
+                    self.kernel_of[_correlation(args["correlation"])] = span
+            elif cat == "gpu_user_annotation":
+                if _wanted(name):
+                    stream = _stream_key(ev.get("pid"), ev.get("tid"))
+                    self.device_ranges[(name, self._range_id(args))].append(Span(name, start, end, stream))
+            elif cat == "user_annotation":
+                if _wanted(name):
+                    self.host_ranges.append((name, start, end, _hashable(ev.get("tid"), "tid")))
+            elif "correlation" in args:  # cuda_runtime
+                self.launches[_hashable(ev.get("tid"), "tid")].append((start, _correlation(args["correlation"])))
+
+    def rows(self, columns: dict[str, torchscan.Columns]) -> None:
+        """One chunk's columns (torchscan.Segment.rows); raises torchscan.Decode before keeping
+        anything when a raw field is not what the scan took it for."""
+        values, commit = self.values, []
+        device = columns.get("device")
+        if device:
+            starts = torchscan.floats(device.ts, "ts", _num)
+            ends = torchscan.ends(starts, torchscan.floats(device.dur, "dur", _num))
+            pairs = list(zip(device.pids, device.tids))
+            new_streams = []
+            for pair in dict.fromkeys(pairs):
+                if pair not in self.stream_of:
+                    pid, tid = values.value(pair[0]), values.value(pair[1])
+                    first = json_object(device.args[pairs.index(pair)])
+                    new_streams.append((pair, _stream_key(pid, tid), f"stream {first.get('stream', tid)}"))
+            stream_of = dict(self.stream_of)
+            stream_of.update((pair, key) for pair, key, _ in new_streams)
+            spans = list(map(tuple.__new__, repeat(Span), zip(values.name_list(device.names), starts, ends,
+                                                               map(stream_of.__getitem__, pairs))))
+            correlated = list(zip(torchscan.ints(device.correlations, _correlation), compress(spans, device.has)))
+
+            def keep_device() -> None:
+                self.stream_of.update((pair, key) for pair, key, _ in new_streams)
+                for _, key, label in new_streams:
+                    self.trace.stream_names.setdefault(key, label)
+                self.trace.kernels.extend(spans)
+                self.kernel_of.update(correlated)
+            commit.append(keep_device)
+        runtime = columns.get("cuda_runtime")
+        if runtime:
+            starts = torchscan.floats(runtime.ts, "ts", _num)
+            torchscan.floats(runtime.dur, "dur", _num)
+            tids = list(compress(runtime.tids, runtime.has))
+            tid_of = {t: _hashable(values.value(t), "tid") for t in dict.fromkeys(tids)}
+            calls = list(zip(map(tid_of.__getitem__, tids), compress(starts, runtime.has),
+                             torchscan.ints(runtime.correlations, _correlation)))
+
+            def keep_launches() -> None:
+                if len(tid_of) == 1:
+                    (tid,) = tid_of.values()
+                    self.launches[tid].extend(zip(map(itemgetter(1), calls), map(itemgetter(2), calls)))
+                    return
+                for tid, start, correlation in calls:
+                    self.launches[tid].append((start, correlation))
+            commit.append(keep_launches)
+        converted = []
+        for cat in ("gpu_user_annotation", "user_annotation"):
+            got = columns.get(cat)
+            if not got:
+                continue
+            starts = torchscan.floats(got.ts, "ts", _num)
+            ends = torchscan.ends(starts, torchscan.floats(got.dur, "dur", _num))
+            for i, name in enumerate(values.name_list(got.names)):
+                if not _wanted(name):
+                    continue
+                tid = values.value(got.tids[i])
+                if cat == "user_annotation":
+                    converted.append((cat, name, starts[i], ends[i], _hashable(tid, "tid")))
+                else:
+                    stream = _stream_key(values.value(got.pids[i]), tid)
+                    converted.append((cat, name, starts[i], ends[i], stream, json_object(got.args[i])))
+        if converted:
+            def keep_ranges() -> None:
+                # the two kinds fill different tables, so their order between each other is free
+                for cat, name, start, end, *rest in converted:
+                    if cat == "user_annotation":
+                        self.host_ranges.append((name, start, end, rest[0]))
+                    else:
+                        stream, args = rest
+                        self.device_ranges[(name, self._range_id(args))].append(Span(name, start, end, stream))
+            commit.append(keep_ranges)
+        for keep in commit:
+            keep()
+
+    def finish(self) -> None:
+        trace = self.trace
+        on_device = {name for name, _ in self.device_ranges}
+        windows: list[list[Span]] = list(self.device_ranges.values())
+        for calls in self.launches.values():
+            calls.sort()
+        kernel_of = self.kernel_of
+        for name, start, end, tid in self.host_ranges:
+            if name in on_device:
+                continue
+            calls = self.launches.get(tid, [])
+            first, last = bisect.bisect_left(calls, (start, -1)), bisect.bisect_right(calls, (end, float("inf")))
+            spans = [kernel_of[c] for _, c in calls[first:last] if c in kernel_of]
+            if not spans:
+                if name.startswith(MARKER_PREFIX):
+                    trace.host_only_markers.append(name)
+                continue
+            by_stream: dict[str, list[Span]] = defaultdict(list)
+            for span in spans:
+                by_stream[span.stream].append(span)
+            windows.append([Span(name, min(s.start for s in ks), max(s.end for s in ks), st)
+                            for st, ks in by_stream.items()])
+        _add_windows(trace, windows)
+        trace.kernels.sort(key=_by_time)
+
+
+def json_object(text: bytes) -> dict:
+    """An `args` object's inner text (from the scan) decoded."""
+    try:
+        value = json.loads(b"{" + text + b"}")
+    except ValueError:
+        raise torchscan.Decode from None
+    return value
+
+
+_by_time = attrgetter("start", "end")
 
 
 def _add_windows(trace: Trace, windows: list[list[Span]]) -> None:
@@ -183,13 +375,19 @@ def npu_output_folder(path: Path) -> Path:
     raise BadInput(f"{path}: no {NPU_OUTPUT}/trace_view.json (not a torch_npu profiler output)")
 
 
-def _load_npu(path: Path) -> Trace:
+# What _load_npu reads: the process and thread names, the tasks (args["Task Type"]) and the ranges
+# named msrewrite:... or ProfilerStep#N; each holds one of these words, or spells it with a \u
+# escape. The rest of trace_view.json (torch_npu's host ops, the CANN layer) is not decoded.
+_npu_keep = re.compile(rb"process_name|thread_name|Task Type|msrewrite:|ProfilerStep#|\\u").search
+
+
+def _load_npu(path: Path, keep=_npu_keep) -> Trace:
     folder = npu_output_folder(path)
     trace = Trace(source=str(folder), format="torch_npu")
     process: dict[object, str] = {}
     threads: dict[tuple, str] = {}
     events: list[dict] = []
-    for ev in iter_events(folder / "trace_view.json"):
+    for ev in iter_events(folder / "trace_view.json", keep=keep):
         ph = ev.get("ph")
         if ph == "M" and ev.get("name") == "process_name":
             process[ev.get("pid")] = str((ev.get("args") or {}).get("name", ""))
@@ -201,20 +399,21 @@ def _load_npu(path: Path) -> Trace:
     if not hardware:
         raise BadInput(f"{folder / 'trace_view.json'}: no 'Ascend Hardware' process (profiled without the NPU activity?)")
     windows: list[list[Span]] = []
-    for ev in events:
+    for ev in events:  # only the events used are timed (so only their ts and dur must be numbers)
         name = str(ev.get("name", ""))
-        start = _num(ev.get("ts"), "ts")
-        span_end = start + _num(ev.get("dur", 0), "dur")
         if ev.get("pid") not in hardware:
             if name.startswith(MARKER_PREFIX):
                 trace.host_only_markers.append(name)
             continue
+        window = name.startswith(MARKER_PREFIX) or STEP.match(name) is not None
+        if not window and "Task Type" not in (ev.get("args") if isinstance(ev.get("args"), dict) else {}):
+            continue  # another tool's mstx range on the stream, a KFC turn, a step-trace range: not a task
+        start = _num(ev.get("ts"), "ts")
+        span_end = start + _num(ev.get("dur", 0), "dur")
         stream = _stream_key(ev.get("pid"), ev.get("tid"))
+        (windows.append([Span(name, start, span_end, stream)]) if window
+         else trace.kernels.append(Span(name, start, span_end, stream)))
         trace.stream_names.setdefault(stream, threads.get((ev.get("pid"), ev.get("tid")), f"stream {ev.get('tid')}"))
-        if name.startswith(MARKER_PREFIX) or STEP.match(name):
-            windows.append([Span(name, start, span_end, stream)])
-        else:
-            trace.kernels.append(Span(name, start, span_end, stream))
     on_device = {w[0].name for w in windows}
     trace.host_only_markers = sorted(set(trace.host_only_markers) - on_device)
     _add_windows(trace, windows)

@@ -382,7 +382,7 @@ def _profile_acceptance(analysis: FileAnalysis) -> list[str]:
     if not data:
         return out + ["N/A (apply --markers, profile the model on the device, then `msrewrite profile TRACE "
                       "--baseline OFF_TRACE --json > profile.json` and `suggest --report DIR --profile profile.json`)", ""]
-    estimates = {(c.plan.case, c.plan.stream_tag): c.estimated_saving for c in analysis.candidates}
+    estimates = {(c.plan.case, c.plan.region_tag): c.estimated_saving for c in analysis.candidates}
     out += [f"trace: `{data.get('trace')}` ({data.get('format')}, {data.get('steps')} steps)", "",
             "| region | estimate µs | measured overlap µs | measured / estimate | exposed µs/step | tail µs/step | occurrences |",
             "|---|---|---|---|---|---|---|"]
