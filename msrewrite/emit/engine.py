@@ -343,7 +343,9 @@ def _find_index(spans, line: int, what: str, plan: OverlapPlan) -> int:
     raise BadInput(f"stale plan for {plan.function}: no statement starts at line {line} ({what})")
 
 
-def _find_call(node: cst.CSTNode, source: str, positions) -> cst.Call | None:
+def _hoisted_calls(join: cst.BaseStatement, source: str) -> list[cst.Call]:
+    """The call a hoist names in the join statement: the one occurrence, or, in an `if` whose every
+    branch (an `else:` included) is one statement holding it once, the occurrence in each branch."""
     found: list[cst.Call] = []
 
     class _Calls(cst.CSTVisitor):
@@ -351,8 +353,50 @@ def _find_call(node: cst.CSTNode, source: str, positions) -> cst.Call | None:
             if code_of(call) == source:
                 found.append(call)
 
-    node.visit(_Calls())
-    return found[0] if len(found) == 1 else None
+    join.visit(_Calls())
+    if len(found) <= 1 or not isinstance(join, cst.If):
+        return found if len(found) == 1 else []
+    branches: list[cst.BaseSuite] = []
+    current = join
+    while True:
+        branches.append(current.body)
+        if current.orelse is None:
+            return []  # no else: on that path the call never ran
+        if not isinstance(current.orelse, cst.If):
+            branches.append(current.orelse.body)
+            break
+        current = current.orelse
+    per_branch = []
+    for block in branches:
+        inside = [c for c in found if _contains(block, c)]
+        if len(inside) != 1 or not isinstance(block, cst.IndentedBlock) or len(block.body) != 1:
+            return []
+        per_branch += inside
+    return per_branch if len(per_branch) == len(found) else []
+
+
+class _ReplaceCalls(cst.CSTTransformer):
+    """Calls (by identity in the original tree) -> the names of their hoisted results."""
+
+    def __init__(self, names: dict[int, str]) -> None:
+        self.names = names
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        name = self.names.get(id(original))
+        return cst.Name(name) if name is not None else updated
+
+
+def _contains(node: cst.CSTNode, target: cst.CSTNode) -> bool:
+    hit = False
+
+    class _Find(cst.CSTVisitor):
+        def on_visit(self, n: cst.CSTNode) -> bool:
+            nonlocal hit
+            hit = hit or n is target
+            return not hit
+
+    node.visit(_Find())
+    return hit
 
 
 def _init_info(cls: cst.ClassDef | None, flag_names: tuple[str, ...]):
@@ -469,18 +513,21 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan, text: str | None
 
     whole: list[int] = []
     hoists: list[tuple[cst.Call, str]] = []
+    also_hoisted: list[tuple[cst.Call, str]] = []  # the same call in the other branches of the join's `if`
     phase_of: dict[int, int] = {}  # body index (or -1 - hoist number) -> phase
     for side in plan.side:
         if side.phase > len(plan.phase_anchors):
             raise BadInput(f"plan for {plan.function}: phase {side.phase} has no anchor")
         if side.hoist:
-            call = _find_call(body[join], side.source, positions) if join < len(body) else None
-            if call is None:
+            calls = _hoisted_calls(body[join], side.source) if join < len(body) else []
+            if not calls:
                 raise BadInput(
                     f"stale plan for {plan.function}: the join statement at line {plan.join_line} "
-                    f"does not contain {side.source!r} exactly once"
+                    f"does not contain {side.source!r} exactly once (or once in each branch of its `if`)"
                 )
+            call = calls[0]
             hoists.append((call, side.hoist))
+            also_hoisted += [(other, side.hoist) for other in calls[1:]]
             phase_of[-len(hoists)] = side.phase
         else:
             i = _find_index(spans, side.first_line, "side statement", plan)
@@ -673,8 +720,8 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan, text: str | None
     join_cond = conjoin(em.on_cond, join_guard) if join_guard else em.on_cond
     join_block = _if_block(join_cond, join_on, em.off_cond, join_off) if (join_on or join_off) else []
     join_stmt = body[join] if join < len(body) else cst.SimpleStatementLine(body=[cst.Pass()])
-    for call, temp in hoists:
-        join_stmt = join_stmt.deep_replace(call, cst.Name(temp))  # type: ignore[assignment]
+    if hoists:  # every hoisted call in one pass (a deep_replace rebuilds the tree, losing the others)
+        join_stmt = join_stmt.visit(_ReplaceCalls({id(call): temp for call, temp in [*hoists, *also_hoisted]}))
     if join_block:
         if join_run:
             lead = list(body[join_run[0]].leading_lines)
