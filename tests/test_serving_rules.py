@@ -385,8 +385,8 @@ return out + shared
 """
     source = model_source(forward).replace("from torch import nn\n", "from torch import nn\nfrom kernels_not_here import fused_experts\n")
     why = refusal(write(tmp_path, "alias_origin", source))
-    assert ("line 55 writes 'out' in place, which may hold the storage of 'x' (bound at line 54 from fused_experts "
-            "(not visible to msrewrite), which may return its argument), while the side stream reads it") in why, why
+    assert ("line 55 writes 'out' in place while the side stream reads it ('out' may hold the storage of 'x' "
+            "(bound at line 54 from fused_experts (not visible to msrewrite), which may return its argument))") in why, why
 
 
 def test_a_helper_that_only_runs_the_side_work_says_so(tmp_path):
@@ -408,7 +408,7 @@ def test_a_helper_that_only_runs_the_side_work_says_so(tmp_path):
     assert "calls `fused_gate`, which msrewrite cannot see into" in targets["Block.forward"].reason
     assert targets["Block._forward_shared_experts"].reason == (
         "_forward_shared_experts() calls no submodule besides the side work (self.shared_expert): nothing "
-        "here to overlap it with; the overlap belongs where it is called")
+        "to overlap it with here; the overlap belongs where it is called")
 
 
 def test_main_work_inside_the_join_statement_is_named(tmp_path):

@@ -144,8 +144,8 @@ def find_side_branch(
         # moves, where it is called; here nothing else runs
         side = ", ".join(f"self.{c}" for c in dict.fromkeys(calls))
         raise NoBranch(
-            f"{func.name.value}() calls no submodule besides the side work ({side}): nothing here to overlap "
-            "it with; the overlap belongs where it is called"
+            f"{func.name.value}() calls no submodule besides the side work ({side}): nothing to overlap it "
+            "with here; the overlap belongs where it is called"
         )
     try:
         return _find_side_branch(func, body, facts, positions, is_seed, anchors, phase_anchors, None, scope, protect)
@@ -647,8 +647,9 @@ def _find_side_branch(
             if known:
                 hint = "; pass --protect clone to snapshot it at the fork" if f.index >= fork else ""
                 via = _alias_origin(storage, facts, known[0], group, f.index, scope) if known[0] != name else ""
+                via = f" ('{known[0]}' {via.removeprefix(', which ').rstrip(',')})" if via else ""
                 raise NoBranch(
-                    f"line {f.first_line} writes '{known[0]}' in place{via} while the side stream reads it{hint}"
+                    f"line {f.first_line} writes '{known[0]}' in place while the side stream reads it{via}{hint}"
                 )
             unseen_hits.append((f.first_line, f.may_write[unseen[0]], unseen[0]))
         clash = (f.loads | f.stores) & (set(outputs) | set(side_stores))
