@@ -109,10 +109,13 @@ def refusal(path: Path, **options) -> str:
     return str(refused.value)
 
 
-def verified(tmp_path: Path, original: Path, text: str, plans) -> object:
+def verified(tmp_path: Path, original: Path, text: str, plans, planned: str | None = None) -> object:
+    """verify of `text` against `original`; `planned`: the text the plans address (a phased edit's
+    inlined step), when it is not the original's."""
     edited = tmp_path / f"{original.stem}_ms.py"
     edited.write_text(text)
-    return verify_files(edited, original=original, schedule_source=ScheduleSource(original.read_text(), plans))
+    source = ScheduleSource(planned if planned is not None else original.read_text(), plans)
+    return verify_files(edited, original=original, schedule_source=source)
 
 
 def edits_and_verifies(tmp_path: Path, name: str, source: str, **options):
@@ -466,3 +469,98 @@ def test_a_star_exported_function_that_writes_its_input_is_refused(tmp_path, sta
     plan = edit(write(tmp_path, "star_pure", model_source(STAR).replace("from torch import nn\n", f"from torch import nn\nimport sys\nsys.path.insert(0, {str(star_package)!r})\nfrom starpkg import scaled, scale_\n"))).plans[0]
     problems = forced_fails_verify(tmp_path, write(tmp_path, "star_forced", source), plan)
     assert any("differs" in p or "race" in p for p in problems), problems
+
+
+# --- moe-shared-expert-phased: a helper with `if`s, inlined and split over the phases ------------
+def phased(path: Path, **options):
+    src = load(path)
+    steps = case_steps(path, src.text, src.module, "moe-shared-expert-phased", "eager", None, FLAG, None, **options)
+    return steps
+
+
+PHASED_HELPER = """
+    def _shared(self, h, on):
+        out = None
+        if on:
+            out = self.shared_expert(h)
+        return out
+
+    def forward(self, x):
+        on = self.has_experts
+        shared = self._shared(x, on)
+        off = not on
+        w, ids = self.route(x)
+        out = self.experts(x, w, ids)
+        return out + shared
+"""
+
+
+def phased_source(body: str) -> str:
+    source = model_source("return x")
+    start = source.index("    def forward(self, x):\n        return x\n")
+    return source[:start] + textwrap.dedent(body).strip("\n").replace("\n", "\n    ").join(["    ", "\n"]) + source[start + len("    def forward(self, x):\n        return x\n"):]
+
+
+def test_a_helper_with_an_if_is_inlined_and_split_over_the_phases(tmp_path):
+    path = write(tmp_path, "phased_helper", phased_source(PHASED_HELPER))
+    steps = phased(path)
+    inlined, edited = steps[0].new, steps[-1].new
+    assert "self._shared(" not in block_forward(inlined).split("def forward")[1]
+    forward = block_forward(edited).split("def forward")[1]
+    # phase 0 at the fork: the up projection; phase 1 after `w`: the rest, under the same `if on:`
+    assert "                if on:\n                    up_out = self.shared_expert.up(x)\n        else:" in forward
+    assert ("phase 1 of the shared expert re-enters the side stream after w." in forward
+            and "                if on:\n                    silu_out = F.silu(up_out)\n"
+                "                    shared = self.shared_expert.down(silu_out)\n        out = self.experts" in forward)
+    plan = steps[-1].plans[0]
+    assert any(len(set(side.inner_phases)) == 2 for side in plan.side)
+    result = verified(tmp_path, path, edited, steps[-1].plans, planned=steps[-1].old)
+    assert result.ok, result.problems
+
+
+def test_an_if_whose_test_changes_before_a_later_phase_is_not_split(tmp_path):
+    """`on` rebound before the phase-1 re-entry: each phase would test it again and skip the rest,
+    so the `if` runs whole, in one phase; the split, forced anyway, is caught by verify."""
+    unsafe = PHASED_HELPER.replace("off = not on", "on = not on")
+    path = write(tmp_path, "phased_flip", phased_source(unsafe))
+    steps = phased(path)
+    assert not any(side.inner_phases for side in steps[-1].plans[0].side)
+    result = verified(tmp_path, path, steps[-1].new, steps[-1].plans, planned=steps[-1].old)
+    assert result.ok, result.problems
+    safe = phased(write(tmp_path, "phased_helper", phased_source(PHASED_HELPER)))
+    forced = write(tmp_path, "phased_flip_inlined", safe[0].new.replace("off = not on", "on = not on"))
+    problems = forced_fails_verify(tmp_path, forced, safe[-1].plans[0])
+    assert any("differs" in p or "raised" in p for p in problems), problems
+
+
+# A later side statement that rebinds what an earlier one reads never moves to an earlier phase.
+REBIND_IN_SIDE = """
+    def forward(self, x):
+        a = self.shared_expert.up(x)
+        b = F.silu(a)
+        a = self.shared_expert.up(x * 2)
+        c = self.shared_expert.down(b) + self.shared_expert.down(F.silu(a))
+        w, ids = self.route(x)
+        out = self.experts(x, w, ids)
+        d = self.gate(out)
+        return out + c + d.sum()
+"""
+
+
+def test_a_rebinding_side_statement_keeps_its_order_across_phases(tmp_path):
+    path = write(tmp_path, "rebind_in_side", phased_source(REBIND_IN_SIDE))
+    steps = phased(path, phase_anchors=("w", "out"))
+    plan = steps[-1].plans[0]
+    phases = {side.source: side.phase for side in plan.side}
+    b = phases["b = F.silu(a)"]
+    rebound = phases["a = self.shared_expert.up(mul_out)"]  # `x * 2` bound to its own name by the inliner
+    assert rebound >= b == 1  # never before `b = F.silu(a)` reads the first `a`
+    result = verified(tmp_path, path, steps[-1].new, steps[-1].plans, planned=steps[-1].old)
+    assert result.ok, result.problems
+    # by depth alone the rebinding would go to phase 0, at the fork, before `b` reads the first `a`
+    early = dataclasses.replace(plan, side=tuple(
+        dataclasses.replace(side, phase=0) if side.source == "a = self.shared_expert.up(mul_out)" else side
+        for side in plan.side))
+    inlined = write(tmp_path, "rebind_in_side_inlined", steps[-1].old)
+    problems = forced_fails_verify(tmp_path, inlined, early)
+    assert any("differs" in p for p in problems), problems

@@ -60,6 +60,8 @@ class SideBranch:
     rebound_inputs: list[str]  # inputs the main path rebinds before the join
     maybe_outputs: list[str] = field(default_factory=list)  # bound only on some paths (inside an if)
     phases: dict[int, int] = field(default_factory=dict)  # side statement index -> phase
+    # a side `if` split over phases: index -> the phase of each simple statement in it, in order
+    inner_phases: dict[int, tuple[int, ...]] = field(default_factory=dict)
     phase_anchors: list[str] = field(default_factory=list)
     facts: list[StatementFacts] = field(default_factory=list)
     # The side statements sit inside this `if` (its block is spliced into `facts`, so indices are
@@ -288,6 +290,29 @@ def _simple_lines(node: cst.CSTNode) -> list[cst.SimpleStatementLine]:
             return False
 
     node.visit(_Lines())
+    return found
+
+
+def _read_first(node: cst.BaseStatement, stored: frozenset[str] = frozenset()) -> set[str]:
+    """Names a statement reads before it stores them itself: an `if` statement by statement, each
+    branch from what was stored before the `if` (a store in one branch does not count for the other)."""
+    if not isinstance(node, cst.If):
+        return node_facts(node).loads - stored
+    found = node_facts(node.test).loads - stored
+    branches = [node.body, node.orelse.body if isinstance(node.orelse, cst.Else) else node.orelse]
+    for branch in branches:
+        if branch is None:
+            continue
+        if isinstance(branch, cst.If):
+            found |= _read_first(branch, stored)
+            continue
+        if not isinstance(branch, cst.IndentedBlock):
+            found |= node_facts(branch).loads - stored
+            continue
+        inner = set(stored)
+        for stmt in branch.body:
+            found |= _read_first(stmt, frozenset(inner))
+            inner |= node_facts(stmt).stores if not isinstance(stmt, cst.If) else set()
     return found
 
 
@@ -555,7 +580,10 @@ def _find_side_branch(
     # Inputs: names the side reads that it does not define itself first.
     inputs: list[str] = []
     defined: set[str] = set()
-    units: list[tuple[int, set[str], set[str]]] = [(f.index, f.loads, f.stores) for f in whole]
+    # a side `if` reads, as inputs, only what it does not store first itself (in order, per branch)
+    units: list[tuple[int, set[str], set[str]]] = [
+        (f.index, _read_first(f.node) if isinstance(f.node, cst.If) else f.loads, f.stores) for f in whole
+    ]
     hoist_facts = [node_facts(h.call, scope) for h in hoists]
     units += [(join, hf.loads, {h.temp}) for h, hf in zip(hoists, hoist_facts)]
     for _, loads, stores in units:
@@ -726,14 +754,16 @@ def _find_side_branch(
         and not any(name in f.stores and _binds_constant(f.node) for f in whole)
     ]
     phases: dict[int, int] = {}
+    inner_phases: dict[int, tuple[int, ...]] = {}
     chosen_anchors: list[str] = []
     if phase_anchors is not None:
         chosen_anchors = list(phase_anchors) or derive_phase_anchors(facts, fork, join, side_idx)
-        phases = _assign_phases(facts, whole, chosen_anchors, fork, join, side_idx, reaching_def, set(inputs))
+        phases, inner_phases = _assign_phases(func, facts, whole, chosen_anchors, fork, join, side_idx, reaching_def, set(inputs))
     rng = _rng_reorder(facts, whole, hoists, start, join, side_idx, scope)
     return SideBranch(
         rng_reorder=rng,
         phases=phases,
+        inner_phases=inner_phases,
         phase_anchors=chosen_anchors,
         maybe_outputs=maybe,
         protected_inputs=protected,
@@ -968,8 +998,9 @@ def derive_phase_anchors(facts: list[StatementFacts], fork: int, join: int, side
     return anchors
 
 
-def _assign_phases(facts, whole, anchors, fork, join, side_idx, reaching_def, inputs) -> dict[int, int]:
-    """Phase of each side statement: its depth in the side branch, capped at the number of anchors.
+def _assign_phases(func, facts, whole, anchors, fork, join, side_idx, reaching_def, inputs):
+    """(phase of each side statement, the inner phases of a side `if` split over several): its
+    depth in the side branch, capped at the number of anchors.
 
     Depth 0 reads only the fork's inputs, depth d reads a depth d-1 result: projections first,
     activations next, the rest last (the SGLang / cann-recipes three-phase split).
@@ -984,19 +1015,75 @@ def _assign_phases(facts, whole, anchors, fork, join, side_idx, reaching_def, in
         if anchor_defs and d <= anchor_defs[-1]:
             raise NoBranch(f"phase anchors must come in program order ('{anchor}' is out of order)")
         anchor_defs.append(d)
-    depth: dict[int, int] = {}
+    # Units in program order: whole statements, and the statements inside a side `if` that can be
+    # split over phases (each phase issues the `if` again with its own statements only).
+    splittable = {f.index: lines for f in whole if (lines := _phase_split_lines(f, func, facts, fork, join))}
+    units: list[tuple[int, int, set[str], set[str], int]] = []  # (statement, k or -1, loads, stores, line)
     for f in sorted(whole, key=lambda f: f.index):
-        sources = [reaching_def(name, f.index, set()) for name in f.loads]
-        depth[f.index] = 1 + max((depth[d] for d in sources if d in depth), default=-1)
-    phases = {i: min(d, len(anchors)) for i, d in depth.items()}
-    for f in whole:
-        if phases[f.index] == 0:
+        if f.index in splittable:
+            for k, line in enumerate(splittable[f.index]):
+                inner = node_facts(line)
+                units.append((f.index, k, inner.loads | inner.mutates, inner.stores | inner.mutates, f.first_line))
+        else:
+            units.append((f.index, -1, f.loads | f.mutates, f.stores | f.mutates, f.first_line))
+    depth: list[int] = []
+    for u, (_, _, loads, _, _) in enumerate(units):
+        # every earlier side definition may reach it (one inside an `if` may not have run)
+        sources = [depth[v] for v in range(u) if units[v][3] & loads]
+        depth.append(1 + max(sources, default=-1))
+    phase = [min(d, len(anchors)) for d in depth]
+    # A later statement that rebinds or writes what an earlier one reads or writes never runs in
+    # an earlier phase than it (the side stream runs the phases in order, each in program order).
+    for u, (_, _, _, stores, _) in enumerate(units):
+        for v in range(u):
+            if stores & (units[v][2] | units[v][3]):
+                phase[u] = max(phase[u], phase[v])
+    for u, (i, _, loads, _, line) in enumerate(units):
+        if phase[u] == 0:
             continue
-        at = anchor_defs[phases[f.index] - 1] + 1
-        for name in f.loads & inputs:
+        at = anchor_defs[phase[u] - 1] + 1
+        for name in loads & inputs:
             if reaching_def(name, at, side_idx) != reaching_def(name, fork, side_idx):
-                raise NoBranch(f"'{name}' changes between the fork and phase {phases[f.index]} at line {f.first_line}")
-    return phases
+                raise NoBranch(f"'{name}' changes between the fork and phase {phase[u]} at line {line}")
+    phases: dict[int, int] = {}
+    inner_phases: dict[int, tuple[int, ...]] = {}
+    for u, (i, k, _, _, _) in enumerate(units):
+        phases[i] = min(phases.get(i, phase[u]), phase[u])
+        if k >= 0:
+            inner_phases[i] = (*inner_phases.get(i, ()), phase[u])
+    inner_phases = {i: p for i, p in inner_phases.items() if len(set(p)) > 1}  # one phase: the whole `if`
+    return phases, inner_phases
+
+
+def _phase_split_lines(f: StatementFacts, func: cst.FunctionDef, facts: list[StatementFacts], fork: int, join: int):
+    """The simple statements of a side `if` (in source order) when its phases may be split: `if`s
+    without `else`/`elif`, blocks of single-statement lines and such `if`s, every test invariant,
+    reading no local that anything between the fork and the join rebinds or writes (each phase
+    tests it again). None otherwise: the `if` runs whole in one phase."""
+    if not isinstance(f.node, cst.If):
+        return None
+    params = {p.name.value for p in (*func.params.params, *func.params.kwonly_params, *func.params.posonly_params)}
+    local_names = params | {name for g in facts for name in g.stores}
+    changed = {name for g in facts[fork:join] for name in g.stores | g.mutates}
+    lines: list[cst.SimpleStatementLine] = []
+
+    def walk(node: cst.If) -> bool:
+        if node.orelse is not None or not isinstance(node.body, cst.IndentedBlock):
+            return False
+        problem, read = invariance_problem(node.test, func, facts, local_names)
+        if problem or read & changed:
+            return False
+        for stmt in node.body.body:
+            if isinstance(stmt, cst.If):
+                if not walk(stmt):
+                    return False
+            elif isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+                lines.append(stmt)
+            else:
+                return False
+        return True
+
+    return lines if walk(f.node) and len(lines) > 1 else None
 
 
 def _writes(storage: Storage, f: StatementFacts, tokens: frozenset) -> bool:

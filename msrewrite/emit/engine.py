@@ -375,6 +375,58 @@ def _hoisted_calls(join: cst.BaseStatement, source: str) -> list[cst.Call]:
     return per_branch if len(per_branch) == len(found) else []
 
 
+def _split_by_phase(node: cst.BaseStatement, phases: tuple[int, ...]) -> dict[int, cst.BaseStatement] | None:
+    """A side `if` (no `else`) split by the phase of each simple statement in it (source order):
+    phase -> the same `if` holding only that phase's statements (nested `if`s kept where they
+    still hold one). None when the `if` does not have exactly that many simple statements."""
+    if not isinstance(node, cst.If):
+        return None
+    count = 0
+
+    def lines(n: cst.If) -> int | None:
+        total = 0
+        if n.orelse is not None or not isinstance(n.body, cst.IndentedBlock):
+            return None
+        for stmt in n.body.body:
+            if isinstance(stmt, cst.If):
+                inner = lines(stmt)
+                if inner is None:
+                    return None
+                total += inner
+            elif isinstance(stmt, cst.SimpleStatementLine):
+                total += 1
+            else:
+                return None
+        return total
+
+    count = lines(node) or 0
+    if count != len(phases):
+        return None
+
+    def part(n: cst.If, wanted: int, at: list[int]) -> cst.If | None:
+        kept: list[cst.BaseStatement] = []
+        for stmt in n.body.body:  # type: ignore[union-attr]
+            if isinstance(stmt, cst.If):
+                inner = part(stmt, wanted, at)
+                if inner is not None:
+                    kept.append(inner)
+            else:
+                if phases[at[0]] == wanted:
+                    kept.append(stmt)
+                at[0] += 1
+        if not kept:
+            return None
+        kept[0] = kept[0].with_changes(leading_lines=[]) if kept[0] is not n.body.body[0] else kept[0]  # type: ignore[union-attr]
+        return n.with_changes(body=n.body.with_changes(body=kept))  # type: ignore[union-attr]
+
+    out: dict[int, cst.BaseStatement] = {}
+    for wanted in sorted(set(phases)):
+        found = part(node, wanted, [0])
+        if found is not None:
+            out[wanted] = found
+    return out
+
+
 class _ReplaceCalls(cst.CSTTransformer):
     """Calls (by identity in the original tree) -> the names of their hoisted results."""
 
@@ -514,6 +566,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan, text: str | None
     whole: list[int] = []
     hoists: list[tuple[cst.Call, str]] = []
     also_hoisted: list[tuple[cst.Call, str]] = []  # the same call in the other branches of the join's `if`
+    inner_split: dict[int, dict[int, cst.BaseStatement]] = {}  # a side `if` split over phases: phase -> its part
     phase_of: dict[int, int] = {}  # body index (or -1 - hoist number) -> phase
     for side in plan.side:
         if side.phase > len(plan.phase_anchors):
@@ -537,6 +590,16 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan, text: str | None
                 )
             whole.append(i)
             phase_of[i] = side.phase
+            if side.inner_phases:
+                if not plan.phase_anchors or max(side.inner_phases) > len(plan.phase_anchors):
+                    raise BadInput(f"plan for {plan.function}: line {side.first_line}: inner phases without their anchors")
+                split = _split_by_phase(body[i], side.inner_phases)
+                if split is None:
+                    raise BadInput(
+                        f"stale plan for {plan.function}: the `if` at line {side.first_line} does not hold "
+                        f"{len(side.inner_phases)} statements to split into phases"
+                    )
+                inner_split[i] = split
 
     switch = flag_attribute(plan.flag.name) if plan.flag.kind in ("env", "sglang") else plan.flag.name
     roots = frameworks.imported_roots(module)
@@ -634,7 +697,11 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan, text: str | None
     ]
     phase_nodes: dict[int, list[cst.BaseStatement]] = {}
     for i in whole:
-        phase_nodes.setdefault(phase_of[i], []).append(strip_leading(body[i]))
+        if i in inner_split:
+            for p, part in sorted(inner_split[i].items()):
+                phase_nodes.setdefault(p, []).append(strip_leading(part))
+        else:
+            phase_nodes.setdefault(phase_of[i], []).append(strip_leading(body[i]))
     for k, assign in enumerate(hoist_assigns, start=1):
         phase_nodes.setdefault(phase_of[-k], []).append(assign)
     for old, new in snapshots.items():
