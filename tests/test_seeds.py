@@ -301,3 +301,18 @@ def test_deepep_helper_with_sglangs_flag_and_capture_gate_reuses_the_models_stre
     assert result.ok, result.problems
     runs = {run.name for run in result.runs}
     assert "flag on, gate false" in runs
+
+
+@pytest.mark.parametrize("mode", ["ge-graph", "cuda"])
+def test_deepep_helper_without_a_shared_expert_runs_the_phased_edit(tmp_path, mode):
+    """shared_expert_intermediate_size=0: the side `if`s are false in every phase; nothing reads a
+    name only they bind (in ge-graph mode no start gate waits on one)."""
+    original = tmp_path / "deepep_helper_moe.py"
+    original.write_text((FIXTURES / "deepep_helper_moe.py").read_text().replace(
+        "return Qwen2MoeModel().eval()", "return Qwen2MoeModel(shared_expert_intermediate_size=0).eval()"))
+    text = edit(original, "moe-shared-expert-phased", mode, target="Qwen2MoeSparseMoeBlock._forward_deepep")
+    edited = tmp_path / "deepep_helper_moe_ms.py"
+    edited.write_text(text)
+    result = verify_files(edited, original=original)
+    # outputs equal, sanitizer clean; only `shared_output = None` is left for the side stream
+    assert result.problems == ["flag on: no op ran on a side stream (is the flag wired?)"], result.problems

@@ -427,6 +427,21 @@ def _split_by_phase(node: cst.BaseStatement, phases: tuple[int, ...]) -> dict[in
     return out
 
 
+def _bound_on_every_path(node: cst.BaseStatement) -> set[str]:
+    """Names a side statement binds to a computed value whenever it runs (an `if` binds on some
+    paths only; `shared = None` binds no tensor)."""
+    from msrewrite.analyze.defuse import node_facts
+
+    if isinstance(node, cst.BaseCompoundStatement):
+        return set()
+    if isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1 and isinstance(node.body[0], cst.Assign):
+        value = node.body[0].value
+        if isinstance(value, (cst.Integer, cst.Float, cst.SimpleString)) or (
+                isinstance(value, cst.Name) and value.value in ("None", "True", "False")):
+            return set()
+    return node_facts(node).stores
+
+
 class _ReplaceCalls(cst.CSTTransformer):
     """Calls (by identity in the original tree) -> the names of their hoisted results."""
 
@@ -884,10 +899,10 @@ def _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what, gua
     facts = statement_facts(body, positions)
     blocks: dict[int, list[cst.BaseStatement]] = {}
     issued: dict[int, tuple[cst.BaseStatement, ...]] = {}
-    earlier: set[str] = set()  # names the side stream defined in earlier phases
+    earlier: set[str] = set()  # names the side stream defined in earlier phases, on every path
     for nodes in [phase_nodes.get(0, [])]:
         for node in nodes:
-            earlier |= node_facts(node).stores
+            earlier |= _bound_on_every_path(node)
     for p, anchor in enumerate(plan.phase_anchors, start=1):
         at = next((f.index for f in reversed(facts[:join]) if anchor in f.stores), None)
         if at is None:
@@ -897,8 +912,11 @@ def _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what, gua
             continue
         inner = list(nodes)
         if em.phase_gate:
+            # the gated tensor must be bound wherever the phase runs: one an earlier phase bound on
+            # every path (not inside a side `if`), else a side input (bound before the fork)
             loads = [n for node in nodes for n in sorted(node_facts(node).loads)]
-            tensor = next((n for n in loads if n in earlier), loads[0] if loads else None)
+            inputs = [n for n in loads if n in plan.side_inputs]
+            tensor = next((n for n in loads if n in earlier), inputs[0] if inputs else None)
             if tensor is not None:
                 side_name = tensor if tensor in earlier else _unique(f"{tensor}_phase{p}", taken)
                 if side_name != tensor:
@@ -906,7 +924,7 @@ def _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what, gua
                 gate = em.phase_gate.format(side=side_name, tensor=tensor, anchor=anchor)
                 inner = [*_parse_block([gate]), *inner]
         for node in nodes:
-            earlier |= node_facts(node).stores
+            earlier |= _bound_on_every_path(node)
         with_stmt = (
         _splice(_parse_block([em.with_open, "    __ms_side__"]), {"__ms_side__": inner}) if em.with_open else inner
     )
