@@ -564,3 +564,17 @@ def test_a_rebinding_side_statement_keeps_its_order_across_phases(tmp_path):
     inlined = write(tmp_path, "rebind_in_side_inlined", steps[-1].old)
     problems = forced_fails_verify(tmp_path, inlined, early)
     assert any("differs" in p for p in problems), problems
+
+
+def test_suggest_proposes_nothing_inside_a_fullgraph_region(tmp_path):
+    """vLLM 0.33.0's MTP and eagle layers: apply --plan refuses a plan inside @support_torch_compile,
+    so suggest never prints one there; without the decorator the same branch is proposed."""
+    from msrewrite.suggest.pipeline import analyze
+    from msrewrite.suggest.profiles import profile
+
+    fixture = Path(__file__).parent / "fixtures" / "fullgraph_moe.py"
+    analysis = analyze(fixture, device=profile("a3"), static=True)
+    assert analysis.candidates == []
+    assert any("MoE.forward runs inside a torch.compile fullgraph region" in r["reason"] for r in analysis.refused)
+    plain = write(tmp_path, "plain_moe", fixture.read_text().replace("@support_torch_compile\n", ""))
+    assert [c.plan.function for c in analyze(plain, device=profile("a3"), static=True).candidates] == ["MoE.forward"]
