@@ -341,7 +341,8 @@ def branch_plan(case: Case, path: Path, function: str, branch: SideBranch, optio
     facts = branch.facts
     side = [
         SideStatement(
-            f.first_line, f.last_line, code_of(strip_leading(f.node)).strip(), phase=branch.phases.get(f.index, 0)
+            f.first_line, f.last_line, code_of(strip_leading(f.node)).strip(), phase=branch.phases.get(f.index, 0),
+            inner_phases=branch.inner_phases.get(f.index, ()),
         )
         for f in branch.statements
     ]

@@ -96,8 +96,19 @@ class SideStatement:
     source: str
     hoist: str | None = None
     phase: int = 0  # phased plans: 0 issues at the fork, p >= 1 right after phase_anchors[p - 1]
+    # phased plans, a side `if` split over several phases: the phase of each simple statement
+    # inside it, in source order (each phase issues the `if` with its own statements only)
+    inner_phases: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if isinstance(self.inner_phases, list):
+            object.__setattr__(self, "inner_phases", tuple(self.inner_phases))
+        if not isinstance(self.inner_phases, tuple) or any(
+            isinstance(p, bool) or not isinstance(p, int) or p < 0 for p in self.inner_phases
+        ):
+            raise ValueError(f"side inner_phases must be phase numbers >= 0, got {validate.shown(self.inner_phases)}")
+        if self.inner_phases and self.hoist is not None:
+            raise ValueError("a hoisted side call has no inner phases")
         validate.line_number(self.first_line, "side first_line")
         validate.line_number(self.last_line, "side last_line")
         if self.last_line < self.first_line:
@@ -276,6 +287,9 @@ class OverlapPlan:
         data = dataclasses.asdict(self)
         if not self.markers:
             del data["markers"]
+        for side in data["side"]:
+            if not side["inner_phases"]:
+                del side["inner_phases"]
         data["version"] = PLAN_VERSION
         return data
 
@@ -527,7 +541,7 @@ _PLAN_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
 }
 _PART_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "side": {"first_line": ((int,), True), "last_line": ((int,), True), "source": ((str,), True),
-             "hoist": ((str, type(None)), False), "phase": ((int,), False)},
+             "hoist": ((str, type(None)), False), "phase": ((int,), False), "inner_phases": ((list, tuple), False)},
     "flag": {"kind": ((str,), False), "name": ((str,), False), "default": ((bool,), False),
              "max_tokens": ((int, type(None)), False), "gate": ((str, type(None)), False)},
     "start_gates": {"tensor": ((str,), True), "anchor": ((str,), True)},

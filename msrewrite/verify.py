@@ -359,7 +359,11 @@ def verify_files(
     )
     result.schedules = ["early", *variants]
 
-    capture_gate = _CAPTURE_GATE.search(text) is not None
+    # the edit's own gate, not a capture test the file already had (SGLang's forward picks its
+    # dual-stream path with `... and get_is_capture_mode()`): more of them than in the original
+    capture_gate = len(_CAPTURE_GATE.findall(text)) > (
+        len(_CAPTURE_GATE.findall(read_source(original))) if original is not None else 0
+    )
 
     def switch(on: bool):
         if flag.kind in ("env", "sglang"):  # SGLang's get_bool_env_var reads 1/0 as well
@@ -406,7 +410,7 @@ def verify_files(
         for scenario in scenarios:
             runs = _run_scenario(
                 scenario, result, reference, original, build_edited, switch, variant_paths, schedule_source,
-                rewritten, atol, rtol, stage=stage,
+                rewritten, atol, rtol, stage=stage, capture_gate=capture_gate,
             )
             if runs is None:
                 continue
@@ -456,7 +460,7 @@ def _schedule_variants(text, original, mode, flag, source, wanted):
 
 def _run_scenario(
     scenario, result, reference, original, build_edited, switch, variant_paths, window_source, rewritten, atol, rtol,
-    stage=lambda name: None,
+    stage=lambda name: None, capture_gate: bool = False,
 ):
     """original, flag off, flag on (early, sanitized) and the other schedules under one scenario;
     problems go to `result`. None when the original itself rejects a derived scenario."""
@@ -509,7 +513,7 @@ def _run_scenario(
     for name, path in variant_paths.items():
         flag_on_runs.append((f"flag on, {name} schedule", mode == "ge-graph", path, True))
     early_ops = late_ops = None  # what the early and late flag-on runs issued, in order
-    gate_runs = {"flag on, gate false"} if _CAPTURE_GATE.search(read_source(Path(rewritten), python=False)) else set()
+    gate_runs = {"flag on, gate false"} if capture_gate else set()
     if gate_runs and not scenario.name:  # flag on, gate closed: must be the original code, all on main
         flag_on_runs.append(("flag on, gate false", mode == "ge-graph", None, False))
     with switch(True):

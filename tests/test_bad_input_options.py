@@ -391,6 +391,7 @@ SIDE_FIELD_HOSTILE = {
     "source": [3, None],
     "hoist": [v for v in HOSTILE if v] + [3],
     "phase": [-1, "0", True],
+    "inner_phases": [[-1, 0], ["0"], [True], "01", 3, None],
 }
 FLAG_FIELD_HOSTILE = {
     "kind": ["yaml", "", 3],

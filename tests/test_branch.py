@@ -164,6 +164,20 @@ FIX = {
         """,
         {"side": [(8, 8)], "fork": 3, "join": 8, "hoist": "shared_mlp_output", "guard": ("self.shared_mlp is not None", 5)},
     ),
+    # the same side call in both branches of the join's `if` (transformers HY-V3's fp32 combine)
+    # runs on every path: hoisted once, before the `if`
+    "same_call_in_both_branches_of_the_join": (
+        """
+        w, idx = self.gate(x)
+        y = self.experts(x, w, idx)
+        if self.fp32:
+            y = (y.float() + self.shared_experts(x).float()).to(x.dtype)
+        else:
+            y = y + self.shared_experts(x)
+        return y
+        """,
+        {"side": [(6, 6)], "fork": 3, "join": 5, "hoist": "shared_experts_output"},
+    ),
 }
 
 
@@ -228,18 +242,6 @@ NOOP = {
         return y + s
         """,
         "can return before the join",
-    ),
-    "conditional_call_in_join": (
-        """
-        w, idx = self.gate(x)
-        y = self.experts(x, w, idx)
-        if self.fp32:
-            y = (y.float() + self.shared_experts(x).float()).to(x.dtype)
-        else:
-            y = y + self.shared_experts(x)
-        return y
-        """,
-        "both branches of `if self.fp32` call the side branch",
     ),
     "condition_reads_router_output": (  # the fork would read `w` before the router wrote it
         """

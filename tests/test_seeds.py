@@ -32,6 +32,12 @@ def edit(path: Path, case: str = "moe-shared-expert", mode: str = "eager", targe
     return case_steps(path, src.text, src.module, case, mode, target, FLAG, None, assume_pure=assume_pure)[-1].new
 
 
+@pytest.fixture(autouse=True)
+def sglang_stand_in(monkeypatch):
+    """tests/fixtures/deepep_helper_moe.py imports from sglang, as SGLang 0.5.6's qwen2_moe.py does."""
+    monkeypatch.syspath_prepend(str(FIXTURES / "frameworks"))
+
+
 def edit_and_verify(tmp_path: Path, source: Path, case: str, mode: str) -> str:
     original = tmp_path / source.name
     shutil.copy(source, original)
@@ -47,18 +53,19 @@ def edit_and_verify(tmp_path: Path, source: Path, case: str, mode: str) -> str:
 @pytest.mark.parametrize("mode", ["eager", "npugraph-ex", "ge-graph", "cuda"])
 def test_deepep_helper_gets_the_shared_expert_edit(tmp_path, mode):
     text = edit_and_verify(tmp_path, FIXTURES / "deepep_helper_moe.py", "moe-shared-expert", mode)
-    deepep = text[text.index("def _forward_deepep") :]
+    deepep = text[text.index("def _forward_deepep") : text.index("def _forward_router_experts")]
     # the helper call is the side work, forked under the `if`'s condition before the router
-    assert "and hidden_states.shape[0] > 0:" in deepep.split("router_logits = self.gate")[0]
+    assert "and hidden_states.shape[0] > 0:" in deepep.split("router_logits, _ = self.gate")[0]
     assert "shared_output = self._forward_shared_experts(hidden_states)" in deepep
 
 
 @pytest.mark.parametrize("mode", ["eager", "ge-graph", "cuda"])
 def test_deepep_helper_gets_the_phased_edit(tmp_path, mode):
     text = edit_and_verify(tmp_path, FIXTURES / "deepep_helper_moe.py", "moe-shared-expert-phased", mode)
-    deepep = text[text.index("def _forward_deepep") :]
-    assert "self._forward_shared_experts(" not in deepep  # inlined, `self` kept
+    deepep = text[text.index("def _forward_deepep") : text.index("def _forward_router_experts")]
+    assert "self._forward_shared_experts(" not in deepep  # inlined, `self` kept, with its `if`s
     assert "self.shared_expert.down_proj(" in deepep
+    assert "if self.shared_expert is not None:" in deepep and "if self.shared_expert_gate is not None:" in deepep
     assert "phase 1 of the shared expert re-enters the side stream after router_logits" in deepep
     assert "phase 2 of the shared expert re-enters the side stream after topk_output" in deepep
 
@@ -267,3 +274,45 @@ def test_inliner_failure_is_an_internal_error_not_the_users_syntax_error(tmp_pat
     message = str(failed.value)
     assert message.startswith("internal error:") and "syntax error" not in message
     assert str(path) not in message
+
+
+def test_deepep_helper_with_sglangs_flag_and_capture_gate_reuses_the_models_stream(tmp_path):
+    """Issue 13's done-when on SGLang 0.5.6's shape: `--flag sglang:SGLANG_NPU_USE_MULTI_STREAM --gate
+    capture` reads like the file's own dual-stream code: self.alt_stream, SGLang's flag reader and
+    capture predicate, torch.cuda as the file speaks it; verify opens and closes the gate."""
+    original = tmp_path / "deepep_helper_moe.py"
+    shutil.copy(FIXTURES / "deepep_helper_moe.py", original)
+    src = load(original)
+    flag = FlagSpec(kind="sglang", name="SGLANG_NPU_USE_MULTI_STREAM", default=False, gate="capture")
+    step = case_steps(original, src.text, src.module, "moe-shared-expert", "cuda", "Qwen2MoeSparseMoeBlock._forward_deepep",
+                      flag, None, protect="clone")[-1]
+    deepep = step.new[step.new.index("def _forward_deepep") : step.new.index("def _forward_router_experts")]
+    assert ("shared_expert_stream = self.alt_stream if self.enable_sglang_npu_use_multi_stream and "
+            "get_is_capture_mode() else None") in deepep
+    assert "current_stream = torch.cuda.current_stream()" in deepep
+    assert "shared_expert_stream.wait_stream(current_stream)" in deepep
+    assert "with torch.cuda.stream(shared_expert_stream):" in deepep
+    assert "current_stream.wait_stream(shared_expert_stream)" in deepep
+    assert '= get_bool_env_var("SGLANG_NPU_USE_MULTI_STREAM", "false")' in step.new
+    assert "_ms_side_stream" not in step.new and "torch.npu" not in step.new
+    edited = tmp_path / "deepep_helper_moe_ms.py"
+    edited.write_text(step.new)
+    result = verify_files(edited, original=original)
+    assert result.ok, result.problems
+    runs = {run.name for run in result.runs}
+    assert "flag on, gate false" in runs
+
+
+@pytest.mark.parametrize("mode", ["ge-graph", "cuda"])
+def test_deepep_helper_without_a_shared_expert_runs_the_phased_edit(tmp_path, mode):
+    """shared_expert_intermediate_size=0: the side `if`s are false in every phase; nothing reads a
+    name only they bind (in ge-graph mode no start gate waits on one)."""
+    original = tmp_path / "deepep_helper_moe.py"
+    original.write_text((FIXTURES / "deepep_helper_moe.py").read_text().replace(
+        "return Qwen2MoeModel().eval()", "return Qwen2MoeModel(shared_expert_intermediate_size=0).eval()"))
+    text = edit(original, "moe-shared-expert-phased", mode, target="Qwen2MoeSparseMoeBlock._forward_deepep")
+    edited = tmp_path / "deepep_helper_moe_ms.py"
+    edited.write_text(text)
+    result = verify_files(edited, original=original)
+    # outputs equal, sanitizer clean; only `shared_output = None` is left for the side stream
+    assert result.problems == ["flag on: no op ran on a side stream (is the flag wired?)"], result.problems

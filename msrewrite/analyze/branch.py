@@ -15,13 +15,16 @@ The move is refused, with a reason, when it would change what the code computes:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
 import libcst as cst
 from libcst.metadata import CodeRange
 
-from msrewrite.analyze.guards import Guard, assigned_self_attrs, guard_path, invariance_problem, path_condition, source
+from msrewrite.analyze.guards import (
+    Guard, assigned_self_attrs, guard_path, invariance_problem, negate, path_condition, source,
+)
 from msrewrite.analyze.defuse import (
     Scope,
     is_docstring,
@@ -42,6 +45,8 @@ class Hoist:
     source: str
     first_line: int
     last_line: int
+    # the same call in the other branches of the join's `if` (each branch runs it once)
+    also: tuple[cst.Call, ...] = ()
 
 
 @dataclass
@@ -55,6 +60,8 @@ class SideBranch:
     rebound_inputs: list[str]  # inputs the main path rebinds before the join
     maybe_outputs: list[str] = field(default_factory=list)  # bound only on some paths (inside an if)
     phases: dict[int, int] = field(default_factory=dict)  # side statement index -> phase
+    # a side `if` split over phases: index -> the phase of each simple statement in it, in order
+    inner_phases: dict[int, tuple[int, ...]] = field(default_factory=dict)
     phase_anchors: list[str] = field(default_factory=list)
     facts: list[StatementFacts] = field(default_factory=list)
     # The side statements sit inside this `if` (its block is spliced into `facts`, so indices are
@@ -133,17 +140,28 @@ def find_side_branch(
     body = list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else []
     scope = scope or Scope()
     facts = statement_facts(body, positions, scope)
+    calls = [c for f in facts for c in f.self_calls]
+    if calls and all(is_seed(c) for c in calls) and not any(_calls_super(f.node) for f in facts):
+        # a helper of the side work itself (`_forward_shared_experts`, a gate helper): it is what
+        # moves, where it is called; here nothing else runs
+        side = ", ".join(f"self.{c}" for c in dict.fromkeys(calls))
+        raise NoBranch(
+            f"{func.name.value}() calls no submodule besides the side work ({side}): nothing to overlap it "
+            "with here; the overlap belongs where it is called"
+        )
     try:
         return _find_side_branch(func, body, facts, positions, is_seed, anchors, phase_anchors, None, scope, protect)
     except NoBranch as unsplit:
-        guard = _splittable_if(func, facts, is_seed)
+        guard = _splittable_if(func, facts, is_seed, scope)
         if guard is None:
             raise
         if isinstance(guard, str):
-            raise NoBranch(guard) from None
+            # the split's reason, unless the unsplit analysis found a more specific one
+            generic = any(w in str(unsplit) for w in ("does not split", "conditional inside the join", "nothing to overlap"))
+            raise NoBranch(guard if generic else str(unsplit)) from None
         block = _guarded_block(facts[guard.index].node, is_seed)
         flat = body[: guard.index] + block + body[guard.index + 1 :]
-        flat_facts = statement_facts(flat, positions, scope)
+        flat_facts = _under_guard(statement_facts(flat, positions, scope), guard, func, scope)
         try:
             return _find_side_branch(func, body, flat_facts, positions, is_seed, anchors, phase_anchors, guard, scope, protect)
         except NoBranch as split:
@@ -152,13 +170,195 @@ def find_side_branch(
             raise unsplit from None
 
 
+def _conjuncts(condition: str) -> list[str]:
+    """The parts of `a and b and c`, each written without outer parentheses."""
+    parts: list[str] = []
+
+    def walk(expr: cst.BaseExpression) -> None:
+        if isinstance(expr, cst.BooleanOperation) and isinstance(expr.operator, cst.And):
+            walk(expr.left)
+            walk(expr.right)
+        else:
+            parts.append(source(expr.with_changes(lpar=[], rpar=[])) if hasattr(expr, "lpar") else source(expr))
+
+    walk(cst.parse_expression(condition))
+    return parts
+
+
+def _under_guard(facts: list[StatementFacts], guard: Guard, func: cst.FunctionDef, scope: Scope) -> list[StatementFacts]:
+    """The flattened facts as they are when the guard holds, which is the only time the side work
+    runs: a binding before the `if` that tests the same invariant condition
+    (`identity = h.clone() if self.shared_experts is not None else h`, SGLang's sarvam_moe.py)
+    binds the branch that condition picks, so `identity` aliases only what `h.clone()` does.
+    Only when the test reads nothing the function changes between that binding and the `if`."""
+    wanted = _conjuncts(guard.condition)
+    params = {p.name.value for p in (*func.params.params, *func.params.kwonly_params, *func.params.posonly_params)}
+    local_names = params | {name for f in facts for name in f.stores}
+    out = list(facts)
+    for f in facts[: guard.index]:
+        node = f.node
+        if not (isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1 and isinstance(node.body[0], cst.Assign)):
+            continue
+        assign = node.body[0]
+        value = assign.value
+        if not isinstance(value, cst.IfExp) or len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name):
+            continue
+        test = value.test.with_changes(lpar=[], rpar=[]) if hasattr(value.test, "lpar") else value.test
+        if source(test) in wanted:
+            taken = value.body
+        elif negate(test) in wanted:
+            taken = value.orelse
+        else:
+            continue
+        problem, locals_read = invariance_problem(test, func, facts, local_names)
+        if problem or any((g.stores | g.mutates) & locals_read for g in facts[f.index : guard.index]):
+            continue
+        specialized = node_facts(assign.with_changes(value=taken), scope)
+        out[f.index] = dataclasses.replace(f, links=set(specialized.links))
+    return out
+
+
+def _every_branch_calls(
+    node: cst.If, is_seed: SeedPredicate, func: cst.FunctionDef, facts: list[StatementFacts], local_names: set[str]
+) -> list[cst.Call] | None:
+    """The side call of each branch, when every branch of the join's `if` (an `else:` included,
+    `elif`s followed) is one simple statement calling the very same side call once, outside any
+    conditional part of it, and every test is invariant (so it reads nothing the call could change,
+    and calls nothing): transformers' HY-V3 `if self.fp32: h = (r.float() + self.shared(x).float())...
+    else: h = r + self.shared(x)`. The call then runs exactly once on every path, as it would when
+    hoisted before the `if`. None otherwise."""
+    calls: list[cst.Call] = []
+    current: cst.BaseStatement | None = node
+    while isinstance(current, cst.If):
+        if invariance_problem(current.test, func, facts, local_names)[0] or has_seed(current.test, is_seed):
+            return None
+        blocks = [current.body]
+        orelse = current.orelse
+        if orelse is None:
+            return None  # no else: the call does not run when the tests fail
+        if isinstance(orelse, cst.If):
+            current = orelse
+        else:
+            blocks.append(orelse.body)
+            current = None
+        for block in blocks:
+            if not isinstance(block, cst.IndentedBlock) or len(block.body) != 1:
+                return None
+            stmt = block.body[0]
+            if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+                return None
+            found = _seed_calls(stmt, is_seed)
+            if len(found) != 1 or id(found[0]) in _conditional_calls(stmt):
+                return None
+            calls.append(found[0])
+    sources = {cst.Module(body=[]).code_for_node(c) for c in calls}
+    return calls if len(sources) == 1 else None
+
+
+def _alias_origin(
+    storage: Storage, facts: list[StatementFacts], name: str, group: frozenset, before: int, scope: Scope
+) -> str:
+    """', which may hold the storage of 'x' (bound at line N from <callee>, ...)': where `name`
+    came to share the side input's storage (`group`), for a refusal that names a write to it."""
+    inputs = sorted({token[1] for token in group if len(token) == 2})
+    what = f"'{inputs[0]}'" if inputs else "a side input"
+    for g in facts[: before + 1]:  # the write's own statement too (an `if` that binds and writes)
+        if name in g.stores | {t for _, t in g.links} and storage.held(name, g.index + 1) & group \
+                and not storage.held(name, g.index) & group:
+            where = f"at line {g.first_line}"
+            unseen = sorted(g.unknown_callees)
+            if not isinstance(g.node, cst.SimpleStatementLine):
+                # a compound statement: the binding inside it that takes an unseen callee's result
+                where = f"in the {type(g.node).__name__.lower()} at line {g.first_line}"
+                inner = [node_facts(line, scope) for line in _simple_lines(g.node)]
+                unseen = next((sorted(i.unknown_callees) for i in inner
+                               if name in i.stores | {t for _, t in i.links} and i.unknown_callees), [])
+            source = f" from {unseen[0]}, which may return its argument" if unseen else ""
+            return f", which may hold the storage of {what} (bound {where}{source}),"
+    return f", which may hold the storage of {what},"
+
+
+def _simple_lines(node: cst.CSTNode) -> list[cst.SimpleStatementLine]:
+    found: list[cst.SimpleStatementLine] = []
+
+    class _Lines(cst.CSTVisitor):
+        def visit_SimpleStatementLine(self, n: cst.SimpleStatementLine) -> bool:
+            found.append(n)
+            return False
+
+        def visit_FunctionDef(self, n: cst.FunctionDef) -> bool:
+            return False
+
+    node.visit(_Lines())
+    return found
+
+
+def _read_first(node: cst.BaseStatement, stored: frozenset[str] = frozenset()) -> set[str]:
+    """Names a statement reads before it stores them itself: an `if` statement by statement, each
+    branch from what was stored before the `if` (a store in one branch does not count for the other)."""
+    if not isinstance(node, cst.If):
+        return node_facts(node).loads - stored
+    found = node_facts(node.test).loads - stored
+    branches = [node.body, node.orelse.body if isinstance(node.orelse, cst.Else) else node.orelse]
+    for branch in branches:
+        if branch is None:
+            continue
+        if isinstance(branch, cst.If):
+            found |= _read_first(branch, stored)
+            continue
+        if not isinstance(branch, cst.IndentedBlock):
+            found |= node_facts(branch).loads - stored
+            continue
+        inner = set(stored)
+        for stmt in branch.body:
+            found |= _read_first(stmt, frozenset(inner))
+            inner |= node_facts(stmt).stores if not isinstance(stmt, cst.If) else set()
+    return found
+
+
+def _simple_names(node: cst.CSTNode) -> list[str]:
+    names: list[str] = []
+
+    class _Names(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            names.append(n.value)
+
+    node.visit(_Names())
+    return names
+
+
+def _super_calls(node: cst.CSTNode) -> list[str]:
+    """`super().forward(x)` -> ['super().forward']: the base class's work, main work like a submodule call."""
+    found: list[str] = []
+
+    class _Super(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            func = call.func
+            if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call) and dotted_name(func.value.func) == "super":
+                found.append(f"super().{func.attr.value}")
+
+    node.visit(_Super())
+    return found
+
+
+def _calls_super(node: cst.CSTNode) -> bool:
+    return bool(_super_calls(node))
+
+
+def _main_work(is_seed: SeedPredicate) -> Callable[[cst.CSTNode], bool]:
+    """Does a block call a submodule that is not side work (`self.experts(h)`)?"""
+    return lambda part: any(not is_seed(c) for c in node_facts(part).self_calls)
+
+
 def _guarded_block(node: cst.If, is_seed: SeedPredicate) -> list[cst.BaseStatement]:
-    found = guard_path(node, lambda part: has_seed(part, is_seed))
+    found = guard_path(node, lambda part: has_seed(part, is_seed), _main_work(is_seed))
     assert not isinstance(found, str)  # _splittable_if found the same path
     return list(found[1].body)  # type: ignore[union-attr]
 
 
-def _splittable_if(func: cst.FunctionDef, facts: list[StatementFacts], is_seed: SeedPredicate) -> Guard | str | None:
+def _splittable_if(
+    func: cst.FunctionDef, facts: list[StatementFacts], is_seed: SeedPredicate, scope: Scope | None = None
+) -> Guard | str | None:
     """The one top-level `if` holding the side calls, when its condition is invariant; a reason
     when it is there but cannot be split; None when no `if` holds them."""
     holders = [f for f in facts if isinstance(f.node, cst.If) and has_seed(f.node, is_seed)]
@@ -169,7 +369,7 @@ def _splittable_if(func: cst.FunctionDef, facts: list[StatementFacts], is_seed: 
     holder = holders[0]
     node = holder.node
     assert isinstance(node, cst.If)
-    found = guard_path(node, lambda part: has_seed(part, is_seed))
+    found = guard_path(node, lambda part: has_seed(part, is_seed), _main_work(is_seed))
     if isinstance(found, str):
         return f"line {holder.first_line}: {found}"
     path, block = found
@@ -180,7 +380,7 @@ def _splittable_if(func: cst.FunctionDef, facts: list[StatementFacts], is_seed: 
     read: set[str] = set()
     # every test on the way is evaluated again at the fork: each must be invariant
     for step, _ in path:
-        problem, locals_read = invariance_problem(step.test, func, facts, local_names)
+        problem, locals_read = invariance_problem(step.test, func, facts, local_names, scope)
         if problem:
             return (
                 f"line {holder.first_line}: the side call is inside `if {source(step.test)}`, whose condition "
@@ -202,6 +402,12 @@ def _find_side_branch(
             continue
         # `if self.shared_experts is not None: out = self.shared_experts(x)` moves as one unit,
         # as long as everything it calls is side work and it cannot leave the function.
+        if isinstance(f.node, cst.If) and f.exits:
+            leaves = "raises" if f.raises and not _returns(f.node) else "returns"
+            raise NoBranch(
+                f"line {f.first_line}: the side-branch call sits inside `if {source(f.node.test)}`, which "
+                f"{leaves} from the function; msrewrite does not split an `if` that leaves the function"
+            )
         if not isinstance(f.node, cst.If) or f.exits or not (
             all(is_seed(c) for c in f.self_calls) or _side_only_if(f, func, facts)
         ):
@@ -233,6 +439,9 @@ def _find_side_branch(
     depends_on_main: dict[int, bool] = {}
     for f in facts:
         dep = f.index not in seed_idx and bool(f.self_calls)
+        # a seed statement that returns, or also runs the base class's work (`return
+        # self.shared_experts(x) + super().forward(x)`), is a join: its side call is hoisted
+        dep = dep or (f.index in seed_idx and (f.exits or _calls_super(f.node)))
         loads = _outer_loads(f.node, is_seed) if f.index in seed_idx else f.loads
         for name in loads:
             d = last_writer(name, f.index)
@@ -323,12 +532,33 @@ def _find_side_branch(
     hoists: list[Hoist] = []
     taken = function_names(func)
     join_fact = facts[join]
-    if join_fact in impure and not isinstance(join_fact.node, cst.SimpleStatementLine):
+    params = {p.name.value for p in (*func.params.params, *func.params.kwonly_params, *func.params.posonly_params)}
+    local_names = params | {name for f in facts for name in f.stores}
+    every_branch = (
+        _every_branch_calls(join_fact.node, is_seed, func, facts, local_names)
+        if join_fact in impure and isinstance(join_fact.node, cst.If) else None
+    )
+    if join_fact in impure and not isinstance(join_fact.node, cst.SimpleStatementLine) and every_branch is None:
         raise NoBranch(
             f"line {join_fact.first_line}: the side call is conditional inside the join "
             f"({type(join_fact.node).__name__}); hoisting it would run it unconditionally"
         )
-    if join_fact in impure:
+    if every_branch is not None:
+        # the same call in every branch of an `if` runs on every path: hoisted once, before the `if`
+        call = every_branch[0]
+        where = positions[call]
+        hoists.append(
+            Hoist(
+                call=call,
+                temp=_temp_name(dotted_name(call.func) or "side", taken),
+                source=cst.Module(body=[]).code_for_node(call),
+                first_line=where.start.line,
+                last_line=where.end.line,
+                also=tuple(every_branch[1:]),
+            )
+        )
+        outputs.extend(h.temp for h in hoists)
+    elif join_fact in impure:
         for call in _seed_calls(join_fact.node, is_seed):
             if id(call) in _conditional_calls(join_fact.node):
                 raise NoBranch(
@@ -350,11 +580,12 @@ def _find_side_branch(
     # Inputs: names the side reads that it does not define itself first.
     inputs: list[str] = []
     defined: set[str] = set()
-    units: list[tuple[int, set[str], set[str]]] = [(f.index, f.loads, f.stores) for f in whole]
+    # a side `if` reads, as inputs, only what it does not store first itself (in order, per branch)
+    units: list[tuple[int, set[str], set[str]]] = [
+        (f.index, _read_first(f.node) if isinstance(f.node, cst.If) else f.loads, f.stores) for f in whole
+    ]
     hoist_facts = [node_facts(h.call, scope) for h in hoists]
     units += [(join, hf.loads, {h.temp}) for h, hf in zip(hoists, hoist_facts)]
-    params = {p.name.value for p in (*func.params.params, *func.params.kwonly_params, *func.params.posonly_params)}
-    local_names = params | {name for f in facts for name in f.stores}
     for _, loads, stores in units:
         for name in sorted((loads & local_names) - defined):  # globals, builtins and None are no inputs
             if name not in inputs:
@@ -370,6 +601,12 @@ def _find_side_branch(
             if d is None:
                 continue
             fork = max(fork, d + 1)  # after the input exists, even when the main path made it
+    # An early exit before the side work (`if x.shape[0] == 0: return x`): the original never
+    # runs the side work on that path, so the fork comes after it, never before.
+    first_side = min([*side_idx, *([join] if hoists else [])])
+    for f in facts[fork:first_side]:
+        if f.exits and f.index not in side_idx:
+            fork = f.index + 1
     if guard is not None:
         # the guarded fork evaluates the `if`'s condition: after every local it reads exists
         for name in guard.locals_read:
@@ -390,12 +627,15 @@ def _find_side_branch(
             groups[name] = groups.get(name, frozenset()) | storage.held(name, index)
     # The side reads an input after every main-path write to it that came first in the original
     # order (in place, through an alias, or by a callee msrewrite cannot see into): fork after those.
+    pushed_by: tuple[int, str, str] | None = None  # (statement, name written, the side input) that holds the fork back
     for index, loads, _ in units:
-        for name in loads & set(groups):
+        for name in sorted(loads & set(groups)):
             mine = storage.held(name, index)
             for g in facts[:index]:
-                if g.index not in side_idx and _writes(storage, g, mine):
-                    fork = max(fork, g.index + 1)
+                if g.index not in side_idx and _writes(storage, g, mine) and g.index + 1 > fork:
+                    fork = g.index + 1
+                    hit = storage.written(g, g.index, mine) + storage.maybe_written(g, g.index, mine)
+                    pushed_by = (g.index, sorted(hit, key=lambda n: (n != name, n))[0] if hit else name, name)
     for anchor in anchors:
         d = reaching_def(anchor, join, side_idx)
         if d is None:
@@ -434,8 +674,10 @@ def _find_side_branch(
                 continue
             if known:
                 hint = "; pass --protect clone to snapshot it at the fork" if f.index >= fork else ""
+                via = _alias_origin(storage, facts, known[0], group, f.index, scope) if known[0] != name else ""
+                via = f" ('{known[0]}' {via.removeprefix(', which ').rstrip(',')})" if via else ""
                 raise NoBranch(
-                    f"line {f.first_line} writes '{known[0]}' in place while the side stream reads it{hint}"
+                    f"line {f.first_line} writes '{known[0]}' in place while the side stream reads it{via}{hint}"
                 )
             unseen_hits.append((f.first_line, f.may_write[unseen[0]], unseen[0]))
         clash = (f.loads | f.stores) & (set(outputs) | set(side_stores))
@@ -454,21 +696,51 @@ def _find_side_branch(
         raise NoBranch(f"'{rebound_by_side[0]}' is both read and rebound by the side branch; --protect clone cannot snapshot it")
     window = [f for f in facts[fork:join] if f.index not in side_idx]
     if not any(f.has_call and f.self_calls for f in window):
-        raise NoBranch("no main-path work between the fork and the join: nothing to overlap")
+        why = ""
+        in_join = ([f"self.{c}" for c in facts[join].self_calls if not is_seed(c)] + _super_calls(facts[join].node)
+                   if join < len(facts) else [])
+        if in_join:
+            why = (f" (the main work, {', '.join(dict.fromkeys(in_join))}, is in the join statement at line "
+                   f"{facts[join].first_line} itself; msrewrite does not split it out of that statement)")
+        elif pushed_by is not None and pushed_by[0] + 1 == fork:
+            at, written, name = pushed_by
+            line = facts[at].first_line
+            if written == name:
+                why = f" (the fork waits for line {line}, which writes '{name}' before the side work reads it)"
+            else:
+                via = _alias_origin(storage, facts, name, storage.held(written, at) - {("free", written)}, at, scope)
+                why = (f" (the fork waits for line {line}, which writes '{written}' before the side work reads "
+                       f"'{name}'{via.rstrip(',')})")
+        raise NoBranch(f"no main-path work between the fork and the join: nothing to overlap{why}")
     every_input = frozenset().union(*groups.values()) if groups else frozenset()
+
+    def main_reader(name: str, at: int) -> StatementFacts | None:
+        """The first main statement between the fork and the join that reads the storage `name`
+        holds at `at`: a side write to it races with that read. A copy only the side reads
+        (`identity = h.clone()`) may be written there freely."""
+        written = storage._around(name, at) & every_input
+        main = [g for g in facts[start:join] if g.index not in side_idx]
+        return next((g for g in main if any(storage._around(n, g.index) & written for n in g.loads)), None)
+
     for f, at in [*((f, f.index) for f in whole), *((hf, join) for hf in hoist_facts)]:
         line = f.first_line or facts[join].first_line
-        bad = storage.written(f, at, every_input)
+        bad = [n for n in storage.written(f, at, every_input) if main_reader(n, at) is not None]
         if bad:
-            raise NoBranch(f"line {line}: the side branch writes its input '{bad[0]}' in place")
-        unseen = storage.maybe_written(f, at, every_input)
+            reader = main_reader(bad[0], at)
+            raise NoBranch(
+                f"line {line}: the side branch writes its input '{bad[0]}' in place, which line "
+                f"{reader.first_line} on the main path reads"
+            )
+        unseen = [n for n in storage.maybe_written(f, at, every_input) if main_reader(n, at) is not None]
         if unseen:
             callee = f.may_write[unseen[0]]
+            reader = main_reader(unseen[0], at)
             others = sorted({vouch_name(u) for u in f.unknown_callees} - {vouch_name(callee)})
             also = f" (also not seen into: {', '.join(others)})" if others else ""
             raise NoBranch(
                 f"line {line}: {callee} may write its input '{unseen[0]}', which the main path still "
-                f"reads; a snapshot cannot help here; pass --assume-pure {vouch_name(callee)} if it does not{also}"
+                f"reads (line {reader.first_line}); a snapshot cannot help here; pass --assume-pure "
+                f"{vouch_name(callee)} if it does not{also}"
             )
 
     if guard is not None:
@@ -482,14 +754,16 @@ def _find_side_branch(
         and not any(name in f.stores and _binds_constant(f.node) for f in whole)
     ]
     phases: dict[int, int] = {}
+    inner_phases: dict[int, tuple[int, ...]] = {}
     chosen_anchors: list[str] = []
     if phase_anchors is not None:
         chosen_anchors = list(phase_anchors) or derive_phase_anchors(facts, fork, join, side_idx)
-        phases = _assign_phases(facts, whole, chosen_anchors, fork, join, side_idx, reaching_def, set(inputs))
+        phases, inner_phases = _assign_phases(func, facts, whole, chosen_anchors, fork, join, side_idx, reaching_def, set(inputs))
     rng = _rng_reorder(facts, whole, hoists, start, join, side_idx, scope)
     return SideBranch(
         rng_reorder=rng,
         phases=phases,
+        inner_phases=inner_phases,
         phase_anchors=chosen_anchors,
         maybe_outputs=maybe,
         protected_inputs=protected,
@@ -567,7 +841,7 @@ def _rng_reorder(facts, whole, hoists, start: int, join: int, side_idx: set[int]
         if f.index not in side_idx:
             main.append((f.first_line, *_random_draws(f.node, scope)))
     if hoists:
-        main.append((facts[join].first_line, *_random_draws(facts[join].node, scope, tuple(h.call for h in hoists))))
+        main.append((facts[join].first_line, *_random_draws(facts[join].node, scope, tuple(c for h in hoists for c in (h.call, *h.also)))))
     main_draw = next(((line, draws) for line, draws, _ in main if draws), None)
     main_unseen = next(((line, unseen) for line, _, unseen in main if unseen), None)
     if side_draws and main_draw is not None:
@@ -724,8 +998,9 @@ def derive_phase_anchors(facts: list[StatementFacts], fork: int, join: int, side
     return anchors
 
 
-def _assign_phases(facts, whole, anchors, fork, join, side_idx, reaching_def, inputs) -> dict[int, int]:
-    """Phase of each side statement: its depth in the side branch, capped at the number of anchors.
+def _assign_phases(func, facts, whole, anchors, fork, join, side_idx, reaching_def, inputs):
+    """(phase of each side statement, the inner phases of a side `if` split over several): its
+    depth in the side branch, capped at the number of anchors.
 
     Depth 0 reads only the fork's inputs, depth d reads a depth d-1 result: projections first,
     activations next, the rest last (the SGLang / cann-recipes three-phase split).
@@ -740,19 +1015,75 @@ def _assign_phases(facts, whole, anchors, fork, join, side_idx, reaching_def, in
         if anchor_defs and d <= anchor_defs[-1]:
             raise NoBranch(f"phase anchors must come in program order ('{anchor}' is out of order)")
         anchor_defs.append(d)
-    depth: dict[int, int] = {}
+    # Units in program order: whole statements, and the statements inside a side `if` that can be
+    # split over phases (each phase issues the `if` again with its own statements only).
+    splittable = {f.index: lines for f in whole if (lines := _phase_split_lines(f, func, facts, fork, join))}
+    units: list[tuple[int, int, set[str], set[str], int]] = []  # (statement, k or -1, loads, stores, line)
     for f in sorted(whole, key=lambda f: f.index):
-        sources = [reaching_def(name, f.index, set()) for name in f.loads]
-        depth[f.index] = 1 + max((depth[d] for d in sources if d in depth), default=-1)
-    phases = {i: min(d, len(anchors)) for i, d in depth.items()}
-    for f in whole:
-        if phases[f.index] == 0:
+        if f.index in splittable:
+            for k, line in enumerate(splittable[f.index]):
+                inner = node_facts(line)
+                units.append((f.index, k, inner.loads | inner.mutates, inner.stores | inner.mutates, f.first_line))
+        else:
+            units.append((f.index, -1, f.loads | f.mutates, f.stores | f.mutates, f.first_line))
+    depth: list[int] = []
+    for u, (_, _, loads, _, _) in enumerate(units):
+        # every earlier side definition may reach it (one inside an `if` may not have run)
+        sources = [depth[v] for v in range(u) if units[v][3] & loads]
+        depth.append(1 + max(sources, default=-1))
+    phase = [min(d, len(anchors)) for d in depth]
+    # A later statement that rebinds or writes what an earlier one reads or writes never runs in
+    # an earlier phase than it (the side stream runs the phases in order, each in program order).
+    for u, (_, _, _, stores, _) in enumerate(units):
+        for v in range(u):
+            if stores & (units[v][2] | units[v][3]):
+                phase[u] = max(phase[u], phase[v])
+    for u, (i, _, loads, _, line) in enumerate(units):
+        if phase[u] == 0:
             continue
-        at = anchor_defs[phases[f.index] - 1] + 1
-        for name in f.loads & inputs:
+        at = anchor_defs[phase[u] - 1] + 1
+        for name in loads & inputs:
             if reaching_def(name, at, side_idx) != reaching_def(name, fork, side_idx):
-                raise NoBranch(f"'{name}' changes between the fork and phase {phases[f.index]} at line {f.first_line}")
-    return phases
+                raise NoBranch(f"'{name}' changes between the fork and phase {phase[u]} at line {line}")
+    phases: dict[int, int] = {}
+    inner_phases: dict[int, tuple[int, ...]] = {}
+    for u, (i, k, _, _, _) in enumerate(units):
+        phases[i] = min(phases.get(i, phase[u]), phase[u])
+        if k >= 0:
+            inner_phases[i] = (*inner_phases.get(i, ()), phase[u])
+    inner_phases = {i: p for i, p in inner_phases.items() if len(set(p)) > 1}  # one phase: the whole `if`
+    return phases, inner_phases
+
+
+def _phase_split_lines(f: StatementFacts, func: cst.FunctionDef, facts: list[StatementFacts], fork: int, join: int):
+    """The simple statements of a side `if` (in source order) when its phases may be split: `if`s
+    without `else`/`elif`, blocks of single-statement lines and such `if`s, every test invariant,
+    reading no local that anything between the fork and the join rebinds or writes (each phase
+    tests it again). None otherwise: the `if` runs whole in one phase."""
+    if not isinstance(f.node, cst.If):
+        return None
+    params = {p.name.value for p in (*func.params.params, *func.params.kwonly_params, *func.params.posonly_params)}
+    local_names = params | {name for g in facts for name in g.stores}
+    changed = {name for g in facts[fork:join] for name in g.stores | g.mutates}
+    lines: list[cst.SimpleStatementLine] = []
+
+    def walk(node: cst.If) -> bool:
+        if node.orelse is not None or not isinstance(node.body, cst.IndentedBlock):
+            return False
+        problem, read = invariance_problem(node.test, func, facts, local_names)
+        if problem or read & changed:
+            return False
+        for stmt in node.body.body:
+            if isinstance(stmt, cst.If):
+                if not walk(stmt):
+                    return False
+            elif isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+                lines.append(stmt)
+            else:
+                return False
+        return True
+
+    return lines if walk(f.node) and len(lines) > 1 else None
 
 
 def _writes(storage: Storage, f: StatementFacts, tokens: frozenset) -> bool:
@@ -806,12 +1137,21 @@ def _check_join_statement(join_fact, hoists, hoist_facts, storage: Storage, is_s
             return cst.Name("_ms_side_call") if id(original) in seeds else updated
 
     stripped = node.visit(_Strip())
-    # calls taking the side call's result as an argument run after it: their own writes do not count
+    # calls that run after the side call(s) in Python's left-to-right order (they start after the
+    # last one, as `super().forward(x)` in `self.shared(x) + super().forward(x)`), and calls taking
+    # a side result as an argument: their own writes do not count. A call left of the side call,
+    # an assignment target's included (evaluated after the value), counts: conservative.
     after: set[int] = set()
+    seen = 0
+    total = len([n for n in _simple_names(stripped) if n == "_ms_side_call"])
 
     class _After(cst.CSTVisitor):
+        def visit_Name(self, name: cst.Name) -> None:
+            nonlocal seen
+            seen += name.value == "_ms_side_call"
+
         def visit_Call(self, call: cst.Call) -> None:
-            if any("_ms_side_call" in expression_loads(a.value) for a in call.args):
+            if seen >= total or any("_ms_side_call" in expression_loads(a.value) for a in call.args):
                 after.add(id(call))
 
     stripped.visit(_After())

@@ -70,7 +70,9 @@ class Guard:
 GuardStep = tuple[cst.If, bool]
 
 
-def guard_path(node: cst.If, holds: Callable[[cst.CSTNode], bool]) -> tuple[list[GuardStep], cst.BaseSuite] | str:
+def guard_path(
+    node: cst.If, holds: Callable[[cst.CSTNode], bool], main_work: Callable[[cst.CSTNode], bool] | None = None
+) -> tuple[list[GuardStep], cst.BaseSuite] | str:
     """The steps from the top-level `if` `node` to the one block that holds the side work
     (`holds`), through `elif`s and through an `if` that is the only statement of its block:
 
@@ -78,6 +80,11 @@ def guard_path(node: cst.If, holds: Callable[[cst.CSTNode], bool]) -> tuple[list
             if b:                 ...
                 <side>        elif b:             -> [(if a, True), (if b, False)], `not a and b`
                                   <side>
+
+    When both branches of one `if` hold side work and `main_work` says only one of them also
+    holds main work (`if self.has_experts: moe = self.experts(h); h = moe + self.shared(h)`
+    / `else: h = self.shared(h)`), the path goes into that one: the other branch has nothing to
+    overlap, and it stays as it is (under the split condition it does not run).
 
     A reason (str) when no single block holds it: both branches of one `if`, or its condition."""
     path: list[GuardStep] = []
@@ -89,10 +96,14 @@ def guard_path(node: cst.If, holds: Callable[[cst.CSTNode], bool]) -> tuple[list
         orelse = current.orelse
         in_orelse = orelse is not None and holds(orelse)
         if in_body and in_orelse:
-            return (
-                f"both branches of `if {source(current.test)}` call the side branch; "
-                "msrewrite does not merge them into one fork"
-            )
+            busy = [main_work(current.body), main_work(orelse)] if main_work is not None else [True, True]
+            if busy[0] == busy[1]:
+                why = "and both also do main work" if busy[0] else "and neither does main work to overlap"
+                return (
+                    f"both branches of `if {source(current.test)}` call the side branch {why}; "
+                    "msrewrite does not merge them into one fork"
+                )
+            in_body, in_orelse = busy[0], busy[1]
         if in_orelse and isinstance(orelse, cst.If):  # elif
             path.append((current, True))
             current = orelse
@@ -250,7 +261,8 @@ def global_names(module_or_func: cst.CSTNode) -> set[str]:
 class _Checker:
     """Walks a condition; `problem` is the first reason it is not provably invariant."""
 
-    def __init__(self, func: cst.FunctionDef, facts: list[StatementFacts], locals_: set[str]) -> None:
+    def __init__(self, func: cst.FunctionDef, facts: list[StatementFacts], locals_: set[str], scope=None) -> None:
+        self.scope = scope  # resolves a called function, so a refusal can say what it reaches
         self.self_writes = assigned_self_attrs(func)
         self.globals = global_names(func)
         self.facts = facts
@@ -352,7 +364,20 @@ class _Checker:
             if name == "len" and call.args:
                 return self._shape_of(call.args[0].value)
             return next((p for p in (self.check(a.value) for a in call.args) if p), None)
-        return f"calls `{source(func)}`, which msrewrite cannot see into"
+        return f"calls `{source(func)}`, which msrewrite cannot see into{self._reaches(call)}"
+
+    def _reaches(self, call: cst.Call) -> str:
+        """' (it reaches forward_mode.is_idle, not visible to msrewrite)': why a function the summaries
+        read is still not proof, when they did read it."""
+        if self.scope is None or self.scope.resolver is None:
+            return ""
+        effect = self.scope.effect_of(call)
+        deeper = [u for u in effect.unknown if not u.startswith(source(call.func) + " (")]
+        if deeper:
+            return f" as a condition (it reaches {deeper[0].split(' -> ')[-1]})"
+        if effect.writes or effect.may_writes:
+            return " as a condition (it writes its arguments)"
+        return " as a condition (a call is not proven to give the same answer at the fork)"
 
     def _identity_test(self, expr: cst.Comparison) -> bool:
         """`NAME is None` / `NAME is not None` on a local: identity does not depend on tensor data."""
@@ -389,9 +414,10 @@ def _assigned_value(stmt: cst.BaseStatement, name: str) -> cst.BaseExpression | 
 
 
 def invariance_problem(
-    test: cst.BaseExpression, func: cst.FunctionDef, facts: list[StatementFacts], locals_: set[str]
+    test: cst.BaseExpression, func: cst.FunctionDef, facts: list[StatementFacts], locals_: set[str], scope=None
 ) -> tuple[str | None, frozenset[str]]:
-    """(why `test` may change during the window, or None; the locals it reads)."""
-    checker = _Checker(func, facts, locals_)
+    """(why `test` may change during the window, or None; the locals it reads). `scope` (optional)
+    only makes a refusal say what a called function reaches."""
+    checker = _Checker(func, facts, locals_, scope)
     problem = checker.check(test)
     return problem, frozenset(checker.locals_read)

@@ -114,6 +114,7 @@ class SourceIndex:
     imports: dict[str, tuple[int, str, str]]  # local name -> (dots, module, name)
     module_imports: dict[str, str]  # `import a.b as m`: m -> a.b; `import a.b`: a -> a
     patched: dict[str, str]  # function -> the class it is assigned to (Cls.forward = fn)
+    star_imports: list[tuple[int, str]] = field(default_factory=list)  # `from <dots><module> import *`
 
     parsed: dict = field(default_factory=dict)  # name -> its libcst node (None: does not parse alone)
 
@@ -178,6 +179,8 @@ def _index(text: str) -> SourceIndex:
                 for alias in stmt.names:
                     if alias.name != "*":
                         index.imports[alias.asname or alias.name] = (stmt.level, stmt.module or "", alias.name)
+                    else:
+                        index.star_imports.append((stmt.level, stmt.module or ""))
             elif isinstance(stmt, ast.Import):
                 for alias in stmt.names:
                     if alias.asname:

@@ -92,6 +92,7 @@ class ModuleSummaries:
         self.depth = _depth  # import hops from the user's file
         self.package = _package  # read from an installed package: its callees count only if proven
         self.patched: dict[str, str] = {}  # free function -> the class it is assigned to (Cls.forward = fn)
+        self.star_imports: list[tuple[int, str]] = []  # `from <dots><module> import *`, in order
         self._reading = _reading if _reading is not None else _Reading()
         for stmt in _top_level(module.body):
             if isinstance(stmt, cst.ClassDef):
@@ -100,7 +101,10 @@ class ModuleSummaries:
                 self.functions[stmt.name.value] = stmt
             elif isinstance(stmt, cst.SimpleStatementLine):
                 for small in stmt.body:
-                    if isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+                    if isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar):
+                        source = dotted_name(small.module) if small.module is not None else ""
+                        self.star_imports.append((len(small.relative), source or ""))
+                    elif isinstance(small, cst.ImportFrom):
                         source = dotted_name(small.module) if small.module is not None else ""
                         for alias in small.names:
                             local = alias.asname.name.value if alias.asname else alias.name.value
@@ -149,6 +153,15 @@ class ModuleSummaries:
                 return None
             return other._find_def(leaf, kind, seen) if other is not None else None
         if name not in self.imports:
+            # `from pkg.common import *` (SGLang's sglang/srt/utils/__init__.py): a public name
+            # the starred module defines or imports itself
+            if name.startswith("_"):
+                return None
+            for dots, source in self.star_imports:
+                other = self._module(dots, source)
+                found = other._find_def(name, kind, seen) if other is not None else None
+                if found is not None:
+                    return found
             return None
         dots, source, original = self.imports[name]
         other = self._module(dots, source)
@@ -196,6 +209,7 @@ class ModuleSummaries:
         other.classes = _LazyDefinitions(index, index.classes, "class")  # type: ignore[assignment]
         other.functions = _LazyDefinitions(index, index.functions, "def")  # type: ignore[assignment]
         other.imports, other.module_imports, other.patched = dict(index.imports), dict(index.module_imports), dict(index.patched)
+        other.star_imports = list(index.star_imports)
         other.assumed = self.assumed  # names vouched for anywhere count as used
         loaded[file] = other
         return other
@@ -725,7 +739,8 @@ def _self_path(func: cst.BaseExpression) -> str | None:
 
 
 def _short(node: cst.CSTNode) -> str:
-    text = cst.Module(body=[]).code_for_node(node)
+    """The node's code on one line (a call written over several lines too), at most 40 characters."""
+    text = " ".join(cst.Module(body=[]).code_for_node(node).split())
     return text if len(text) <= 40 else text[:37] + "..."
 
 

@@ -343,7 +343,9 @@ def _find_index(spans, line: int, what: str, plan: OverlapPlan) -> int:
     raise BadInput(f"stale plan for {plan.function}: no statement starts at line {line} ({what})")
 
 
-def _find_call(node: cst.CSTNode, source: str, positions) -> cst.Call | None:
+def _hoisted_calls(join: cst.BaseStatement, source: str) -> list[cst.Call]:
+    """The call a hoist names in the join statement: the one occurrence, or, in an `if` whose every
+    branch (an `else:` included) is one statement holding it once, the occurrence in each branch."""
     found: list[cst.Call] = []
 
     class _Calls(cst.CSTVisitor):
@@ -351,8 +353,117 @@ def _find_call(node: cst.CSTNode, source: str, positions) -> cst.Call | None:
             if code_of(call) == source:
                 found.append(call)
 
-    node.visit(_Calls())
-    return found[0] if len(found) == 1 else None
+    join.visit(_Calls())
+    if len(found) <= 1 or not isinstance(join, cst.If):
+        return found if len(found) == 1 else []
+    branches: list[cst.BaseSuite] = []
+    current = join
+    while True:
+        branches.append(current.body)
+        if current.orelse is None:
+            return []  # no else: on that path the call never ran
+        if not isinstance(current.orelse, cst.If):
+            branches.append(current.orelse.body)
+            break
+        current = current.orelse
+    per_branch = []
+    for block in branches:
+        inside = [c for c in found if _contains(block, c)]
+        if len(inside) != 1 or not isinstance(block, cst.IndentedBlock) or len(block.body) != 1:
+            return []
+        per_branch += inside
+    return per_branch if len(per_branch) == len(found) else []
+
+
+def _split_by_phase(node: cst.BaseStatement, phases: tuple[int, ...]) -> dict[int, cst.BaseStatement] | None:
+    """A side `if` (no `else`) split by the phase of each simple statement in it (source order):
+    phase -> the same `if` holding only that phase's statements (nested `if`s kept where they
+    still hold one). None when the `if` does not have exactly that many simple statements."""
+    if not isinstance(node, cst.If):
+        return None
+    count = 0
+
+    def lines(n: cst.If) -> int | None:
+        total = 0
+        if n.orelse is not None or not isinstance(n.body, cst.IndentedBlock):
+            return None
+        for stmt in n.body.body:
+            if isinstance(stmt, cst.If):
+                inner = lines(stmt)
+                if inner is None:
+                    return None
+                total += inner
+            elif isinstance(stmt, cst.SimpleStatementLine):
+                total += 1
+            else:
+                return None
+        return total
+
+    count = lines(node) or 0
+    if count != len(phases):
+        return None
+
+    def part(n: cst.If, wanted: int, at: list[int]) -> cst.If | None:
+        kept: list[cst.BaseStatement] = []
+        for stmt in n.body.body:  # type: ignore[union-attr]
+            if isinstance(stmt, cst.If):
+                inner = part(stmt, wanted, at)
+                if inner is not None:
+                    kept.append(inner)
+            else:
+                if phases[at[0]] == wanted:
+                    kept.append(stmt)
+                at[0] += 1
+        if not kept:
+            return None
+        kept[0] = kept[0].with_changes(leading_lines=[]) if kept[0] is not n.body.body[0] else kept[0]  # type: ignore[union-attr]
+        return n.with_changes(body=n.body.with_changes(body=kept))  # type: ignore[union-attr]
+
+    out: dict[int, cst.BaseStatement] = {}
+    for wanted in sorted(set(phases)):
+        found = part(node, wanted, [0])
+        if found is not None:
+            out[wanted] = found
+    return out
+
+
+def _bound_on_every_path(node: cst.BaseStatement) -> set[str]:
+    """Names a side statement binds to a computed value whenever it runs (an `if` binds on some
+    paths only; `shared = None` binds no tensor)."""
+    from msrewrite.analyze.defuse import node_facts
+
+    if isinstance(node, cst.BaseCompoundStatement):
+        return set()
+    if isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1 and isinstance(node.body[0], cst.Assign):
+        value = node.body[0].value
+        if isinstance(value, (cst.Integer, cst.Float, cst.SimpleString)) or (
+                isinstance(value, cst.Name) and value.value in ("None", "True", "False")):
+            return set()
+    return node_facts(node).stores
+
+
+class _ReplaceCalls(cst.CSTTransformer):
+    """Calls (by identity in the original tree) -> the names of their hoisted results."""
+
+    def __init__(self, names: dict[int, str]) -> None:
+        self.names = names
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        name = self.names.get(id(original))
+        return cst.Name(name) if name is not None else updated
+
+
+def _contains(node: cst.CSTNode, target: cst.CSTNode) -> bool:
+    hit = False
+
+    class _Find(cst.CSTVisitor):
+        def on_visit(self, n: cst.CSTNode) -> bool:
+            nonlocal hit
+            hit = hit or n is target
+            return not hit
+
+    node.visit(_Find())
+    return hit
 
 
 def _init_info(cls: cst.ClassDef | None, flag_names: tuple[str, ...]):
@@ -469,18 +580,22 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan, text: str | None
 
     whole: list[int] = []
     hoists: list[tuple[cst.Call, str]] = []
+    also_hoisted: list[tuple[cst.Call, str]] = []  # the same call in the other branches of the join's `if`
+    inner_split: dict[int, dict[int, cst.BaseStatement]] = {}  # a side `if` split over phases: phase -> its part
     phase_of: dict[int, int] = {}  # body index (or -1 - hoist number) -> phase
     for side in plan.side:
         if side.phase > len(plan.phase_anchors):
             raise BadInput(f"plan for {plan.function}: phase {side.phase} has no anchor")
         if side.hoist:
-            call = _find_call(body[join], side.source, positions) if join < len(body) else None
-            if call is None:
+            calls = _hoisted_calls(body[join], side.source) if join < len(body) else []
+            if not calls:
                 raise BadInput(
                     f"stale plan for {plan.function}: the join statement at line {plan.join_line} "
-                    f"does not contain {side.source!r} exactly once"
+                    f"does not contain {side.source!r} exactly once (or once in each branch of its `if`)"
                 )
+            call = calls[0]
             hoists.append((call, side.hoist))
+            also_hoisted += [(other, side.hoist) for other in calls[1:]]
             phase_of[-len(hoists)] = side.phase
         else:
             i = _find_index(spans, side.first_line, "side statement", plan)
@@ -490,6 +605,16 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan, text: str | None
                 )
             whole.append(i)
             phase_of[i] = side.phase
+            if side.inner_phases:
+                if not plan.phase_anchors or max(side.inner_phases) > len(plan.phase_anchors):
+                    raise BadInput(f"plan for {plan.function}: line {side.first_line}: inner phases without their anchors")
+                split = _split_by_phase(body[i], side.inner_phases)
+                if split is None:
+                    raise BadInput(
+                        f"stale plan for {plan.function}: the `if` at line {side.first_line} does not hold "
+                        f"{len(side.inner_phases)} statements to split into phases"
+                    )
+                inner_split[i] = split
 
     switch = flag_attribute(plan.flag.name) if plan.flag.kind in ("env", "sglang") else plan.flag.name
     roots = frameworks.imported_roots(module)
@@ -587,7 +712,11 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan, text: str | None
     ]
     phase_nodes: dict[int, list[cst.BaseStatement]] = {}
     for i in whole:
-        phase_nodes.setdefault(phase_of[i], []).append(strip_leading(body[i]))
+        if i in inner_split:
+            for p, part in sorted(inner_split[i].items()):
+                phase_nodes.setdefault(p, []).append(strip_leading(part))
+        else:
+            phase_nodes.setdefault(phase_of[i], []).append(strip_leading(body[i]))
     for k, assign in enumerate(hoist_assigns, start=1):
         phase_nodes.setdefault(phase_of[-k], []).append(assign)
     for old, new in snapshots.items():
@@ -673,8 +802,8 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan, text: str | None
     join_cond = conjoin(em.on_cond, join_guard) if join_guard else em.on_cond
     join_block = _if_block(join_cond, join_on, em.off_cond, join_off) if (join_on or join_off) else []
     join_stmt = body[join] if join < len(body) else cst.SimpleStatementLine(body=[cst.Pass()])
-    for call, temp in hoists:
-        join_stmt = join_stmt.deep_replace(call, cst.Name(temp))  # type: ignore[assignment]
+    if hoists:  # every hoisted call in one pass (a deep_replace rebuilds the tree, losing the others)
+        join_stmt = join_stmt.visit(_ReplaceCalls({id(call): temp for call, temp in [*hoists, *also_hoisted]}))
     if join_block:
         if join_run:
             lead = list(body[join_run[0]].leading_lines)
@@ -770,10 +899,10 @@ def _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what, gua
     facts = statement_facts(body, positions)
     blocks: dict[int, list[cst.BaseStatement]] = {}
     issued: dict[int, tuple[cst.BaseStatement, ...]] = {}
-    earlier: set[str] = set()  # names the side stream defined in earlier phases
+    earlier: set[str] = set()  # names the side stream defined in earlier phases, on every path
     for nodes in [phase_nodes.get(0, [])]:
         for node in nodes:
-            earlier |= node_facts(node).stores
+            earlier |= _bound_on_every_path(node)
     for p, anchor in enumerate(plan.phase_anchors, start=1):
         at = next((f.index for f in reversed(facts[:join]) if anchor in f.stores), None)
         if at is None:
@@ -783,8 +912,11 @@ def _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what, gua
             continue
         inner = list(nodes)
         if em.phase_gate:
+            # the gated tensor must be bound wherever the phase runs: one an earlier phase bound on
+            # every path (not inside a side `if`), else a side input (bound before the fork)
             loads = [n for node in nodes for n in sorted(node_facts(node).loads)]
-            tensor = next((n for n in loads if n in earlier), loads[0] if loads else None)
+            inputs = [n for n in loads if n in plan.side_inputs]
+            tensor = next((n for n in loads if n in earlier), inputs[0] if inputs else None)
             if tensor is not None:
                 side_name = tensor if tensor in earlier else _unique(f"{tensor}_phase{p}", taken)
                 if side_name != tensor:
@@ -792,7 +924,7 @@ def _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what, gua
                 gate = em.phase_gate.format(side=side_name, tensor=tensor, anchor=anchor)
                 inner = [*_parse_block([gate]), *inner]
         for node in nodes:
-            earlier |= node_facts(node).stores
+            earlier |= _bound_on_every_path(node)
         with_stmt = (
         _splice(_parse_block([em.with_open, "    __ms_side__"]), {"__ms_side__": inner}) if em.with_open else inner
     )

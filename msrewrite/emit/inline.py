@@ -35,6 +35,7 @@ _OP_NAMES = {
 @dataclass
 class _Namer:
     taken: set[str]
+    keeps_underscore: bool = False  # the function never names `_`: an inlined `x, _ = ...` may bind it
 
     def __call__(self, hint: str, suffix: str = "_out") -> str:
         base = f"{hint}{suffix}"
@@ -113,10 +114,11 @@ def flatten(
 
 
 class _Rebase(cst.CSTTransformer):
-    """Inside an inlined forward: self -> self.<sub>, parameters -> arguments, locals -> fresh names."""
+    """Inside an inlined forward: self -> self.<sub>, parameters -> arguments, locals -> fresh names,
+    parameters left to their defaults -> those constants (`values`)."""
 
-    def __init__(self, sub: str | None, renames: dict[str, str]) -> None:
-        self.sub, self.renames = sub, renames
+    def __init__(self, sub: str | None, renames: dict[str, str], values: dict[str, cst.BaseExpression] | None = None) -> None:
+        self.sub, self.renames, self.values = sub, renames, values or {}
 
     def leave_Attribute(self, original, updated):
         updated = updated.with_changes(attr=original.attr)  # a field name, never a local
@@ -128,7 +130,42 @@ class _Rebase(cst.CSTTransformer):
         return updated.with_changes(keyword=original.keyword)
 
     def leave_Name(self, original, updated):
+        if updated.value in self.values:
+            return self.values[updated.value]
         return updated.with_changes(value=self.renames[updated.value]) if updated.value in self.renames else updated
+
+    def leave_BooleanOperation(self, original, updated):
+        """`False or False` (two defaults) -> `False`: constants folded where a default made them."""
+        left, right = (_literal_bool(updated.left), _literal_bool(updated.right))
+        if left is None or right is None:
+            return updated
+        value = (left or right) if isinstance(updated.operator, cst.Or) else (left and right)
+        return cst.Name("True" if value else "False")
+
+
+def _literal_bool(node: cst.BaseExpression) -> bool | None:
+    if isinstance(node, cst.Name) and node.value in ("True", "False") and not node.lpar:
+        return node.value == "True"
+    return None
+
+
+def _constant(node: cst.BaseExpression | None) -> bool:
+    """A default the inliner may write in place of its parameter: a literal."""
+    if isinstance(node, cst.Name):
+        return node.value in ("True", "False", "None")
+    return isinstance(node, (cst.Integer, cst.Float, cst.SimpleString))
+
+
+def _bind_params(call: cst.Call, params: list[cst.Param]) -> tuple[list[tuple[cst.Param, cst.Arg]], list[cst.Param]] | None:
+    """(parameters given positionally with their arguments, the rest left to constant defaults), or
+    None when the call passes keywords, stars, too many arguments, or leaves out one without a
+    constant default."""
+    if any(a.keyword is not None or a.star for a in call.args) or len(call.args) > len(params):
+        return None
+    rest = params[len(call.args):]
+    if any(not _constant(p.default) for p in rest):
+        return None
+    return list(zip(params, call.args)), rest
 
 
 def _submodule_classes(cls: cst.ClassDef) -> dict[str, str]:
@@ -192,9 +229,11 @@ def _inline_call(
 ) -> cst.BaseExpression | None:
     """The statements of `forward` for `call` appended to `out`, its result returned; `sub` is the
     submodule `self` stands for inside it (None: a method of the caller's own class)."""
-    params = [p.name.value for p in forward.params.params][1:]
-    if len(call.args) != len(params) or any(a.keyword is not None or a.star for a in call.args):
+    bound = _bind_params(call, list(forward.params.params)[1:])
+    if bound is None:
         return None
+    given, defaulted = bound
+    params = [p.name.value for p in forward.params.params][1:]
     body = list(forward.body.body)  # type: ignore[union-attr]
     body = _fold_named_return(body)
     prefix = f"{sub}_" if sub else ""
@@ -202,17 +241,50 @@ def _inline_call(
     for stmt in body[:-1]:
         stored |= node_facts(stmt).stores
     renames: dict[str, str] = {}
-    for param, arg in zip(params, call.args):
+    values: dict[str, cst.BaseExpression] = {}
+    sequential = _sequential(body[:-1])
+    for param_node, arg in given:
+        param = param_node.name.value
         value = flatten(arg.value, namer, out, True)
-        if isinstance(value, cst.Name) and param not in stored:
+        if isinstance(value, cst.Name) and (param not in stored or sequential):
             renames[param] = value.value
         else:  # the forward reassigns its parameter: never rebind the caller's variable
             renames[param] = namer(f"{prefix}{param}", suffix="")
             out.append(_assign(renames[param], value))
+    for param_node in defaulted:  # left to its default: the constant itself, or a local holding it
+        param = param_node.name.value
+        if param in stored:
+            renames[param] = namer(f"{prefix}{param}", suffix="")
+            out.append(_assign(renames[param], param_node.default))  # type: ignore[arg-type]
+        else:
+            values[param] = param_node.default  # type: ignore[assignment]
+    if _sequential(body[:-1]):
+        # one name per binding, in order: a parameter the forward rebinds reads the caller's
+        # argument until then (`x = self.act_fn(gate_up)` -> `shared_expert_x = ...`), no copy first
+        current = {p.name.value: (renames.get(p.name.value) or p.name.value) for p, _ in given}
+        consts = {k: v for k, v in values.items()}
+        for param_node in defaulted:
+            if param_node.name.value in renames:
+                current[param_node.name.value] = renames[param_node.name.value]
+        for stmt in body[:-1]:
+            small = stmt.body[0]  # type: ignore[union-attr]
+            value = small.value.visit(_Rebase(sub, current, consts))
+            value = flatten(value, namer, out, False, inline)
+            for name in sorted(node_facts(stmt).stores):
+                consts.pop(name, None)
+                if name == "_":  # a discarded value: `_` itself when the function never binds or reads it
+                    current[name] = "_" if namer.keeps_underscore else namer(f"_{prefix}unused", suffix="")
+                else:
+                    current[name] = namer(f"{prefix}{name}", suffix="")
+            target = small.targets[0].target.visit(_Rebase(sub, current, {}))
+            out.append(cst.SimpleStatementLine(body=[small.with_changes(
+                targets=[small.targets[0].with_changes(target=target)], value=_bare(value))]))
+        result = body[-1].body[0].value.visit(_Rebase(sub, current, consts))  # type: ignore[union-attr]
+        return flatten(result, namer, out, False, inline)
     local_names = function_names(forward.body) - set(params) - {"self"}
     for name in sorted(stored & local_names):
         renames[name] = namer(f"{prefix}{name}", suffix="")
-    rebase = _Rebase(sub, renames)
+    rebase = _Rebase(sub, renames, values)
     for stmt in body[:-1]:
         for small in stmt.visit(rebase).body:  # type: ignore[union-attr]
             if isinstance(small, cst.Assign) and len(small.targets) == 1:
@@ -222,6 +294,18 @@ def _inline_call(
                 out.append(cst.SimpleStatementLine(body=[small]))
     result = body[-1].body[0].value.visit(rebase)  # type: ignore[union-attr]
     return flatten(result, namer, out, False, inline)
+
+
+def _sequential(statements: list[cst.BaseStatement]) -> bool:
+    """Straight-line statements, each one plain `targets = value` (no walrus, no augmented or
+    annotated assignment): each binding can get a name of its own, in order."""
+    for stmt in statements:
+        if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
+            return False
+        small = stmt.body[0]
+        if not (isinstance(small, cst.Assign) and len(small.targets) == 1) or _has_any(stmt, (cst.NamedExpr,)):
+            return False
+    return True
 
 
 def _simple_method(cls: cst.ClassDef | None, name: str) -> cst.FunctionDef | None:
@@ -247,6 +331,128 @@ def _straight_line(item: cst.FunctionDef) -> bool:
     return not (params.kwonly_params or params.star_kwarg)
 
 
+def _structured_method(cls: cst.ClassDef | None, name: str) -> cst.FunctionDef | None:
+    """A method of `cls` made of assignments and `if`/`elif`/`else` blocks of them, ending in its
+    only `return <value>` (SGLang 0.5's `_forward_shared_experts`: `shared_output = None; if
+    self.shared_expert is not None: ...; return shared_output`); None otherwise."""
+    if cls is None or not isinstance(cls.body, cst.IndentedBlock):
+        return None
+    method = next((i for i in cls.body.body if isinstance(i, cst.FunctionDef) and i.name.value == name), None)
+    if method is None or not isinstance(method.body, cst.IndentedBlock) or method.decorators:
+        return None
+    params = method.params
+    if (params.star_arg is not cst.MaybeSentinel.DEFAULT and params.star_arg is not None) or params.kwonly_params \
+            or params.star_kwarg or params.posonly_params or not params.params or params.params[0].name.value != "self":
+        return None
+    body = _without_docstring(list(method.body.body))
+    if not body or not isinstance(body[-1], cst.SimpleStatementLine) or len(body[-1].body) != 1:
+        return None
+    last = body[-1].body[0]
+    if not isinstance(last, cst.Return) or last.value is None:
+        return None
+
+    def plain(statements) -> bool:
+        for stmt in statements:
+            if isinstance(stmt, cst.SimpleStatementLine):
+                if not all(isinstance(small, (cst.Assign, cst.AugAssign, cst.Pass)) or
+                           (isinstance(small, cst.AnnAssign) and small.value is not None) for small in stmt.body):
+                    return False
+            elif isinstance(stmt, cst.If):
+                if not _plain_if(stmt, plain):
+                    return False
+            else:
+                return False
+        return True
+
+    if not plain(body[:-1]) or _has_any(method.body, (cst.Yield, cst.Await, cst.Global, cst.Nonlocal, cst.Lambda,
+                                                         cst.FunctionDef, cst.ClassDef, cst.NamedExpr)):
+        return None
+    return method
+
+
+def _plain_if(node: cst.If, plain) -> bool:
+    if not isinstance(node.body, cst.IndentedBlock) or not plain(node.body.body):
+        return False
+    if node.orelse is None:
+        return True
+    if isinstance(node.orelse, cst.If):
+        return _plain_if(node.orelse, plain)
+    return isinstance(node.orelse.body, cst.IndentedBlock) and plain(node.orelse.body.body)
+
+
+def _has_any(node: cst.CSTNode, kinds: tuple) -> bool:
+    found = False
+
+    class _Find(cst.CSTVisitor):
+        def on_visit(self, n: cst.CSTNode) -> bool:
+            nonlocal found
+            found = found or isinstance(n, kinds)
+            return not found
+
+    node.visit(_Find())
+    return found
+
+
+def _without_docstring(body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    first = body[0] if body else None
+    if isinstance(first, cst.SimpleStatementLine) and len(first.body) == 1 and isinstance(first.body[0], cst.Expr) \
+            and isinstance(first.body[0].value, (cst.SimpleString, cst.ConcatenatedString)):
+        return body[1:]
+    return body
+
+
+def _inline_structured(
+    call: cst.Call, method: cst.FunctionDef, target: str, namer: _Namer,
+    flatten_block: Callable[[list[cst.BaseStatement]], list[cst.BaseStatement]],
+) -> list[cst.BaseStatement] | None:
+    """`target = self.helper(args)` as the statements of `helper` (a _structured_method), `self`
+    unchanged, parameters bound to the arguments, locals renamed, and the local it returns written
+    as `target` itself when nothing the helper reads is called that; every nested call and step of
+    its assignments is then flattened (`flatten_block`). None when the call does not fit."""
+    bound = _bind_params(call, list(method.params.params)[1:])
+    if bound is None:
+        return None
+    given, defaulted = bound
+    body = _without_docstring(list(method.body.body))  # type: ignore[union-attr]
+    result = body[-1].body[0].value  # type: ignore[union-attr]
+    stored: set[str] = set()
+    for stmt in body[:-1]:
+        stored |= node_facts(stmt).stores
+    params = {p.name.value for p in method.params.params[1:]}
+    out: list[cst.BaseStatement] = []
+    renames: dict[str, str] = {}
+    values: dict[str, cst.BaseExpression] = {}
+    arg_names: set[str] = set()
+    for param_node, arg in given:
+        param = param_node.name.value
+        value = flatten(arg.value, namer, out, True)
+        arg_names |= node_facts(value).loads
+        if isinstance(value, cst.Name) and param not in stored:
+            renames[param] = value.value
+        else:
+            renames[param] = namer(param, suffix="")
+            out.append(_assign(renames[param], value))
+    for param_node in defaulted:
+        param = param_node.name.value
+        if param in stored:
+            renames[param] = namer(param, suffix="")
+            out.append(_assign(renames[param], param_node.default))  # type: ignore[arg-type]
+        else:
+            values[param] = param_node.default  # type: ignore[assignment]
+    returned = result.value if isinstance(result, cst.Name) and result.value in stored - params else None
+    for name in sorted(stored - params):
+        if name == returned and target not in arg_names and target not in renames.values():
+            renames[name] = target  # the helper's result, under the name the caller gives it
+        else:
+            renames[name] = namer(name, suffix="")
+    rebase = _Rebase(None, renames, values)
+    out += flatten_block([stmt.visit(rebase) for stmt in body[:-1]])
+    final = result.visit(rebase)
+    if not (isinstance(final, cst.Name) and final.value == target):
+        out += flatten_block([_assign(target, final)])
+    return out
+
+
 def inline_and_flatten(
     module: cst.Module, cls: cst.ClassDef | None, func: cst.FunctionDef, is_seed: Callable[[str], bool]
 ) -> cst.FunctionDef:
@@ -255,7 +461,7 @@ def inline_and_flatten(
     of the same class (`self._forward_shared_experts(x)`) is inlined with `self` unchanged. Side
     statements in the block of a top-level `if` (a guarded shared expert) are flattened too."""
     subclasses = _submodule_classes(cls) if cls is not None else {}
-    namer = _Namer(function_names(func))
+    namer = _Namer(function_names(func), keeps_underscore="_" not in function_names(func))
 
     def in_block(block: cst.BaseSuite) -> cst.BaseSuite:
         if not isinstance(block, cst.IndentedBlock):
@@ -274,6 +480,24 @@ def inline_and_flatten(
             new_body += flatten_statement(stmt)
         return new_body
 
+    def flatten_inlined(statements) -> list[cst.BaseStatement]:
+        """An inlined helper's statements: assignments flattened, `if` blocks too, at any depth."""
+        new_body: list[cst.BaseStatement] = []
+        for stmt in statements:
+            if isinstance(stmt, cst.If):
+                new_body.append(flatten_inlined_if(stmt))
+            else:
+                new_body += flatten_statement(stmt)
+        return new_body
+
+    def flatten_inlined_if(node: cst.If) -> cst.If:
+        orelse = node.orelse
+        if isinstance(orelse, cst.If):
+            orelse = flatten_inlined_if(orelse)
+        elif isinstance(orelse, cst.Else):
+            orelse = orelse.with_changes(body=orelse.body.with_changes(body=flatten_inlined(orelse.body.body)))
+        return node.with_changes(body=node.body.with_changes(body=flatten_inlined(node.body.body)), orelse=orelse)
+
     def flatten_statement(stmt: cst.BaseStatement) -> list[cst.BaseStatement]:
         small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
         if not (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name)):
@@ -289,6 +513,16 @@ def inline_and_flatten(
         small.value.visit(_Seeds())
         if not seeds:
             return [stmt]
+        value = small.value
+        callee = self_callee(value.func) if isinstance(value, cst.Call) else None
+        if callee and "." not in callee and callee not in subclasses and _simple_method(cls, callee) is None:
+            # a helper with `if` blocks (`shared = None; if self.shared_expert is not None: ...`)
+            method = _structured_method(cls, callee)
+            inlined = (_inline_structured(value, method, small.targets[0].target.value, namer, flatten_inlined)  # type: ignore[union-attr]
+                       if method is not None else None)
+            if inlined:
+                inlined[0] = inlined[0].with_changes(leading_lines=stmt.leading_lines)
+                return inlined
         out: list[cst.BaseStatement] = []
 
         def inline(call: cst.Call, namer: _Namer, out: list) -> cst.BaseExpression | None:

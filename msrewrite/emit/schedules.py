@@ -207,10 +207,25 @@ def _inputs(edit: PlannedEdit, issue: _Issue, k: int, old_locals: set[str]) -> l
     if k:
         names, stored = [], set()
         for node in issue.nodes:
-            facts = node_facts(node)
-            names += sorted(facts.loads - stored - set(names))
-            stored |= facts.stores
+            names += [n for n in _read_first(node, stored) if n not in names]
     return [name for name in names if name in old_locals and name != "self"]
+
+
+def _read_first(node: cst.BaseStatement, stored: set[str]) -> list[str]:
+    """Names `node` reads before it stores them (`stored`: what the issue stored before it, updated
+    in place). Inside an `if` (a phase's part of a side `if`), statement by statement: a name its
+    block stored first is no input; one stored only inside a nested `if` may not be."""
+    if not isinstance(node, cst.If) or not isinstance(node.body, cst.IndentedBlock) or node.orelse is not None:
+        facts = node_facts(node)
+        found = sorted(facts.loads - stored)
+        stored |= facts.stores
+        return found
+    found = sorted(node_facts(node.test).loads - stored)
+    inner = set(stored)
+    for stmt in node.body.body:
+        found += [n for n in _read_first(stmt, inner) if n not in found]
+    stored |= node_facts(node).stores  # after the `if`, as a whole statement (it may not have run)
+    return found
 
 
 def _defer(with_stmt, head, early_part, later_part, tail, inputs, outputs, taken):

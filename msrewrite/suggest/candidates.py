@@ -261,6 +261,12 @@ def _candidate(
             if branch_name:
                 plan = plan.with_changes(case_branch=branch_name)
         plan = check_plan_in(info.node, info.positions, plan, derived_from=calls, scope=scope)  # as apply --plan will
+        region = _fullgraph(info, file, memo)
+        if region is not None:  # apply --plan refuses it there (emit/engine.py): never proposed
+            raise NoBranch(
+                f"{info.qualname} runs inside a torch.compile fullgraph region ({region}): stream code there "
+                "would be traced into the graph"
+            )
     except NoBranch as exc:
         if refused is not None:
             refused.append(_refusal(info, choice, tier, str(exc)))
@@ -268,6 +274,24 @@ def _candidate(
     named = case is not GENERIC
     confidence = "high" if tier == "trace" and named else ("medium" if named or tier == "trace" else "low")
     return Candidate(plan=plan, tier=tier, choice=_choice_of(info, plan), confidence=confidence)
+
+
+def _fullgraph(info: FunctionInfo, file: str, memo: dict) -> str | None:
+    """The fullgraph compile `info` runs inside (emit/frameworks.py), as apply --plan finds it."""
+    from msrewrite.emit.frameworks import fullgraph_region
+
+    _scope_of(info, file, memo)  # parses the file once into memo["module"]
+    if memo.get("module") is None:
+        return None
+    key = ("fullgraph", info.qualname)
+    if key not in memo:
+        if "text" not in memo:
+            try:
+                memo["text"] = Path(file).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                memo["text"] = None
+        memo[key] = fullgraph_region(memo["module"], info.qualname, memo["text"])
+    return memo[key]
 
 
 def _scope_of(info: FunctionInfo, file: str, memo: dict):

@@ -118,18 +118,17 @@ class Qwen2MoeSparseMoeBlock(nn.Module):
         self.enable_moe_shared_expert_stream = _ms_env_flag("ENABLE_MOE_SHARED_EXPERT_STREAM", True)
 
     def forward(self, hidden_states):
-        router_logits = self.gate(hidden_states)
-        shared_expert_x = hidden_states
         # msrewrite(moe-shared-expert-phased): the shared expert runs on side stream "shared_expert" during the routed experts.
         shared_expert_stream = _ms_side_stream("shared_expert", self.enable_moe_shared_expert_stream)
         if shared_expert_stream is not None:
             current_stream = torch.npu.current_stream()
             shared_expert_stream.wait_stream(current_stream)
             with torch.npu.stream(shared_expert_stream):
-                shared_expert_gate_up = self.shared_expert.gate_up_proj(shared_expert_x)
+                shared_expert_gate_up = self.shared_expert.gate_up_proj(hidden_states)
                 shared_expert_gate_out = self.shared_expert_gate(hidden_states)
-        else:
-            shared_expert_gate_up = self.shared_expert.gate_up_proj(shared_expert_x)
+        router_logits = self.gate(hidden_states)
+        if shared_expert_stream is None:
+            shared_expert_gate_up = self.shared_expert.gate_up_proj(hidden_states)
             shared_expert_x = self.shared_expert.act_fn(shared_expert_gate_up)
             shared_output = self.shared_expert.down_proj(shared_expert_x)
             shared_expert_gate_out = self.shared_expert_gate(hidden_states)
