@@ -16,7 +16,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from conftest import ROOT, load_file, run_cli
+from helpers import ROOT, load_file, run_cli
 from msrewrite.analyze.defuse import node_facts
 from msrewrite.emit.engine import apply_plans
 from msrewrite.load import load

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, ROOT, run_cli
+from helpers import EXAMPLES, ROOT, run_cli
 
 CASE = ("--case", "moe-shared-expert")
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 
 SAMPLE = [
     "deepseek_v3/modeling_deepseek_v3.py",
