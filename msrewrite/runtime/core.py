@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Iterator
 import torch
 
 from msrewrite.runtime.frames import is_runtime, user_frame
+from msrewrite.runtime.streams import Event, Stream
 
 if TYPE_CHECKING:
     from msrewrite.runtime.recording import OpRecord
-    from msrewrite.runtime.streams import Event, Stream
 
 DEFAULT_CORE_LIMIT = {"cube_core_num": 24, "vector_core_num": 48}
 
@@ -43,8 +43,6 @@ class RuntimeListener:
 
 class StreamRuntime:
     def __init__(self) -> None:
-        from msrewrite.runtime.streams import Stream
-
         self.listeners: list[RuntimeListener] = []
         self._side_streams = 0
         self._tag_streams: dict[str, Stream] = {}
@@ -73,8 +71,6 @@ class StreamRuntime:
 
     def tag_stream(self, tag: str) -> "Stream":
         """The one stream per torchair tag, created on first use ("default" is main)."""
-        from msrewrite.runtime.streams import Stream
-
         if tag == "default":
             return self.main
         if tag not in self._tag_streams:
@@ -112,8 +108,6 @@ class StreamRuntime:
     def aclgraph_mode(self) -> Iterator["StreamRuntime"]:
         """torchair reduce-overhead / npugraph_ex: each stream tag is a real stream; torchair orders
         the tag streams after the graph's start and the output after them, and nothing else."""
-        from msrewrite.runtime.streams import Event
-
         entry_stream = self._current
         start = Event()
         start.record(entry_stream)
@@ -177,16 +171,3 @@ class StreamRuntime:
         self._closed = True
         self.listeners.clear()
 
-
-_active: StreamRuntime | None = None
-
-
-def active_runtime() -> StreamRuntime:
-    if _active is None:
-        raise RuntimeError("msrewrite.runtime is not installed: use `with msrewrite.runtime.install():`")
-    return _active
-
-
-def set_active(runtime: StreamRuntime | None) -> None:
-    global _active
-    _active = runtime

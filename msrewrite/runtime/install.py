@@ -8,7 +8,7 @@ from typing import Iterator
 
 import torch
 
-from msrewrite.runtime import core, npu_api
+from msrewrite.runtime import active, npu_api
 from msrewrite.runtime.core import StreamRuntime
 from msrewrite.runtime.npu_api import build_npu_modules
 from msrewrite.runtime.streams import CudaStream, Event, Stream, StreamContext
@@ -47,7 +47,7 @@ def _record_stream(original, torch_npu_version: str):
     def record_stream(self: torch.Tensor, stream) -> None:
         if not isinstance(stream, Stream):
             return original(self, stream)  # the real op: rejects every stream object on CPU
-        runtime = core.active_runtime()
+        runtime = active.active_runtime()
         runtime.note_api("native", "Tensor.record_stream")
         if torch_npu_version == "2.10" and runtime.in_aclgraph:
             # torch_npu 2.10 traces it as torch.npu.fake_record_stream, lowered to
@@ -106,7 +106,7 @@ def install(graph_mode: bool = False, torchair_init_error: BaseException | None 
     ``torchair_init_error`` models a torchair that fails to initialise: ``import torchair`` still
     succeeds (torch_npu's lazy proxy), and the first attribute access raises this error.
     """
-    if core._active is not None:
+    if active.is_installed():
         raise RuntimeError("msrewrite.runtime.install() is already active; nested installs are refused")
     if "torch_npu" in sys.modules or hasattr(torch, "npu"):
         raise RuntimeError("a real torch_npu is loaded; the CPU stand-ins would shadow it")
@@ -116,10 +116,10 @@ def install(graph_mode: bool = False, torchair_init_error: BaseException | None 
         if torch_npu_version not in TORCH_NPU_VERSIONS:
             raise ValueError(f"torch_npu_version must be one of {TORCH_NPU_VERSIONS}, got {torch_npu_version!r}")
         _apply(patches, runtime, torchair_init_error, torch_npu_version)
-        core.set_active(runtime)
+        active.set_active(runtime)
         with runtime.graph_mode() if graph_mode else contextlib.nullcontext():
             yield runtime
     finally:
-        core.set_active(None)
+        active.set_active(None)
         patches.restore()
         runtime.close()

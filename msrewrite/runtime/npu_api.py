@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import types
 
-from msrewrite.runtime.core import DEFAULT_CORE_LIMIT, active_runtime
+from msrewrite.runtime.active import active_runtime
+from msrewrite.runtime.core import DEFAULT_CORE_LIMIT
 from msrewrite.runtime.streams import CudaStream, Event, Stream, StreamContext
 
 

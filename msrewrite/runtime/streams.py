@@ -7,8 +7,12 @@ and report record/wait/synchronize to the runtime's listeners.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-from msrewrite.runtime.core import StreamRuntime, active_runtime
+from msrewrite.runtime.active import active_runtime
+
+if TYPE_CHECKING:
+    from msrewrite.runtime.core import StreamRuntime
 
 
 class Stream:

@@ -17,7 +17,7 @@ import sys
 import types
 from functools import lru_cache
 
-from msrewrite.runtime.core import active_runtime
+from msrewrite.runtime.active import active_runtime
 from msrewrite.runtime.frames import location
 from msrewrite.runtime.streams import Event
 
