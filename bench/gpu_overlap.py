@@ -30,9 +30,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 FLAG = "msrewrite_overlap"  # attr flag: the block reads getattr(config, FLAG, True) in __init__
@@ -262,7 +262,7 @@ def build_blocks(model: Model, edited_path: Path, backend: Backend, experts_impl
     finally:
         torch.set_default_dtype(old_dtype)
     with torch.no_grad():
-        for name, param in original.named_parameters():
+        for param in original.parameters():
             param.normal_(0.0, 0.02)
     original.eval()
     edited.load_state_dict(original.state_dict(), assign=True)  # same storage: no second copy
@@ -271,7 +271,7 @@ def build_blocks(model: Model, edited_path: Path, backend: Backend, experts_impl
     return original, edited, config.hidden_size
 
 
-def experts_impls(tiny: bool) -> list[str]:
+def experts_impls() -> list[str]:
     import torch
 
     impls = ["eager"]
@@ -408,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         for model in [m for m in MODELS if m.key in args.models]:
             for mode in backend.modes:
                 path, function = rewrite(model, mode, Path(folder))
-                for impl in experts_impls(args.cpu_smoke):
+                for impl in experts_impls():
                     try:
                         original, edited, hidden = build_blocks(model, path, backend, impl, args.cpu_smoke)
                         for t in tokens:

@@ -236,7 +236,7 @@ def worker_static(args) -> dict:
     base = best_of(bare_all, repeat)
     tool = best_of(tool_all, repeat)
     ast_time = best_of(ast_all, repeat)
-    passes = dict(zip(files, ast_all()))
+    passes = dict(zip(files, ast_all(), strict=True))
     jobs = args.jobs
     cli_serial = best_of(cli(1), 1)
     cli_jobs = best_of(cli(jobs), 1)

@@ -213,14 +213,14 @@ def sweep_suggest(path: Path) -> dict:
                 result["rejected"].append(f"{plan.function}: crash {type(exc).__name__}: {exc}")
                 continue
             diff = out.getvalue()
-            if _git_apply_check_diff(src.text, diff, path):
+            if _git_apply_check_diff(src.text, diff):
                 result["accepted"] += 1
             else:
                 result["rejected"].append(f"{plan.function} L{plan.fork_line}-{plan.join_line}: diff does not apply")
     return result
 
 
-def _git_apply_check_diff(original: str, diff: str, path: Path) -> bool:
+def _git_apply_check_diff(original: str, diff: str) -> bool:
     # the diff names the file by its path relative to its git tree (or its own name): rename it
     lines = diff.splitlines(keepends=True)
     fixed = [
@@ -320,7 +320,7 @@ def table(records: list[dict], corpus: str) -> list[str]:
         f"/{total}; branches the finder refused (listed, not printed): {sum(x['refused_by_finder'] for x in s)}; "
         f"crashes {sum(1 for x in s if x['crash'])}"
     )
-    for x, r in zip(s, mine):
+    for x, r in zip(s, mine, strict=True):
         for line in x["rejected"][:3]:
             rows.append(f"  not accepted: {r['file']}: {line}")
         if x["crash"]:

@@ -18,6 +18,7 @@ Target: traced within 1.5x of run once; static under 1 s per file.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import subprocess
 import sys
@@ -75,7 +76,7 @@ def main() -> None:
         if opts.before:
             before = best(suggest, str(opts.before.resolve()))
             row += f"{before:>9.2f}s{before / baseline:>7.2f}x"
-        static = min(seconds(lambda: analyze(Path(path), device=device, static=True)) for _ in range(3))
+        static = min(seconds(functools.partial(analyze, Path(path), device=device, static=True)) for _ in range(3))
         print(row + f"{static:>9.2f}s  {'yes' if static < 1 else 'NO'}")
 
 

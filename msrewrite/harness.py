@@ -26,10 +26,11 @@ import sys
 import time
 import types
 import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -97,7 +98,7 @@ class Harness:
         with torch.no_grad():
             return self.module(*clone_tree(self.args), **clone_tree(self.kwargs))
 
-    def rebuild_from(self, other_module: types.ModuleType) -> "Harness":
+    def rebuild_from(self, other_module: types.ModuleType) -> Harness:
         """The same class from another loaded file, same constructor arguments, weights and inputs."""
         cls = getattr(other_module, self.target, None)
         if not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):
@@ -488,7 +489,7 @@ def _recording_inits() -> Iterator[_InitRecord]:
     """Record the arguments of nn.Module constructors via a profile hook on `__init__` calls."""
     record = _InitRecord()
 
-    def profile(frame: types.FrameType, event: str, arg: Any) -> None:
+    def profile(frame: types.FrameType, event: str, _arg: Any) -> None:
         if event != "call" or frame.f_code.co_name != "__init__":
             return
         obj = frame.f_locals.get("self")

@@ -10,6 +10,7 @@ instead of editing the wrong lines.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -65,7 +66,7 @@ class FlagSpec:
 
     @classmethod
     def parse(cls, text: str, default: bool = True, max_tokens: int | None = None,
-              gate: str | None = None) -> "FlagSpec":
+              gate: str | None = None) -> FlagSpec:
         kind, sep, name = text.partition(":")
         if not sep or kind not in FLAG_KINDS or not name:
             kinds = " or ".join(f"{k}:NAME" for k in FLAG_KINDS)
@@ -256,7 +257,7 @@ class OverlapPlan:
     def side_lines(self) -> list[list[int]]:
         return [[s.first_line, s.last_line] for s in self.side]
 
-    def with_changes(self, **changes: Any) -> "OverlapPlan":
+    def with_changes(self, **changes: Any) -> OverlapPlan:
         return dataclasses.replace(self, **changes)
 
     # JSON ------------------------------------------------------------------------------
@@ -268,7 +269,7 @@ class OverlapPlan:
         return data
 
     @classmethod
-    def from_dict(cls, data: Any) -> "OverlapPlan":
+    def from_dict(cls, data: Any) -> OverlapPlan:
         """A plan from JSON, checked field by field: ValueError lists what is wrong (one line)."""
         errors = plan_errors(data)
         if errors:
@@ -299,7 +300,7 @@ class OverlapPlan:
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
-    def from_json(cls, text: str) -> "OverlapPlan":
+    def from_json(cls, text: str) -> OverlapPlan:
         return cls.from_dict(json.loads(text))
 
 
@@ -401,7 +402,7 @@ class MicrobatchPlan:
             raise ValueError("a micro-batch plan needs at least one stage")
         if not any(s.comm for s in self.stages):
             raise ValueError("a micro-batch plan needs a comm stage")
-        for before, after in zip(self.stages, self.stages[1:]):
+        for before, after in itertools.pairwise(self.stages):
             if before.comm == after.comm:
                 raise ValueError("stages must alternate between compute and comm")
         lines = [line for s in self.stages for st in s.statements for line in (st.first_line, st.last_line)]
@@ -434,7 +435,7 @@ class MicrobatchPlan:
         for st in self.statements:
             validate.line_number(st.last_line, f"{self.layer}: stage statement last_line", line_count)
 
-    def with_changes(self, **changes: Any) -> "MicrobatchPlan":
+    def with_changes(self, **changes: Any) -> MicrobatchPlan:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -443,7 +444,7 @@ class MicrobatchPlan:
         return data
 
     @classmethod
-    def from_dict(cls, data: Any) -> "MicrobatchPlan":
+    def from_dict(cls, data: Any) -> MicrobatchPlan:
         errors = microbatch_plan_errors(data)
         if errors:
             more = f" (and {len(errors) - MAX_PLAN_ERRORS} more)" if len(errors) > MAX_PLAN_ERRORS else ""
@@ -469,7 +470,7 @@ class MicrobatchPlan:
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
-    def from_json(cls, text: str) -> "MicrobatchPlan":
+    def from_json(cls, text: str) -> MicrobatchPlan:
         return cls.from_dict(json.loads(text))
 
 
@@ -609,7 +610,7 @@ def microbatch_plan_errors(data: Any) -> list[str]:
     return errors
 
 
-def plan_from_dict(data: Any) -> "OverlapPlan | MicrobatchPlan":
+def plan_from_dict(data: Any) -> OverlapPlan | MicrobatchPlan:
     """One plan from JSON, of either kind: `"kind": "microbatch"` is a micro-batch fork, no kind an overlap."""
     if isinstance(data, dict) and "kind" in data:
         if data["kind"] != MICROBATCH_KIND:
@@ -618,7 +619,7 @@ def plan_from_dict(data: Any) -> "OverlapPlan | MicrobatchPlan":
     return OverlapPlan.from_dict(data)
 
 
-def load_plans(text: str) -> list["OverlapPlan | MicrobatchPlan"]:
+def load_plans(text: str) -> list[OverlapPlan | MicrobatchPlan]:
     """Plans from a JSON file: one plan, a list of plans, or `suggest --json` output.
     Every problem is a ValueError with a one-line message."""
     try:

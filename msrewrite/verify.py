@@ -17,9 +17,10 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -169,14 +170,14 @@ def _ascend_config_with(get_ascend_config, name: str, value: bool):
 def compare(reference: RunResult, other: RunResult, atol: float, rtol: float) -> str | None:
     if len(reference.outputs) != len(other.outputs):
         return f"{other.name}: {len(other.outputs)} output tensors, {reference.name} has {len(reference.outputs)}"
-    for i, (a, b) in enumerate(zip(reference.outputs, other.outputs)):
+    for i, (a, b) in enumerate(zip(reference.outputs, other.outputs, strict=True)):
         if a.shape != b.shape:
             return f"{other.name}: output {i} has shape {tuple(b.shape)}, {reference.name} {tuple(a.shape)}"
         same = torch.equal(a, b) if atol == 0 and rtol == 0 else torch.allclose(a, b, atol=atol, rtol=rtol)
         if not same:
             diff = (a.float() - b.float()).abs().max().item()
             return f"{other.name}: output {i} differs from {reference.name} (max |diff| {diff:.3g})"
-    for (name, a), (_n, b) in zip(reference.buffers, other.buffers):
+    for (name, a), (_n, b) in zip(reference.buffers, other.buffers, strict=False):
         same = a.shape == b.shape and (
             torch.equal(a, b) if atol == 0 and rtol == 0 or not a.is_floating_point()
             else torch.allclose(a, b, atol=atol, rtol=rtol)
@@ -325,7 +326,7 @@ def verify_files(
     """`schedule_source` (emit.schedules.ScheduleSource): the plans behind the edit; derived from
     `original` when not given. `schedules`: which to run (default: every one the edit allows).
     `progress` (harness.ChildProgress): told where user code is, when run in a child process."""
-    from msrewrite.harness import build_harness, load_module, one_line, package_of
+    from msrewrite.harness import build_harness, load_module, package_of
     from msrewrite.load import read_source
     from msrewrite.runtime import install
 
@@ -346,8 +347,8 @@ def verify_files(
         harness = f"{reference_file}:make"
     if harness is not None and target is not None and not explicit_target:
         target = None  # make() may build the whole model around the edited class
-    phase = progress.phase if progress is not None else (lambda name: None)
-    stage = getattr(progress, "stage", None) or (lambda name: None)  # what a person watching sees
+    phase = progress.phase if progress is not None else (lambda _name: None)
+    stage = getattr(progress, "stage", None) or (lambda _name: None)  # what a person watching sees
     phase("building the harness")
     stage("building the model")
     if flag is None:  # hand-written multi-stream code without a switch: check it as written
@@ -456,7 +457,7 @@ def _schedule_variants(text, original, mode, flag, source, wanted):
 
 def _run_scenario(
     scenario, result, reference, original, build_edited, switch, variant_paths, window_source, rewritten, atol, rtol,
-    stage=lambda name: None,
+    stage=lambda _name: None,
 ):
     """original, flag off, flag on (early, sanitized) and the other schedules under one scenario;
     problems go to `result`. None when the original itself rejects a derived scenario."""

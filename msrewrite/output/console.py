@@ -12,7 +12,8 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from typing import Callable, NoReturn
+from collections.abc import Callable
+from typing import NoReturn
 
 from msrewrite.errors import EXIT_BAD_INPUT
 

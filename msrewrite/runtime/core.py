@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,12 +26,12 @@ DEFAULT_CORE_LIMIT = {"cube_core_num": 24, "vector_core_num": 48}
 class RuntimeListener:
     """Hooks the runtime calls; the sanitizer overrides the ones it needs."""
 
-    def on_event_record(self, event: "Event", stream: "Stream") -> None: ...
-    def on_event_wait(self, event: "Event", stream: "Stream") -> None: ...
-    def on_stream_synchronize(self, stream: "Stream") -> None: ...
-    def on_event_synchronize(self, event: "Event") -> None: ...
+    def on_event_record(self, event: Event, stream: Stream) -> None: ...
+    def on_event_wait(self, event: Event, stream: Stream) -> None: ...
+    def on_stream_synchronize(self, stream: Stream) -> None: ...
+    def on_event_synchronize(self, event: Event) -> None: ...
     def on_device_synchronize(self) -> None: ...
-    def on_record_stream(self, tensor: torch.Tensor, stream: "Stream") -> None: ...
+    def on_record_stream(self, tensor: torch.Tensor, stream: Stream) -> None: ...
 
     def on_wait_tensor(self, tensor, dependency, stream, discarded_at) -> None:
         """GE npu_wait_tensor; ``discarded_at`` is (file, line) when the result is thrown away."""
@@ -56,20 +57,20 @@ class StreamRuntime:
         self._current = self.main
 
     # --- streams -----------------------------------------------------------
-    def current_stream(self) -> "Stream":
+    def current_stream(self) -> Stream:
         return self._current
 
-    def default_stream(self) -> "Stream":
+    def default_stream(self) -> Stream:
         return self.main
 
-    def set_current(self, stream: "Stream") -> None:
+    def set_current(self, stream: Stream) -> None:
         self._current = stream
 
     def next_side_name(self) -> str:
         self._side_streams += 1
         return f"side:{self._side_streams}"
 
-    def tag_stream(self, tag: str) -> "Stream":
+    def tag_stream(self, tag: str) -> Stream:
         """The one stream per torchair tag, created on first use ("default" is main)."""
         if tag == "default":
             return self.main
@@ -83,7 +84,7 @@ class StreamRuntime:
         return self._graph_depth > 0
 
     @contextlib.contextmanager
-    def graph_mode(self) -> Iterator["StreamRuntime"]:
+    def graph_mode(self) -> Iterator[StreamRuntime]:
         """Behave as inside a torchair GE graph until the block ends."""
         self._graph_depth += 1
         entry_stream = self._current
@@ -105,7 +106,7 @@ class StreamRuntime:
         return self.in_graph_mode or self.in_aclgraph or self._eager_compiles > 0
 
     @contextlib.contextmanager
-    def aclgraph_mode(self) -> Iterator["StreamRuntime"]:
+    def aclgraph_mode(self) -> Iterator[StreamRuntime]:
         """torchair reduce-overhead / npugraph_ex: each stream tag is a real stream; torchair orders
         the tag streams after the graph's start and the output after them, and nothing else."""
         entry_stream = self._current
@@ -122,7 +123,7 @@ class StreamRuntime:
                 done.record(stream)
                 done.wait(entry_stream)
 
-    def aclgraph_tag_stream(self, tag: str) -> "Stream":
+    def aclgraph_tag_stream(self, tag: str) -> Stream:
         """The tag's stream inside an aclgraph; the first use in a graph waits for the graph's start."""
         stream = self.tag_stream(tag)
         graph = self._aclgraph[-1]
@@ -132,7 +133,7 @@ class StreamRuntime:
         return stream
 
     @contextlib.contextmanager
-    def run_eagerly_mode(self) -> Iterator["StreamRuntime"]:
+    def run_eagerly_mode(self) -> Iterator[StreamRuntime]:
         """torchair debug.run_eagerly: traced, then every op runs eagerly (the torchair ops as in eager)."""
         self._eager_compiles += 1
         try:
@@ -142,7 +143,7 @@ class StreamRuntime:
 
     # --- recording ---------------------------------------------------------
     @contextlib.contextmanager
-    def record_ops(self) -> Iterator[list["OpRecord"]]:
+    def record_ops(self) -> Iterator[list[OpRecord]]:
         from msrewrite.runtime.recording import RecordOpsMode
 
         ops: list[OpRecord] = []

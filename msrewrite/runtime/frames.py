@@ -16,6 +16,7 @@ import torch
 
 import msrewrite
 
+
 def _dir(path: str) -> str:
     return os.path.join(os.path.realpath(path), "")
 

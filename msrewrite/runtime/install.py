@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -73,7 +73,7 @@ def _cuda_functions() -> dict[str, object]:
     }
 
 
-def _fake_record_stream(self, s):
+def _fake_record_stream(self, s):  # noqa: ARG001 - torch_npu 2.10's signature
     raise RuntimeError("tensor.record_stream is not supported on torch.compile! (torch_npu 2.10 stand-in)")
 
 

@@ -15,13 +15,13 @@ def stream(stream=None) -> StreamContext:
     return StreamContext(stream)
 
 
-def current_stream(device=None) -> Stream:
+def current_stream(device=None) -> Stream:  # noqa: ARG001 - torch_npu's signature
     runtime = active_runtime()
     runtime.note_api("native", "current_stream")
     return runtime.current_stream()
 
 
-def default_stream(device=None) -> Stream:
+def default_stream(device=None) -> Stream:  # noqa: ARG001 - torch_npu's signature
     runtime = active_runtime()
     runtime.note_api("native", "default_stream")
     return runtime.default_stream()
@@ -37,7 +37,7 @@ def set_stream(stream) -> None:
     runtime.set_current(stream)
 
 
-def synchronize(device=None) -> None:
+def synchronize(device=None) -> None:  # noqa: ARG001 - torch_npu's signature
     runtime = active_runtime()
     runtime.note_api("native", "synchronize")
     runtime.emit("on_device_synchronize")

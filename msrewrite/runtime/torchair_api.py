@@ -68,13 +68,13 @@ def npu_wait_tensor(self, dependency):
 
 
 @contextlib.contextmanager
-def limit_core_num(op_aicore_num: int, op_vectorcore_num: int):
+def limit_core_num(op_aicore_num: int, op_vectorcore_num: int):  # noqa: ARG001 - torchair's signature
     active_runtime().note_api("torchair", "limit_core_num")
     yield  # op-level GE attributes; nothing to do on CPU
 
 
 @contextlib.contextmanager
-def super_kernel(scope: str, options: str = ""):
+def super_kernel(scope: str, options: str = ""):  # noqa: ARG001 - torchair's signature
     active_runtime().note_api("torchair", "super_kernel")
     yield
 
@@ -142,7 +142,9 @@ class CompilerConfig:
 _COMPILE_MODES = ("max-autotune", "reduce-overhead", "npugraph_ex")
 
 
-def get_npu_backend(*, compiler_config: CompilerConfig | None = None, custom_decompositions=None):
+def get_npu_backend(
+    *, compiler_config: CompilerConfig | None = None, custom_decompositions=None  # noqa: ARG001 - torchair's signature
+):
     """A dynamo backend that runs the captured graph eagerly, with the semantics of the config's mode:
     max-autotune is a GE graph, reduce-overhead and npugraph_ex an aclgraph (a real stream per tag,
     npu_wait_tensor raises), and debug.run_eagerly runs every op eagerly (npu_wait_tensor raises)."""
@@ -155,7 +157,7 @@ def get_npu_backend(*, compiler_config: CompilerConfig | None = None, custom_dec
             return runtime.run_eagerly_mode()
         return runtime.graph_mode() if config.mode == "max-autotune" else runtime.aclgraph_mode()
 
-    def backend(graph_module, example_inputs):
+    def backend(graph_module, example_inputs):  # noqa: ARG001 - a dynamo backend's signature
         def run(*args, **kwargs):
             with semantics(active_runtime()):
                 return graph_module(*args, **kwargs)

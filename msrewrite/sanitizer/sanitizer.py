@@ -44,7 +44,7 @@ class StorageInfo:
 
 
 class _DispatchMode(TorchDispatchMode):
-    def __init__(self, sanitizer: "Sanitizer"):
+    def __init__(self, sanitizer: Sanitizer):
         super().__init__()
         self.sanitizer = sanitizer
 
@@ -78,7 +78,7 @@ class Sanitizer(RuntimeListener):
         self._active = False
 
     # --- context -----------------------------------------------------------------
-    def __enter__(self) -> "Sanitizer":
+    def __enter__(self) -> Sanitizer:
         self.runtime.listeners.append(self)
         self._storage_hooks = _StorageHooks(self)
         self._storage_hooks.install()
