@@ -239,8 +239,8 @@ def build_harness(
         built = _from_user_harness(harness, path, target)
     elif input_shape is not None:
         built = _from_plain_module(model_module, target, input_shape)
-    elif _config_class(model_module, path) is not None:
-        built = _from_transformers(model_module, path, target)
+    elif (config_cls := _config_class(model_module, path)) is not None:
+        built = _from_transformers(model_module, path, target, config_cls)
     else:
         raise BadInput(
             f"{path.name}: no config class found; pass --harness H.py:make or --input-shape for an nn.Module"
@@ -298,7 +298,7 @@ def _split_inputs(inputs: Any) -> tuple[tuple, dict]:
     raise BadInput("harness inputs must be a tuple, a dict or (args, kwargs)")
 
 
-def _module_classes(model_module: types.ModuleType) -> dict[str, type]:
+def _module_classes(model_module: types.ModuleType) -> dict[str, type[torch.nn.Module]]:
     return {
         name: obj
         for name, obj in vars(model_module).items()
@@ -327,7 +327,7 @@ def _from_plain_module(model_module: types.ModuleType, target: str | None, input
 _CONFIG_IMPORT = re.compile(r"from\s+\.configuration_\w+\s+import\s+\(?\s*(\w+Config)\b")
 
 
-def _config_class(model_module: types.ModuleType, path: Path) -> type | None:
+def _config_class(model_module: types.ModuleType, path: Path) -> type[object] | None:
     match = _CONFIG_IMPORT.search(path.read_text(encoding="utf-8", errors="replace"))
     if match is None:
         return None
@@ -335,7 +335,7 @@ def _config_class(model_module: types.ModuleType, path: Path) -> type | None:
     return cls if isinstance(cls, type) else None
 
 
-def tiny_config(config_cls: type, overrides: dict[str, Any] | None = None) -> Any:
+def tiny_config(config_cls: type[object], overrides: dict[str, Any] | None = None) -> Any:
     """The config with tiny dimensions; only fields the class knows are set."""
     known = _config_fields(config_cls)
     values = {k: v for k, v in TINY_CONFIG.items() if k in known}
@@ -365,7 +365,7 @@ def tiny_config(config_cls: type, overrides: dict[str, Any] | None = None) -> An
     return config
 
 
-def _config_fields(config_cls: type) -> set[str]:
+def _config_fields(config_cls: type[object]) -> set[str]:
     import dataclasses
 
     names: set[str] = set()
@@ -376,7 +376,7 @@ def _config_fields(config_cls: type) -> set[str]:
     return names
 
 
-def default_target(classes: dict[str, type]) -> str:
+def default_target(classes: dict[str, type[torch.nn.Module]]) -> str:
     layers = [name for name in classes if name.endswith("DecoderLayer")]
     if not layers:
         raise BadInput("no decoder layer class in the file; pass --target")
@@ -385,13 +385,15 @@ def default_target(classes: dict[str, type]) -> str:
 
 def moe_layer_index(config: Any) -> int:
     """The last layer: MoE in every tiny config (first_k_dense_replace=1, layer_types[1] full attention)."""
-    layers = getattr(config, "num_layers", None) or getattr(config, "num_hidden_layers", 1)
+    layers: Any = getattr(config, "num_layers", None) or getattr(config, "num_hidden_layers", 1)
     return max(0, int(layers) - 1)
 
 
-def _from_transformers(model_module: types.ModuleType, path: Path, target: str | None) -> Harness:
+def _from_transformers(
+    model_module: types.ModuleType, path: Path, target: str | None, config_cls: type[object]
+) -> Harness:
     classes = _module_classes(model_module)
-    config = tiny_config(_config_class(model_module, path))
+    config = tiny_config(config_cls)
     target = target or default_target(classes)
     cls = classes.get(target)
     if cls is None:
@@ -419,7 +421,9 @@ def _from_transformers(model_module: types.ModuleType, path: Path, target: str |
     )
 
 
-def _layer_kwargs(cls: type, classes: dict[str, type], config: Any, hidden_states: torch.Tensor) -> dict:
+def _layer_kwargs(
+    cls: type[torch.nn.Module], classes: dict[str, type[torch.nn.Module]], config: Any, hidden_states: torch.Tensor
+) -> dict:
     """Decoder layers need position embeddings from the model's rotary class; MoE blocks need nothing."""
     params = inspect.signature(inspect.unwrap(cls.forward)).parameters
     if "position_embeddings" not in params:

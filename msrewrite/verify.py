@@ -372,9 +372,9 @@ def verify_files(
         fresh = f"_msrewrite_verify_{next(_counter)}"
         module = load_module(path, package=package, name=f"{package}.{fresh}" if package else fresh)
         if capture_gate and callable(getattr(module, "get_is_capture_mode", None)):
-            module.get_is_capture_mode = lambda: gate_open  # as while SGLang captures a graph, or not
+            vars(module)["get_is_capture_mode"] = lambda: gate_open  # as while SGLang captures a graph, or not
         if flag.kind == "vllm-ascend" and callable(getattr(module, "get_ascend_config", None)):
-            module.get_ascend_config = _ascend_config_with(module.get_ascend_config, flag.name, on)
+            vars(module)["get_ascend_config"] = _ascend_config_with(module.get_ascend_config, flag.name, on)
         if flag.kind == "attr":
             _set_attr_flag(reference.config, flag.name, on)
         built = reference.rebuild_from(module)

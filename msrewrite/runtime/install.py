@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -30,7 +31,7 @@ class _Patches:
         self._undo.append(lambda: delattr(owner, name) if saved is _MISSING else setattr(owner, name, saved))
 
     def set_module(self, name: str, module) -> None:
-        saved = sys.modules.get(name, _MISSING)
+        saved: Any = sys.modules.get(name, _MISSING)  # a module, or _MISSING
         sys.modules[name] = module
         self._undo.append(lambda: sys.modules.pop(name, None) if saved is _MISSING
                           else sys.modules.__setitem__(name, saved))
@@ -89,7 +90,7 @@ def _apply(patches: _Patches, runtime: StreamRuntime, torchair_init_error: BaseE
         patches.set_attr(torch.cuda, name, value)
     patches.set_attr(torch.Tensor, "record_stream", _record_stream(torch.Tensor.record_stream, torch_npu_version))
     if torch_npu_version == "2.10":
-        npu_modules["torch.npu"].fake_record_stream = _fake_record_stream
+        vars(npu_modules["torch.npu"])["fake_record_stream"] = _fake_record_stream
     original_is_compiling = torch.compiler.is_compiling
     patches.set_attr(torch.compiler, "is_compiling",
                      lambda: runtime.compiling or original_is_compiling())

@@ -138,18 +138,15 @@ def build_npu_modules() -> dict[str, types.ModuleType]:
                  "is_available", "device_count", "current_device", "set_device", "is_initialized",
                  "set_stream_limit", "get_stream_limit", "reset_stream_limit"):
         setattr(npu, name, globals()[name])
-    npu.Stream, npu.Event, npu.StreamContext = Stream, Event, StreamContext
-    npu.mstx = mstx
-
-    npugraph_ex = types.ModuleType("torch.npu.npugraph_ex")
     scope = types.ModuleType("torch.npu.npugraph_ex.scope")
-    scope.limit_core_num = npugraph_ex_limit_core_num
-    npugraph_ex.scope = scope
-    npu.npugraph_ex = npugraph_ex
+    vars(scope)["limit_core_num"] = npugraph_ex_limit_core_num
+    npugraph_ex = types.ModuleType("torch.npu.npugraph_ex")
+    vars(npugraph_ex)["scope"] = scope
+    vars(npu).update(Stream=Stream, Event=Event, StreamContext=StreamContext, mstx=mstx, npugraph_ex=npugraph_ex)
     npu.__path__ = npugraph_ex.__path__ = []  # packages, so dotted imports resolve via sys.modules
 
     torch_npu = types.ModuleType("torch_npu", "msrewrite stand-in for torch_npu (CPU only)")
-    torch_npu.npu = npu
+    vars(torch_npu)["npu"] = npu
     torch_npu.__path__ = []
     return {
         "torch.npu": npu,

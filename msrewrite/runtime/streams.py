@@ -170,5 +170,5 @@ class StreamContext:
         return self.stream
 
     def __exit__(self, *exc) -> None:
-        if self.stream is not None:
+        if self.stream is not None and self._previous is not None:  # always both after __enter__
             self.stream._runtime.set_current(self._previous)

@@ -16,10 +16,11 @@ import dis
 import sys
 import types
 from functools import lru_cache
+from typing import Any
 
 from msrewrite.runtime.active import active_runtime
 from msrewrite.runtime.frames import location
-from msrewrite.runtime.streams import Event
+from msrewrite.runtime.streams import Event, Stream
 
 _WAIT_TENSOR_EAGER_ERROR = (
     "torch.ops.air.wait_tensor kernel_impl is not implemented! "
@@ -34,7 +35,7 @@ class _StreamSwitch:
         self.stream_tag = str(stream_tag)
         self.stream_priority = stream_priority
         self.enable_inner_parallel = enable_inner_parallel
-        self._previous = None
+        self._previous: Stream | None = None
 
     def __enter__(self):
         runtime = active_runtime()
@@ -169,7 +170,7 @@ def get_npu_backend(
 
 # --- discarded-result detection ------------------------------------------------
 @lru_cache(maxsize=1024)
-def _instructions(code) -> tuple[list[int], dict[int, tuple[str, object]]]:
+def _instructions(code) -> tuple[list[int], dict[int, tuple[str, Any]]]:
     """Sorted instruction offsets and offset -> (opname, argval), caches left out."""
     listing = list(dis.get_instructions(code))
     return [ins.offset for ins in listing], {ins.offset: (ins.opname, ins.argval) for ins in listing}
@@ -216,8 +217,7 @@ def build_torchair_modules() -> dict[str, types.ModuleType]:
     for name in ("npu_create_tagged_event", "npu_tagged_event_record", "npu_tagged_event_wait",
                  "npu_record_tagged_stream"):
         setattr(ops, name, globals()[name])
-    torchair.scope, torchair.ops = scope, ops
-    torchair.CompilerConfig, torchair.get_npu_backend = CompilerConfig, get_npu_backend
+    vars(torchair).update(scope=scope, ops=ops, CompilerConfig=CompilerConfig, get_npu_backend=get_npu_backend)
     torchair.__path__ = []
     return {"torchair": torchair, "torchair.scope": scope, "torchair.ops": ops}
 
