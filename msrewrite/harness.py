@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -577,72 +577,104 @@ def run_in_child(fn: Callable[[ChildProgress], Any], *, timeout: float, stdout_t
         stream.flush()
     read_fd, write_fd = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child
-        code = 0
-        try:
-            os.close(read_fd)
-            os.setpgid(0, 0)
-            gc.enable()  # off in the msrewrite process (cli.entry); user code may make cycles
-            if stdout_to_stderr:
-                os.dup2(2, 1)
-            me = os.getpid()
-            global _child_pid
-            _child_pid = me
-            progress = ChildProgress(write_fd, me)
-            try:
-                value = ("ok", fn(progress))
-            except MsrewriteError as exc:
-                value = ("error", exc)
-            except SystemExit as exc:
-                value = ("exit", f"called sys.exit({exc.code!r})")
-            except BaseException as exc:  # noqa: BLE001 - reported to the parent as one line
-                value = ("crash", one_line(exc))
-            if os.getpid() == me:  # a process forked by user code never reports
-                sys.stdout.flush()
-                _send(write_fd, value)
-        except BaseException:  # noqa: BLE001
-            code = 70
-        finally:
-            os._exit(code)
+    if pid == 0:
+        _child_main(fn, read_fd, write_fd, stdout_to_stderr)
     os.close(write_fd)
-    phase = "starting"
-    deadline = time.monotonic() + timeout
-    buffer = b""
-    result: Any = None
     try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                _kill_group(pid)
-                raise ChildFailed(f"timed out after {timeout:g} s while {phase}", phase)
-            ready, _, _ = select.select([read_fd], [], [], min(left, 1.0))
-            if not ready:
-                continue
-            chunk = os.read(read_fd, 1 << 20)
-            if not chunk:
-                break
-            buffer += chunk
-            while len(buffer) >= 8 and len(buffer) >= 8 + int.from_bytes(buffer[:8], "little"):
-                size = int.from_bytes(buffer[:8], "little")
-                try:
-                    kind, value = pickle.loads(buffer[8 : 8 + size])
-                except Exception as exc:  # noqa: BLE001 - e.g. an object of a class only the child imported
-                    _kill_group(pid)
-                    raise ChildFailed(f"returned a result this process cannot read ({one_line(exc)})", phase) from None
-                buffer = buffer[8 + size :]
-                if kind == "phase":
-                    phase = value
-                elif kind == "stage":
-                    if on_stage is not None:
-                        on_stage(value)
-                else:
-                    result = (kind, value)
-            if result is not None:
-                break  # a process user code forked may still hold the pipe open: do not wait for it
+        result, phase = _read_reports(pid, read_fd, timeout, on_stage)
     finally:
         os.close(read_fd)
     _, status = os.waitpid(pid, 0)
     _kill_group(pid)  # anything user code left running in the child's group
+    return _child_outcome(result, status, phase)
+
+
+def _child_main(fn: Callable[[ChildProgress], Any], read_fd: int, write_fd: int, stdout_to_stderr: bool) -> NoReturn:
+    """The forked child: run `fn`, send its outcome to the parent, and end without returning."""
+    global _child_pid
+    code = 0
+    try:
+        os.close(read_fd)
+        os.setpgid(0, 0)
+        gc.enable()  # off in the msrewrite process (cli.entry); user code may make cycles
+        if stdout_to_stderr:
+            os.dup2(2, 1)
+        me = os.getpid()
+        _child_pid = me
+        progress = ChildProgress(write_fd, me)
+        try:
+            value = ("ok", fn(progress))
+        except MsrewriteError as exc:
+            value = ("error", exc)
+        except SystemExit as exc:
+            value = ("exit", f"called sys.exit({exc.code!r})")
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent as one line
+            value = ("crash", one_line(exc))
+        if os.getpid() == me:  # a process forked by user code never reports
+            sys.stdout.flush()
+            _send(write_fd, value)
+    except BaseException:  # noqa: BLE001
+        code = 70
+    finally:
+        os._exit(code)
+
+
+_UNREADABLE = object()  # a report this process cannot unpickle
+
+
+def _read_reports(pid: int, read_fd: int, timeout: float,
+                  on_stage: Callable[[str], None] | None) -> tuple[tuple[str, Any] | None, str]:
+    """The child's reports up to its outcome: (outcome, or None when the pipe closed first; the
+    phase it last named). A timeout or an unreadable report kills the child's group."""
+    phase = "starting"
+    deadline = time.monotonic() + timeout
+    buffer = b""
+    result: tuple[str, Any] | None = None
+    while result is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            _kill_group(pid)
+            raise ChildFailed(f"timed out after {timeout:g} s while {phase}", phase)
+        ready, _, _ = select.select([read_fd], [], [], min(left, 1.0))
+        if not ready:
+            continue
+        chunk = os.read(read_fd, 1 << 20)
+        if not chunk:
+            break
+        messages, buffer = _split_reports(buffer + chunk)
+        for kind, value in messages:
+            if kind is _UNREADABLE:  # e.g. an object of a class only the child imported
+                _kill_group(pid)
+                raise ChildFailed(f"returned a result this process cannot read ({one_line(value)})", phase)
+            if kind == "phase":
+                phase = value
+            elif kind == "stage":
+                if on_stage is not None:
+                    on_stage(value)
+            else:
+                result = (kind, value)
+        # after the outcome, stop: a process user code forked may still hold the pipe open
+    return result, phase
+
+
+def _split_reports(buffer: bytes) -> tuple[list[tuple[Any, Any]], bytes]:
+    """The complete (kind, value) reports at the start of `buffer` (8-byte length, pickle), and
+    what is left; one that does not load ends the list as (_UNREADABLE, the exception)."""
+    found: list[tuple[Any, Any]] = []
+    while len(buffer) >= 8 and len(buffer) >= 8 + int.from_bytes(buffer[:8], "little"):
+        size = int.from_bytes(buffer[:8], "little")
+        try:
+            kind, value = pickle.loads(buffer[8 : 8 + size])
+        except Exception as exc:  # noqa: BLE001
+            found.append((_UNREADABLE, exc))
+            break
+        found.append((kind, value))
+        buffer = buffer[8 + size :]
+    return found, buffer
+
+
+def _child_outcome(result: tuple[str, Any] | None, status: int, phase: str) -> Any:
+    """The child's return value, or its error raised here."""
     if result is None:
         if os.WIFSIGNALED(status):
             name = signal.Signals(os.WTERMSIG(status)).name
