@@ -55,8 +55,7 @@ class FlagSpec:
             validate.env_name(self.name, f"{self.kind} flag name")
         else:
             validate.attribute(self.name, f"{self.kind} flag name")
-        if not isinstance(self.default, bool):
-            raise ValueError(f"flag default must be true or false, got {validate.shown(self.default)}")
+        _boolean(self.default, "flag default")
         if self.max_tokens is not None and (
             isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1
         ):
@@ -191,6 +190,12 @@ class OverlapPlan:
     def __post_init__(self) -> None:
         # Every field that reaches emitted code (names, literals, comments) is checked here, so no
         # plan, from a case or from a JSON file, can carry code into the edit (validate.py).
+        self._check_location()
+        self._check_names()
+        self._check_notes()
+        self._check_options()
+
+    def _check_location(self) -> None:
         _enum(self.mode, MODES, "mode")
         validate.case_name(self.case, "case")
         if not isinstance(self.file, str):
@@ -204,6 +209,8 @@ class OverlapPlan:
         validate.line_number(self.join_line, "join_line")
         if not self.fork_line <= self.join_line:
             raise ValueError("the fork must come before the join")
+
+    def _check_names(self) -> None:
         for what in ("side_inputs", "side_outputs", "inputs_rebound_before_join", "outputs_maybe_unbound",
                      "phase_anchors", "protect_inputs"):
             for name in getattr(self, what):
@@ -214,17 +221,18 @@ class OverlapPlan:
         for gate in self.start_gates:
             if not isinstance(gate, StartGate) or not gate.tensor:
                 raise ValueError("start_gates entries need a tensor and an anchor")
-        if isinstance(self.summary, str):  # prose for notes and commit messages: one line
-            object.__setattr__(self, "summary", " ".join(self.summary.split()))
-        validate.comment_text(self.summary, "summary")
+
+    def _check_notes(self) -> None:
+        _one_line_summary(self)
         _enum(self.stream_source, STREAM_SOURCES, "stream_source")
         _enum(self.sync, SYNCS, "sync")
         for what in ("trust_boundary", "assume_pure"):  # printed, never emitted as code
             for name in getattr(self, what):
                 validate.comment_text(name, f"{what} entry")
-        if not isinstance(self.allow_rng_reorder, bool):
-            raise ValueError(f"allow_rng_reorder must be true or false, got {validate.shown(self.allow_rng_reorder)}")
+        _boolean(self.allow_rng_reorder, "allow_rng_reorder")
         validate.comment_text(self.rng_reorder, "rng_reorder")
+
+    def _check_options(self) -> None:
         if bool(self.guard) != bool(self.guard_line):
             raise ValueError("a guarded plan needs both guard and guard_line")
         if self.guard:
@@ -233,10 +241,8 @@ class OverlapPlan:
             validate.line_number(self.guard_line, "guard_line")
         if self.case_branch:
             validate.case_name(self.case_branch, "case_branch")
-        if not isinstance(self.markers, bool):
-            raise ValueError(f"markers must be true or false, got {validate.shown(self.markers)}")
-        if not isinstance(self.non_blocking, bool):
-            raise ValueError(f"non_blocking must be true or false, got {validate.shown(self.non_blocking)}")
+        _boolean(self.markers, "markers")
+        _boolean(self.non_blocking, "non_blocking")
         if self.core_limits is not None and (
             len(self.core_limits) != 4
             or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= 4096 for n in self.core_limits)
@@ -347,8 +353,7 @@ class MicrobatchStage:
     statements: tuple[SourceSpan, ...]
 
     def __post_init__(self) -> None:
-        if not isinstance(self.comm, bool):
-            raise ValueError(f"stage comm must be true or false, got {validate.shown(self.comm)}")
+        _boolean(self.comm, "stage comm")
         if not self.statements or not all(isinstance(s, SourceSpan) for s in self.statements):
             raise ValueError("a stage needs at least one statement")
 
@@ -385,6 +390,11 @@ class MicrobatchPlan:
     case_branch: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
+        self._check_location()
+        self._check_stages()
+        self._check_options()
+
+    def _check_location(self) -> None:
         if self.kind != MICROBATCH_KIND:
             raise ValueError(f"kind must be {MICROBATCH_KIND!r}, got {validate.shown(self.kind)}")
         _enum(self.mode, MODES, "mode")
@@ -398,6 +408,8 @@ class MicrobatchPlan:
                 raise ValueError(f"{what} must be Class.forward, got {validate.shown(getattr(self, what))}")
         if not isinstance(self.loop, SourceSpan):
             raise ValueError("loop must be a statement (first_line, last_line, source)")
+
+    def _check_stages(self) -> None:
         if not self.stages or not all(isinstance(s, MicrobatchStage) for s in self.stages):
             raise ValueError("a micro-batch plan needs at least one stage")
         if not any(s.comm for s in self.stages):
@@ -408,6 +420,8 @@ class MicrobatchPlan:
         lines = [line for s in self.stages for st in s.statements for line in (st.first_line, st.last_line)]
         if lines != sorted(lines) or len({st.first_line for s in self.stages for st in s.statements}) * 2 != len(lines):
             raise ValueError("stage statements must be in source order, each once")
+
+    def _check_options(self) -> None:
         validate.stream_tag(self.stream_tag, "stream_tag")
         if not isinstance(self.flag, FlagSpec) or self.flag.kind not in FLAG_KINDS:
             raise ValueError(f"flag must be one of {', '.join(FLAG_KINDS)}")
@@ -416,9 +430,7 @@ class MicrobatchPlan:
             raise ValueError(why)
         if self.second_group != "":
             validate.attribute(self.second_group, "second_group")
-        if isinstance(self.summary, str):
-            object.__setattr__(self, "summary", " ".join(self.summary.split()))
-        validate.comment_text(self.summary, "summary")
+        _one_line_summary(self)
         for what in ("trust_boundary", "assume_pure"):
             if not isinstance(getattr(self, what), tuple):
                 raise ValueError(f"{what} must be a list")
@@ -477,6 +489,18 @@ class MicrobatchPlan:
 def _enum(value: Any, allowed: tuple[str, ...], what: str) -> None:
     if value not in allowed:
         raise ValueError(f"{what} must be one of {', '.join(allowed)}, got {validate.shown(value)}")
+
+
+def _boolean(value: Any, what: str) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{what} must be true or false, got {validate.shown(value)}")
+
+
+def _one_line_summary(plan: OverlapPlan | MicrobatchPlan) -> None:
+    """The summary is prose for notes and commit messages: made one line, then checked."""
+    if isinstance(plan.summary, str):
+        object.__setattr__(plan, "summary", " ".join(plan.summary.split()))
+    validate.comment_text(plan.summary, "summary")
 
 
 # The plan file's schema: field -> (JSON type(s), required; tuples from to_dict count as
