@@ -44,9 +44,9 @@ import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import _common  # noqa: F401 - puts this checkout first on sys.path
 
 STREAM_CODE = re.compile(r"wait_stream|torch\.(cuda|npu)\.stream\(|alt_stream|aux_stream|npu_stream_switch|current_stream\(")
 HANDED_TO_FRAMEWORK = re.compile(r"[(,]\s*shared_experts?\s*=\s*self\.\w+")  # a keyword argument
@@ -96,6 +96,7 @@ def sweep_apply(path: Path) -> dict:
     try:
         src = load(path)
         case = get_case("moe-shared-expert")
+        assert case is not None  # a bundled case
         targets = find_targets(case, path, src.module, Options(), text=src.text)
     except MsrewriteError as exc:
         result["file_status"] = ("refused", str(exc))
@@ -177,7 +178,7 @@ def sweep_suggest(path: Path) -> dict:
     from msrewrite.suggest.pipeline import analyze
     from msrewrite.suggest.profiles import profile
 
-    result = {"candidates": 0, "fork_is_join": 0, "hoisted_out_of_control_flow": 0, "accepted": 0,
+    result: dict[str, Any] = {"candidates": 0, "fork_is_join": 0, "hoisted_out_of_control_flow": 0, "accepted": 0,
               "refused_by_finder": 0, "rejected": [], "crash": None}
     try:
         analysis = analyze(path, device=profile("a3"), static=True)
@@ -234,7 +235,7 @@ def sweep_file(args: tuple[str, str]) -> dict:
     corpus, file = args
     path = Path(file)
     start = time.perf_counter()
-    record = {"corpus": corpus, "file": path.name}
+    record: dict[str, Any] = {"corpus": corpus, "file": path.name}
     record["apply"] = sweep_apply(path)
     record["suggest"] = sweep_suggest(path)
     record["seconds"] = round(time.perf_counter() - start, 3)

@@ -14,6 +14,7 @@ from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
+BENCH = ROOT / "bench"
 
 
 def load_file(path, name: str) -> ModuleType:
@@ -22,6 +23,21 @@ def load_file(path, name: str) -> ModuleType:
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_bench(name: str) -> ModuleType:
+    """bench/<name>.py as the module bench_<name>. It is registered in sys.modules before it runs
+    (its dataclasses and its worker processes look it up by name), and bench/ goes on sys.path
+    for the scripts' `from _common import ...`, as when one runs as `python bench/<name>.py`."""
+    if str(BENCH) not in sys.path:
+        sys.path.append(str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import bench/{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
