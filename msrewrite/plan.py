@@ -24,6 +24,9 @@ STREAM_SOURCES = ("lazy", "constructor")
 SYNCS = ("wait_stream", "events", "async-comm")
 PLAN_VERSION = 1
 MAX_PLAN_ERRORS = 3  # shown in the one error line; the rest are counted
+# The stream tag of a plan file that names none (the field has been optional in plan files from
+# the start, when the only case was moe-shared-expert); plans made in code always name theirs.
+PLAN_FILE_STREAM_TAG = "shared_expert"
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,7 @@ class OverlapPlan:
     join_line: int  # first statement that consumes a side output
     side_inputs: tuple[str, ...]
     side_outputs: tuple[str, ...]
-    stream_tag: str = "shared_expert"
+    stream_tag: str  # the case's (or --stream-tag); a plan file may omit it: PLAN_FILE_STREAM_TAG
     flag: FlagSpec = field(default_factory=FlagSpec)
     mode: str = "eager"
     start_gates: tuple[StartGate, ...] = ()
@@ -289,6 +292,7 @@ class OverlapPlan:
                    "side": tuple(SideStatement(**s) for s in data["side"]),
                    "side_inputs": tuple(data["side_inputs"]),
                    "side_outputs": tuple(data["side_outputs"]),
+                   "stream_tag": data.get("stream_tag", PLAN_FILE_STREAM_TAG),
                    "flag": FlagSpec(**data.get("flag", {})),
                    "start_gates": tuple(StartGate(**g) for g in data.get("start_gates", ())),
                    "inputs_rebound_before_join": tuple(data.get("inputs_rebound_before_join", ())),

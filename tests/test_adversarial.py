@@ -62,6 +62,7 @@ def forced_plan(path: Path, text: str, mode: str = "eager") -> OverlapPlan:
         join_line=join,
         side_inputs=tuple(inputs),
         side_outputs=tuple(sorted(stores)),
+        stream_tag="side",
         flag=FLAG,
         mode=mode,
         inputs_rebound_before_join=tuple(rebound),
