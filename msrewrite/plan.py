@@ -280,10 +280,7 @@ class OverlapPlan:
     @classmethod
     def from_dict(cls, data: Any) -> OverlapPlan:
         """A plan from JSON, checked field by field: ValueError lists what is wrong (one line)."""
-        errors = plan_errors(data)
-        if errors:
-            more = f" (and {len(errors) - MAX_PLAN_ERRORS} more)" if len(errors) > MAX_PLAN_ERRORS else ""
-            raise ValueError("malformed plan: " + "; ".join(errors[:MAX_PLAN_ERRORS]) + more)
+        _refuse(plan_errors(data))
         data = dict(data)
         data.pop("version", None)
         try:
@@ -461,10 +458,7 @@ class MicrobatchPlan:
 
     @classmethod
     def from_dict(cls, data: Any) -> MicrobatchPlan:
-        errors = microbatch_plan_errors(data)
-        if errors:
-            more = f" (and {len(errors) - MAX_PLAN_ERRORS} more)" if len(errors) > MAX_PLAN_ERRORS else ""
-            raise ValueError("malformed plan: " + "; ".join(errors[:MAX_PLAN_ERRORS]) + more)
+        _refuse(microbatch_plan_errors(data))
         data = dict(data)
         data.pop("version", None)
         try:
@@ -493,6 +487,13 @@ class MicrobatchPlan:
 def _enum(value: Any, allowed: tuple[str, ...], what: str) -> None:
     if value not in allowed:
         raise ValueError(f"{what} must be one of {', '.join(allowed)}, got {validate.shown(value)}")
+
+
+def _refuse(errors: list[str]) -> None:
+    """A plan file's schema errors as one ValueError line: the first few, and how many more."""
+    if errors:
+        more = f" (and {len(errors) - MAX_PLAN_ERRORS} more)" if len(errors) > MAX_PLAN_ERRORS else ""
+        raise ValueError("malformed plan: " + "; ".join(errors[:MAX_PLAN_ERRORS]) + more)
 
 
 def _boolean(value: Any, what: str) -> None:

@@ -50,7 +50,6 @@ class StreamRuntime:
         self._graph_depth = 0
         self._aclgraph: list[dict] = []  # torchair reduce-overhead / npugraph_ex compiles in progress
         self._eager_compiles = 0  # torchair debug.run_eagerly compiles in progress
-        self._closed = False
         self.tagged_events: dict[str, object] = {}  # torchair.ops tag registry
         self.core_limits: dict[int, dict[str, int]] = {}  # by stream_id, as torch_npu keys them
         self.main = Stream(_runtime=self, _name="main")
@@ -164,11 +163,6 @@ class StreamRuntime:
             return
         self.emit("on_api_call", family, api, user_frame(caller))
 
-    def check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("msrewrite.runtime: this stand-in runtime was uninstalled")
-
     def close(self) -> None:
-        self._closed = True
         self.listeners.clear()
 
