@@ -111,7 +111,7 @@ class _ClosedStdout:
 
 def run_guarded(app: Callable[[], object]) -> NoReturn:
     if sys.stdout is None:
-        sys.stdout = _ClosedStdout()  # type: ignore[assignment]
+        sys.stdout = _ClosedStdout()  # type: ignore[assignment]  # not a TextIO: only what print and we use
     _guard_pipes()
     try:
         try:
