@@ -1,9 +1,9 @@
 """Corpus sweep: msrewrite over every Python file of the installed transformers `models/` package.
 
-    /work/venv/bin/python bench/corpus.py                 # every .py under transformers/models
-    /work/venv/bin/python bench/corpus.py --modeling      # only modeling_*.py
-    /work/venv/bin/python bench/corpus.py --sample 40     # a fixed, evenly spread sample
-    /work/venv/bin/python bench/corpus.py deepseek_v3/modeling_deepseek_v3.py ...   # these files
+    python bench/corpus.py                 # every .py under transformers/models
+    python bench/corpus.py --modeling      # only modeling_*.py
+    python bench/corpus.py --sample 40     # a fixed, evenly spread sample
+    python bench/corpus.py deepseek_v3/modeling_deepseek_v3.py ...   # these files
 
 For each file:
   round trip   libcst parse + codegen gives the file back byte for byte
@@ -35,13 +35,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from _common import models_dir
+
 RELPATH = "model.py"  # the name the file has inside the scratch git repository
-
-
-def models_dir() -> Path:
-    import transformers.models as hf_models
-
-    return Path(hf_models.__file__).parent
 
 
 def corpus_files(modeling_only: bool = False) -> list[Path]:
@@ -168,17 +164,6 @@ def _idempotent(result: FileResult, check: Check, path: Path, new: str, case, mo
 
 def sweep_file(path_text: str, all_modes: bool = True) -> FileResult:
     """Everything for one file; never raises (a crash is recorded)."""
-    import libcst as cst
-
-    from msrewrite.codemods import all_cases
-    from msrewrite.commands.apply import plans_for_case
-    from msrewrite.emit.engine import apply_plans
-    from msrewrite.errors import BadInput, MsrewriteError, NothingToDo
-    from msrewrite.load import load
-    from msrewrite.plan import FlagSpec
-    from msrewrite.suggest.pipeline import analyze
-    from msrewrite.suggest.profiles import profile
-
     path = Path(path_text)
     start = time.perf_counter()
     try:
@@ -192,71 +177,106 @@ def sweep_file(path_text: str, all_modes: bool = True) -> FileResult:
     except UnicodeDecodeError:
         text = None
     result.lines = raw.count(b"\n")
-
     if text is not None:
-        try:
-            result.roundtrip = cst.parse_module(text).code == text
-        except Exception:  # the file itself is not parseable: msrewrite must refuse it cleanly below
-            result.roundtrip = None
-        if result.roundtrip is False:
-            result.failures.append("libcst round trip differs from the file")
+        _roundtrip(result, text)
+    _sweep_suggest(result, path, all_modes)
+    _sweep_cases(result, path, all_modes)
+    result.seconds = time.perf_counter() - start
+    return result
 
-    # suggest --static, then carry out its best candidate as `apply --plan --candidate 1` would
+
+def _roundtrip(result: FileResult, text: str) -> None:
+    import libcst as cst
+
+    try:
+        result.roundtrip = cst.parse_module(text).code == text
+    except Exception:  # the file itself is not parseable: msrewrite must refuse it cleanly below
+        result.roundtrip = None
+    if result.roundtrip is False:
+        result.failures.append("libcst round trip differs from the file")
+
+
+def _sweep_suggest(result: FileResult, path: Path, all_modes: bool) -> None:
+    """suggest --static, then carry out its best candidate as `apply --plan --candidate 1` would."""
+    from msrewrite.errors import BadInput, MsrewriteError
+    from msrewrite.load import load
+    from msrewrite.suggest.pipeline import analyze
+    from msrewrite.suggest.profiles import profile
+
     try:
         analysis = analyze(path, device=profile("a3"), static=True)
         result.suggest = f"{len(analysis.candidates)} candidates"
         if analysis.candidates:
-            plan = analysis.candidates[0].plan
             src = load(path)
             for mode in ("eager", "cuda") if all_modes else ("eager",):
-                check = Check(f"suggest-plan/{mode}", "edited")
-                result.checks.append(check)
-                try:
-                    new = apply_plans(src.module, [plan.with_changes(mode=mode)]).code
-                except MsrewriteError as exc:
-                    check.outcome, check.message = ("nothing" if isinstance(exc, NothingToDo) else "bad-input"), str(exc)
-                    continue
-                except Exception as exc:
-                    check.outcome, check.message = "crash", _crash_text(exc)
-                    result.crashes.append(f"suggest-plan/{mode}: {check.message}")
-                    continue
-                if new == src.text:
-                    check.outcome = "nothing"
-                    continue
-                _check_edit(result, check, path, src.text, new)
+                _apply_suggested(result, path, src, analysis.candidates[0].plan, mode)
     except MsrewriteError as exc:
         result.suggest = f"{'bad-input' if isinstance(exc, BadInput) else 'nothing'}: {exc}"
     except Exception as exc:
         result.suggest = f"crash: {_crash_text(exc)}"
         result.crashes.append(f"suggest: {_crash_text(exc)}")
 
-    # apply every case
+
+def _apply_suggested(result: FileResult, path: Path, src, plan, mode: str) -> None:
+    from msrewrite.emit.engine import apply_plans
+    from msrewrite.errors import MsrewriteError, NothingToDo
+
+    check = Check(f"suggest-plan/{mode}", "edited")
+    result.checks.append(check)
+    try:
+        new = apply_plans(src.module, [plan.with_changes(mode=mode)]).code
+    except MsrewriteError as exc:
+        check.outcome, check.message = ("nothing" if isinstance(exc, NothingToDo) else "bad-input"), str(exc)
+        return
+    except Exception as exc:
+        check.outcome, check.message = "crash", _crash_text(exc)
+        result.crashes.append(f"suggest-plan/{mode}: {check.message}")
+        return
+    if new == src.text:
+        check.outcome = "nothing"
+        return
+    _check_edit(result, check, path, src.text, new)
+
+
+def _sweep_cases(result: FileResult, path: Path, all_modes: bool) -> None:
+    """Every case, in eager mode first; in its other modes too when eager edits."""
+    from msrewrite.codemods import all_cases
+
     for case in all_cases():
         modes = ["eager"] + ([m for m in case.modes if m != "eager"] if all_modes else [])
         for mode in modes:
-            check = Check(f"{case.name}/{mode}", "edited")
-            result.checks.append(check)
-            try:
-                src = load(path)
-                plans = plans_for_case(path, src.module, case.name, mode, None, FlagSpec(name=case.flag_name), None)
-                new = apply_plans(src.module, plans).code
-            except MsrewriteError as exc:
-                check.outcome = "nothing" if isinstance(exc, NothingToDo) else "bad-input"
-                check.message = str(exc)
-                if mode == "eager" and isinstance(exc, NothingToDo):
-                    break  # targets do not depend on the mode: the other modes find nothing too
-                continue
-            except Exception as exc:
-                check.outcome, check.message = "crash", _crash_text(exc)
-                result.crashes.append(f"{check.what}: {check.message}")
-                continue
-            if new == src.text:
-                check.outcome = "nothing"
-                result.failures.append(f"{check.what}: plans found but the edit changes nothing")
-                continue
-            _check_edit(result, check, path, src.text, new, case=case, mode=mode)
-    result.seconds = time.perf_counter() - start
-    return result
+            if not _apply_case(result, path, case, mode):
+                break  # targets do not depend on the mode: the other modes find nothing too
+
+
+def _apply_case(result: FileResult, path: Path, case, mode: str) -> bool:
+    """One case in one mode, checked; False when eager mode found nothing to do."""
+    from msrewrite.commands.apply import plans_for_case
+    from msrewrite.emit.engine import apply_plans
+    from msrewrite.errors import MsrewriteError, NothingToDo
+    from msrewrite.load import load
+    from msrewrite.plan import FlagSpec
+
+    check = Check(f"{case.name}/{mode}", "edited")
+    result.checks.append(check)
+    try:
+        src = load(path)
+        plans = plans_for_case(path, src.module, case.name, mode, None, FlagSpec(name=case.flag_name), None)
+        new = apply_plans(src.module, plans).code
+    except MsrewriteError as exc:
+        check.outcome = "nothing" if isinstance(exc, NothingToDo) else "bad-input"
+        check.message = str(exc)
+        return not (mode == "eager" and isinstance(exc, NothingToDo))
+    except Exception as exc:
+        check.outcome, check.message = "crash", _crash_text(exc)
+        result.crashes.append(f"{check.what}: {check.message}")
+        return True
+    if new == src.text:
+        check.outcome = "nothing"
+        result.failures.append(f"{check.what}: plans found but the edit changes nothing")
+        return True
+    _check_edit(result, check, path, src.text, new, case=case, mode=mode)
+    return True
 
 
 def sweep(files: list[Path], jobs: int = 1, progress: bool = False, all_modes: bool = True) -> list[FileResult]:

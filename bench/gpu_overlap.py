@@ -1,8 +1,8 @@
 """Does the emitted overlap really overlap on a device? Real MoE blocks at full size, random weights.
 
-    /work/venv/bin/python bench/gpu_overlap.py              # CUDA, or Ascend NPU when torch_npu imports
-    /work/venv/bin/python bench/gpu_overlap.py --quick      # fewer token counts and iterations
-    /work/venv/bin/python bench/gpu_overlap.py --cpu-smoke  # the plumbing on CPU at tiny size (no timing value)
+    python bench/gpu_overlap.py              # CUDA, or Ascend NPU when torch_npu imports
+    python bench/gpu_overlap.py --quick      # fewer token counts and iterations
+    python bench/gpu_overlap.py --cpu-smoke  # the plumbing on CPU at tiny size (no timing value)
 
 For transformers' DeepseekV3MoE and Qwen3NextSparseMoeBlock, each built alone from its default
 (full-size) config in bf16: the modeling file is rewritten with `moe-shared-expert` (mode `cuda`
@@ -30,11 +30,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
-HERE = Path(__file__).resolve().parent
+from _common import models_dir
+
 FLAG = "msrewrite_overlap"  # attr flag: the block reads getattr(config, FLAG, True) in __init__
 
 
@@ -93,6 +95,9 @@ class Backend:
     def synchronize(self) -> None:
         pass
 
+    def empty_cache(self) -> None:
+        pass
+
     def time_ms(self, fn, iters: int, warmup: int) -> float:
         for _ in range(warmup):
             fn()
@@ -103,11 +108,41 @@ class Backend:
         self.synchronize()
         return (time.perf_counter() - start) * 1e3 / iters
 
+    def capture(self, fn):
+        """A graph of fn() that replays it; only where `graphs` is true."""
+        raise NotImplementedError(f"{self.name}: no graph capture")
+
     def describe(self) -> str:
         return "CPU (smoke run: plumbing only, no streams, timings meaningless)"
 
 
-class CudaBackend(Backend):
+class _DeviceBackend(Backend):
+    """A device behind torch's stream API (torch.cuda, or torch.npu from torch_npu): timed with
+    device events."""
+
+    api: Any  # torch.cuda or torch.npu
+
+    def synchronize(self) -> None:
+        self.api.synchronize()
+
+    def empty_cache(self) -> None:
+        self.api.empty_cache()
+
+    def time_ms(self, fn, iters: int, warmup: int) -> float:
+        api = self.api
+        for _ in range(warmup):
+            fn()
+        api.synchronize()
+        start, end = api.Event(enable_timing=True), api.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        api.synchronize()
+        return start.elapsed_time(end) / iters
+
+
+class CudaBackend(_DeviceBackend):
     name = "cuda"
     device = "cuda"
     modes = ("cuda",)
@@ -117,22 +152,7 @@ class CudaBackend(Backend):
         import torch
 
         self.torch = torch
-
-    def synchronize(self) -> None:
-        self.torch.cuda.synchronize()
-
-    def time_ms(self, fn, iters: int, warmup: int) -> float:
-        torch = self.torch
-        for _ in range(warmup):
-            fn()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / iters
+        self.api = torch.cuda
 
     def capture(self, fn):
         """A CUDA graph of fn() on static inputs; returns a replay callable (raises if not capturable)."""
@@ -153,7 +173,7 @@ class CudaBackend(Backend):
         return f"{torch.cuda.get_device_name()} (torch {torch.__version__}, CUDA {torch.version.cuda})"
 
 
-class NpuBackend(Backend):
+class NpuBackend(_DeviceBackend):
     """Ascend NPU through torch_npu: eager streams, and npugraph-ex (torch.compile backend)."""
 
     name = "npu"
@@ -165,23 +185,8 @@ class NpuBackend(Backend):
         import torch
         import torch_npu  # noqa: F401  (registers torch.npu)
 
-        self.torch = torch
-
-    def synchronize(self) -> None:
-        self.torch.npu.synchronize()
-
-    def time_ms(self, fn, iters: int, warmup: int) -> float:
-        torch = self.torch
-        for _ in range(warmup):
-            fn()
-        torch.npu.synchronize()
-        start, end = torch.npu.Event(enable_timing=True), torch.npu.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        torch.npu.synchronize()
-        return start.elapsed_time(end) / iters
+        self.torch: Any = torch  # with torch.npu, which torch's own type stubs do not know
+        self.api = self.torch.npu
 
     def capture(self, fn):
         """npugraph-ex: torch.compile with the npugraph_ex backend captures and replays NPU graphs."""
@@ -217,12 +222,6 @@ def detect_backend() -> Backend | None:
 
 
 # Building the blocks -----------------------------------------------------------------------------
-def models_dir() -> Path:
-    import transformers.models as hf_models
-
-    return Path(hf_models.__file__).parent
-
-
 def rewrite(model: Model, mode: str, folder: Path) -> tuple[Path, str]:
     """The modeling file rewritten with moe-shared-expert in `mode` (library API, as `apply` does)."""
     from msrewrite.commands.apply import plans_for_case
@@ -262,7 +261,7 @@ def build_blocks(model: Model, edited_path: Path, backend: Backend, experts_impl
     finally:
         torch.set_default_dtype(old_dtype)
     with torch.no_grad():
-        for name, param in original.named_parameters():
+        for param in original.parameters():
             param.normal_(0.0, 0.02)
     original.eval()
     edited.load_state_dict(original.state_dict(), assign=True)  # same storage: no second copy
@@ -271,7 +270,7 @@ def build_blocks(model: Model, edited_path: Path, backend: Backend, experts_impl
     return original, edited, config.hidden_size
 
 
-def experts_impls(tiny: bool) -> list[str]:
+def experts_impls() -> list[str]:
     import torch
 
     impls = ["eager"]
@@ -408,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         for model in [m for m in MODELS if m.key in args.models]:
             for mode in backend.modes:
                 path, function = rewrite(model, mode, Path(folder))
-                for impl in experts_impls(args.cpu_smoke):
+                for impl in experts_impls():
                     try:
                         original, edited, hidden = build_blocks(model, path, backend, impl, args.cpu_smoke)
                         for t in tokens:
@@ -452,13 +451,8 @@ def _print_row(row: dict) -> None:
 def _free(backend: Backend) -> None:
     import gc
 
-    import torch
-
     gc.collect()
-    if backend.name == "cuda":
-        torch.cuda.empty_cache()
-    elif backend.name == "npu":
-        torch.npu.empty_cache()
+    backend.empty_cache()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """PyTorch's CUDA sanitizer next to msrewrite's verdict, on the CUDA golden edits and mutants of them.
 
-    /work/venv/bin/python bench/gpu_sanitizer.py                  # needs CUDA; exits 0 with a message without
-    /work/venv/bin/python bench/gpu_sanitizer.py --msrewrite-only # msrewrite's column only (runs on CPU)
+    python bench/gpu_sanitizer.py                  # needs CUDA; exits 0 with a message without
+    python bench/gpu_sanitizer.py --msrewrite-only # msrewrite's column only (runs on CPU)
 
 For every golden/moe-shared-expert/cuda/<example>.py (the CUDA-mode edit of examples/<example>.py,
 which defines make()) and a few mutants of it (fork wait removed, join removed, lifetime guard
@@ -21,8 +21,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from _common import ROOT
+
 GOLDEN = ROOT / "golden" / "moe-shared-expert" / "cuda"
 EXAMPLES = ROOT / "examples"
 FLAG_ENV = "ENABLE_MOE_SHARED_EXPERT_STREAM"
@@ -121,7 +123,7 @@ def compare(example_names: list[str], mutant_names: list[str], gpu: bool) -> lis
                 edited = Path(folder) / name / f"{example}.py"
                 edited.parent.mkdir(parents=True, exist_ok=True)
                 edited.write_text(text, encoding="utf-8")
-                row = {"example": example, "mutant": name, "msrewrite": msrewrite_verdict(edited, example),
+                row: dict[str, Any] = {"example": example, "mutant": name, "msrewrite": msrewrite_verdict(edited, example),
                        "pytorch": pytorch_verdict(edited) if gpu else "skipped (no GPU)"}
                 row["agree_expected"] = _expected(row)
                 rows.append(row)

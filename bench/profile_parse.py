@@ -19,10 +19,9 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import best_of
 
 
 def write_trace(path: Path, megabytes: float) -> int:
@@ -64,15 +63,6 @@ def write_trace(path: Path, megabytes: float) -> int:
     return count
 
 
-def best(fn, repeat: int = 3) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
-
-
 def read_chunks(path: Path) -> None:
     with open(path, "rb") as f:
         while f.read(1 << 22):
@@ -100,16 +90,16 @@ def main() -> int:
         path = args.keep or Path(tmp) / "trace.json"
         events = write_trace(path, args.mb)
         size = path.stat().st_size / 1e6
-        read = best(lambda: read_chunks(path))
-        floor = best(lambda: count_chunks(path))
-        reader = best(lambda: load_trace(path))
+        read = best_of(lambda: read_chunks(path), 3)
+        floor = best_of(lambda: count_chunks(path), 3)
+        reader = best_of(lambda: load_trace(path), 3)
         loaded = load_trace(path)
         print(f"trace: {size:.0f} MB, {events} events, {len(loaded.kernels)} kernels, {len(loaded.steps)} steps")
         print(f"read in 4 MiB chunks: {read:.3f} s")
         print(f"+ one bytes.count:    {floor:.3f} s  ({floor / read:.2f}x the read: the floor of any reader)")
         print(f"profile reader:       {reader:.3f} s  ({reader / read:.2f}x the read; target <= 2x)")
         if not args.no_json_load:
-            full = best(lambda: json.load(open(path)), repeat=1)
+            full = best_of(lambda: json.load(open(path)), 1)
             print(f"json.load:            {full:.3f} s  ({full / read:.2f}x the read)")
     return 0
 

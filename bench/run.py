@@ -1,8 +1,8 @@
 """msrewrite speed suite: every figure is a ratio to a baseline measured in the same run.
 
-    /work/venv/bin/python bench/run.py --quick      # ~1 min: one apply file, 30 suggest files, 1 traced model
-    /work/venv/bin/python bench/run.py              # every modeling file, 4 traced models
-    /work/venv/bin/python bench/run.py --profile    # also cProfile the apply path (top functions)
+    python bench/run.py --quick      # ~1 min: one apply file, 30 suggest files, 1 traced model
+    python bench/run.py              # every modeling file, 4 traced models
+    python bench/run.py --profile    # also cProfile the apply path (top functions)
 
 Figures (targets from the issue):
   apply      load + find targets + emit + unified diff of deepseek_v3/modeling_deepseek_v3.py
@@ -42,27 +42,13 @@ import tracemalloc
 from datetime import datetime, timezone
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-RESULTS = HERE / "results"
+from _common import RESULTS, ROOT, TRACED_LAYERS, best_of, models_dir
 
 APPLY_FILE = "deepseek_v3/modeling_deepseek_v3.py"
-TRACED = [
-    ("deepseek_v3/modeling_deepseek_v3.py", "DeepseekV3DecoderLayer"),
-    ("qwen3_next/modeling_qwen3_next.py", "Qwen3NextDecoderLayer"),
-    ("longcat_flash/modeling_longcat_flash.py", "LongcatFlashDecoderLayer"),
-    ("hunyuan_v1_moe/modeling_hunyuan_v1_moe.py", "HunYuanMoEV1DecoderLayer"),
-]
 TARGETS = {"apply": 1.3, "static": 2.0, "traced": 1.5, "verify": 2.0}
 VERIFY_EDIT = ("golden/moe-shared-expert/eager/deepseek_moe.py", "examples/deepseek_moe.py")
 # verify as it was before issue 11: original, flag off and flag on (early schedule, sanitized), eval only
 VERIFY_BEFORE = ["--schedules", "early", "--inputs", "0", "--no-train"]
-
-
-def models_dir() -> Path:
-    import transformers.models as hf_models
-
-    return Path(hf_models.__file__).parent
 
 
 def modeling_files() -> list[Path]:
@@ -72,21 +58,12 @@ def modeling_files() -> list[Path]:
 def sample_files(n: int) -> list[Path]:
     """A fixed, spread-out sample: every k-th modeling file in sorted order (plus the MoE ones)."""
     files = modeling_files()
-    must = [models_dir() / f for f, _ in TRACED]
+    must = [models_dir() / f for f, _ in TRACED_LAYERS]
     if n >= len(files):
         return files
     step = len(files) / max(n - len(must), 1)
     picked = {files[int(i * step)] for i in range(n - len(must))} | set(must)
     return sorted(picked)
-
-
-def best_of(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def peak_alloc(fn) -> int:
@@ -236,7 +213,7 @@ def worker_static(args) -> dict:
     base = best_of(bare_all, repeat)
     tool = best_of(tool_all, repeat)
     ast_time = best_of(ast_all, repeat)
-    passes = dict(zip(files, ast_all()))
+    passes = dict(zip(files, ast_all(), strict=True))
     jobs = args.jobs
     cli_serial = best_of(cli(1), 1)
     cli_jobs = best_of(cli(jobs), 1)
@@ -276,7 +253,12 @@ def _pipeline_skips_libcst(device) -> bool:
 
     calls = []
     real = libcst.parse_module
-    libcst.parse_module = lambda *a, **k: calls.append(1) or real(*a, **k)
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    libcst.parse_module = counting
     try:
         analyze(models_dir() / "deepseek_v3/configuration_deepseek_v3.py", device=device, static=True)
     except Exception:
@@ -348,23 +330,7 @@ def verdict(ratio: float, target: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fixed 30-file sample, one traced model, fewer repeats")
-    parser.add_argument("--sample", type=int, default=None, help="static: number of modeling files (default all; 30 with --quick)")
-    parser.add_argument("--jobs", "-j", type=int, default=min(os.cpu_count() or 1, 8), help="workers for the -j figure")
-    parser.add_argument("--repeat", type=int, default=None)
-    parser.add_argument("--profile", action="store_true", help="print a cProfile of the apply path")
-    parser.add_argument("--no-json", action="store_true", help="do not write bench/results/<timestamp>.json")
-    parser.add_argument("--only", choices=["static", "apply", "verify"], help="run only this figure (no JSON written)")
-    parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
-    parser.add_argument("--file", help=argparse.SUPPRESS)
-    parser.add_argument("--target", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.repeat is None:
-        args.repeat = 3 if args.quick else 7
-    if args.sample is None and args.quick:
-        args.sample = 30
-
+    args = _parse_args(argv)
     if args.worker:
         result = WORKERS[args.worker](args)
         print(json.dumps(result, default=str))
@@ -391,25 +357,66 @@ def main(argv: list[str] | None = None) -> int:
     applied, _ = spawn("apply", *common, *(["--profile"] if args.profile else []))
     print("static suggest ...", file=sys.stderr, flush=True)
     static, _ = spawn("static", *common, *(["--sample", str(args.sample)] if args.sample else []))
-    traced_rows = []
-    for file, target in TRACED[:1] if args.quick else TRACED:
+    traced_rows = _traced_rows(args.quick)
+    print("verify ...", file=sys.stderr, flush=True)
+    verified = verify_figure(2 if args.quick else 3)
+    _add_ratios(applied, static, traced_rows)
+    results.update(apply=applied, static=static, traced=traced_rows, verify=verified)
+    _print_table(applied, static, traced_rows, verified)
+    _print_notes(applied, static)
+    if args.profile:
+        print("\n" + applied["profile"])
+    if not args.no_json:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        out = RESULTS / f"{datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
+        out.write_text(json.dumps(results, indent=2, default=str))
+        print(f"\nwrote {out.relative_to(ROOT)}")
+    return 0
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fixed 30-file sample, one traced model, fewer repeats")
+    parser.add_argument("--sample", type=int, default=None, help="static: number of modeling files (default all; 30 with --quick)")
+    parser.add_argument("--jobs", "-j", type=int, default=min(os.cpu_count() or 1, 8), help="workers for the -j figure")
+    parser.add_argument("--repeat", type=int, default=None)
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of the apply path")
+    parser.add_argument("--no-json", action="store_true", help="do not write bench/results/<timestamp>.json")
+    parser.add_argument("--only", choices=["static", "apply", "verify"], help="run only this figure (no JSON written)")
+    parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
+    parser.add_argument("--file", help=argparse.SUPPRESS)
+    parser.add_argument("--target", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.repeat is None:
+        args.repeat = 3 if args.quick else 7
+    if args.sample is None and args.quick:
+        args.sample = 30
+    return args
+
+
+def _traced_rows(quick: bool) -> list[dict]:
+    """Traced suggest of each decoder layer vs importing and running it once, fresh processes,
+    alternating, best of each."""
+    rows = []
+    for file, target in TRACED_LAYERS[:1] if quick else TRACED_LAYERS:
         print(f"traced suggest {target} ...", file=sys.stderr, flush=True)
-        walls = {"run-once": [], "traced": []}
+        walls: dict[str, list[float]] = {"run-once": [], "traced": []}
         info = {}
-        for _ in range(2 if args.quick else 3):  # alternate, keep the best of each
+        for _ in range(2 if quick else 3):  # alternate, keep the best of each
             for kind in ("run-once", "traced"):
                 res, wall = spawn(kind, "--file", file, "--target", target)
                 walls[kind].append(wall)
                 info[kind] = res
-        traced_rows.append({
+        rows.append({
             "file": file, "target": target,
             "baseline_s": min(walls["run-once"]), "msrewrite_s": min(walls["traced"]),
             "candidates": info["traced"]["candidates"],
             "baseline_rss_mib": info["run-once"]["max_rss_mib"], "msrewrite_rss_mib": info["traced"]["max_rss_mib"],
         })
+    return rows
 
-    print("verify ...", file=sys.stderr, flush=True)
-    verified = verify_figure(2 if args.quick else 3)
+
+def _add_ratios(applied: dict, static: dict, traced_rows: list[dict]) -> None:
     applied["ratio"] = applied["msrewrite_s"] / applied["baseline_s"]
     static["ratio"] = static["msrewrite_s"] / static["baseline_s"]
     static["ratio_cli_serial"] = static["cli_serial_s"] / static["baseline_s"]
@@ -417,9 +424,14 @@ def main(argv: list[str] | None = None) -> int:
     static["ratio_with_prescan"] = static["msrewrite_with_prescan_s"] / static["baseline_s"]
     for row in traced_rows:
         row["ratio"] = row["msrewrite_s"] / row["baseline_s"]
-    results.update(apply=applied, static=static, traced=traced_rows, verify=verified)
 
-    rows = [
+
+# (figure, input, msrewrite s, baseline s, what the baseline is, ratio, target, peak memory)
+_Row = tuple[str, str, float, float, str, float, float, str]
+
+
+def _print_table(applied: dict, static: dict, traced_rows: list[dict], verified: dict) -> None:
+    rows: list[_Row] = [
         ("apply moe-shared-expert", f"{APPLY_FILE} ({applied['lines']} lines)", applied["msrewrite_s"], applied["baseline_s"],
          "libcst parse+codegen", applied["ratio"], TARGETS["apply"],
          f"{mib(applied['msrewrite_peak_bytes'])} vs {mib(applied['baseline_peak_bytes'])}"),
@@ -440,6 +452,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'figure':<26}{'input':<50}{'msrewrite':>10}{'baseline':>10}  {'baseline is':<28}{'ratio':>7}{'target':>8}  {'':<5}peak memory (msrewrite vs baseline)")
     for name, what, tool, base, base_name, ratio, target, mem in rows:
         print(f"{name:<26}{what:<50}{tool:>9.3f}s{base:>9.3f}s  {base_name:<28}{ratio:>6.2f}x{target:>7.1f}x  {verdict(ratio, target):<5}{mem}")
+
+
+def _print_notes(applied: dict, static: dict) -> None:
     print("\napply phases (best of runs): " + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in applied["phases_s"].items()))
     print(
         f"static tier: {static['files_with_candidates']}/{static['files']} files have candidates; "
@@ -449,14 +464,6 @@ def main(argv: list[str] | None = None) -> int:
         f"{static['ast_prescan_passes']}/{static['files']} files, false negatives: {static['ast_prescan_false_negatives'] or 'none'}."
     )
     print(f"max RSS of workers: apply {applied['max_rss_mib']:.0f} MiB, static {static['max_rss_mib']:.0f} MiB")
-    if args.profile:
-        print("\n" + applied["profile"])
-    if not args.no_json:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        out = RESULTS / f"{datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
-        out.write_text(json.dumps(results, indent=2, default=str))
-        print(f"\nwrote {out.relative_to(ROOT)}")
-    return 0
 
 
 def _only_static(args, common: list[str]) -> int:

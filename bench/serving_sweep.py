@@ -44,9 +44,9 @@ import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import _common  # noqa: F401 - puts this checkout first on sys.path
 
 STREAM_CODE = re.compile(r"wait_stream|torch\.(cuda|npu)\.stream\(|alt_stream|aux_stream|npu_stream_switch|current_stream\(")
 HANDED_TO_FRAMEWORK = re.compile(r"[(,]\s*shared_experts?\s*=\s*self\.\w+")  # a keyword argument
@@ -96,6 +96,7 @@ def sweep_apply(path: Path) -> dict:
     try:
         src = load(path)
         case = get_case("moe-shared-expert")
+        assert case is not None  # a bundled case
         targets = find_targets(case, path, src.module, Options(), text=src.text)
     except MsrewriteError as exc:
         result["file_status"] = ("refused", str(exc))
@@ -177,7 +178,7 @@ def sweep_suggest(path: Path) -> dict:
     from msrewrite.suggest.pipeline import analyze
     from msrewrite.suggest.profiles import profile
 
-    result = {"candidates": 0, "fork_is_join": 0, "hoisted_out_of_control_flow": 0, "accepted": 0,
+    result: dict[str, Any] = {"candidates": 0, "fork_is_join": 0, "hoisted_out_of_control_flow": 0, "accepted": 0,
               "refused_by_finder": 0, "rejected": [], "crash": None}
     try:
         analysis = analyze(path, device=profile("a3"), static=True)
@@ -213,14 +214,14 @@ def sweep_suggest(path: Path) -> dict:
                 result["rejected"].append(f"{plan.function}: crash {type(exc).__name__}: {exc}")
                 continue
             diff = out.getvalue()
-            if _git_apply_check_diff(src.text, diff, path):
+            if _git_apply_check_diff(src.text, diff):
                 result["accepted"] += 1
             else:
                 result["rejected"].append(f"{plan.function} L{plan.fork_line}-{plan.join_line}: diff does not apply")
     return result
 
 
-def _git_apply_check_diff(original: str, diff: str, path: Path) -> bool:
+def _git_apply_check_diff(original: str, diff: str) -> bool:
     # the diff names the file by its path relative to its git tree (or its own name): rename it
     lines = diff.splitlines(keepends=True)
     fixed = [
@@ -234,7 +235,7 @@ def sweep_file(args: tuple[str, str]) -> dict:
     corpus, file = args
     path = Path(file)
     start = time.perf_counter()
-    record = {"corpus": corpus, "file": path.name}
+    record: dict[str, Any] = {"corpus": corpus, "file": path.name}
     record["apply"] = sweep_apply(path)
     record["suggest"] = sweep_suggest(path)
     record["seconds"] = round(time.perf_counter() - start, 3)
@@ -320,7 +321,7 @@ def table(records: list[dict], corpus: str) -> list[str]:
         f"/{total}; branches the finder refused (listed, not printed): {sum(x['refused_by_finder'] for x in s)}; "
         f"crashes {sum(1 for x in s if x['crash'])}"
     )
-    for x, r in zip(s, mine):
+    for x, r in zip(s, mine, strict=True):
         for line in x["rejected"][:3]:
             rows.append(f"  not accepted: {r['file']}: {line}")
         if x["crash"]:

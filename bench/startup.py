@@ -28,8 +28,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from _common import ROOT
 
 
 def default_file() -> Path:
@@ -66,7 +67,7 @@ def paired(tool: list[str], bare: list[str], pairs: int, expect: tuple[int, ...]
         else:
             tool_s.append(timed(tool, expect))
             bare_s.append(timed(bare, (0,)))
-    result = {"pairs": pairs}
+    result: dict[str, Any] = {"pairs": pairs}
     for k, what in enumerate(("wall", "cpu")):
         tool_m = statistics.median(t[k] for t in tool_s)
         bare_m = statistics.median(t[k] for t in bare_s)
@@ -91,7 +92,7 @@ def main() -> int:
                     [py, "-c", f"import libcst; libcst.parse_module(open({path!r}).read())"], (0, 1), 2.0),
         "cases": ([py, "-m", "msrewrite", "cases"], [py, "-c", "import libcst"], (0,), None),
     }
-    results = {"file": path, "env": env_note}
+    results: dict[str, Any] = {"file": path, "env": env_note}
     for name, (tool, bare, expect, target) in figures.items():
         if args.only and name not in args.only:
             continue

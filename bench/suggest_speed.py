@@ -12,31 +12,24 @@ start-up (about 2-4 s; an in-process baseline would be cached after the first mo
 
 Target: traced within 1.5x of run once; static under 1 s per file.
 
-    /work/venv/bin/python bench/suggest_speed.py [--before DIR] [--repeat N]
+    python bench/suggest_speed.py [--before DIR] [--repeat N]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import transformers.models as hf_models
-
+from _common import ROOT, TRACED_LAYERS, best_of, models_dir
 from msrewrite.suggest.pipeline import analyze
 from msrewrite.suggest.profiles import profile
 
-MODELS = Path(hf_models.__file__).parent
-ROOT = Path(__file__).resolve().parent.parent
-CASES = [
-    ("deepseek_v3/modeling_deepseek_v3.py", "DeepseekV3DecoderLayer"),
-    ("qwen3_next/modeling_qwen3_next.py", "Qwen3NextDecoderLayer"),
-    ("longcat_flash/modeling_longcat_flash.py", "LongcatFlashDecoderLayer"),
-    ("hunyuan_v1_moe/modeling_hunyuan_v1_moe.py", "HunYuanMoEV1DecoderLayer"),
-]
+MODELS = models_dir()
 RUN_ONCE = "from msrewrite.harness import build_harness; import sys; build_harness(sys.argv[1], target=sys.argv[2]).run()"
 
 
@@ -46,12 +39,6 @@ def wall(cmd: list[str], pythonpath: str | None = None) -> float:
         env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
     start = time.perf_counter()
     subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, cwd=ROOT)
-    return time.perf_counter() - start
-
-
-def seconds(fn) -> float:
-    start = time.perf_counter()
-    fn()
     return time.perf_counter() - start
 
 
@@ -65,7 +52,7 @@ def main() -> None:
     if opts.before:
         head += f"{'before':>10}{'ratio':>8}"
     print(head + f"{'static':>10}  static<1s")
-    for file, target in CASES:
+    for file, target in TRACED_LAYERS:
         path = str(MODELS / file)
         suggest = [sys.executable, "-m", "msrewrite", "suggest", path, "--target", target, "--json"]
         best = lambda cmd, pp=None: min(wall(cmd, pp) for _ in range(opts.repeat))  # noqa: E731
@@ -75,7 +62,7 @@ def main() -> None:
         if opts.before:
             before = best(suggest, str(opts.before.resolve()))
             row += f"{before:>9.2f}s{before / baseline:>7.2f}x"
-        static = min(seconds(lambda: analyze(Path(path), device=device, static=True)) for _ in range(3))
+        static = best_of(functools.partial(analyze, Path(path), device=device, static=True), 3)
         print(row + f"{static:>9.2f}s  {'yes' if static < 1 else 'NO'}")
 
 

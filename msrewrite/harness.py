@@ -26,10 +26,11 @@ import sys
 import time
 import types
 import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, NoReturn
 
 import torch
 
@@ -97,7 +98,7 @@ class Harness:
         with torch.no_grad():
             return self.module(*clone_tree(self.args), **clone_tree(self.kwargs))
 
-    def rebuild_from(self, other_module: types.ModuleType) -> "Harness":
+    def rebuild_from(self, other_module: types.ModuleType) -> Harness:
         """The same class from another loaded file, same constructor arguments, weights and inputs."""
         cls = getattr(other_module, self.target, None)
         if not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):
@@ -238,8 +239,8 @@ def build_harness(
         built = _from_user_harness(harness, path, target)
     elif input_shape is not None:
         built = _from_plain_module(model_module, target, input_shape)
-    elif _config_class(model_module, path) is not None:
-        built = _from_transformers(model_module, path, target)
+    elif (config_cls := _config_class(model_module, path)) is not None:
+        built = _from_transformers(model_module, path, target, config_cls)
     else:
         raise BadInput(
             f"{path.name}: no config class found; pass --harness H.py:make or --input-shape for an nn.Module"
@@ -297,7 +298,7 @@ def _split_inputs(inputs: Any) -> tuple[tuple, dict]:
     raise BadInput("harness inputs must be a tuple, a dict or (args, kwargs)")
 
 
-def _module_classes(model_module: types.ModuleType) -> dict[str, type]:
+def _module_classes(model_module: types.ModuleType) -> dict[str, type[torch.nn.Module]]:
     return {
         name: obj
         for name, obj in vars(model_module).items()
@@ -326,7 +327,7 @@ def _from_plain_module(model_module: types.ModuleType, target: str | None, input
 _CONFIG_IMPORT = re.compile(r"from\s+\.configuration_\w+\s+import\s+\(?\s*(\w+Config)\b")
 
 
-def _config_class(model_module: types.ModuleType, path: Path) -> type | None:
+def _config_class(model_module: types.ModuleType, path: Path) -> type[object] | None:
     match = _CONFIG_IMPORT.search(path.read_text(encoding="utf-8", errors="replace"))
     if match is None:
         return None
@@ -334,7 +335,7 @@ def _config_class(model_module: types.ModuleType, path: Path) -> type | None:
     return cls if isinstance(cls, type) else None
 
 
-def tiny_config(config_cls: type, overrides: dict[str, Any] | None = None) -> Any:
+def tiny_config(config_cls: type[object], overrides: dict[str, Any] | None = None) -> Any:
     """The config with tiny dimensions; only fields the class knows are set."""
     known = _config_fields(config_cls)
     values = {k: v for k, v in TINY_CONFIG.items() if k in known}
@@ -364,7 +365,7 @@ def tiny_config(config_cls: type, overrides: dict[str, Any] | None = None) -> An
     return config
 
 
-def _config_fields(config_cls: type) -> set[str]:
+def _config_fields(config_cls: type[object]) -> set[str]:
     import dataclasses
 
     names: set[str] = set()
@@ -375,7 +376,7 @@ def _config_fields(config_cls: type) -> set[str]:
     return names
 
 
-def default_target(classes: dict[str, type]) -> str:
+def default_target(classes: dict[str, type[torch.nn.Module]]) -> str:
     layers = [name for name in classes if name.endswith("DecoderLayer")]
     if not layers:
         raise BadInput("no decoder layer class in the file; pass --target")
@@ -384,13 +385,15 @@ def default_target(classes: dict[str, type]) -> str:
 
 def moe_layer_index(config: Any) -> int:
     """The last layer: MoE in every tiny config (first_k_dense_replace=1, layer_types[1] full attention)."""
-    layers = getattr(config, "num_layers", None) or getattr(config, "num_hidden_layers", 1)
+    layers: Any = getattr(config, "num_layers", None) or getattr(config, "num_hidden_layers", 1)
     return max(0, int(layers) - 1)
 
 
-def _from_transformers(model_module: types.ModuleType, path: Path, target: str | None) -> Harness:
+def _from_transformers(
+    model_module: types.ModuleType, path: Path, target: str | None, config_cls: type[object]
+) -> Harness:
     classes = _module_classes(model_module)
-    config = tiny_config(_config_class(model_module, path))
+    config = tiny_config(config_cls)
     target = target or default_target(classes)
     cls = classes.get(target)
     if cls is None:
@@ -418,7 +421,9 @@ def _from_transformers(model_module: types.ModuleType, path: Path, target: str |
     )
 
 
-def _layer_kwargs(cls: type, classes: dict[str, type], config: Any, hidden_states: torch.Tensor) -> dict:
+def _layer_kwargs(
+    cls: type[torch.nn.Module], classes: dict[str, type[torch.nn.Module]], config: Any, hidden_states: torch.Tensor
+) -> dict:
     """Decoder layers need position embeddings from the model's rotary class; MoE blocks need nothing."""
     params = inspect.signature(inspect.unwrap(cls.forward)).parameters
     if "position_embeddings" not in params:
@@ -488,7 +493,7 @@ def _recording_inits() -> Iterator[_InitRecord]:
     """Record the arguments of nn.Module constructors via a profile hook on `__init__` calls."""
     record = _InitRecord()
 
-    def profile(frame: types.FrameType, event: str, arg: Any) -> None:
+    def profile(frame: types.FrameType, event: str, _arg: Any) -> None:
         if event != "call" or frame.f_code.co_name != "__init__":
             return
         obj = frame.f_locals.get("self")
@@ -572,72 +577,104 @@ def run_in_child(fn: Callable[[ChildProgress], Any], *, timeout: float, stdout_t
         stream.flush()
     read_fd, write_fd = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child
-        code = 0
-        try:
-            os.close(read_fd)
-            os.setpgid(0, 0)
-            gc.enable()  # off in the msrewrite process (cli.entry); user code may make cycles
-            if stdout_to_stderr:
-                os.dup2(2, 1)
-            me = os.getpid()
-            global _child_pid
-            _child_pid = me
-            progress = ChildProgress(write_fd, me)
-            try:
-                value = ("ok", fn(progress))
-            except MsrewriteError as exc:
-                value = ("error", exc)
-            except SystemExit as exc:
-                value = ("exit", f"called sys.exit({exc.code!r})")
-            except BaseException as exc:  # noqa: BLE001 - reported to the parent as one line
-                value = ("crash", one_line(exc))
-            if os.getpid() == me:  # a process forked by user code never reports
-                sys.stdout.flush()
-                _send(write_fd, value)
-        except BaseException:  # noqa: BLE001
-            code = 70
-        finally:
-            os._exit(code)
+    if pid == 0:
+        _child_main(fn, read_fd, write_fd, stdout_to_stderr)
     os.close(write_fd)
-    phase = "starting"
-    deadline = time.monotonic() + timeout
-    buffer = b""
-    result: Any = None
     try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                _kill_group(pid)
-                raise ChildFailed(f"timed out after {timeout:g} s while {phase}", phase)
-            ready, _, _ = select.select([read_fd], [], [], min(left, 1.0))
-            if not ready:
-                continue
-            chunk = os.read(read_fd, 1 << 20)
-            if not chunk:
-                break
-            buffer += chunk
-            while len(buffer) >= 8 and len(buffer) >= 8 + int.from_bytes(buffer[:8], "little"):
-                size = int.from_bytes(buffer[:8], "little")
-                try:
-                    kind, value = pickle.loads(buffer[8 : 8 + size])
-                except Exception as exc:  # noqa: BLE001 - e.g. an object of a class only the child imported
-                    _kill_group(pid)
-                    raise ChildFailed(f"returned a result this process cannot read ({one_line(exc)})", phase) from None
-                buffer = buffer[8 + size :]
-                if kind == "phase":
-                    phase = value
-                elif kind == "stage":
-                    if on_stage is not None:
-                        on_stage(value)
-                else:
-                    result = (kind, value)
-            if result is not None:
-                break  # a process user code forked may still hold the pipe open: do not wait for it
+        result, phase = _read_reports(pid, read_fd, timeout, on_stage)
     finally:
         os.close(read_fd)
     _, status = os.waitpid(pid, 0)
     _kill_group(pid)  # anything user code left running in the child's group
+    return _child_outcome(result, status, phase)
+
+
+def _child_main(fn: Callable[[ChildProgress], Any], read_fd: int, write_fd: int, stdout_to_stderr: bool) -> NoReturn:
+    """The forked child: run `fn`, send its outcome to the parent, and end without returning."""
+    global _child_pid
+    code = 0
+    try:
+        os.close(read_fd)
+        os.setpgid(0, 0)
+        gc.enable()  # off in the msrewrite process (cli.entry); user code may make cycles
+        if stdout_to_stderr:
+            os.dup2(2, 1)
+        me = os.getpid()
+        _child_pid = me
+        progress = ChildProgress(write_fd, me)
+        try:
+            value = ("ok", fn(progress))
+        except MsrewriteError as exc:
+            value = ("error", exc)
+        except SystemExit as exc:
+            value = ("exit", f"called sys.exit({exc.code!r})")
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent as one line
+            value = ("crash", one_line(exc))
+        if os.getpid() == me:  # a process forked by user code never reports
+            sys.stdout.flush()
+            _send(write_fd, value)
+    except BaseException:  # noqa: BLE001
+        code = 70
+    finally:
+        os._exit(code)
+
+
+_UNREADABLE = object()  # a report this process cannot unpickle
+
+
+def _read_reports(pid: int, read_fd: int, timeout: float,
+                  on_stage: Callable[[str], None] | None) -> tuple[tuple[str, Any] | None, str]:
+    """The child's reports up to its outcome: (outcome, or None when the pipe closed first; the
+    phase it last named). A timeout or an unreadable report kills the child's group."""
+    phase = "starting"
+    deadline = time.monotonic() + timeout
+    buffer = b""
+    result: tuple[str, Any] | None = None
+    while result is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            _kill_group(pid)
+            raise ChildFailed(f"timed out after {timeout:g} s while {phase}", phase)
+        ready, _, _ = select.select([read_fd], [], [], min(left, 1.0))
+        if not ready:
+            continue
+        chunk = os.read(read_fd, 1 << 20)
+        if not chunk:
+            break
+        messages, buffer = _split_reports(buffer + chunk)
+        for kind, value in messages:
+            if kind is _UNREADABLE:  # e.g. an object of a class only the child imported
+                _kill_group(pid)
+                raise ChildFailed(f"returned a result this process cannot read ({one_line(value)})", phase)
+            if kind == "phase":
+                phase = value
+            elif kind == "stage":
+                if on_stage is not None:
+                    on_stage(value)
+            else:
+                result = (kind, value)
+        # after the outcome, stop: a process user code forked may still hold the pipe open
+    return result, phase
+
+
+def _split_reports(buffer: bytes) -> tuple[list[tuple[Any, Any]], bytes]:
+    """The complete (kind, value) reports at the start of `buffer` (8-byte length, pickle), and
+    what is left; one that does not load ends the list as (_UNREADABLE, the exception)."""
+    found: list[tuple[Any, Any]] = []
+    while len(buffer) >= 8 and len(buffer) >= 8 + int.from_bytes(buffer[:8], "little"):
+        size = int.from_bytes(buffer[:8], "little")
+        try:
+            kind, value = pickle.loads(buffer[8 : 8 + size])
+        except Exception as exc:  # noqa: BLE001
+            found.append((_UNREADABLE, exc))
+            break
+        found.append((kind, value))
+        buffer = buffer[8 + size :]
+    return found, buffer
+
+
+def _child_outcome(result: tuple[str, Any] | None, status: int, phase: str) -> Any:
+    """The child's return value, or its error raised here."""
     if result is None:
         if os.WIFSIGNALED(status):
             name = signal.Signals(os.WTERMSIG(status)).name

@@ -8,6 +8,7 @@ import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import libcst as cst
 
@@ -192,7 +193,7 @@ def check_nesting(path: Path, text: str) -> None:
     except (RecursionError, MemoryError):
         raise BadInput(f"{path}: nested too deeply to parse") from None
     deepest, line = 0, 0
-    stack = [(tree, 0)]
+    stack: list[tuple[ast.AST, int]] = [(tree, 0)]
     while stack:  # iterative: the tree may be deeper than Python's recursion limit
         node, depth = stack.pop()
         if depth > deepest:
@@ -258,7 +259,7 @@ def git_root(path: Path) -> Path | None:
     return _nearest_dot_git(path)
 
 
-def _discover(path: Path) -> Path | None | bool:
+def _discover(path: Path) -> Path | Literal[False] | None:
     """git's own discovery, without starting git (a process per run costs more than the diff): the
     nearest folder up from the file holding a `.git` folder with a HEAD or a `.git` file pointing
     to one (a worktree, a submodule). False when it is not that simple (a folder that is itself a

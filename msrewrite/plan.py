@@ -10,6 +10,7 @@ instead of editing the wrong lines.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -23,6 +24,9 @@ STREAM_SOURCES = ("lazy", "constructor")
 SYNCS = ("wait_stream", "events", "async-comm")
 PLAN_VERSION = 1
 MAX_PLAN_ERRORS = 3  # shown in the one error line; the rest are counted
+# The stream tag of a plan file that names none (the field has been optional in plan files from
+# the start, when the only case was moe-shared-expert); plans made in code always name theirs.
+PLAN_FILE_STREAM_TAG = "shared_expert"
 
 
 @dataclass(frozen=True)
@@ -54,8 +58,7 @@ class FlagSpec:
             validate.env_name(self.name, f"{self.kind} flag name")
         else:
             validate.attribute(self.name, f"{self.kind} flag name")
-        if not isinstance(self.default, bool):
-            raise ValueError(f"flag default must be true or false, got {validate.shown(self.default)}")
+        _boolean(self.default, "flag default")
         if self.max_tokens is not None and (
             isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1
         ):
@@ -65,7 +68,7 @@ class FlagSpec:
 
     @classmethod
     def parse(cls, text: str, default: bool = True, max_tokens: int | None = None,
-              gate: str | None = None) -> "FlagSpec":
+              gate: str | None = None) -> FlagSpec:
         kind, sep, name = text.partition(":")
         if not sep or kind not in FLAG_KINDS or not name:
             kinds = " or ".join(f"{k}:NAME" for k in FLAG_KINDS)
@@ -150,7 +153,7 @@ class OverlapPlan:
     join_line: int  # first statement that consumes a side output
     side_inputs: tuple[str, ...]
     side_outputs: tuple[str, ...]
-    stream_tag: str = "shared_expert"
+    stream_tag: str  # the case's (or --stream-tag); a plan file may omit it: PLAN_FILE_STREAM_TAG
     flag: FlagSpec = field(default_factory=FlagSpec)
     mode: str = "eager"
     start_gates: tuple[StartGate, ...] = ()
@@ -213,6 +216,12 @@ class OverlapPlan:
     def __post_init__(self) -> None:
         # Every field that reaches emitted code (names, literals, comments) is checked here, so no
         # plan, from a case or from a JSON file, can carry code into the edit (validate.py).
+        self._check_location()
+        self._check_names()
+        self._check_notes()
+        self._check_options()
+
+    def _check_location(self) -> None:
         _enum(self.mode, MODES, "mode")
         validate.case_name(self.case, "case")
         if not isinstance(self.file, str):
@@ -226,6 +235,8 @@ class OverlapPlan:
         validate.line_number(self.join_line, "join_line")
         if not self.fork_line <= self.join_line:
             raise ValueError("the fork must come before the join")
+
+    def _check_names(self) -> None:
         for what in ("side_inputs", "side_outputs", "inputs_rebound_before_join", "outputs_maybe_unbound",
                      "phase_anchors", "protect_inputs"):
             for name in getattr(self, what):
@@ -236,17 +247,18 @@ class OverlapPlan:
         for gate in self.start_gates:
             if not isinstance(gate, StartGate) or not gate.tensor:
                 raise ValueError("start_gates entries need a tensor and an anchor")
-        if isinstance(self.summary, str):  # prose for notes and commit messages: one line
-            object.__setattr__(self, "summary", " ".join(self.summary.split()))
-        validate.comment_text(self.summary, "summary")
+
+    def _check_notes(self) -> None:
+        _one_line_summary(self)
         _enum(self.stream_source, STREAM_SOURCES, "stream_source")
         _enum(self.sync, SYNCS, "sync")
         for what in ("trust_boundary", "assume_pure"):  # printed, never emitted as code
             for name in getattr(self, what):
                 validate.comment_text(name, f"{what} entry")
-        if not isinstance(self.allow_rng_reorder, bool):
-            raise ValueError(f"allow_rng_reorder must be true or false, got {validate.shown(self.allow_rng_reorder)}")
+        _boolean(self.allow_rng_reorder, "allow_rng_reorder")
         validate.comment_text(self.rng_reorder, "rng_reorder")
+
+    def _check_options(self) -> None:
         if bool(self.guard) != bool(self.guard_line):
             raise ValueError("a guarded plan needs both guard and guard_line")
         if self.guard:
@@ -255,10 +267,8 @@ class OverlapPlan:
             validate.line_number(self.guard_line, "guard_line")
         if self.case_branch:
             validate.case_name(self.case_branch, "case_branch")
-        if not isinstance(self.markers, bool):
-            raise ValueError(f"markers must be true or false, got {validate.shown(self.markers)}")
-        if not isinstance(self.non_blocking, bool):
-            raise ValueError(f"non_blocking must be true or false, got {validate.shown(self.non_blocking)}")
+        _boolean(self.markers, "markers")
+        _boolean(self.non_blocking, "non_blocking")
         if self.core_limits is not None and (
             len(self.core_limits) != 4
             or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= 4096 for n in self.core_limits)
@@ -279,7 +289,7 @@ class OverlapPlan:
     def side_lines(self) -> list[list[int]]:
         return [[s.first_line, s.last_line] for s in self.side]
 
-    def with_changes(self, **changes: Any) -> "OverlapPlan":
+    def with_changes(self, **changes: Any) -> OverlapPlan:
         return dataclasses.replace(self, **changes)
 
     # JSON ------------------------------------------------------------------------------
@@ -294,12 +304,9 @@ class OverlapPlan:
         return data
 
     @classmethod
-    def from_dict(cls, data: Any) -> "OverlapPlan":
+    def from_dict(cls, data: Any) -> OverlapPlan:
         """A plan from JSON, checked field by field: ValueError lists what is wrong (one line)."""
-        errors = plan_errors(data)
-        if errors:
-            more = f" (and {len(errors) - MAX_PLAN_ERRORS} more)" if len(errors) > MAX_PLAN_ERRORS else ""
-            raise ValueError("malformed plan: " + "; ".join(errors[:MAX_PLAN_ERRORS]) + more)
+        _refuse(plan_errors(data))
         data = dict(data)
         data.pop("version", None)
         try:
@@ -308,6 +315,7 @@ class OverlapPlan:
                    "side": tuple(SideStatement(**s) for s in data["side"]),
                    "side_inputs": tuple(data["side_inputs"]),
                    "side_outputs": tuple(data["side_outputs"]),
+                   "stream_tag": data.get("stream_tag", PLAN_FILE_STREAM_TAG),
                    "flag": FlagSpec(**data.get("flag", {})),
                    "start_gates": tuple(StartGate(**g) for g in data.get("start_gates", ())),
                    "inputs_rebound_before_join": tuple(data.get("inputs_rebound_before_join", ())),
@@ -325,7 +333,7 @@ class OverlapPlan:
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
-    def from_json(cls, text: str) -> "OverlapPlan":
+    def from_json(cls, text: str) -> OverlapPlan:
         return cls.from_dict(json.loads(text))
 
 
@@ -372,8 +380,7 @@ class MicrobatchStage:
     statements: tuple[SourceSpan, ...]
 
     def __post_init__(self) -> None:
-        if not isinstance(self.comm, bool):
-            raise ValueError(f"stage comm must be true or false, got {validate.shown(self.comm)}")
+        _boolean(self.comm, "stage comm")
         if not self.statements or not all(isinstance(s, SourceSpan) for s in self.statements):
             raise ValueError("a stage needs at least one statement")
 
@@ -410,6 +417,11 @@ class MicrobatchPlan:
     case_branch: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
+        self._check_location()
+        self._check_stages()
+        self._check_options()
+
+    def _check_location(self) -> None:
         if self.kind != MICROBATCH_KIND:
             raise ValueError(f"kind must be {MICROBATCH_KIND!r}, got {validate.shown(self.kind)}")
         _enum(self.mode, MODES, "mode")
@@ -423,16 +435,20 @@ class MicrobatchPlan:
                 raise ValueError(f"{what} must be Class.forward, got {validate.shown(getattr(self, what))}")
         if not isinstance(self.loop, SourceSpan):
             raise ValueError("loop must be a statement (first_line, last_line, source)")
+
+    def _check_stages(self) -> None:
         if not self.stages or not all(isinstance(s, MicrobatchStage) for s in self.stages):
             raise ValueError("a micro-batch plan needs at least one stage")
         if not any(s.comm for s in self.stages):
             raise ValueError("a micro-batch plan needs a comm stage")
-        for before, after in zip(self.stages, self.stages[1:]):
+        for before, after in itertools.pairwise(self.stages):
             if before.comm == after.comm:
                 raise ValueError("stages must alternate between compute and comm")
         lines = [line for s in self.stages for st in s.statements for line in (st.first_line, st.last_line)]
         if lines != sorted(lines) or len({st.first_line for s in self.stages for st in s.statements}) * 2 != len(lines):
             raise ValueError("stage statements must be in source order, each once")
+
+    def _check_options(self) -> None:
         validate.stream_tag(self.stream_tag, "stream_tag")
         if not isinstance(self.flag, FlagSpec) or self.flag.kind not in FLAG_KINDS:
             raise ValueError(f"flag must be one of {', '.join(FLAG_KINDS)}")
@@ -441,9 +457,7 @@ class MicrobatchPlan:
             raise ValueError(why)
         if self.second_group != "":
             validate.attribute(self.second_group, "second_group")
-        if isinstance(self.summary, str):
-            object.__setattr__(self, "summary", " ".join(self.summary.split()))
-        validate.comment_text(self.summary, "summary")
+        _one_line_summary(self)
         for what in ("trust_boundary", "assume_pure"):
             if not isinstance(getattr(self, what), tuple):
                 raise ValueError(f"{what} must be a list")
@@ -460,7 +474,7 @@ class MicrobatchPlan:
         for st in self.statements:
             validate.line_number(st.last_line, f"{self.layer}: stage statement last_line", line_count)
 
-    def with_changes(self, **changes: Any) -> "MicrobatchPlan":
+    def with_changes(self, **changes: Any) -> MicrobatchPlan:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -469,11 +483,8 @@ class MicrobatchPlan:
         return data
 
     @classmethod
-    def from_dict(cls, data: Any) -> "MicrobatchPlan":
-        errors = microbatch_plan_errors(data)
-        if errors:
-            more = f" (and {len(errors) - MAX_PLAN_ERRORS} more)" if len(errors) > MAX_PLAN_ERRORS else ""
-            raise ValueError("malformed plan: " + "; ".join(errors[:MAX_PLAN_ERRORS]) + more)
+    def from_dict(cls, data: Any) -> MicrobatchPlan:
+        _refuse(microbatch_plan_errors(data))
         data = dict(data)
         data.pop("version", None)
         try:
@@ -495,13 +506,32 @@ class MicrobatchPlan:
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
-    def from_json(cls, text: str) -> "MicrobatchPlan":
+    def from_json(cls, text: str) -> MicrobatchPlan:
         return cls.from_dict(json.loads(text))
 
 
 def _enum(value: Any, allowed: tuple[str, ...], what: str) -> None:
     if value not in allowed:
         raise ValueError(f"{what} must be one of {', '.join(allowed)}, got {validate.shown(value)}")
+
+
+def _refuse(errors: list[str]) -> None:
+    """A plan file's schema errors as one ValueError line: the first few, and how many more."""
+    if errors:
+        more = f" (and {len(errors) - MAX_PLAN_ERRORS} more)" if len(errors) > MAX_PLAN_ERRORS else ""
+        raise ValueError("malformed plan: " + "; ".join(errors[:MAX_PLAN_ERRORS]) + more)
+
+
+def _boolean(value: Any, what: str) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{what} must be true or false, got {validate.shown(value)}")
+
+
+def _one_line_summary(plan: OverlapPlan | MicrobatchPlan) -> None:
+    """The summary is prose for notes and commit messages: made one line, then checked."""
+    if isinstance(plan.summary, str):
+        object.__setattr__(plan, "summary", " ".join(plan.summary.split()))
+    validate.comment_text(plan.summary, "summary")
 
 
 # The plan file's schema: field -> (JSON type(s), required; tuples from to_dict count as
@@ -635,7 +665,7 @@ def microbatch_plan_errors(data: Any) -> list[str]:
     return errors
 
 
-def plan_from_dict(data: Any) -> "OverlapPlan | MicrobatchPlan":
+def plan_from_dict(data: Any) -> OverlapPlan | MicrobatchPlan:
     """One plan from JSON, of either kind: `"kind": "microbatch"` is a micro-batch fork, no kind an overlap."""
     if isinstance(data, dict) and "kind" in data:
         if data["kind"] != MICROBATCH_KIND:
@@ -644,7 +674,7 @@ def plan_from_dict(data: Any) -> "OverlapPlan | MicrobatchPlan":
     return OverlapPlan.from_dict(data)
 
 
-def load_plans(text: str) -> list["OverlapPlan | MicrobatchPlan"]:
+def load_plans(text: str) -> list[OverlapPlan | MicrobatchPlan]:
     """Plans from a JSON file: one plan, a list of plans, or `suggest --json` output.
     Every problem is a ValueError with a one-line message."""
     try:

@@ -29,7 +29,7 @@ GENERIC = Case(
     name="generic",
     summary="any branch suggest found, carried out with apply --plan",
     modes=MODES,
-    is_seed=lambda callee: False,
+    is_seed=lambda _callee: False,
     stream_tag="side",
     flag_name="ENABLE_SIDE_STREAM",
 )
@@ -45,10 +45,10 @@ def submodule_calls(node: cst.CSTNode) -> list[cst.Call]:
             if self_callee(call.func) is not None:
                 found.append(call)
 
-        def visit_FunctionDef(self, n: cst.FunctionDef) -> bool:
+        def visit_FunctionDef(self, _node: cst.FunctionDef) -> bool:
             return False
 
-        def visit_Lambda(self, n: cst.Lambda) -> bool:
+        def visit_Lambda(self, _node: cst.Lambda) -> bool:
             return False
 
     node.visit(_Calls())

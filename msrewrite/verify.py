@@ -17,9 +17,10 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, NamedTuple
 
 import torch
 
@@ -169,14 +170,14 @@ def _ascend_config_with(get_ascend_config, name: str, value: bool):
 def compare(reference: RunResult, other: RunResult, atol: float, rtol: float) -> str | None:
     if len(reference.outputs) != len(other.outputs):
         return f"{other.name}: {len(other.outputs)} output tensors, {reference.name} has {len(reference.outputs)}"
-    for i, (a, b) in enumerate(zip(reference.outputs, other.outputs)):
+    for i, (a, b) in enumerate(zip(reference.outputs, other.outputs, strict=True)):
         if a.shape != b.shape:
             return f"{other.name}: output {i} has shape {tuple(b.shape)}, {reference.name} {tuple(a.shape)}"
         same = torch.equal(a, b) if atol == 0 and rtol == 0 else torch.allclose(a, b, atol=atol, rtol=rtol)
         if not same:
             diff = (a.float() - b.float()).abs().max().item()
             return f"{other.name}: output {i} differs from {reference.name} (max |diff| {diff:.3g})"
-    for (name, a), (_n, b) in zip(reference.buffers, other.buffers):
+    for (name, a), (_n, b) in zip(reference.buffers, other.buffers, strict=False):
         same = a.shape == b.shape and (
             torch.equal(a, b) if atol == 0 and rtol == 0 or not a.is_floating_point()
             else torch.allclose(a, b, atol=atol, rtol=rtol)
@@ -325,29 +326,13 @@ def verify_files(
     """`schedule_source` (emit.schedules.ScheduleSource): the plans behind the edit; derived from
     `original` when not given. `schedules`: which to run (default: every one the edit allows).
     `progress` (harness.ChildProgress): told where user code is, when run in a child process."""
-    from msrewrite.harness import build_harness, load_module, one_line, package_of
-    from msrewrite.load import read_source
-    from msrewrite.runtime import install
-
     text = read_source(rewritten)
-    if mode == "auto":
-        detected = detect_emitted_mode(text)
-        if detected is None:
-            raise BadInput(f"{rewritten}: no msrewrite multi-stream edit found (pass --mode for hand-written code)")
-        mode = detected
-    elif mode not in MODES:
-        raise BadInput(f"unknown mode {mode!r}; choose auto, {', '.join(MODES)}")
+    mode = _mode_of(rewritten, text, mode)
     if flag is not None and _compiles(text) and not flag_is_read(text, flag):
         raise BadInput(f"no such flag: {rewritten} never reads {flag.kind}:{flag.name}")
     flag = flag or detect_flag(text)
-    reference_file = original or rewritten
-    package = package or package_of(reference_file)
-    if harness is None and re.search(r"^def make\(", read_source(reference_file), re.M):
-        harness = f"{reference_file}:make"
-    if harness is not None and target is not None and not explicit_target:
-        target = None  # make() may build the whole model around the edited class
-    phase = progress.phase if progress is not None else (lambda name: None)
-    stage = getattr(progress, "stage", None) or (lambda name: None)  # what a person watching sees
+    package, harness, target = _harness_of(rewritten, original, harness, target, package, explicit_target)
+    phase, stage = _progress_hooks(progress)
     phase("building the harness")
     stage("building the model")
     if flag is None:  # hand-written multi-stream code without a switch: check it as written
@@ -358,26 +343,83 @@ def verify_files(
         text, original, mode, flag, schedule_source, schedules
     )
     result.schedules = ["early", *variants]
-
     # the edit's own gate, not a capture test the file already had (SGLang's forward picks its
     # dual-stream path with `... and get_is_capture_mode()`): more of them than in the original
     capture_gate = len(_CAPTURE_GATE.findall(text)) > (
         len(_CAPTURE_GATE.findall(read_source(original))) if original is not None else 0
     )
+    edited = _Edited(rewritten, package, flag, capture_gate=capture_gate)
+    with edited.switch(False):
+        reference = _build_reference(rewritten, original, harness, target, package)
+    phase("running the model")
+    scenarios = _scenarios(result, reference, text, inputs, train)
+    with tempfile.TemporaryDirectory(prefix="msrewrite-schedules-") as folder:
+        variant_paths = _write_variants(variants, Path(folder), rewritten.stem)
+        job = _Job(result, reference, original, edited, variant_paths, schedule_source, atol, rtol, stage)
+        _run_scenarios(job, scenarios)
+    _add_findings(result)
+    return _stripped(result)
 
-    def switch(on: bool):
-        if flag.kind in ("env", "sglang"):  # SGLang's get_bool_env_var reads 1/0 as well
-            return _env(flag.name, "1" if on else "0")
+
+def _mode_of(rewritten: Path, text: str, mode: str) -> str:
+    """The execution mode to check: `mode`, or the one the edit was emitted for ("auto")."""
+    if mode == "auto":
+        detected = detect_emitted_mode(text)
+        if detected is None:
+            raise BadInput(f"{rewritten}: no msrewrite multi-stream edit found (pass --mode for hand-written code)")
+        return detected
+    if mode not in MODES:
+        raise BadInput(f"unknown mode {mode!r}; choose auto, {', '.join(MODES)}")
+    return mode
+
+
+def _harness_of(rewritten, original, harness, target, package, explicit_target):
+    """(package, harness, target) for the reference file: a `make()` in it is the harness, and then
+    a target that was not given explicitly is dropped (make() may build the whole model around it)."""
+    from msrewrite.harness import package_of
+
+    reference_file = original or rewritten
+    package = package or package_of(reference_file)
+    if harness is None and re.search(r"^def make\(", read_source(reference_file), re.M):
+        harness = f"{reference_file}:make"
+    if harness is not None and target is not None and not explicit_target:
+        target = None
+    return package, harness, target
+
+
+def _progress_hooks(progress) -> tuple[Callable[[str], None], Callable[[str], None]]:
+    """(phase, stage): where user code is (a child's parent watches it), and what a person watching sees."""
+    phase = progress.phase if progress is not None else (lambda _name: None)
+    stage = getattr(progress, "stage", None) or (lambda _name: None)
+    return phase, stage
+
+
+@dataclass
+class _Edited:
+    """The edited file as verify loads it, run by run, and how its switch is set."""
+
+    path: Path
+    package: str | None
+    flag: FlagSpec
+    capture_gate: bool  # the edit opens only while SGLang captures a graph (--gate capture)
+
+    def switch(self, on: bool):
+        if self.flag.kind in ("env", "sglang"):  # SGLang's get_bool_env_var reads 1/0 as well
+            return _env(self.flag.name, "1" if on else "0")
         return contextlib.nullcontext()
 
-    def build_edited(reference, on: bool, path: Path = rewritten, gate_open: bool = True):
+    def build(self, reference, on: bool, path: Path | None = None, gate_open: bool = True):
+        """`reference`'s module rebuilt from the edited file (or a schedule variant of it at `path`)."""
+        from msrewrite.harness import load_module
+
+        flag, package = self.flag, self.package
         # A fresh module each run: module-level stream caches must belong to this runtime.
         fresh = f"_msrewrite_verify_{next(_counter)}"
-        module = load_module(path, package=package, name=f"{package}.{fresh}" if package else fresh)
-        if capture_gate and callable(getattr(module, "get_is_capture_mode", None)):
-            module.get_is_capture_mode = lambda: gate_open  # as while SGLang captures a graph, or not
+        module = load_module(path or self.path, package=package, name=f"{package}.{fresh}" if package else fresh)
+        if self.capture_gate and callable(getattr(module, "get_is_capture_mode", None)):
+            vars(module)["get_is_capture_mode"] = lambda: gate_open  # as while SGLang captures a graph, or not
         if flag.kind == "vllm-ascend" and callable(getattr(module, "get_ascend_config", None)):
-            module.get_ascend_config = _ascend_config_with(module.get_ascend_config, flag.name, on)
+            vars(module)["get_ascend_config"] = _ascend_config_with(module.get_ascend_config, flag.name, on)
         if flag.kind == "attr":
             _set_attr_flag(reference.config, flag.name, on)
         built = reference.rebuild_from(module)
@@ -387,46 +429,88 @@ def verify_files(
                     setattr(sub, flag.name, on)
         return built
 
-    with switch(False):
-        if original is not None:
-            reference = build_harness(original, harness=harness, target=target, package=package)
-        else:
-            with install():
-                reference = build_harness(rewritten, harness=harness, target=target, package=package)
-    phase("running the model")
+
+def _build_reference(rewritten, original, harness, target, package):
+    """The harness every run is compared with: from the original, or (none given) from the edited
+    file itself, built under the stand-ins since its constructor may create streams."""
+    from msrewrite.harness import build_harness
+    from msrewrite.runtime import install
+
+    if original is not None:
+        return build_harness(original, harness=harness, target=target, package=package)
+    with install():
+        return build_harness(rewritten, harness=harness, target=target, package=package)
+
+
+def _scenarios(result: VerifyResult, reference, text: str, inputs: int, train: bool) -> list[Scenario]:
     scenarios = scenarios_for(reference, inputs, train)
     if _PEER_MESSAGES.search(text):
         # A model that exchanges messages with a peer process follows the peer's fixed protocol
         # (how many messages, what sizes): other inputs or extra forwards would desynchronize it.
         result.skipped += [f"{s.name} (the model sends to or receives from a peer process)" for s in scenarios[1:]]
         scenarios = scenarios[:1]
+    return scenarios
+
+
+def _write_variants(variants: dict[str, str], folder: Path, stem: str) -> dict[str, Path]:
+    paths = {}
+    for name, variant_text in variants.items():
+        paths[name] = folder / f"{stem}_{name}.py"
+        paths[name].write_bytes(encode_source(variant_text))
+    return paths
+
+
+@dataclass
+class _Job:
+    """What every scenario of one verify shares."""
+
+    result: VerifyResult  # problems, findings and skipped scenarios go here
+    reference: Any  # the harness built from the original (or the edited file)
+    original: Path | None
+    edited: _Edited
+    variant_paths: dict[str, Path]  # schedule -> its variant of the edit
+    window_source: Any  # the ScheduleSource behind the variants (None: early only)
+    atol: float
+    rtol: float
+    stage: Callable[[str], None]
+    uses_streams: bool = field(init=False)  # an async-comm edit (afd-overlap) moves no op to a stream
+    gate_runs: set[str] = field(init=False)  # flag-on runs with the edit's gate closed
+
+    def __post_init__(self) -> None:
+        text = read_source(Path(self.edited.path), python=False)
+        self.uses_streams = re.search(r"^[^#\n]*stream\w*\s*\(", text, re.M) is not None
+        self.gate_runs = {"flag on, gate false"} if self.edited.capture_gate else set()
+
+
+class _FlagOn(NamedTuple):
+    name: str
+    graph: bool  # inside a GE graph
+    path: Path | None  # a schedule variant; None: the edit itself, sanitized
+    gate_open: bool
+
+
+def _run_scenarios(job: _Job, scenarios: list[Scenario]) -> None:
+    result = job.result
     result.scenarios = []
     extra_runs: list[RunResult] = []
-    with tempfile.TemporaryDirectory(prefix="msrewrite-schedules-") as folder:
-        variant_paths = {}
-        for name, variant_text in variants.items():
-            variant_paths[name] = Path(folder) / f"{rewritten.stem}_{name}.py"
-            variant_paths[name].write_bytes(encode_source(variant_text))
-        for scenario in scenarios:
-            runs = _run_scenario(
-                scenario, result, reference, original, build_edited, switch, variant_paths, schedule_source,
-                rewritten, atol, rtol, stage=stage, capture_gate=capture_gate,
-            )
-            if runs is None:
-                continue
-            result.scenarios.append(scenario.name or "eval")
-            if not scenario.name:
-                result.runs = runs
-            else:
-                extra_runs += runs
+    for scenario in scenarios:
+        runs = _run_scenario(job, scenario)
+        if runs is None:
+            continue
+        result.scenarios.append(scenario.name or "eval")
+        if not scenario.name:
+            result.runs = runs
+        else:
+            extra_runs += runs
     result.runs += extra_runs
-    seen = set()
+
+
+def _add_findings(result: VerifyResult) -> None:
+    """Every sanitizer finding is a problem, each once."""
     for finding in result.findings:
         line = f"sanitizer: [{finding.kind}] {finding.message}"
-        if line not in seen and line not in result.problems:
-            seen.add(line)
+        if line not in result.problems:
             result.problems.append(line)
-    return _stripped(result)
 
 
 def _stripped(result: VerifyResult) -> VerifyResult:
@@ -458,21 +542,52 @@ def _schedule_variants(text, original, mode, flag, source, wanted):
     return found, source.note, source
 
 
-def _run_scenario(
-    scenario, result, reference, original, build_edited, switch, variant_paths, window_source, rewritten, atol, rtol,
-    stage=lambda name: None, capture_gate: bool = False,
-):
+def _run_scenario(job: _Job, scenario: Scenario) -> list[RunResult] | None:
     """original, flag off, flag on (early, sanitized) and the other schedules under one scenario;
-    problems go to `result`. None when the original itself rejects a derived scenario."""
+    problems go to `job.result`. None when the original itself rejects a derived scenario."""
+    found = _reference_runs(job, scenario)
+    if found is None:
+        return None
+    runs, flag_off_ran = found
+    if not flag_off_ran:
+        return runs
+    side_off = _off_main(runs[-1].streams)
+    if side_off:
+        job.result.problems.append(
+            f"{runs[-1].name}: {sum(side_off.values())} ops still ran off the main stream ({', '.join(side_off)})"
+        )
+    early_ops = late_ops = None  # what the early and late flag-on runs issued, in order
+    with job.edited.switch(True):
+        for spec in _flag_on_specs(job, scenario):
+            out, ops = _flag_on_run(job, scenario, spec)
+            if out is None:
+                continue
+            runs.append(out)
+            if spec.name in job.gate_runs:
+                _check_gate_closed(job.result, spec.name, out)
+                continue
+            _check_side_stream_used(job, scenario, spec, out)
+            if spec.path is None and spec.name == "flag on":
+                early_ops = ops
+            elif spec.name == "flag on, late schedule":
+                late_ops = ops
+    if early_ops is not None:
+        _check_rng_order(job.result, scenario, early_ops, late_ops if "late" in job.variant_paths else None)
+    _compare_runs(job, scenario, runs)
+    return runs
+
+
+def _reference_runs(job: _Job, scenario: Scenario) -> tuple[list[RunResult], bool] | None:
+    """The original (when given) and flag off, switch off: (runs, whether flag off ran; when it
+    raised, that is a problem). None when the reference itself rejects a derived scenario."""
     from msrewrite.harness import one_line
     from msrewrite.runtime import install
-    from msrewrite.sanitizer import Sanitizer
 
-    mode = result.mode
+    result, reference = job.result, job.reference
     runs: list[RunResult] = []
-    with switch(False):
-        if original is not None:
-            stage(scenario.label("original"))
+    with job.edited.switch(False):
+        if job.original is not None:
+            job.stage(scenario.label("original"))
             try:
                 ref = run_module(reference, scenario, restore=True)
             except Exception as exc:  # the user's model, before any edit: bad input, not our crash
@@ -485,9 +600,9 @@ def _run_scenario(
                 ) from None
             ref.name = scenario.label("original")
             runs.append(ref)
-        stage(scenario.label("flag off"))
+        job.stage(scenario.label("flag off"))
         with install() as rt:
-            off = build_edited(reference, on=False)
+            off = job.edited.build(reference, on=False)
             try:
                 with rt.record_ops() as ops:
                     out = run_module(off, scenario)
@@ -496,75 +611,90 @@ def _run_scenario(
                     result.skipped.append(f"{scenario.name} (flag off raises {one_line(exc)[:120]})")
                     return None
                 result.problems.append(f"{scenario.label('flag off')}: raised {one_line(exc)}")
-                return runs
+                return runs, False
         out.name, out.streams = scenario.label("flag off"), _count_streams(ops)
         runs.append(out)
-    side_off = {s: n for s, n in runs[-1].streams.items() if s != "main"}
-    if side_off:
-        result.problems.append(
-            f"{runs[-1].name}: {sum(side_off.values())} ops still ran off the main stream ({', '.join(side_off)})"
-        )
+    return runs, True
 
-    # An async-comm edit (afd-overlap: isend/irecv issued early) moves no op to a stream.
-    uses_streams = re.search(r"^[^#\n]*stream\w*\s*\(", read_source(Path(rewritten), python=False), re.M) is not None
-    flag_on_runs = [("flag on", mode == "ge-graph", None, True)]
-    if mode == "ge-graph":
-        flag_on_runs.append(("flag on, eager (prefill)", False, None, True))
-    for name, path in variant_paths.items():
-        flag_on_runs.append((f"flag on, {name} schedule", mode == "ge-graph", path, True))
-    early_ops = late_ops = None  # what the early and late flag-on runs issued, in order
-    gate_runs = {"flag on, gate false"} if capture_gate else set()
-    if gate_runs and not scenario.name:  # flag on, gate closed: must be the original code, all on main
-        flag_on_runs.append(("flag on, gate false", mode == "ge-graph", None, False))
-    with switch(True):
-        for name, graph, path, gate_open in flag_on_runs:
-            stage(scenario.label(name) + (", sanitized" if path is None else ""))
-            san = None
-            with install() as rt:
-                on = build_edited(reference, on=True, path=path or rewritten, gate_open=gate_open)
-                try:
-                    with rt.graph_mode() if graph else contextlib.nullcontext():
-                        if path is None:
-                            san = Sanitizer(rt, user_files=[str(rewritten)])
-                            with san, rt.record_ops() as ops:
-                                out = run_module(on, scenario)
-                                san.check_output(out.raw)
-                        else:
-                            with rt.record_ops() as ops:
-                                out = run_module(on, scenario)
-                except Exception as exc:  # the edit itself failed: that is a finding, not a crash
-                    result.problems.append(f"{scenario.label(name)}: raised {one_line(exc)}")
-                    out = None
-            if san is not None:  # what it saw before a failure counts too (a free, then a crash)
-                result.findings += [f for f in san.findings if f not in result.findings]
-            if out is None:
-                continue
-            out.name, out.streams = scenario.label(name), _count_streams(ops)
-            runs.append(out)
-            if name in gate_runs:
-                side = {s: n for s, n in out.streams.items() if s != "main"}
-                if side:
-                    result.problems.append(f"{name}: {sum(side.values())} ops ran off the main stream ({', '.join(side)})")
-                continue
-            if path is None and (graph or mode != "ge-graph") and not scenario.name and uses_streams:
-                if not any(s != "main" for s in out.streams):
-                    result.problems.append(f"{name}: no op ran on a side stream (is the flag wired?)")
-            if path is None and name == "flag on":
-                early_ops = ops
-            elif name == "flag on, late schedule":
-                late_ops = ops
-    if early_ops is not None:
-        _check_rng_order(result, scenario, early_ops, late_ops if "late" in variant_paths else None)
+
+def _flag_on_specs(job: _Job, scenario: Scenario) -> list[_FlagOn]:
+    """The flag-on runs of a scenario: the edit (GE edits also eagerly, as prefill runs them), each
+    schedule variant, and in the default scenario the edit with its gate closed."""
+    ge = job.result.mode == "ge-graph"
+    specs = [_FlagOn("flag on", ge, None, True)]
+    if ge:
+        specs.append(_FlagOn("flag on, eager (prefill)", False, None, True))
+    for name, path in job.variant_paths.items():
+        specs.append(_FlagOn(f"flag on, {name} schedule", ge, path, True))
+    if job.gate_runs and not scenario.name:  # flag on, gate closed: must be the original code, all on main
+        specs.append(_FlagOn("flag on, gate false", ge, None, False))
+    return specs
+
+
+def _flag_on_run(job: _Job, scenario: Scenario, spec: _FlagOn) -> tuple[RunResult | None, list]:
+    """One flag-on run under the stand-ins (sanitized unless a schedule variant): (its result or
+    None when it raised, the ops it issued). Findings go to `job.result` either way."""
+    from msrewrite.harness import one_line
+    from msrewrite.runtime import install
+    from msrewrite.sanitizer import Sanitizer
+
+    result = job.result
+    job.stage(scenario.label(spec.name) + (", sanitized" if spec.path is None else ""))
+    san = None
+    out: RunResult | None = None
+    ops: list = []
+    with install() as rt:
+        on = job.edited.build(job.reference, on=True, path=spec.path, gate_open=spec.gate_open)
+        try:
+            with rt.graph_mode() if spec.graph else contextlib.nullcontext():
+                if spec.path is None:
+                    san = Sanitizer(rt, user_files=[str(job.edited.path)])
+                    with san, rt.record_ops() as ops:
+                        out = run_module(on, scenario)
+                        san.check_output(out.raw)
+                else:
+                    with rt.record_ops() as ops:
+                        out = run_module(on, scenario)
+        except Exception as exc:  # the edit itself failed: that is a finding, not a crash
+            result.problems.append(f"{scenario.label(spec.name)}: raised {one_line(exc)}")
+            out = None
+    if san is not None:  # what it saw before a failure counts too (a free, then a crash)
+        result.findings += [f for f in san.findings if f not in result.findings]
+    if out is None:
+        return None, ops
+    out.name, out.streams = scenario.label(spec.name), _count_streams(ops)
+    return out, ops
+
+
+def _off_main(streams: dict[str, int]) -> dict[str, int]:
+    return {s: n for s, n in streams.items() if s != "main"}
+
+
+def _check_gate_closed(result: VerifyResult, name: str, out: RunResult) -> None:
+    side = _off_main(out.streams)
+    if side:
+        result.problems.append(f"{name}: {sum(side.values())} ops ran off the main stream ({', '.join(side)})")
+
+
+def _check_side_stream_used(job: _Job, scenario: Scenario, spec: _FlagOn, out: RunResult) -> None:
+    """The sanitized default-scenario run of an edit that uses streams must put some op on a side
+    stream (a GE edit: in graph mode; eagerly, prefill stays on main)."""
+    if spec.path is None and (spec.graph or job.result.mode != "ge-graph") and not scenario.name and job.uses_streams:
+        if not any(s != "main" for s in out.streams):
+            job.result.problems.append(f"{spec.name}: no op ran on a side stream (is the flag wired?)")
+
+
+def _compare_runs(job: _Job, scenario: Scenario, runs: list[RunResult]) -> None:
+    """Every run against the first; a schedule variant that differs names the statement it races with."""
     reference_run = runs[0]
     for run in runs[1:]:
-        problem = compare(reference_run, run, atol, rtol)
+        problem = compare(reference_run, run, job.atol, job.rtol)
         if problem is None:
             continue
-        schedule = next((s for s in variant_paths if run.name.endswith(f"{s} schedule")), None)
-        if schedule is not None and window_source is not None:
-            problem += "; " + _leak(window_source, scenario, reference, reference_run, build_edited, switch, atol, rtol)
-        result.problems.append(problem)
-    return runs
+        schedule = next((s for s in job.variant_paths if run.name.endswith(f"{s} schedule")), None)
+        if schedule is not None and job.window_source is not None:
+            problem += "; " + _leak(job, scenario, reference_run)
+        job.result.problems.append(problem)
 
 
 def _check_rng_order(result, scenario, early_ops, late_ops=None) -> None:
@@ -616,12 +746,13 @@ def _draws(ops) -> _Draws:
     return found
 
 
-def _leak(source, scenario, reference, reference_run, build_edited, switch, atol, rtol) -> str:
+def _leak(job: _Job, scenario: Scenario, reference_run: RunResult) -> str:
     """Name the main statement the side work races with: the first K for which the side work
     issued right after the K-th main statement of the window gives another result."""
     from msrewrite.emit.schedules import NoSchedule, variant
     from msrewrite.runtime import install
 
+    source = job.window_source
     statements = list(source.window_statements)
     with tempfile.TemporaryDirectory(prefix="msrewrite-leak-") as folder:
         for k in range(1, len(statements) + 1):
@@ -632,10 +763,10 @@ def _leak(source, scenario, reference, reference_run, build_edited, switch, atol
             path = Path(folder) / f"after_{k}.py"
             path.write_bytes(encode_source(text))
             try:
-                with switch(True), install():
-                    out = run_module(build_edited(reference, on=True, path=path), scenario)
+                with job.edited.switch(True), install():
+                    out = run_module(job.edited.build(job.reference, on=True, path=path), scenario)
                 out.name = "probe"
-                differs = compare(reference_run, out, atol, rtol) is not None
+                differs = compare(reference_run, out, job.atol, job.rtol) is not None
             except Exception:
                 differs = True
             if differs:
@@ -688,10 +819,7 @@ def _verify_as_written(rewritten, original, harness, target, mode, atol, rtol, p
         problem = compare(runs[0], runs[1], atol, rtol)
         if problem:
             result.problems.append(problem)
-    for finding in result.findings:
-        line = f"sanitizer: [{finding.kind}] {finding.message}"
-        if line not in result.problems:
-            result.problems.append(line)
+    _add_findings(result)
     return result
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from conftest import ROOT, load_file, run_cli
+from helpers import ROOT, load_file, run_cli
 from msrewrite.analyze.defuse import node_facts
 from msrewrite.emit.engine import apply_plans
 from msrewrite.load import load
@@ -62,6 +62,7 @@ def forced_plan(path: Path, text: str, mode: str = "eager") -> OverlapPlan:
         join_line=join,
         side_inputs=tuple(inputs),
         side_outputs=tuple(sorted(stores)),
+        stream_tag="side",
         flag=FLAG,
         mode=mode,
         inputs_rebound_before_join=tuple(rebound),

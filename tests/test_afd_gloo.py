@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import EXAMPLES, free_port, load_file, load_regen
+from helpers import EXAMPLES, free_port, load_file, load_regen
 
 regen = load_regen()
 RUNS = ("original", "flag off", "flag on")

@@ -7,7 +7,8 @@ Every row must give exactly one `msrewrite: error: ...` line on stderr (other st
 Most rows run in this process through the CLI's `main` (each in its own folder, about 0.1 s); a
 row with `proc` runs the real console entry point in a subprocess because it needs what only a
 process has: a FIFO that could hang, a file-size limit, stdout on /dev/full or closed, a terminal
-encoding. Rows marked xfail are real msrewrite bugs found by this suite.
+encoding. A row's `xfail` is an expected, strict failure with its reason: the two rows that
+expect Python 3.12 syntax to be refused are xfail on 3.12 and later, which compiles it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, ROOT, run_cli
+from helpers import EXAMPLES, ROOT, run_cli
 
 CASE = ("--case", "moe-shared-expert")
 

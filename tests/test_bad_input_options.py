@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, ROOT, run_cli
+from helpers import EXAMPLES, ROOT, run_cli
 from msrewrite import validate
 from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement, StartGate, load_plans
 
@@ -487,6 +487,18 @@ def test_nested_plan_fields_refuse_hostile_values(part, table):
             changed = _with(side=_side(**{key: value})) if part == "side" else _with(**{f"flag.{key}": value})
             with pytest.raises(ValueError):
                 load_plans(json.dumps(changed))
+
+
+def test_a_plan_file_without_a_stream_tag_reads_as_before_and_code_must_name_one():
+    """Plan files may omit stream_tag (optional since the first schema) and get shared_expert;
+    a plan made in code has no default tag to inherit from a case it is not."""
+    without = {k: v for k, v in PLAN.items() if k != "stream_tag"}
+    plan = load_plans(json.dumps(without))[0]
+    assert plan.stream_tag == "shared_expert"
+    assert load_plans(json.dumps(_with(stream_tag="side")))[0].stream_tag == "side"
+    fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(OverlapPlan) if f.name != "stream_tag"}
+    with pytest.raises(TypeError, match="stream_tag"):
+        OverlapPlan(**fields)
 
 
 def test_plans_built_in_code_are_checked_too():

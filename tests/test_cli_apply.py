@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, run_cli
+from helpers import EXAMPLES, run_cli
 
 CASE = ["--case", "moe-shared-expert"]
 

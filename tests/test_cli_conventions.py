@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import EXAMPLES, ROOT, run_cli
+from helpers import EXAMPLES, ROOT, run_cli
 from msrewrite import __version__
 from msrewrite.cliargs import COMMANDS, params
 

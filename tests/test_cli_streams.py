@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, ROOT
+from helpers import EXAMPLES, ROOT
 
 GOLDEN = ROOT / "golden" / "moe-shared-expert" / "eager"
 CASE = ("--case", "moe-shared-expert")

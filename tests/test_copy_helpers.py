@@ -8,7 +8,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from conftest import EXAMPLES, load_regen
+from helpers import EXAMPLES, load_regen
 from msrewrite.cases import Options, find_targets
 from msrewrite.codemods import get_case
 from msrewrite.verify import verify_files

@@ -3,12 +3,9 @@ with `git apply` and is idempotent, untouched files round-trip byte for byte (be
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 
-from conftest import ROOT
+from helpers import load_bench
 
 SAMPLE = [
     "deepseek_v3/modeling_deepseek_v3.py",
@@ -23,16 +20,8 @@ SAMPLE = [
 MOE = SAMPLE[:4]
 
 
-def _corpus():
-    spec = importlib.util.spec_from_file_location("bench_corpus", ROOT / "bench" / "corpus.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses and worker pickling need it importable by name
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_corpus_sample_sweeps_clean():
-    corpus = _corpus()
+    corpus = load_bench("corpus")
     files = [corpus.models_dir() / name for name in SAMPLE]
     missing = [f for f in files if not f.is_file()]
     if missing:

@@ -388,7 +388,7 @@ def test_raise_between_fork_and_join_is_an_exit(tmp_path):
 
 
 def test_every_edit_prints_its_trust_boundary(tmp_path):
-    from conftest import run_cli
+    from helpers import run_cli
 
     (tmp_path / "block.py").write_text(model(SGLANG_SHAPE, experts="FusedMoE", fused_inplace=True))
     result = run_cli("apply", "--case", "moe-shared-expert", str(tmp_path / "block.py"), "--protect", "clone")
@@ -409,7 +409,7 @@ def test_plan_carries_protect_and_assume_pure(tmp_path):
 
 def test_apply_plan_respects_protect(tmp_path):
     """The snapshot travels in the plan: apply --plan emits it, and --protect clone adds it to a plan without."""
-    from conftest import run_cli
+    from helpers import run_cli
 
     plan, _, original = edit(tmp_path, model(SGLANG_SHAPE, experts="FusedMoE", fused_inplace=True), protect="clone")
     with_snapshot = tmp_path / "with.json"
@@ -430,7 +430,7 @@ def test_apply_plan_respects_protect(tmp_path):
     (("--assume-pure", "not a name"), "--assume-pure needs a class, function or attribute name"),
 ])
 def test_bad_effect_options_are_one_line_errors(tmp_path, args, message):
-    from conftest import run_cli
+    from helpers import run_cli
 
     path = tmp_path / "block.py"
     path.write_text(model(SGLANG_SHAPE))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import EXAMPLES, load_regen, run_cli
+from helpers import EXAMPLES, load_regen, run_cli
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from helpers import run_cli
 from msrewrite.plan import FlagSpec, load_plans
 
 FIXTURES = Path(__file__).parent / "fixtures"

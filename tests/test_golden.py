@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import load_regen
+from helpers import load_regen
 
 regen = load_regen()
 
@@ -47,7 +47,7 @@ def test_golden_diff_applies_to_a_pristine_copy(tmp_path, case, mode, example):
     import shutil
     import subprocess
 
-    from conftest import EXAMPLES
+    from helpers import EXAMPLES
 
     (tmp_path / "examples").mkdir()
     shutil.copy(EXAMPLES / f"{example}.py", tmp_path / "examples" / f"{example}.py")

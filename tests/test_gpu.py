@@ -3,20 +3,12 @@ their mutants (bench/gpu_sanitizer.py). Skipped without CUDA; the no-GPU exits a
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT
-
-
-def _bench(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import ROOT, load_bench
 
 
 def _has_cuda() -> bool:
@@ -28,7 +20,7 @@ def _has_cuda() -> bool:
 @pytest.mark.gpu
 @pytest.mark.skipif(not _has_cuda(), reason="needs a CUDA device")
 def test_cuda_sanitizer_agrees_with_msrewrite():
-    sanitizer = _bench("gpu_sanitizer")
+    sanitizer = load_bench("gpu_sanitizer")
     rows = sanitizer.compare(["deepseek_moe"], ["golden", "fork-wait-removed", "join-removed", "lifetime-guard-removed"], gpu=True)
     verdicts = {r["mutant"]: (r["msrewrite"], r["pytorch"]) for r in rows}
     assert verdicts["golden"] == ("clean", "clean"), verdicts

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import load_file, load_regen
+from helpers import load_file, load_regen
 from msrewrite.emit.helpers import GUARDED_IMPORTS
 from msrewrite.runtime import install
 
@@ -118,7 +118,7 @@ def test_every_core_limit_golden_leaves_a_pre_set_main_limit_as_it_was(tmp_path,
 
 
 def test_core_limit_caveats_are_printed_once_when_applying(tmp_path):
-    from conftest import run_cli
+    from helpers import run_cli
 
     result = run_cli("apply", str(regen.ROOT / "examples" / "longcat_layer.py"), "--case", "attn-moe-limit-core",
                      "--mode", "eager")
@@ -282,7 +282,7 @@ def test_mode_follows_the_compiler_config_mode(body, mode):
                                'config.mode = "reduce-overhead"\n    config.mode = "max-autotune"'), "no edit is right in both"),
 ])
 def test_mode_that_cannot_be_told_asks_for_mode(tmp_path, body, match):
-    from conftest import run_cli
+    from helpers import run_cli
 
     model = tmp_path / "model.py"
     model.write_text(_with_config(body))
@@ -298,7 +298,7 @@ def test_mode_that_cannot_be_told_asks_for_mode(tmp_path, body, match):
 def test_vllm_ascend_style_reduce_overhead_file_gets_npugraph_ex_and_verifies(tmp_path):
     """config.mode = "reduce-overhead" gets native streams and events, proven by verify, and exact and
     clean when run through the stand-in backend with reduce-overhead semantics."""
-    from conftest import run_cli
+    from helpers import run_cli
     from msrewrite.sanitizer import Sanitizer
 
     model_file = tmp_path / "deepseek_moe.py"
@@ -326,7 +326,7 @@ def test_vllm_ascend_style_reduce_overhead_file_gets_npugraph_ex_and_verifies(tm
 
 def test_ge_graph_file_records_its_backend_config(tmp_path):
     """A file that builds its GE backend hands the config to _ms_torchair_config, once."""
-    from conftest import run_cli
+    from helpers import run_cli
 
     model_file = tmp_path / "deepseek_moe.py"
     model_file.write_text(_with_config(VLLM_ASCEND_STYLE.replace("reduce-overhead", "max-autotune")))

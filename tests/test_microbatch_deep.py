@@ -6,7 +6,7 @@ from __future__ import annotations
 import libcst as cst
 import pytest
 
-from conftest import EXAMPLES
+from helpers import EXAMPLES
 from msrewrite.analyze.microbatch import microbatch_plan
 from msrewrite.emit.microbatch import microbatch_edit
 from msrewrite.errors import NothingToDo

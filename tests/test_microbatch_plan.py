@@ -15,7 +15,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from conftest import EXAMPLES, run_cli
+from helpers import EXAMPLES, run_cli
 from msrewrite.analyze.microbatch import check_microbatch_plan, microbatch_plan
 from msrewrite.emit.microbatch import microbatch_edit
 from msrewrite.errors import BadInput, NothingToDo
@@ -157,7 +157,7 @@ def test_prefill_gate_edit_verifies_and_decode_runs_the_original_loop(tmp_path):
     assert "OK: outputs equal" in done.stderr and "ops on side:1" in done.stderr
     import torch
 
-    from conftest import load_file
+    from helpers import load_file
     from msrewrite.runtime import install
 
     original = load_file(EXAMPLES / "microbatch_moe.py", "mb_gate_original")

@@ -12,7 +12,7 @@ from typing import Callable
 
 import pytest
 
-from conftest import EXAMPLES, load_regen
+from helpers import EXAMPLES, load_regen
 from msrewrite.commands.apply import plans_for_case
 from msrewrite.emit.engine import apply_plans
 from msrewrite.load import load

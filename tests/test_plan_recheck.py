@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, ROOT, run_cli
+from helpers import EXAMPLES, ROOT, run_cli
 from msrewrite.commands.apply import run_apply
 from msrewrite.errors import NothingToDo
 from msrewrite.plan import OverlapPlan

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from helpers import run_cli
 from msrewrite.commands.apply import case_steps
 from msrewrite.errors import NothingToDo
 from msrewrite.load import load

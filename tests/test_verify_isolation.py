@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from helpers import run_cli
 from msrewrite.commands.apply import case_steps
 from msrewrite.load import load
 from msrewrite.plan import FlagSpec

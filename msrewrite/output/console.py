@@ -12,7 +12,8 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from typing import Callable, NoReturn
+from collections.abc import Callable
+from typing import NoReturn
 
 from msrewrite.errors import EXIT_BAD_INPUT
 
@@ -110,7 +111,7 @@ class _ClosedStdout:
 
 def run_guarded(app: Callable[[], object]) -> NoReturn:
     if sys.stdout is None:
-        sys.stdout = _ClosedStdout()  # type: ignore[assignment]
+        sys.stdout = _ClosedStdout()  # type: ignore[assignment]  # not a TextIO: only what print and we use
     _guard_pipes()
     try:
         try:

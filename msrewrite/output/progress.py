@@ -7,7 +7,7 @@ a file, CI) or with --quiet, so scripts and `--json` consumers never get them.
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 
 def stage_printer(quiet: bool, prefix: str = "") -> Callable[[str], None] | None:

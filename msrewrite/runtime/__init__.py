@@ -4,7 +4,8 @@
         ...  # multi-stream model code runs on CPU; rt.record_ops() / rt.graph_mode()
 """
 
-from msrewrite.runtime.core import RuntimeListener, StreamRuntime, active_runtime
+from msrewrite.runtime.active import active_runtime
+from msrewrite.runtime.core import RuntimeListener, StreamRuntime
 from msrewrite.runtime.install import install
 from msrewrite.runtime.recording import OpRecord
 from msrewrite.runtime.streams import CudaStream, Event, Stream, StreamContext

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
 from msrewrite.runtime.frames import is_runtime, user_frame
+from msrewrite.runtime.streams import Event, Stream
 
 if TYPE_CHECKING:
     from msrewrite.runtime.recording import OpRecord
-    from msrewrite.runtime.streams import Event, Stream
 
 DEFAULT_CORE_LIMIT = {"cube_core_num": 24, "vector_core_num": 48}
 
@@ -25,12 +26,12 @@ DEFAULT_CORE_LIMIT = {"cube_core_num": 24, "vector_core_num": 48}
 class RuntimeListener:
     """Hooks the runtime calls; the sanitizer overrides the ones it needs."""
 
-    def on_event_record(self, event: "Event", stream: "Stream") -> None: ...
-    def on_event_wait(self, event: "Event", stream: "Stream") -> None: ...
-    def on_stream_synchronize(self, stream: "Stream") -> None: ...
-    def on_event_synchronize(self, event: "Event") -> None: ...
+    def on_event_record(self, event: Event, stream: Stream) -> None: ...
+    def on_event_wait(self, event: Event, stream: Stream) -> None: ...
+    def on_stream_synchronize(self, stream: Stream) -> None: ...
+    def on_event_synchronize(self, event: Event) -> None: ...
     def on_device_synchronize(self) -> None: ...
-    def on_record_stream(self, tensor: torch.Tensor, stream: "Stream") -> None: ...
+    def on_record_stream(self, tensor: torch.Tensor, stream: Stream) -> None: ...
 
     def on_wait_tensor(self, tensor, dependency, stream, discarded_at) -> None:
         """GE npu_wait_tensor; ``discarded_at`` is (file, line) when the result is thrown away."""
@@ -43,38 +44,33 @@ class RuntimeListener:
 
 class StreamRuntime:
     def __init__(self) -> None:
-        from msrewrite.runtime.streams import Stream
-
         self.listeners: list[RuntimeListener] = []
         self._side_streams = 0
         self._tag_streams: dict[str, Stream] = {}
         self._graph_depth = 0
         self._aclgraph: list[dict] = []  # torchair reduce-overhead / npugraph_ex compiles in progress
         self._eager_compiles = 0  # torchair debug.run_eagerly compiles in progress
-        self._closed = False
         self.tagged_events: dict[str, object] = {}  # torchair.ops tag registry
         self.core_limits: dict[int, dict[str, int]] = {}  # by stream_id, as torch_npu keys them
         self.main = Stream(_runtime=self, _name="main")
         self._current = self.main
 
     # --- streams -----------------------------------------------------------
-    def current_stream(self) -> "Stream":
+    def current_stream(self) -> Stream:
         return self._current
 
-    def default_stream(self) -> "Stream":
+    def default_stream(self) -> Stream:
         return self.main
 
-    def set_current(self, stream: "Stream") -> None:
+    def set_current(self, stream: Stream) -> None:
         self._current = stream
 
     def next_side_name(self) -> str:
         self._side_streams += 1
         return f"side:{self._side_streams}"
 
-    def tag_stream(self, tag: str) -> "Stream":
+    def tag_stream(self, tag: str) -> Stream:
         """The one stream per torchair tag, created on first use ("default" is main)."""
-        from msrewrite.runtime.streams import Stream
-
         if tag == "default":
             return self.main
         if tag not in self._tag_streams:
@@ -87,7 +83,7 @@ class StreamRuntime:
         return self._graph_depth > 0
 
     @contextlib.contextmanager
-    def graph_mode(self) -> Iterator["StreamRuntime"]:
+    def graph_mode(self) -> Iterator[StreamRuntime]:
         """Behave as inside a torchair GE graph until the block ends."""
         self._graph_depth += 1
         entry_stream = self._current
@@ -109,11 +105,9 @@ class StreamRuntime:
         return self.in_graph_mode or self.in_aclgraph or self._eager_compiles > 0
 
     @contextlib.contextmanager
-    def aclgraph_mode(self) -> Iterator["StreamRuntime"]:
+    def aclgraph_mode(self) -> Iterator[StreamRuntime]:
         """torchair reduce-overhead / npugraph_ex: each stream tag is a real stream; torchair orders
         the tag streams after the graph's start and the output after them, and nothing else."""
-        from msrewrite.runtime.streams import Event
-
         entry_stream = self._current
         start = Event()
         start.record(entry_stream)
@@ -128,7 +122,7 @@ class StreamRuntime:
                 done.record(stream)
                 done.wait(entry_stream)
 
-    def aclgraph_tag_stream(self, tag: str) -> "Stream":
+    def aclgraph_tag_stream(self, tag: str) -> Stream:
         """The tag's stream inside an aclgraph; the first use in a graph waits for the graph's start."""
         stream = self.tag_stream(tag)
         graph = self._aclgraph[-1]
@@ -138,7 +132,7 @@ class StreamRuntime:
         return stream
 
     @contextlib.contextmanager
-    def run_eagerly_mode(self) -> Iterator["StreamRuntime"]:
+    def run_eagerly_mode(self) -> Iterator[StreamRuntime]:
         """torchair debug.run_eagerly: traced, then every op runs eagerly (the torchair ops as in eager)."""
         self._eager_compiles += 1
         try:
@@ -148,7 +142,7 @@ class StreamRuntime:
 
     # --- recording ---------------------------------------------------------
     @contextlib.contextmanager
-    def record_ops(self) -> Iterator[list["OpRecord"]]:
+    def record_ops(self) -> Iterator[list[OpRecord]]:
         from msrewrite.runtime.recording import RecordOpsMode
 
         ops: list[OpRecord] = []
@@ -169,24 +163,6 @@ class StreamRuntime:
             return
         self.emit("on_api_call", family, api, user_frame(caller))
 
-    def check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("msrewrite.runtime: this stand-in runtime was uninstalled")
-
     def close(self) -> None:
-        self._closed = True
         self.listeners.clear()
 
-
-_active: StreamRuntime | None = None
-
-
-def active_runtime() -> StreamRuntime:
-    if _active is None:
-        raise RuntimeError("msrewrite.runtime is not installed: use `with msrewrite.runtime.install():`")
-    return _active
-
-
-def set_active(runtime: StreamRuntime | None) -> None:
-    global _active
-    _active = runtime

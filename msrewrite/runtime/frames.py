@@ -16,6 +16,7 @@ import torch
 
 import msrewrite
 
+
 def _dir(path: str) -> str:
     return os.path.join(os.path.realpath(path), "")
 
@@ -48,7 +49,7 @@ def _real(filename: str) -> str:
 
 def user_frame(start: types.FrameType | None = None, user_files: frozenset[str] | None = None):
     """The innermost frame in ``user_files`` (when given), else outside internals; None if none."""
-    frame = start if start is not None else sys._getframe(1)
+    frame: types.FrameType | None = start if start is not None else sys._getframe(1)
     fallback = None
     while frame is not None:
         name = frame.f_code.co_filename

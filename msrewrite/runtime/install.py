@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
-from msrewrite.runtime import core, npu_api
+from msrewrite.runtime import active, npu_api
 from msrewrite.runtime.core import StreamRuntime
 from msrewrite.runtime.npu_api import build_npu_modules
 from msrewrite.runtime.streams import CudaStream, Event, Stream, StreamContext
@@ -30,7 +31,7 @@ class _Patches:
         self._undo.append(lambda: delattr(owner, name) if saved is _MISSING else setattr(owner, name, saved))
 
     def set_module(self, name: str, module) -> None:
-        saved = sys.modules.get(name, _MISSING)
+        saved: Any = sys.modules.get(name, _MISSING)  # a module, or _MISSING
         sys.modules[name] = module
         self._undo.append(lambda: sys.modules.pop(name, None) if saved is _MISSING
                           else sys.modules.__setitem__(name, saved))
@@ -47,7 +48,7 @@ def _record_stream(original, torch_npu_version: str):
     def record_stream(self: torch.Tensor, stream) -> None:
         if not isinstance(stream, Stream):
             return original(self, stream)  # the real op: rejects every stream object on CPU
-        runtime = core.active_runtime()
+        runtime = active.active_runtime()
         runtime.note_api("native", "Tensor.record_stream")
         if torch_npu_version == "2.10" and runtime.in_aclgraph:
             # torch_npu 2.10 traces it as torch.npu.fake_record_stream, lowered to
@@ -73,7 +74,7 @@ def _cuda_functions() -> dict[str, object]:
     }
 
 
-def _fake_record_stream(self, s):
+def _fake_record_stream(self, s):  # noqa: ARG001 - torch_npu 2.10's signature
     raise RuntimeError("tensor.record_stream is not supported on torch.compile! (torch_npu 2.10 stand-in)")
 
 
@@ -89,7 +90,7 @@ def _apply(patches: _Patches, runtime: StreamRuntime, torchair_init_error: BaseE
         patches.set_attr(torch.cuda, name, value)
     patches.set_attr(torch.Tensor, "record_stream", _record_stream(torch.Tensor.record_stream, torch_npu_version))
     if torch_npu_version == "2.10":
-        npu_modules["torch.npu"].fake_record_stream = _fake_record_stream
+        vars(npu_modules["torch.npu"])["fake_record_stream"] = _fake_record_stream
     original_is_compiling = torch.compiler.is_compiling
     patches.set_attr(torch.compiler, "is_compiling",
                      lambda: runtime.compiling or original_is_compiling())
@@ -106,7 +107,7 @@ def install(graph_mode: bool = False, torchair_init_error: BaseException | None 
     ``torchair_init_error`` models a torchair that fails to initialise: ``import torchair`` still
     succeeds (torch_npu's lazy proxy), and the first attribute access raises this error.
     """
-    if core._active is not None:
+    if active.is_installed():
         raise RuntimeError("msrewrite.runtime.install() is already active; nested installs are refused")
     if "torch_npu" in sys.modules or hasattr(torch, "npu"):
         raise RuntimeError("a real torch_npu is loaded; the CPU stand-ins would shadow it")
@@ -116,10 +117,10 @@ def install(graph_mode: bool = False, torchair_init_error: BaseException | None 
         if torch_npu_version not in TORCH_NPU_VERSIONS:
             raise ValueError(f"torch_npu_version must be one of {TORCH_NPU_VERSIONS}, got {torch_npu_version!r}")
         _apply(patches, runtime, torchair_init_error, torch_npu_version)
-        core.set_active(runtime)
+        active.set_active(runtime)
         with runtime.graph_mode() if graph_mode else contextlib.nullcontext():
             yield runtime
     finally:
-        core.set_active(None)
+        active.set_active(None)
         patches.restore()
         runtime.close()

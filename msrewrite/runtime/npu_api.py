@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import types
 
-from msrewrite.runtime.core import DEFAULT_CORE_LIMIT, active_runtime
+from msrewrite.runtime.active import active_runtime
+from msrewrite.runtime.core import DEFAULT_CORE_LIMIT
 from msrewrite.runtime.streams import CudaStream, Event, Stream, StreamContext
 
 
@@ -14,13 +15,13 @@ def stream(stream=None) -> StreamContext:
     return StreamContext(stream)
 
 
-def current_stream(device=None) -> Stream:
+def current_stream(device=None) -> Stream:  # noqa: ARG001 - torch_npu's signature
     runtime = active_runtime()
     runtime.note_api("native", "current_stream")
     return runtime.current_stream()
 
 
-def default_stream(device=None) -> Stream:
+def default_stream(device=None) -> Stream:  # noqa: ARG001 - torch_npu's signature
     runtime = active_runtime()
     runtime.note_api("native", "default_stream")
     return runtime.default_stream()
@@ -36,7 +37,7 @@ def set_stream(stream) -> None:
     runtime.set_current(stream)
 
 
-def synchronize(device=None) -> None:
+def synchronize(device=None) -> None:  # noqa: ARG001 - torch_npu's signature
     runtime = active_runtime()
     runtime.note_api("native", "synchronize")
     runtime.emit("on_device_synchronize")
@@ -137,18 +138,15 @@ def build_npu_modules() -> dict[str, types.ModuleType]:
                  "is_available", "device_count", "current_device", "set_device", "is_initialized",
                  "set_stream_limit", "get_stream_limit", "reset_stream_limit"):
         setattr(npu, name, globals()[name])
-    npu.Stream, npu.Event, npu.StreamContext = Stream, Event, StreamContext
-    npu.mstx = mstx
-
-    npugraph_ex = types.ModuleType("torch.npu.npugraph_ex")
     scope = types.ModuleType("torch.npu.npugraph_ex.scope")
-    scope.limit_core_num = npugraph_ex_limit_core_num
-    npugraph_ex.scope = scope
-    npu.npugraph_ex = npugraph_ex
+    vars(scope)["limit_core_num"] = npugraph_ex_limit_core_num
+    npugraph_ex = types.ModuleType("torch.npu.npugraph_ex")
+    vars(npugraph_ex)["scope"] = scope
+    vars(npu).update(Stream=Stream, Event=Event, StreamContext=StreamContext, mstx=mstx, npugraph_ex=npugraph_ex)
     npu.__path__ = npugraph_ex.__path__ = []  # packages, so dotted imports resolve via sys.modules
 
     torch_npu = types.ModuleType("torch_npu", "msrewrite stand-in for torch_npu (CPU only)")
-    torch_npu.npu = npu
+    vars(torch_npu)["npu"] = npu
     torch_npu.__path__ = []
     return {
         "torch.npu": npu,

@@ -29,9 +29,9 @@ class ModuleStack:
         self._paths: dict[tuple[int, int], str] = {}
         self._handles = []
 
-    def __enter__(self) -> "ModuleStack":
+    def __enter__(self) -> ModuleStack:
         self._handles = [
-            nn_module.register_module_forward_pre_hook(lambda mod, args: self._stack.append(mod)),
+            nn_module.register_module_forward_pre_hook(lambda mod, _args: self._stack.append(mod)),
             nn_module.register_module_forward_hook(self._pop, always_call=True),
         ]
         return self
@@ -41,7 +41,7 @@ class ModuleStack:
             handle.remove()
         self._stack.clear()
 
-    def _pop(self, mod, args, output) -> None:
+    def _pop(self, mod, _args, _output) -> None:
         if self._stack and self._stack[-1] is mod:
             self._stack.pop()
 

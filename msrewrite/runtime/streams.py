@@ -7,8 +7,12 @@ and report record/wait/synchronize to the runtime's listeners.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-from msrewrite.runtime.core import StreamRuntime, active_runtime
+from msrewrite.runtime.active import active_runtime
+
+if TYPE_CHECKING:
+    from msrewrite.runtime.core import StreamRuntime
 
 
 class Stream:
@@ -31,20 +35,20 @@ class Stream:
             self._runtime.note_api("native", "Stream")
 
     # ordering
-    def wait_event(self, event: "Event") -> None:
+    def wait_event(self, event: Event) -> None:
         self._runtime.note_api("native", "Stream.wait_event")
         if not isinstance(event, Event):
             raise TypeError(f"wait_event expects a stand-in Event, got {type(event).__name__}")
         event.wait(self)
 
-    def wait_stream(self, stream: "Stream") -> None:
+    def wait_stream(self, stream: Stream) -> None:
         # torch_npu: self.wait_event(stream.record_event())
         self._runtime.note_api("native", "Stream.wait_stream")
         if not isinstance(stream, Stream):
             raise TypeError(f"wait_stream expects a stand-in Stream, got {type(stream).__name__}")
         self.wait_event(stream.record_event())
 
-    def record_event(self, event: "Event | None" = None) -> "Event":
+    def record_event(self, event: Event | None = None) -> Event:
         self._runtime.note_api("native", "Stream.record_event")
         event = event if event is not None else Event()
         event.record(self)
@@ -61,7 +65,7 @@ class Stream:
         pass
 
     # `with stream:` makes it current, like torch.Stream
-    def __enter__(self) -> "Stream":
+    def __enter__(self) -> Stream:
         self._runtime.note_api("native", "Stream.__enter__")
         self._previous.append(self._runtime.current_stream())
         self._runtime.set_current(self)
@@ -131,7 +135,7 @@ class Event:
         if self.recorded_on is not None:
             self._runtime.emit("on_event_synchronize", self)
 
-    def elapsed_time(self, end_event: "Event") -> float:
+    def elapsed_time(self, end_event: Event) -> float:
         if not (self.enable_timing and end_event.enable_timing):
             raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
         if self._time is None or end_event._time is None:
@@ -166,5 +170,5 @@ class StreamContext:
         return self.stream
 
     def __exit__(self, *exc) -> None:
-        if self.stream is not None:
+        if self.stream is not None and self._previous is not None:  # always both after __enter__
             self.stream._runtime.set_current(self._previous)

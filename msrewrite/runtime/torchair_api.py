@@ -16,10 +16,11 @@ import dis
 import sys
 import types
 from functools import lru_cache
+from typing import Any
 
-from msrewrite.runtime.core import active_runtime
+from msrewrite.runtime.active import active_runtime
 from msrewrite.runtime.frames import location
-from msrewrite.runtime.streams import Event
+from msrewrite.runtime.streams import Event, Stream
 
 _WAIT_TENSOR_EAGER_ERROR = (
     "torch.ops.air.wait_tensor kernel_impl is not implemented! "
@@ -34,7 +35,7 @@ class _StreamSwitch:
         self.stream_tag = str(stream_tag)
         self.stream_priority = stream_priority
         self.enable_inner_parallel = enable_inner_parallel
-        self._previous = None
+        self._previous: Stream | None = None
 
     def __enter__(self):
         runtime = active_runtime()
@@ -68,13 +69,13 @@ def npu_wait_tensor(self, dependency):
 
 
 @contextlib.contextmanager
-def limit_core_num(op_aicore_num: int, op_vectorcore_num: int):
+def limit_core_num(op_aicore_num: int, op_vectorcore_num: int):  # noqa: ARG001 - torchair's signature
     active_runtime().note_api("torchair", "limit_core_num")
     yield  # op-level GE attributes; nothing to do on CPU
 
 
 @contextlib.contextmanager
-def super_kernel(scope: str, options: str = ""):
+def super_kernel(scope: str, options: str = ""):  # noqa: ARG001 - torchair's signature
     active_runtime().note_api("torchair", "super_kernel")
     yield
 
@@ -142,7 +143,9 @@ class CompilerConfig:
 _COMPILE_MODES = ("max-autotune", "reduce-overhead", "npugraph_ex")
 
 
-def get_npu_backend(*, compiler_config: CompilerConfig | None = None, custom_decompositions=None):
+def get_npu_backend(
+    *, compiler_config: CompilerConfig | None = None, custom_decompositions=None  # noqa: ARG001 - torchair's signature
+):
     """A dynamo backend that runs the captured graph eagerly, with the semantics of the config's mode:
     max-autotune is a GE graph, reduce-overhead and npugraph_ex an aclgraph (a real stream per tag,
     npu_wait_tensor raises), and debug.run_eagerly runs every op eagerly (npu_wait_tensor raises)."""
@@ -155,7 +158,7 @@ def get_npu_backend(*, compiler_config: CompilerConfig | None = None, custom_dec
             return runtime.run_eagerly_mode()
         return runtime.graph_mode() if config.mode == "max-autotune" else runtime.aclgraph_mode()
 
-    def backend(graph_module, example_inputs):
+    def backend(graph_module, example_inputs):  # noqa: ARG001 - a dynamo backend's signature
         def run(*args, **kwargs):
             with semantics(active_runtime()):
                 return graph_module(*args, **kwargs)
@@ -167,7 +170,7 @@ def get_npu_backend(*, compiler_config: CompilerConfig | None = None, custom_dec
 
 # --- discarded-result detection ------------------------------------------------
 @lru_cache(maxsize=1024)
-def _instructions(code) -> tuple[list[int], dict[int, tuple[str, object]]]:
+def _instructions(code) -> tuple[list[int], dict[int, tuple[str, Any]]]:
     """Sorted instruction offsets and offset -> (opname, argval), caches left out."""
     listing = list(dis.get_instructions(code))
     return [ins.offset for ins in listing], {ins.offset: (ins.opname, ins.argval) for ins in listing}
@@ -214,8 +217,7 @@ def build_torchair_modules() -> dict[str, types.ModuleType]:
     for name in ("npu_create_tagged_event", "npu_tagged_event_record", "npu_tagged_event_wait",
                  "npu_record_tagged_stream"):
         setattr(ops, name, globals()[name])
-    torchair.scope, torchair.ops = scope, ops
-    torchair.CompilerConfig, torchair.get_npu_backend = CompilerConfig, get_npu_backend
+    vars(torchair).update(scope=scope, ops=ops, CompilerConfig=CompilerConfig, get_npu_backend=get_npu_backend)
     torchair.__path__ = []
     return {"torchair": torchair, "torchair.scope": scope, "torchair.ops": ops}
 

@@ -40,7 +40,7 @@ def classify(func, args, kwargs, outputs) -> tuple[list, list, list]:
             writes.extend(tensors)
     fresh: list[torch.Tensor] = []
     results = outputs if isinstance(outputs, (tuple, list)) and len(schema.returns) != 1 else (outputs,)
-    for ret, value in zip(schema.returns, results):
+    for ret, value in zip(schema.returns, results, strict=False):
         if ret.alias_info is None:
             fresh.extend(_tensors(value))
     return reads, writes, fresh

@@ -16,7 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from msrewrite.runtime import RuntimeListener, StreamRuntime
+from msrewrite.runtime import RuntimeListener, Stream, StreamRuntime
 from msrewrite.runtime.frames import location, normalize_files, user_frame
 from msrewrite.sanitizer.access import classify
 from msrewrite.sanitizer.clocks import VectorClocks
@@ -27,7 +27,7 @@ _HOST_SYNC_OPS = {"aten._local_scalar_dense.default"}  # .item() waits for the c
 
 @dataclass
 class Access:
-    stream: object
+    stream: Stream
     seq: int
     loc: Location
     snapshot: dict  # the stream's clock at the access: what a GE data edge waits for
@@ -35,7 +35,7 @@ class Access:
 
 @dataclass
 class StorageInfo:
-    alloc_stream: object
+    alloc_stream: Stream
     last_write: Access | None = None
     reads: dict = field(default_factory=dict)  # stream -> latest read since last write
     uses: dict = field(default_factory=dict)  # stream (not alloc) -> latest eager use
@@ -44,7 +44,7 @@ class StorageInfo:
 
 
 class _DispatchMode(TorchDispatchMode):
-    def __init__(self, sanitizer: "Sanitizer"):
+    def __init__(self, sanitizer: Sanitizer):
         super().__init__()
         self.sanitizer = sanitizer
 
@@ -69,7 +69,7 @@ class Sanitizer(RuntimeListener):
         self.clocks = VectorClocks()
         self._storages: dict[int, StorageInfo] = {}
         self._finalizers: dict[int, weakref.finalize] = {}
-        self._launches: dict[object, list[tuple[int, Location]]] = {}
+        self._launches: dict[Stream, list[tuple[int, Location]]] = {}
         self._wait_edges: dict[tuple[int, object], dict] = {}
         self._discarded_waits: dict[tuple[int, object], Location] = {}
         self._api_calls: dict[object, dict[str, tuple[Location, str]]] = {}
@@ -78,7 +78,7 @@ class Sanitizer(RuntimeListener):
         self._active = False
 
     # --- context -----------------------------------------------------------------
-    def __enter__(self) -> "Sanitizer":
+    def __enter__(self) -> Sanitizer:
         self.runtime.listeners.append(self)
         self._storage_hooks = _StorageHooks(self)
         self._storage_hooks.install()
@@ -350,7 +350,7 @@ class _StorageHooks:
             sanitizer.on_storage_change(storage, "resize")
             return resize(storage, size, *args, **kwargs)
 
-        base = torch._C.TensorBase.data
+        base = vars(torch._C.TensorBase)["data"]  # the getset descriptor itself
 
         def set_data(tensor, value):
             with contextlib.suppress(RuntimeError, NotImplementedError):
