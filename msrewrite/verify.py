@@ -177,7 +177,14 @@ def compare(reference: RunResult, other: RunResult, atol: float, rtol: float) ->
         if not same:
             diff = (a.float() - b.float()).abs().max().item()
             return f"{other.name}: output {i} differs from {reference.name} (max |diff| {diff:.3g})"
-    for (name, a), (_n, b) in zip(reference.buffers, other.buffers, strict=False):
+    theirs = dict(other.buffers)
+    if [name for name, _ in reference.buffers] != list(theirs):  # an edit adds or drops no buffer
+        missing = sorted({name for name, _ in reference.buffers} - theirs.keys())
+        extra = sorted(theirs.keys() - {name for name, _ in reference.buffers})
+        what = ", ".join([*(f"no buffer {n}" for n in missing), *(f"an extra buffer {n}" for n in extra)])
+        return f"{other.name}: {what or 'buffers in another order'} after the forward, unlike {reference.name}"
+    for name, a in reference.buffers:
+        b = theirs[name]
         same = a.shape == b.shape and (
             torch.equal(a, b) if atol == 0 and rtol == 0 or not a.is_floating_point()
             else torch.allclose(a, b, atol=atol, rtol=rtol)
