@@ -178,11 +178,11 @@ def compare(reference: RunResult, other: RunResult, atol: float, rtol: float) ->
             diff = (a.float() - b.float()).abs().max().item()
             return f"{other.name}: output {i} differs from {reference.name} (max |diff| {diff:.3g})"
     theirs = dict(other.buffers)
-    if [name for name, _ in reference.buffers] != list(theirs):  # an edit adds or drops no buffer
-        missing = sorted({name for name, _ in reference.buffers} - theirs.keys())
-        extra = sorted(theirs.keys() - {name for name, _ in reference.buffers})
+    ours = {name for name, _ in reference.buffers}
+    if ours != theirs.keys():  # an edit adds or drops no buffer
+        missing, extra = sorted(ours - theirs.keys()), sorted(theirs.keys() - ours)
         what = ", ".join([*(f"no buffer {n}" for n in missing), *(f"an extra buffer {n}" for n in extra)])
-        return f"{other.name}: {what or 'buffers in another order'} after the forward, unlike {reference.name}"
+        return f"{other.name}: {what} after the forward, unlike {reference.name}"
     for name, a in reference.buffers:
         b = theirs[name]
         same = a.shape == b.shape and (
