@@ -28,6 +28,7 @@ from msrewrite.analyze.seeds import (
 )
 from msrewrite.analyze.effects import CallBuffers, buffer_use
 from msrewrite.analyze.summaries import ModuleSummaries
+from msrewrite.analyze.walk import Visitor
 from msrewrite.emit.engine import already_applied, code_of, iter_functions, strip_leading
 from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement, StartGate
 
@@ -314,7 +315,7 @@ def _calls_copy_helper(func: cst.FunctionDef, buffers: CallBuffers, case: Case) 
     """Does `func` call a method that copies host memory, or one named for it (`cache.offload(...)`)?"""
     named = False
 
-    class _Calls(cst.CSTVisitor):
+    class _Calls(Visitor):
         def visit_Call(self, node: cst.Call) -> None:
             nonlocal named
             attr = node.func.attr.value if isinstance(node.func, cst.Attribute) else ""
@@ -328,7 +329,7 @@ def _calls_copy_helper(func: cst.FunctionDef, buffers: CallBuffers, case: Case) 
 def _has_copy(func: cst.FunctionDef, is_copy) -> bool:
     found = False
 
-    class _Copies(cst.CSTVisitor):
+    class _Copies(Visitor):
         def visit_Call(self, node: cst.Call) -> None:
             nonlocal found
             found = found or bool(is_copy(node))

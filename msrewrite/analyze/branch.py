@@ -33,6 +33,7 @@ from msrewrite.analyze.defuse import (
     statement_facts,
 )
 from msrewrite.analyze.summaries import Storage
+from msrewrite.analyze.walk import Visitor, walk
 
 
 @dataclass
@@ -80,7 +81,7 @@ def _seed_calls(node: cst.CSTNode, is_seed: SeedPredicate) -> list[cst.Call]:
 
     on_call = getattr(is_seed, "on_call", None)  # seeds that are not submodule calls (dist.send)
 
-    class _Finder(cst.CSTVisitor):
+    class _Finder(Visitor):
         def visit_Call(self, call: cst.Call) -> None:
             if on_call is not None:
                 if on_call(call):
@@ -514,7 +515,7 @@ def _random_draws(node: cst.CSTNode, scope: Scope, skip: tuple[cst.Call, ...] = 
     draws: list[str] = []
     unseen: list[str] = []
 
-    class _Calls(cst.CSTVisitor):
+    class _Calls(Visitor):
         def visit_Call(self, call: cst.Call) -> bool:
             if any(call is s for s in skip):
                 return False
@@ -646,11 +647,11 @@ def _conditional_calls(node: cst.CSTNode) -> set[int]:
     the right side of `and`/`or`, lambdas and comprehensions."""
     found: set[int] = set()
 
-    class _Calls(cst.CSTVisitor):
+    class _Calls(Visitor):
         def visit_Call(self, call: cst.Call) -> None:
             found.add(id(call))
 
-    class _Conditional(cst.CSTVisitor):
+    class _Conditional(Visitor):
         def _all(self, *parts: cst.CSTNode) -> None:
             for part in parts:
                 part.visit(_Calls())
@@ -763,7 +764,7 @@ def _writes(storage: Storage, f: StatementFacts, tokens: frozenset) -> bool:
 def _returns(node: cst.CSTNode) -> bool:
     found = False
 
-    class _Finder(cst.CSTVisitor):
+    class _Finder(Visitor):
         def visit_Return(self, n: cst.Return) -> None:
             nonlocal found
             found = True
@@ -809,7 +810,7 @@ def _check_join_statement(join_fact, hoists, hoist_facts, storage: Storage, is_s
     # calls taking the side call's result as an argument run after it: their own writes do not count
     after: set[int] = set()
 
-    class _After(cst.CSTVisitor):
+    class _After(Visitor):
         def visit_Call(self, call: cst.Call) -> None:
             if any("_ms_side_call" in expression_loads(a.value) for a in call.args):
                 after.add(id(call))
@@ -835,7 +836,7 @@ def _check_join_statement(join_fact, hoists, hoist_facts, storage: Storage, is_s
 def _walrus_targets(node: cst.CSTNode) -> set[str]:
     names: set[str] = set()
 
-    class _Finder(cst.CSTVisitor):
+    class _Finder(Visitor):
         def visit_NamedExpr(self, n: cst.NamedExpr) -> None:
             if isinstance(n.target, cst.Name):
                 names.add(n.target.value)
@@ -908,5 +909,5 @@ def _conditional_calls(node: cst.CSTNode) -> dict[int, str]:
             if isinstance(n, _CONDITIONAL_EXPRESSIONS):
                 around.pop()
 
-    node.visit(_Finder())
+    walk(node, _Finder())
     return found

@@ -23,6 +23,7 @@ import libcst as cst
 
 from msrewrite.analyze.defuse import dotted_name, node_facts, self_callee
 from msrewrite.analyze.guards import assigned_self_attrs, source
+from msrewrite.analyze.walk import Visitor
 
 # a call that drives streams or events by hand: wait_stream, torch.cuda.stream, npu_stream_switch,
 # aux_stream(), current_stream, record_event / wait_event ...
@@ -37,7 +38,7 @@ _EMITTED_PREFIX = "_ms_"  # msrewrite's own helpers: its own edits are not hand-
 def _calls(node: cst.CSTNode) -> list[cst.Call]:
     found: list[cst.Call] = []
 
-    class _Calls(cst.CSTVisitor):
+    class _Calls(Visitor):
         def visit_Call(self, call: cst.Call) -> None:
             found.append(call)
 
@@ -232,7 +233,7 @@ def side_work_problem(func: cst.FunctionDef, self_name: str, is_seed: Callable[[
 def _yields(func: cst.FunctionDef) -> bool:
     found = False
 
-    class _Yield(cst.CSTVisitor):
+    class _Yield(Visitor):
         def visit_Yield(self, n: cst.Yield) -> None:
             nonlocal found
             found = True
@@ -244,7 +245,7 @@ def _yields(func: cst.FunctionDef) -> bool:
 def _assignments(node: cst.CSTNode) -> list[cst.Assign]:
     found: list[cst.Assign] = []
 
-    class _Assigns(cst.CSTVisitor):
+    class _Assigns(Visitor):
         def visit_Assign(self, n: cst.Assign) -> None:
             found.append(n)
 

@@ -82,11 +82,6 @@ def _fields_of(node: CSTNode) -> tuple[str, ...]:
     return order
 
 
-# visitor class -> "libcst" (let libcst walk it), "hooks" (call its on_visit / on_leave), or
-# {node class name: (visit method name or None, leave method name or None)}, filled as met
-_PLANS: dict[type, object] = {}
-
-
 def _own_names(cls: type) -> set[str]:
     """visit_/leave_ names defined below libcst's base classes (the visitor's, not libcst's stubs)."""
     names: set[str] = set()
@@ -97,7 +92,11 @@ def _own_names(cls: type) -> set[str]:
 
 
 def _plan(cls: type):
-    plan = _PLANS.get(cls)
+    """How to walk for visitor class `cls`: "libcst" (only libcst can), "hooks" (call its
+    on_visit / on_leave), or {node class name: (visit method name or None, leave method name or
+    None)}, filled as node classes are met. Kept on the class (visitor classes defined inside
+    functions come and go with their calls)."""
+    plan = cls.__dict__.get("_walk_plan")
     if plan is None:
         own = _own_names(cls)
         base = Visitor if issubclass(cls, Visitor) else CSTVisitor
@@ -108,16 +107,15 @@ def _plan(cls: type):
             plan = "hooks"
         else:
             plan = {}
-        _PLANS[cls] = plan
+        cls._walk_plan = plan  # type: ignore[attr-defined]
     return plan
 
 
-def _walker(visitor: CSTVisitor, root_leave: bool = True):
-    """A function that walks a subtree for `visitor` as libcst would, or None when only libcst
-    can (hooks this module does not make, or visit_/leave_ methods set on the instance).
-    With `root_leave` False, the walk leaves its root's on_leave to the caller."""
+def _walker(visitor: CSTVisitor, plan):
+    """A function that walks a subtree for `visitor` (whose class's plan is `plan`) as libcst
+    would, or None when only libcst can (see _plan; or visit_/leave_ methods set on the
+    instance). Called with leave_it=False, it leaves its root's on_leave to the caller."""
     cls = type(visitor)
-    plan = _plan(cls)
     if plan == "libcst" or any(key.startswith(("visit_", "leave_", "on_")) for key in vars(visitor)):
         return None
     if plan == "hooks":
@@ -193,7 +191,7 @@ def _walker(visitor: CSTVisitor, root_leave: bool = True):
 def walk(node: CSTNode, visitor: CSTVisitor) -> None:
     """`node.visit(visitor)` for a read-only visitor: the same visit_/leave_ calls in the same
     order, on the same nodes, without libcst's copy of the tree."""
-    walker = None if isinstance(visitor, Visitor) else _walker(visitor)
+    walker = _walker(visitor, _plan(type(visitor)))
     if walker is None:
         node.visit(visitor)
     else:
@@ -207,7 +205,8 @@ class Visitor(CSTVisitor):
     walk back to libcst."""
 
     def on_visit(self, node: CSTNode) -> bool:
-        walker = _walker(self) if isinstance(_plan(type(self)), dict) else None
+        plan = _plan(type(self))
+        walker = _walker(self, plan) if isinstance(plan, dict) else None
         if walker is None:
             return CSTVisitor.on_visit(self, node)
         walker(node, False)  # its visit_ and the children's whole walks; libcst calls on_leave next

@@ -13,6 +13,7 @@ import libcst as cst
 
 from msrewrite import cores, validate
 from msrewrite.analyze.seeds import find_helpers
+from msrewrite.analyze.walk import Visitor
 from msrewrite.cases import Case, Options, find_targets
 from msrewrite.emit.engine import apply_plans, iter_functions, locate
 from msrewrite.emit.torchair_config import records_config
@@ -346,7 +347,7 @@ def _needed_python(module) -> str:
     """Which newer Python the file's syntax asks for, where libcst's tree shows it ("" if unknown)."""
     import libcst as cst
 
-    class NewSyntax(cst.CSTVisitor):
+    class NewSyntax(Visitor):
         def __init__(self) -> None:
             super().__init__()
             self.found = False

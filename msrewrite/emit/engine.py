@@ -32,6 +32,7 @@ import libcst as cst
 from msrewrite.analyze.defuse import dotted_name, function_names
 from msrewrite.analyze.guards import conjoin, guard_path, path_condition, rebuild_path
 from msrewrite.analyze.positions import positions_for
+from msrewrite.analyze.walk import Visitor
 from msrewrite.emit import frameworks
 from msrewrite.emit import helpers as helper_text
 from msrewrite.emit.strategies import STRATEGIES, Context, Emission, Names, async_comm
@@ -96,7 +97,7 @@ def already_applied(func: cst.FunctionDef, marker: str | None = None) -> bool:
     msrewrite helpers, or, for one branch of a several-stream case, carries that branch's marker."""
     found = False
 
-    class _Seen(cst.CSTVisitor):
+    class _Seen(Visitor):
         def visit_Name(self, node: cst.Name) -> None:
             nonlocal found
             if marker is None and node.value.startswith(helper_text.HELPER_PREFIX):
@@ -137,7 +138,7 @@ def _unique(base: str, taken: set[str]) -> str:
 def _self_attrs(node: cst.CSTNode) -> set[str]:
     attrs: set[str] = set()
 
-    class _Attrs(cst.CSTVisitor):
+    class _Attrs(Visitor):
         def visit_Attribute(self, n: cst.Attribute) -> None:
             if isinstance(n.value, cst.Name) and n.value.value == "self":
                 attrs.add(n.attr.value)
@@ -346,7 +347,7 @@ def _find_index(spans, line: int, what: str, plan: OverlapPlan) -> int:
 def _find_call(node: cst.CSTNode, source: str, positions) -> cst.Call | None:
     found: list[cst.Call] = []
 
-    class _Calls(cst.CSTVisitor):
+    class _Calls(Visitor):
         def visit_Call(self, call: cst.Call) -> None:
             if code_of(call) == source:
                 found.append(call)
@@ -415,7 +416,7 @@ def _assigned_nested(func: cst.FunctionDef, attr: str, top_level: int) -> bool:
     """`self.<attr>` is assigned more often than the `top_level` plain statements seen (in an `if`, a loop)."""
     count = 0
 
-    class _Count(cst.CSTVisitor):
+    class _Count(Visitor):
         def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
             nonlocal count
             count += dotted_name(node.target) == f"self.{attr}"
@@ -427,7 +428,7 @@ def _assigned_nested(func: cst.FunctionDef, attr: str, top_level: int) -> bool:
 def _assigned_self_attrs(func: cst.FunctionDef) -> set[str]:
     names: set[str] = set()
 
-    class _Assigned(cst.CSTVisitor):
+    class _Assigned(Visitor):
         def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
             t = node.target
             if isinstance(t, cst.Attribute) and isinstance(t.value, cst.Name) and t.value.value == "self":
@@ -868,7 +869,7 @@ def _constructed_classes(func: cst.CSTNode, names: set[str]) -> set[str]:
     """The classes among `names` that `func` (or any node) calls, i.e. constructs."""
     found: set[str] = set()
 
-    class _Calls(cst.CSTVisitor):
+    class _Calls(Visitor):
         def visit_Call(self, call: cst.Call) -> None:
             if isinstance(call.func, cst.Name) and call.func.value in names:
                 found.add(call.func.value)

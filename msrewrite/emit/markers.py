@@ -26,6 +26,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
+from msrewrite.analyze.walk import Visitor
 from msrewrite.errors import BadInput
 from msrewrite.plan import OverlapPlan
 from msrewrite.validate import literal
@@ -171,7 +172,7 @@ def _stream_tags(func: cst.FunctionDef) -> dict[str, str]:
     """Side stream local -> its tag, from `NAME = _ms_side_stream("tag", ...)` (or the limited one)."""
     out: dict[str, str] = {}
 
-    class Find(cst.CSTVisitor):
+    class Find(Visitor):
         def visit_Assign(self, node: cst.Assign) -> None:
             call = node.value
             if (len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name) and isinstance(call, cst.Call)

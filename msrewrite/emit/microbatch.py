@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from msrewrite.analyze.defuse import all_calls, dotted_name, is_docstring, node_facts
+from msrewrite.analyze.walk import Visitor
 from msrewrite.emit.engine import code_of, strip_leading
 from msrewrite import validate
 from msrewrite.errors import BadInput, NothingToDo
@@ -45,7 +46,7 @@ def is_collective(call: cst.Call) -> bool:
 def _has_collective(node: cst.CSTNode) -> bool:
     found = False
 
-    class _Finder(cst.CSTVisitor):
+    class _Finder(Visitor):
         def visit_Call(self, call: cst.Call) -> None:
             nonlocal found
             found = found or is_collective(call)
@@ -357,12 +358,12 @@ def _layer_class(model_cls: cst.ClassDef, attr: str, classes: dict[str, cst.Clas
         if isinstance(stmt, cst.FunctionDef) and stmt.name.value == "__init__":
             found: list[str] = []
 
-            class _Assign(cst.CSTVisitor):
+            class _Assign(Visitor):
                 def visit_Assign(self, node: cst.Assign) -> None:
                     target = node.targets[0].target
                     if dotted_name(target) == f"self.{attr}":
 
-                        class _Calls(cst.CSTVisitor):
+                        class _Calls(Visitor):
                             def visit_Call(self, call: cst.Call) -> None:
                                 if isinstance(call.func, cst.Name) and call.func.value in classes:
                                     found.append(call.func.value)
@@ -400,7 +401,7 @@ def _existing_attribute(cls: cst.ClassDef, name: str, what: str) -> str:
         raise BadInput(str(exc)) from None
     assigned: set[str] = set()
 
-    class _Assigned(cst.CSTVisitor):
+    class _Assigned(Visitor):
         def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
             self._add(node.target)
 
