@@ -209,3 +209,19 @@ def test_instance_methods_and_fallbacks_are_honoured():
     stop = Stop()
     module.visit(stop)
     assert stop.names == ["f"]
+
+
+def test_ast_nodes_is_ast_walk_in_order():
+    import ast
+
+    from msrewrite.analyze.positions import ast_nodes
+
+    for name, text in _sources():
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:  # the syntax sample on a Python older than its except*
+            assert name == "syntax" and sys.version_info < (3, 11)
+            continue
+        assert [id(n) for n in ast_nodes(tree)] == [id(n) for n in ast.walk(tree)]
+        func = next(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef)))
+        assert [id(n) for n in ast_nodes(func)] == [id(n) for n in ast.walk(func)]

@@ -45,6 +45,20 @@ def parsed_tree(text: str) -> ast.Module | None:
     return _tree(text)
 
 
+def ast_nodes(node: ast.AST) -> list[ast.AST]:
+    """`list(ast.walk(node))`, in the same (breadth-first) order, in half the time (no generator
+    per node)."""
+    found = [node]
+    for current in found:  # grows as it goes: a queue
+        for name in current._fields:
+            value = getattr(current, name, None)
+            if isinstance(value, ast.AST):
+                found.append(value)
+            elif isinstance(value, list):
+                found.extend(item for item in value if isinstance(item, ast.AST))
+    return found
+
+
 @lru_cache(maxsize=8)
 def def_lines(text: str) -> dict[str, int]:
     """Qualified function name ("Class.method", nested classes dotted) -> line of its `def`."""
@@ -97,6 +111,6 @@ def self_calls(text: str) -> dict[str, frozenset[str]]:
 
     found: dict[str, frozenset[str]] = {}
     for name, node in _functions(text):
-        names = {callee(n.func) for n in ast.walk(node) if isinstance(n, ast.Call)}
+        names = {callee(n.func) for n in ast_nodes(node) if isinstance(n, ast.Call)}
         found.setdefault(name, frozenset(n for n in names if n))
     return found

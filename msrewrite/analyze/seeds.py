@@ -23,6 +23,7 @@ import libcst as cst
 
 from msrewrite.analyze.defuse import dotted_name, node_facts, self_callee
 from msrewrite.analyze.guards import assigned_self_attrs, source
+from msrewrite.analyze.positions import ast_nodes
 from msrewrite.analyze.walk import Visitor
 
 # a call that drives streams or events by hand: wait_stream, torch.cuda.stream, npu_stream_switch,
@@ -291,7 +292,7 @@ def framework_layers(tree: ast.Module | None, is_seed: Callable[[str], bool]) ->
             for item in node.body:
                 if not (isinstance(item, ast.FunctionDef) and item.name == "__init__"):
                     continue
-                for assign in ast.walk(item):
+                for assign in ast_nodes(item):
                     if not (isinstance(assign, ast.Assign) and len(assign.targets) == 1 and isinstance(assign.value, ast.Call)):
                         continue
                     target = assign.targets[0]
