@@ -60,10 +60,13 @@ def _node_classes() -> list[type]:
 SKIP = ("Lambda", "Decorator", "FormattedStringExpression")  # visit_ says False: no children
 
 
-def _recording(base: type) -> type:
-    """A visitor with visit_/leave_ for every node class, recording (event, node) pairs."""
+def _recording(base: type, trivia: bool = True) -> type:
+    """A visitor with visit_/leave_ for every node class (without `trivia`: every node class but
+    whitespace, comments, operators and brackets), recording (event, node) pairs."""
     namespace = {}
     for node_cls in _node_classes():
+        if not trivia and node_cls.__name__ in {c.__name__ for c in walk_module.TRIVIA}:
+            continue
         name = node_cls.__name__
 
         def visit(self, node, _name=name):
@@ -80,7 +83,7 @@ def _recording(base: type) -> type:
         self.events = []
 
     namespace["__init__"] = __init__
-    return type(f"Recording{base.__name__}", (base,), namespace)
+    return type(f"Recording{base.__name__}{'' if trivia else 'NoTrivia'}", (base,), namespace)
 
 
 class Hooks(cst.CSTVisitor):
@@ -112,6 +115,8 @@ class Attributes(cst.CSTVisitor):
 
 RecordingCSTVisitor = _recording(cst.CSTVisitor)
 RecordingVisitor = _recording(Visitor)
+NoTriviaCSTVisitor = _recording(cst.CSTVisitor, trivia=False)
+NoTriviaVisitor = _recording(Visitor, trivia=False)
 
 
 def _sources():
@@ -125,16 +130,17 @@ def _sources():
 @pytest.mark.parametrize("name,text", list(_sources()), ids=lambda v: v if isinstance(v, str) and len(v) < 60 else "")
 def test_walk_makes_libcsts_calls_in_libcsts_order(name, text):
     module = cst.parse_module(text)
-    for make in (RecordingCSTVisitor, Hooks, Attributes):
+    for make in (RecordingCSTVisitor, NoTriviaCSTVisitor, Hooks, Attributes):
         theirs, ours = make(), make()
         module.visit(theirs)
         walk(module, ours)
         assert ours.events == theirs.events, (name, make.__name__)
         assert theirs.events, make.__name__
-    theirs, ours = RecordingCSTVisitor(), RecordingVisitor()
-    module.visit(theirs)
-    module.visit(ours)  # a Visitor under libcst's own visit
-    assert ours.events == theirs.events
+    assert walk_module._plan(NoTriviaVisitor).skip and not walk_module._plan(RecordingVisitor).skip
+    for theirs, ours in ((RecordingCSTVisitor(), RecordingVisitor()), (NoTriviaCSTVisitor(), NoTriviaVisitor())):
+        module.visit(theirs)
+        module.visit(ours)  # a Visitor under libcst's own visit
+        assert ours.events == theirs.events
     for stmt in module.body[:5]:  # from a node below the module, too
         theirs, ours = RecordingCSTVisitor(), RecordingVisitor()
         stmt.visit(theirs)
@@ -214,7 +220,7 @@ def test_instance_methods_and_fallbacks_are_honoured():
 def test_ast_nodes_is_ast_walk_in_order():
     import ast
 
-    from msrewrite.analyze.positions import ast_nodes
+    from msrewrite.analyze.positions import ast_calls, ast_nodes
 
     for name, text in _sources():
         try:
@@ -223,5 +229,82 @@ def test_ast_nodes_is_ast_walk_in_order():
             assert name == "syntax" and sys.version_info < (3, 11)
             continue
         assert [id(n) for n in ast_nodes(tree)] == [id(n) for n in ast.walk(tree)]
+        calls = {id(n) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+        assert calls and sorted(id(n) for n in ast_calls(tree)) == sorted(calls)
         func = next(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef)))
         assert [id(n) for n in ast_nodes(func)] == [id(n) for n in ast.walk(func)]
+
+
+def _concrete(cls: type) -> set[type]:
+    found, todo = set(), [cls]
+    while todo:
+        current = todo.pop()
+        found.add(current)
+        todo.extend(current.__subclasses__())
+    return found
+
+
+def test_trivia_hold_only_trivia():
+    """A walk leaves out the subtrees of TRIVIA nodes for visitors with no method for any
+    TRIVIA class: sound only if such nodes hold nothing else, by libcst's field types..."""
+    import dataclasses
+    import typing
+
+    def classes(annotation) -> set[type]:
+        if isinstance(annotation, type):
+            return {annotation}
+        return set().union(*(classes(arg) for arg in typing.get_args(annotation))) if typing.get_args(annotation) else set()
+
+    assert {cst.SimpleWhitespace, cst.Comment, cst.Comma, cst.LeftParen, cst.Add} <= walk_module.TRIVIA
+    assert not {cst.Name, cst.Call, cst.Attribute, cst.ImportAlias} & walk_module.TRIVIA
+    for trivia in walk_module.TRIVIA:
+        for f in dataclasses.fields(trivia):
+            for held in classes(f.type):
+                if issubclass(held, cst.CSTNode):  # (by name: libcst's add_slots leaves a pre-slots twin of each class)
+                    names = {c.__name__ for c in walk_module.TRIVIA}
+                    assert {c.__name__ for c in _concrete(held)} <= names, (trivia.__name__, f.name, held.__name__)
+                else:
+                    assert held in (str, bool, type(None)), (trivia.__name__, f.name, held)
+
+
+def test_trivia_hold_only_trivia_in_real_trees():
+    """... and in the trees the tool parses."""
+    class Trivia(cst.CSTVisitor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.depth = 0
+            self.seen = 0
+
+        def on_visit(self, node):
+            inside = self.depth > 0
+            if isinstance(node, tuple(walk_module.TRIVIA)):
+                self.depth += 1
+                self.seen += 1
+            else:
+                assert not inside, type(node).__name__
+            return True
+
+        def on_leave(self, node):
+            if isinstance(node, tuple(walk_module.TRIVIA)):
+                self.depth -= 1
+
+    for _name, text in _sources():
+        seen = Trivia()
+        cst.parse_module(text).visit(seen)
+        assert seen.seen and seen.depth == 0
+
+
+def test_a_visitor_of_trivia_is_walked_through_them():
+    module = cst.parse_module("x = f(a,  # one\n      b)  # two\n")
+
+    class Comments(Visitor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.comments: list[str] = []
+
+        def visit_Comment(self, node):
+            self.comments.append(node.value)
+
+    seen = Comments()
+    module.visit(seen)
+    assert seen.comments == ["# one", "# two"]

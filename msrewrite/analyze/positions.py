@@ -95,6 +95,34 @@ def positions_for(module: cst.Module, qualified: str, func: cst.FunctionDef, tex
     return positions
 
 
+# what cannot hold a call: names, constants, contexts and operators, and the plain values some
+# node lists hold (Global.names, a dict display's None key)
+_NO_CALLS = frozenset(
+    {ast.Name, ast.Constant, str, type(None)}
+    | {c for c in vars(ast).values() if isinstance(c, type) and issubclass(c, ast.AST) and not c._fields}
+)
+
+
+def ast_calls(node: ast.AST) -> list[ast.Call]:
+    """The ast.Call nodes under `node` (itself included): those of ast.walk, in no set order."""
+    calls: list[ast.Call] = []
+    todo: list = [node]
+    while todo:
+        current = todo.pop()
+        kind = type(current)
+        if kind in _NO_CALLS:
+            continue
+        if kind is ast.Call:
+            calls.append(current)
+        for name in current._fields:
+            value = getattr(current, name, None)
+            if type(value) is list:
+                todo.extend(value)
+            elif isinstance(value, ast.AST):
+                todo.append(value)
+    return calls
+
+
 @lru_cache(maxsize=8)
 def self_calls(text: str) -> dict[str, frozenset[str]]:
     """Qualified function name -> the dotted `self.<...>(` callees in it (a cheap `ast` pre-filter)."""
@@ -111,6 +139,6 @@ def self_calls(text: str) -> dict[str, frozenset[str]]:
 
     found: dict[str, frozenset[str]] = {}
     for name, node in _functions(text):
-        names = {callee(n.func) for n in ast_nodes(node) if isinstance(n, ast.Call)}
+        names = {callee(call.func) for call in ast_calls(node)}
         found.setdefault(name, frozenset(n for n in names if n))
     return found

@@ -16,6 +16,9 @@ itself, unchanged.
 from __future__ import annotations
 
 import dataclasses
+from operator import attrgetter
+from types import FunctionType
+from typing import Callable
 
 from libcst import CSTNode, CSTVisitor, MaybeSentinel
 
@@ -50,133 +53,165 @@ def _recorded(node: CSTNode) -> tuple[str, ...]:
     return tuple(recorder.names)
 
 
+def _is_node(value: object) -> bool:
+    """isinstance(value, CSTNode), without the ABC machinery: a failed isinstance check against
+    an abstract class walks every subclass of it (hundreds, for CSTNode) the first time."""
+    return CSTNode in type(value).__mro__
+
+
 def _may_hold_nodes(value: object) -> bool:
-    return value is None or isinstance(value, (MaybeSentinel, tuple, list, CSTNode))
+    return value is None or isinstance(value, (MaybeSentinel, tuple, list)) or _is_node(value)
 
 
 def _holds_nodes(value: object) -> bool:
-    if isinstance(value, CSTNode):
+    if _is_node(value):
         return True
-    return isinstance(value, (tuple, list)) and any(isinstance(v, CSTNode) for v in value)
+    return isinstance(value, (tuple, list)) and any(_is_node(v) for v in value)
 
 
 # node class -> (attributes libcst visits, in order; attributes it did not visit on the node it
-# was recorded from that might hold nodes on another node of the class: checked on every one)
-_FIELDS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+# was recorded from that might hold nodes on another node of the class: checked on every one;
+# a function returning the visited attributes' values of a node, as a tuple)
+_FIELDS: dict[type, tuple[tuple[str, ...], tuple[str, ...], Callable]] = {}
 
 
-def _record_class(node: CSTNode) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _values_getter(order: tuple[str, ...]) -> Callable:
+    if len(order) > 1:
+        return attrgetter(*order)
+    if order:
+        get = attrgetter(order[0])
+        return lambda node: (get(node),)
+    return lambda node: ()
+
+
+def _record_class(node: CSTNode) -> tuple[tuple[str, ...], tuple[str, ...], Callable]:
     order = _recorded(node)
     unsure = tuple(
         f.name for f in dataclasses.fields(node) if f.name not in order and _may_hold_nodes(getattr(node, f.name))
     )
-    entry = _FIELDS[type(node)] = (order, unsure)
+    entry = _FIELDS[type(node)] = (order, unsure, _values_getter(order))
     return entry
 
 
-def _fields_of(node: CSTNode) -> tuple[str, ...]:
-    """The attributes of `node` libcst visits, in its order."""
-    order, unsure = _FIELDS.get(type(node)) or _record_class(node)
+def _values_of(node: CSTNode, entry: tuple) -> tuple:
+    """The values of the attributes of `node` libcst visits, in its order (`entry`: its class's)."""
+    order, unsure, values = entry
     if unsure and any(_holds_nodes(getattr(node, name)) for name in unsure):
-        return _recorded(node)  # a child libcst visits only on some nodes of the class
-    return order
+        return tuple(getattr(node, name) for name in _recorded(node))  # visited on some nodes of the class only
+    return values(node)
 
 
-def _own_names(cls: type) -> set[str]:
-    """visit_/leave_ names defined below libcst's base classes (the visitor's, not libcst's stubs)."""
-    names: set[str] = set()
+
+
+def _trivia() -> frozenset[type]:
+    """Whitespace, comments, operators and brackets: nodes that hold nothing but each other
+    (tests/test_walk.py checks that on libcst's field types and on real trees)."""
+    import libcst
+
+    modules = ("libcst._nodes.whitespace", "libcst._nodes.op")
+    brackets = ("LeftParen", "RightParen", "LeftSquareBracket", "RightSquareBracket", "LeftCurlyBrace", "RightCurlyBrace")
+    return frozenset(
+        c for name, c in vars(libcst).items()
+        if isinstance(c, type) and CSTNode in c.__mro__ and (c.__module__ in modules or name in brackets)
+    )
+
+
+TRIVIA = _trivia()
+_TRIVIA_METHODS = frozenset(f"{kind}_{c.__name__}" for c in TRIVIA for kind in ("visit", "leave"))
+
+
+class _Plan:
+    """How to walk for one visitor class: "libcst" (only libcst can: attribute hooks such as
+    visit_Call_func, an overridden on_visit_attribute), "hooks" (its own on_visit / on_leave),
+    or "methods": its visit_/leave_ methods per node class. `skip`: the node classes whose
+    subtrees the walk may leave out because the visitor has no method for any node in them
+    (TRIVIA, unless it visits some of those). `table`, for "methods" visitors whose methods
+    are all plain functions: node class -> (visit_ function or None, leave_ function or None,
+    the class's _FIELDS entry), filled as node classes are met and shared by every walk."""
+
+    __slots__ = ("kind", "cls", "own", "skip", "table", "plain")
+
+    def __init__(self, kind: str, cls: type, own: dict[str, object]) -> None:
+        self.kind, self.cls, self.own = kind, cls, own
+        self.skip = TRIVIA if kind == "methods" and not own.keys() & _TRIVIA_METHODS else frozenset()
+        self.table: dict[type, tuple] = {}
+        # a plain function is called with the visitor as `self`, as its bound method would be;
+        # anything else (a staticmethod, a callable object) is bound for each walk
+        self.plain = all(isinstance(attr, FunctionType) for attr in own.values())
+
+    def names(self, node_cls: type) -> tuple:
+        """(visit method name or None, leave method name or None) for a node class."""
+        cls_name = node_cls.__name__
+        return tuple(method if method in self.own else None for method in (f"visit_{cls_name}", f"leave_{cls_name}"))
+
+    def entry(self, node: CSTNode) -> tuple:
+        """The table entry for the class of `node` (a plain visitor's)."""
+        node_cls = type(node)
+        visit, leave = self.names(node_cls)
+        found = self.table[node_cls] = (
+            self.own[visit] if visit else None,
+            self.own[leave] if leave else None,
+            _FIELDS.get(node_cls) or _record_class(node),
+        )
+        return found
+
+
+def _own_methods(cls: type) -> dict[str, object]:
+    """visit_/leave_ name -> the attribute as the class defines it, for the names defined below
+    libcst's base classes (the visitor's, not libcst's stubs) and not set to None."""
+    own: dict[str, object] = {}
     for klass in cls.__mro__:
         if klass not in _LIBCST_BASES and klass is not Visitor:
-            names |= {n for n in vars(klass) if n.startswith(("visit_", "leave_"))}
-    return names
+            for name, attr in vars(klass).items():
+                if name.startswith(("visit_", "leave_")):
+                    own.setdefault(name, attr)
+    return {name: attr for name, attr in own.items() if getattr(cls, name, None) is not None}
 
 
-def _plan(cls: type):
-    """How to walk for visitor class `cls`: "libcst" (only libcst can), "hooks" (call its
-    on_visit / on_leave), or {node class name: (visit method name or None, leave method name or
-    None)}, filled as node classes are met. Kept on the class (visitor classes defined inside
-    functions come and go with their calls)."""
+def _plan(cls: type) -> _Plan:
+    """The class's walk plan, kept on the class (visitor classes defined inside functions come
+    and go with their calls)."""
     plan = cls.__dict__.get("_walk_plan")
     if plan is None:
-        own = _own_names(cls)
-        base = Visitor if issubclass(cls, Visitor) else CSTVisitor
+        own = _own_methods(cls)
+        base = Visitor if Visitor in cls.__mro__ else CSTVisitor
         overridden = {hook for hook in _HOOKS if getattr(cls, hook) is not getattr(base, hook)}
         if overridden & {"on_visit_attribute", "on_leave_attribute"} or any(n.count("_") > 1 for n in own):
-            plan = "libcst"  # attribute hooks (visit_Call_func), or names that might be ones
-        elif overridden:
-            plan = "hooks"
+            kind = "libcst"  # attribute hooks (visit_Call_func), or names that might be ones
         else:
-            plan = {}
+            kind = "hooks" if overridden else "methods"
+        plan = _Plan(kind, cls, own)
         cls._walk_plan = plan  # type: ignore[attr-defined]
     return plan
 
 
-def _walker(visitor: CSTVisitor, plan):
+_PREFIXES = ("visit_", "leave_", "on_")
+
+
+def _walker(visitor: CSTVisitor, plan: _Plan):
     """A function that walks a subtree for `visitor` (whose class's plan is `plan`) as libcst
-    would, or None when only libcst can (see _plan; or visit_/leave_ methods set on the
+    would, or None when only libcst can (see _Plan; or visit_/leave_ methods set on the
     instance). Called with leave_it=False, it leaves its root's on_leave to the caller."""
-    cls = type(visitor)
-    if plan == "libcst" or any(key.startswith(("visit_", "leave_", "on_")) for key in vars(visitor)):
+    if plan.kind == "libcst":
         return None
-    if plan == "hooks":
+    for key in vars(visitor):
+        if key.startswith(_PREFIXES):
+            return None
+    default = MaybeSentinel.DEFAULT
+    fields = _FIELDS
+    skip = plan.skip
+    if plan.kind == "hooks":
         on_visit, on_leave = visitor.on_visit, visitor.on_leave
 
-        def methods(node_cls: type) -> tuple:
-            return on_visit, on_leave
-    else:
-        own: set[str] | None = None
-
-        def methods(node_cls: type) -> tuple:
-            nonlocal own
-            name = node_cls.__name__
-            names = plan.get(name)  # type: ignore[union-attr]
-            if names is None:
-                if own is None:
-                    own = _own_names(cls)
-                names = plan[name] = tuple(  # type: ignore[index]
-                    method if method in own and getattr(cls, method, None) is not None else None
-                    for method in (f"visit_{name}", f"leave_{name}")
-                )
-            visit, leave = names
-            found = table[node_cls] = (getattr(visitor, visit) if visit else None, getattr(visitor, leave) if leave else None)
-            return found
-
-    table: dict[type, tuple] = {}
-    default = MaybeSentinel.DEFAULT
-
-    def walk_node(node: CSTNode, leave_it: bool = True) -> None:
-        node_cls = type(node)
-        visit, leave = table.get(node_cls) or methods(node_cls)
-        if visit is None or visit(node) is not False:
-            order, unsure = _FIELDS.get(node_cls) or _record_class(node)
-            if unsure:
-                order = _fields_of(node)
-            for name in order:
-                value = getattr(node, name)
-                kind = type(value)
-                if kind is tuple or kind is list:
-                    for child in value:
-                        walk_node(child)
-                elif value is not None and value is not default:
-                    if kind in _FIELDS or isinstance(value, CSTNode):
-                        walk_node(value)
-                    else:  # another kind of sequence
-                        for child in value:
-                            walk_node(child)
-        if leave is not None and leave_it:
-            leave(node)
-
-    if plan == "hooks":  # on_visit says whether to descend
         def walk_hooks(node: CSTNode, leave_it: bool = True) -> None:
             if on_visit(node):
-                for name in _fields_of(node):
-                    value = getattr(node, name)
+                for value in _values_of(node, fields.get(type(node)) or _record_class(node)):
                     kind = type(value)
                     if kind is tuple or kind is list:
                         for child in value:
                             walk_hooks(child)
                     elif value is not None and value is not default:
-                        if kind in _FIELDS or isinstance(value, CSTNode):
+                        if kind in fields or _is_node(value):
                             walk_hooks(value)
                         else:  # another kind of sequence
                             for child in value:
@@ -185,6 +220,44 @@ def _walker(visitor: CSTVisitor, plan):
                 on_leave(node)
 
         return walk_hooks
+
+    if plan.plain:
+        table, entry_for = plan.table, plan.entry
+        this = visitor
+    else:  # bound methods, for this walk only
+        table = {}
+        this = None
+
+        def entry_for(node: CSTNode) -> tuple:
+            node_cls = type(node)
+            visit, leave = plan.names(node_cls)
+            found = table[node_cls] = (
+                getattr(visitor, visit) if visit else None,
+                getattr(visitor, leave) if leave else None,
+                fields.get(node_cls) or _record_class(node),
+            )
+            return found
+
+    def walk_node(node: CSTNode, leave_it: bool = True) -> None:
+        visit, leave, entry = table.get(type(node)) or entry_for(node)
+        if visit is None or (visit(this, node) if this is not None else visit(node)) is not False:
+            for value in entry[2](node) if not entry[1] else _values_of(node, entry):
+                kind = type(value)
+                if kind is tuple or kind is list:
+                    for child in value:
+                        if type(child) not in skip:
+                            walk_node(child)
+                elif kind in skip or value is None or value is default:
+                    continue
+                elif kind in fields or _is_node(value):
+                    walk_node(value)
+                else:  # another kind of sequence
+                    for child in value:
+                        if type(child) not in skip:
+                            walk_node(child)
+        if leave is not None and leave_it:
+            leave(this, node) if this is not None else leave(node)
+
     return walk_node
 
 
@@ -206,7 +279,7 @@ class Visitor(CSTVisitor):
 
     def on_visit(self, node: CSTNode) -> bool:
         plan = _plan(type(self))
-        walker = _walker(self, plan) if isinstance(plan, dict) else None
+        walker = _walker(self, plan) if plan.kind == "methods" else None
         if walker is None:
             return CSTVisitor.on_visit(self, node)
         walker(node, False)  # its visit_ and the children's whole walks; libcst calls on_leave next
