@@ -11,7 +11,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from msrewrite import cores, validate
+from msrewrite import validate
 from msrewrite.analyze.seeds import find_helpers
 from msrewrite.analyze.walk import Visitor
 from msrewrite.cases import Case, Options, find_targets
@@ -110,6 +110,8 @@ def plans_for_case(
     if mode not in case.modes:
         raise BadInput(f"case {case.name} does not support mode {mode} (supports {', '.join(case.modes)})")
     if case.core_limits and core_limits is None:
+        from msrewrite import cores
+
         core_limits = cores.resolve("a3", None).as_tuple()
     options = Options(
         mode=mode, flag=flag, stream_tag=stream_tag, start_gates=start_gates, phase_anchors=phase_anchors,
@@ -504,6 +506,8 @@ def run_apply(
             raise BadInput(f"--anchor is for phased cases; {case} runs its side branch in one piece")
         budget = None
         if known and known.core_limits:
+            from msrewrite import cores
+
             budget = cores.resolve(core_preset, core_limit).as_tuple()
         elif core_limit or core_preset != "a3":
             raise BadInput(f"--cores and --core-limit are for core-limit cases; {case} does not split cores")
