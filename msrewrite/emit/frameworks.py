@@ -195,7 +195,9 @@ def fullgraph_region(module: cst.Module, qualified: str, text: str | None = None
     A class is inside when a compiled class constructs it, directly or through other classes of the
     file (vLLM's model class builds its layers in __init__). `text`, the module's source when the
     caller has it, skips the walk over the whole module when neither name a root needs is in it."""
-    if text is not None and "support_torch_compile" not in text and not _FULLGRAPH_KEYWORD.search(text):
+    if text is not None and "support_torch_compile" not in text and (
+        "fullgraph" not in text or not _FULLGRAPH_KEYWORD.search(text)  # the substring test first: 100x cheaper
+    ):
         return None
     roots = _compiled_roots(module)
     if not roots:
