@@ -25,6 +25,8 @@ class UsageError(Exception):
 
 @dataclass(frozen=True)
 class Param:
+    """One option or argument of a command, declared as typer's Option / Argument would be."""
+
     default: Any
     decls: tuple[str, ...]  # option names ("--case", "-i"); empty for an argument
     help: str
@@ -78,7 +80,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parser_for(name: str, func: Callable[..., int]) -> argparse.ArgumentParser:
-    parser = _Parser(prog=f"msrewrite {name}", add_help=False, allow_abbrev=False)
+    # a usage line of our own: parse_intermixed_args would otherwise format argparse's (every
+    # option, through textwrap and a few regexes) for error messages that _Parser.error never shows
+    parser = _Parser(prog=f"msrewrite {name}", usage=f"msrewrite {name} [OPTIONS]", add_help=False, allow_abbrev=False)
     for pname, kind, spec in params(func):
         element, many = _unwrap(kind)
         if element not in (bool, int, float, str, Path):  # our bug: a new option of a type not parsed here

@@ -38,6 +38,8 @@ from msrewrite.analyze.walk import Visitor, walk
 
 @dataclass
 class Hoist:
+    """A side call lifted out of the join statement into a temporary of its own (`temp`)."""
+
     call: cst.Call
     temp: str
     source: str
@@ -47,6 +49,8 @@ class Hoist:
 
 @dataclass
 class SideBranch:
+    """The side work of a function: the statements and hoisted calls that move, and where they fork and join."""
+
     statements: list[StatementFacts]  # whole statements that move, in order
     hoists: list[Hoist]  # seed calls lifted out of the join statement
     fork: int  # body index the side block goes before

@@ -24,6 +24,8 @@ from msrewrite.analyze.walk import Visitor
 
 @dataclass
 class StatementFacts:
+    """What one top-level statement of a function reads, binds and writes, and the calls it makes."""
+
     index: int
     node: cst.BaseStatement
     first_line: int

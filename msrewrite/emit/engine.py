@@ -66,6 +66,8 @@ def strip_leading(stmt: cst.BaseStatement) -> cst.BaseStatement:
 # Locating functions -----------------------------------------------------------------------
 @dataclass
 class Located:
+    """A function of the module and its enclosing class (None for a module-level function)."""
+
     func: cst.FunctionDef
     cls: cst.ClassDef | None
 
@@ -309,6 +311,8 @@ def _guarded_if(body, spans, positions, plan: OverlapPlan) -> _GuardedIf:
 # The transform ----------------------------------------------------------------------------------
 @dataclass
 class PlannedEdit:
+    """One plan carried out on its function (and `__init__`): the old and new definitions."""
+
     plan: OverlapPlan
     old_func: cst.FunctionDef
     new_func: cst.FunctionDef
