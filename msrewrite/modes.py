@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import re
-import unicodedata
 from functools import lru_cache
 
 from msrewrite.plan import MODES
@@ -50,13 +49,19 @@ def _callee(node: ast.AST) -> str:
     return func.id if isinstance(func, ast.Name) else ""
 
 
+def _nfkc(text: str) -> str:
+    import unicodedata  # only for a non-ASCII file
+
+    return unicodedata.normalize("NFKC", text)
+
+
 def _torchair_config_mode(text: str) -> tuple[str, str] | None:
     """(mode, reason) from the `<config>.mode = "..."` assignments of the file's torchair CompilerConfig.
 
     None when the file builds no CompilerConfig. ValueError when the mode cannot be told (a computed
     value, an unknown name, or both kinds of graph in one file): the caller asks for --mode.
     """
-    if "CompilerConfig" not in text and (text.isascii() or "CompilerConfig" not in unicodedata.normalize("NFKC", text)):
+    if "CompilerConfig" not in text and (text.isascii() or "CompilerConfig" not in _nfkc(text)):
         return None  # the name is not written (Python reads identifiers NFKC-normalized)
     from msrewrite.analyze.positions import parsed_tree
 

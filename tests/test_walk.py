@@ -308,3 +308,17 @@ def test_a_visitor_of_trivia_is_walked_through_them():
     seen = Comments()
     module.visit(seen)
     assert seen.comments == ["# one", "# two"]
+
+
+def test_function_positions_are_the_wrapper_positions():
+    """positions._positions renders the module once, as PositionProvider does, without the
+    wrapper's walk for batched providers: the same positions for every node."""
+    from libcst.metadata import MetadataWrapper, PositionProvider
+
+    from msrewrite.analyze.positions import _positions
+
+    for _name, text in _sources():
+        for stmt in cst.parse_module(text).body:
+            module = cst.Module(body=[stmt])
+            theirs = dict(MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider))
+            assert _positions(module) == theirs

@@ -12,6 +12,7 @@ from functools import lru_cache
 
 import libcst as cst
 from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionProvider
+from libcst.metadata.position_provider import PositionProvidingCodegenState
 
 
 def _functions(text: str):
@@ -71,12 +72,22 @@ def def_lines(text: str) -> dict[str, int]:
 def function_positions(func: cst.FunctionDef, def_line: int) -> dict[cst.CSTNode, CodeRange]:
     """Positions of every node inside `func`, in the file's line numbers."""
     bare = func.with_changes(leading_lines=(), decorators=(), lines_after_decorators=())
-    raw = MetadataWrapper(cst.Module(body=[bare]), unsafe_skip_copy=True).resolve(PositionProvider)
+    raw = _positions(cst.Module(body=[bare]))
     shift = def_line - 1
     return {
         node: CodeRange(CodePosition(r.start.line + shift, r.start.column), CodePosition(r.end.line + shift, r.end.column))
         for node, r in raw.items()
     }
+
+
+def _positions(module: cst.Module) -> dict[cst.CSTNode, CodeRange]:
+    """MetadataWrapper(module).resolve(PositionProvider), which is this one rendering of the
+    module; the wrapper would also walk (and copy) the module for batched providers, of which
+    there are none here."""
+    provider = PositionProvider()
+    provider._computed = {}
+    module._codegen(PositionProvidingCodegenState(module.default_indent, module.default_newline, provider))
+    return provider._computed
 
 
 _recent: list[tuple[cst.FunctionDef, int, dict]] = []  # analysis and emitter ask for the same function
