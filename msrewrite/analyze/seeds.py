@@ -23,7 +23,7 @@ import libcst as cst
 
 from msrewrite.analyze.defuse import dotted_name, node_facts, self_callee
 from msrewrite.analyze.guards import assigned_self_attrs, source
-from msrewrite.analyze.positions import ast_nodes
+from msrewrite.analyze.positions import ast_calls, ast_nodes
 from msrewrite.analyze.walk import Visitor
 
 # a call that drives streams or events by hand: wait_stream, torch.cuda.stream, npu_stream_switch,
@@ -271,8 +271,8 @@ def free_function_candidates(tree: ast.Module | None, is_seed: Callable[[str], b
     for node in tree.body if tree is not None else ():
         if isinstance(node, ast.FunctionDef) and node.args.args:
             first = node.args.args[0].arg
-            for call in ast.walk(node):
-                if isinstance(call, ast.Call) and _ast_callee(call.func, first) and is_seed(_ast_callee(call.func, first)):
+            for call in ast_calls(node):  # ast.walk's calls, without its generator per node
+                if _ast_callee(call.func, first) and is_seed(_ast_callee(call.func, first)):
                     names.add(node.name)
                     break
     return names
