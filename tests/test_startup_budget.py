@@ -127,7 +127,7 @@ NOT_FOR_APPLY = (
     "msrewrite.emit.microbatch", "msrewrite.emit.inline", "msrewrite.emit.markers", "msrewrite.emit.schedules",
     "msrewrite.codemods.kvcache_offload", "msrewrite.codemods.prefill_microbatch",
     "msrewrite.output.inplace", "msrewrite.output.patch",
-    "sysconfig", "tempfile", "hashlib", "shutil", "unicodedata",
+    "sysconfig", "tempfile", "hashlib", "shutil", "unicodedata", "argparse", "gettext",
 )
 
 
