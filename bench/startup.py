@@ -12,9 +12,13 @@ of a pair alike). Figures:
 F is transformers' modeling_glm4_moe.py (or --file). Both wall time and CPU time (user + sys of
 the process and its children, steadier on a shared machine) are reported. The children run with
 bytecode caching on (PYTHONDONTWRITEBYTECODE unset), as an installed package runs: libcst's own
-modules are cached in site-packages, so msrewrite's must be too for a fair comparison. Usage:
+modules are cached in site-packages, so msrewrite's must be too for a fair comparison.
 
-    python bench/startup.py [--pairs 9] [--file F] [--json OUT]
+With --instructions, each side runs once more under valgrind (cachegrind, no cache simulation)
+and the ratio of instructions executed is reported too: machine load does not move it, so it is
+the figure to compare across commits on a shared machine (each run takes about 30 s). Usage:
+
+    python bench/startup.py [--pairs 9 | 0] [--file F] [--only apply|suggest|cases] [--instructions] [--json OUT]
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -75,13 +81,28 @@ def paired(tool: list[str], bare: list[str], pairs: int, expect: tuple[int, ...]
     return result
 
 
+def instructions(argv: list[str], expect: tuple[int, ...]) -> int:
+    """Instructions one run of argv executes (valgrind's cachegrind, user space, the whole process)."""
+    done = subprocess.run(
+        ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null", *argv],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=ENV, text=True,
+    )
+    found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
+    if done.returncode not in expect or found is None:
+        raise SystemExit(f"valgrind {' '.join(argv)} exited {done.returncode}: {done.stderr[-500:]}")
+    return int(found.group(1).replace(",", ""))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pairs", type=int, default=9)
+    parser.add_argument("--pairs", type=int, default=9, help="timed pairs (0: none, e.g. with --instructions)")
     parser.add_argument("--file", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--only", choices=("apply", "suggest", "cases"), action="append")
+    parser.add_argument("--instructions", action="store_true", help="also count instructions under valgrind")
     args = parser.parse_args()
+    if args.instructions and shutil.which("valgrind") is None:
+        raise SystemExit("bench/startup.py: --instructions needs valgrind on PATH")
     path = str((args.file or default_file()).resolve())
     py = sys.executable
     env_note = f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs"
@@ -96,13 +117,19 @@ def main() -> int:
     for name, (tool, bare, expect, target) in figures.items():
         if args.only and name not in args.only:
             continue
-        result = paired(tool, bare, args.pairs, expect)
-        result["target"] = target
+        result: dict = {"target": target}
+        if args.pairs:
+            result.update(paired(tool, bare, args.pairs, expect))
+            wall, cpu = result["wall"], result["cpu"]
+            verdict = "" if target is None else (" ok" if wall["ratio"] <= target else f" OVER {target}x")
+            print(f"{name:8} wall {wall['tool_s']:.3f} s vs {wall['bare_s']:.3f} s bare: {wall['ratio']:.2f}x{verdict};"
+                  f" cpu {cpu['tool_s']:.3f} s vs {cpu['bare_s']:.3f} s: {cpu['ratio']:.2f}x (medians of {args.pairs} pairs)")
+        if args.instructions:
+            timed(tool, expect)  # bytecode caches written before the count
+            tool_i, bare_i = instructions(tool, expect), instructions(bare, (0,))
+            result["instructions"] = {"tool": tool_i, "bare": bare_i, "ratio": round(tool_i / bare_i, 3)}
+            print(f"{name:8} instructions {tool_i / 1e6:.0f} M vs {bare_i / 1e6:.0f} M bare: {tool_i / bare_i:.3f}x")
         results[name] = result
-        wall, cpu = result["wall"], result["cpu"]
-        verdict = "" if target is None else (" ok" if wall["ratio"] <= target else f" OVER {target}x")
-        print(f"{name:8} wall {wall['tool_s']:.3f} s vs {wall['bare_s']:.3f} s bare: {wall['ratio']:.2f}x{verdict};"
-              f" cpu {cpu['tool_s']:.3f} s vs {cpu['bare_s']:.3f} s: {cpu['ratio']:.2f}x (medians of {args.pairs} pairs)")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0

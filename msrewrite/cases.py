@@ -26,8 +26,8 @@ from msrewrite.analyze.seeds import (
     stream_calls,
     uses_api,
 )
-from msrewrite.analyze.effects import CallBuffers, buffer_use
 from msrewrite.analyze.summaries import ModuleSummaries
+from msrewrite.analyze.walk import Visitor
 from msrewrite.emit.engine import already_applied, code_of, iter_functions, strip_leading
 from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement, StartGate
 
@@ -59,6 +59,8 @@ class BranchSpec:
 
 @dataclass(frozen=True)
 class Case:
+    """One case: which calls are side work, the modes it supports, and how its edit is named and synced."""
+
     name: str
     summary: str
     modes: tuple[str, ...]
@@ -83,6 +85,8 @@ class Case:
 
 @dataclass
 class Target:
+    """A function with the case's side work: its plan, or the reason there is none."""
+
     function: str
     plan: OverlapPlan | None = None
     reason: str = ""  # why there is no plan
@@ -91,6 +95,8 @@ class Target:
 
 @dataclass
 class Options:
+    """The user's choices for one run of a case (mode, switch, stream tag, gates, effects options)."""
+
     mode: str = "eager"
     flag: FlagSpec | None = None
     stream_tag: str | None = None
@@ -130,6 +136,8 @@ def find_targets(
         if case.analysis == "calls" else None
     )
     summaries = ModuleSummaries(module, options.assume_pure, path=path)
+    if case.analysis == "copies":  # buffer copies (kvcache-offload): analyze/effects.py, loaded only for them
+        from msrewrite.analyze.effects import CallBuffers
     copy_helpers = _copy_helpers(module, summaries, case) if case.analysis == "copies" else set()
     for name, func, cls in iter_functions(module):
         is_seed = seeds_of.predicate(name, cls) if seeds_of is not None else base_seed
@@ -298,6 +306,8 @@ def _other_family(func: cst.FunctionDef, calls: list[cst.Call], mode: str) -> st
 def _copy_helpers(module: cst.Module, summaries: ModuleSummaries, case: Case) -> set[int]:
     """The methods other functions of the file call (`self.cache.offload(i)`) that copy host memory:
     their copies move with the call, so they are not targets of their own."""
+    from msrewrite.analyze.effects import CallBuffers, buffer_use
+
     found: set[int] = set()
     for _, func, cls in iter_functions(module):
         buffers = CallBuffers(summaries, cls.name.value if cls is not None else None, func)
@@ -312,9 +322,11 @@ def _copies_host(helper, case: Case) -> bool:
 
 def _calls_copy_helper(func: cst.FunctionDef, buffers: CallBuffers, case: Case) -> bool:
     """Does `func` call a method that copies host memory, or one named for it (`cache.offload(...)`)?"""
+    from msrewrite.analyze.effects import buffer_use
+
     named = False
 
-    class _Calls(cst.CSTVisitor):
+    class _Calls(Visitor):
         def visit_Call(self, node: cst.Call) -> None:
             nonlocal named
             attr = node.func.attr.value if isinstance(node.func, cst.Attribute) else ""
@@ -328,7 +340,7 @@ def _calls_copy_helper(func: cst.FunctionDef, buffers: CallBuffers, case: Case) 
 def _has_copy(func: cst.FunctionDef, is_copy) -> bool:
     found = False
 
-    class _Copies(cst.CSTVisitor):
+    class _Copies(Visitor):
         def visit_Call(self, node: cst.Call) -> None:
             nonlocal found
             found = found or bool(is_copy(node))

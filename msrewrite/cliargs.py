@@ -5,11 +5,17 @@ same arguments as typer's; types bool, int, float, str, Path, and Optional / Lis
 and reports a usage error as one line; only `--help` (or no arguments) builds a typer app from
 the same declarations, so typer, pydantic and rich are imported only to print help. Typer alone
 costs about 0.25 s per process, more than parsing a 700-line model file.
+
+A plain command line (known options spelled out, values that do not start with "-", the
+positionals a command takes) is read without argparse, which costs more than the rest of the
+command line handling (its import, gettext's locale lookup when a parser is made, an action
+per option): `_plain_parse` gives argparse's result or None, and argparse parses everything
+else, so every error is still argparse's. tests/test_cli_conventions.py holds the two to the
+same answers on generated command lines.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import typing
 from dataclasses import dataclass
@@ -25,6 +31,8 @@ class UsageError(Exception):
 
 @dataclass(frozen=True)
 class Param:
+    """One option or argument of a command, declared as typer's Option / Argument would be."""
+
     default: Any
     decls: tuple[str, ...]  # option names ("--case", "-i"); empty for an argument
     help: str
@@ -67,18 +75,34 @@ def _unwrap(kind: Any) -> tuple[Any, bool]:
     return kind, many
 
 
-class _Parser(argparse.ArgumentParser):
-    def _get_formatter(self) -> argparse.HelpFormatter:
-        # argparse makes a formatter per add_argument; a fixed width spares it a shutil import and a
-        # terminal-size query each time (help itself is typer's, and usage errors are one line)
-        return self.formatter_class(prog=self.prog, width=80)
+def _parser_class() -> type:
+    import argparse
 
-    def error(self, message: str) -> typing.NoReturn:
-        raise UsageError(f"{self.prog.split()[-1]}: {message} (see `{self.prog} --help`)")
+    global _PARSER
+    if _PARSER is None:
+        class _Parser(argparse.ArgumentParser):
+            def _get_formatter(self) -> argparse.HelpFormatter:
+                # argparse makes a formatter per add_argument; a fixed width spares it a shutil import and a
+                # terminal-size query each time (help itself is typer's, and usage errors are one line)
+                return self.formatter_class(prog=self.prog, width=80)
+
+            def error(self, message: str) -> typing.NoReturn:
+                raise UsageError(f"{self.prog.split()[-1]}: {message} (see `{self.prog} --help`)")
+
+        _PARSER = _Parser
+    return _PARSER
 
 
-def parser_for(name: str, func: Callable[..., int]) -> argparse.ArgumentParser:
-    parser = _Parser(prog=f"msrewrite {name}", add_help=False, allow_abbrev=False)
+_PARSER: type | None = None
+
+
+def parser_for(name: str, func: Callable[..., int]) -> "argparse.ArgumentParser":
+    import argparse
+
+    # a usage line of our own: parse_intermixed_args would otherwise format argparse's (every
+    # option, through textwrap and a few regexes) for error messages that _Parser.error never shows
+    parser = _parser_class()(prog=f"msrewrite {name}", usage=f"msrewrite {name} [OPTIONS]", add_help=False,
+                             allow_abbrev=False)
     for pname, kind, spec in params(func):
         element, many = _unwrap(kind)
         if element not in (bool, int, float, str, Path):  # our bug: a new option of a type not parsed here
@@ -101,8 +125,85 @@ def parser_for(name: str, func: Callable[..., int]) -> argparse.ArgumentParser:
     return parser
 
 
+def _plain_parse(func: Callable[..., int], argv: list[str]) -> dict[str, Any] | None:
+    """What parser_for(...).parse_intermixed_args(argv) gives, for a plain command line: every
+    token a positional that does not start with "-", a known option string spelled out in full
+    (`--name` or `-n`, no `--name=value`, no bundled short options, no `--`), or the value of
+    the option before it, which does not start with "-" either and converts to the option's type.
+    None for anything else, and for anything argparse would refuse: it parses those itself."""
+    values: dict[str, Any] = {}
+    options: dict[str, tuple[str, str, Any]] = {}  # option string -> (dest, action, type or constant)
+    positionals: list[tuple[str, bool, Any]] = []  # (dest, takes several, type)
+    for pname, kind, spec in params(func):
+        element, many = _unwrap(kind)
+        if element not in (bool, int, float, str, Path):
+            return None
+        convert = element if element in (int, float, Path) else None
+        if spec.argument:
+            positionals.append((pname, many, convert))
+            if many:
+                values[pname] = []
+        elif element is bool and any("/" in decl for decl in spec.decls):
+            on, off = next(decl for decl in spec.decls if "/" in decl).split("/")
+            options[on], options[off] = (pname, "const", True), (pname, "const", False)
+            values[pname] = spec.default
+        elif element is bool:
+            options.update((decl, (pname, "const", True)) for decl in spec.decls)
+            values[pname] = False
+        elif spec.required or (many and spec.default is not None):
+            return None
+        else:
+            options.update((decl, (pname, "append" if many else "store", convert)) for decl in spec.decls)
+            # argparse passes a string default through the option's type
+            values[pname] = convert(spec.default) if isinstance(spec.default, str) and convert else spec.default
+    given: list[str] = []
+    tokens = iter(argv)
+    for token in tokens:
+        if not token.startswith("-"):
+            given.append(token)
+            continue
+        if token not in options:
+            return None
+        dest, action, arg = options[token]
+        if action == "const":
+            values[dest] = arg
+            continue
+        value = next(tokens, None)
+        if value is None or value.startswith("-"):
+            return None
+        if arg is not None:
+            try:
+                value = arg(value)
+            except Exception:
+                return None
+        if action == "append":
+            values[dest] = [*(values[dest] or []), value]
+        else:
+            values[dest] = value
+    for dest, many, convert in positionals:
+        if many:
+            taken, given = given, []
+        elif given:
+            taken, given = given[:1], given[1:]
+        else:
+            return None  # a missing positional: argparse's error
+        try:
+            converted = [convert(v) for v in taken] if convert is not None else taken
+        except Exception:
+            return None
+        if many:
+            if converted:
+                values[dest] = converted
+        else:
+            values[dest] = converted[0]
+    return None if given else values
+
+
 def parse(name: str, argv: list[str]) -> dict[str, Any]:
     func = COMMANDS[name]
+    plain = _plain_parse(func, argv)
+    if plain is not None:
+        return plain
     namespace = parser_for(name, func).parse_intermixed_args(argv)
     return vars(namespace)
 

@@ -41,6 +41,8 @@ def set_max_bytes(limit: int | None) -> None:
 
 @dataclass
 class SourceFile:
+    """A loaded model file: its text as parsed, its libcst module, and what writing it back needs."""
+
     path: Path
     text: str  # as parsed: no BOM, a CR-only file read with "\n"
     module: cst.Module

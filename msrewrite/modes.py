@@ -11,15 +11,33 @@ from __future__ import annotations
 
 import ast
 import re
-import unicodedata
+from functools import lru_cache
 
 from msrewrite.plan import MODES
 
-_GE = re.compile(r"\bCompilerConfig\s*\(|\bget_npu_backend\s*\(|npu_stream_switch\s*\(|npu_wait_tensor\s*\(")
-_NPUGRAPH_EX = re.compile(r"""backend\s*=\s*["']npugraph_ex["']|npugraph_ex\.""")
-# the file already drives CUDA streams or graphs itself, and never torch_npu
-_CUDA = re.compile(r"\btorch\.cuda\.(?:Stream|stream|current_stream|Event|set_stream|graph|CUDAGraph)\b")
-_NPU = re.compile(r"\btorch_npu\b|\btorch\.npu\b")
+# The markers, each with the literals every match of it contains: a text holding none of them
+# cannot match, and a substring test costs a hundredth of the search (a 600-line file: 0.05 ms
+# against 5 ms for the first pattern), so most files are told apart without compiling any.
+_MARKERS = {
+    "ge": (r"\bCompilerConfig\s*\(|\bget_npu_backend\s*\(|npu_stream_switch\s*\(|npu_wait_tensor\s*\(",
+           ("CompilerConfig", "get_npu_backend", "npu_stream_switch", "npu_wait_tensor")),
+    "npugraph_ex": (r"""backend\s*=\s*["']npugraph_ex["']|npugraph_ex\.""", ("npugraph_ex",)),
+    # the file already drives CUDA streams or graphs itself, and never torch_npu
+    "cuda": (r"\btorch\.cuda\.(?:Stream|stream|current_stream|Event|set_stream|graph|CUDAGraph)\b", ("torch.cuda.",)),
+    "npu": (r"\btorch_npu\b|\btorch\.npu\b", ("torch_npu", "torch.npu")),
+}
+
+
+@lru_cache(maxsize=None)
+def _pattern(marker: str) -> re.Pattern:
+    return re.compile(_MARKERS[marker][0])
+
+
+def _search(marker: str, text: str) -> re.Match | None:
+    """_pattern(marker).search(text), skipped when the text lacks the marker's literals."""
+    if not any(literal in text for literal in _MARKERS[marker][1]):
+        return None
+    return _pattern(marker).search(text)
 
 _TORCHAIR_MODES = {"max-autotune": "ge-graph", "reduce-overhead": "npugraph-ex", "npugraph_ex": "npugraph-ex"}
 
@@ -31,13 +49,19 @@ def _callee(node: ast.AST) -> str:
     return func.id if isinstance(func, ast.Name) else ""
 
 
+def _nfkc(text: str) -> str:
+    import unicodedata  # only for a non-ASCII file
+
+    return unicodedata.normalize("NFKC", text)
+
+
 def _torchair_config_mode(text: str) -> tuple[str, str] | None:
     """(mode, reason) from the `<config>.mode = "..."` assignments of the file's torchair CompilerConfig.
 
     None when the file builds no CompilerConfig. ValueError when the mode cannot be told (a computed
     value, an unknown name, or both kinds of graph in one file): the caller asks for --mode.
     """
-    if "CompilerConfig" not in text and (text.isascii() or "CompilerConfig" not in unicodedata.normalize("NFKC", text)):
+    if "CompilerConfig" not in text and (text.isascii() or "CompilerConfig" not in _nfkc(text)):
         return None  # the name is not written (Python reads identifiers NFKC-normalized)
     from msrewrite.analyze.positions import parsed_tree
 
@@ -86,14 +110,14 @@ def detect_mode(text: str) -> tuple[str, str]:
     configured = _torchair_config_mode(text)
     if configured:
         return configured
-    ge = _GE.search(text)
+    ge = _search("ge", text)
     if ge:
         return "ge-graph", f"found {ge.group(0).strip()!r} (torchair GE graph mode)"
-    ex = _NPUGRAPH_EX.search(text)
+    ex = _search("npugraph_ex", text)
     if ex:
         return "npugraph-ex", f"found {ex.group(0).strip()!r} (npugraph_ex / aclgraph)"
-    cuda = _CUDA.search(text)
-    if cuda and not _NPU.search(text):
+    cuda = _search("cuda", text)
+    if cuda and not _search("npu", text):
         return "cuda", f"found {cuda.group(0)!r} and no torch_npu (the file speaks CUDA streams)"
     return "eager", "no torchair or npugraph_ex markers (native torch_npu streams)"
 

@@ -19,6 +19,7 @@ import libcst as cst
 from msrewrite.analyze.branch import NoBranch, SideBranch, find_branch_for_calls, find_side_branch, has_seed
 from msrewrite.analyze.defuse import all_calls, self_callee
 from msrewrite.analyze.positions import positions_for
+from msrewrite.analyze.walk import Visitor
 from msrewrite.cases import Case, Options, branch_plan, check_rng_order
 from msrewrite.emit.engine import code_of, locate, strip_leading
 from msrewrite.errors import BadInput
@@ -40,7 +41,7 @@ def submodule_calls(node: cst.CSTNode) -> list[cst.Call]:
     side work a moved statement stands for; glue and buffers around them follow by the finder."""
     found: list[cst.Call] = []
 
-    class _Calls(cst.CSTVisitor):
+    class _Calls(Visitor):
         def visit_Call(self, call: cst.Call) -> None:
             if self_callee(call.func) is not None:
                 found.append(call)

@@ -50,6 +50,53 @@ def test_every_command_builds_a_parser():
         parser_for(name, func)
 
 
+def _argparse_result(name, func, argv):
+    from msrewrite.cliargs import UsageError, parser_for
+
+    try:
+        return vars(parser_for(name, func).parse_intermixed_args(argv))
+    except UsageError:
+        return "usage error"
+
+
+def test_plain_command_lines_parse_as_argparse_parses_them():
+    """cliargs reads a plain command line without argparse; on generated command lines (valid
+    and not) it must give argparse's answer whenever it answers at all, and leave the rest, every
+    error included, to argparse."""
+    from msrewrite.cliargs import _plain_parse
+
+    rng = random.Random(12)
+    values = ["x", "3", "0", "-5", "2.5", "-", "", "a b", "k=v", "--", "8/16,16/32", "env:FLAG", "dir/f.py"]
+    answered = 0
+    for name, func in COMMANDS.items():
+        decls = [d for _n, _k, spec in params(func) for d in spec.decls]
+        words = [*decls, *(d.split("/")[1] for d in decls if "/" in d), *(d.split("/")[0] for d in decls if "/" in d)]
+        for _ in range(400):
+            argv = []
+            for _ in range(rng.randrange(0, 7)):
+                pick = rng.random()
+                if pick < 0.5 and words:
+                    argv.append(rng.choice(words))
+                    if rng.random() < 0.8:
+                        argv.append(rng.choice(values))
+                elif pick < 0.8:
+                    argv.append(rng.choice(["model.py", "other.py", "p.json"]))
+                elif pick < 0.9:
+                    argv.append(rng.choice(["--bogus", "-z", "--case=x", "-iq", "--", "--cas"]))
+                else:
+                    argv.append(rng.choice(values))
+            plain = _plain_parse(func, argv)
+            if plain is not None:
+                answered += 1
+                assert plain == _argparse_result(name, func, argv), (name, argv)
+    assert answered > 300  # it does read most plain command lines
+    for argv in (["--case", "moe-shared-expert", "m.py"], ["m.py", "-i", "--mode", "eager", "--anchor", "h", "--anchor", "g"]):
+        assert _plain_parse(COMMANDS["apply"], argv) == _argparse_result("apply", COMMANDS["apply"], argv)
+        assert _plain_parse(COMMANDS["apply"], argv) is not None
+    argv = ["--static", "a.py", "b.py", "-j", "2"]
+    assert _plain_parse(COMMANDS["suggest"], argv) == _argparse_result("suggest", COMMANDS["suggest"], argv) != "usage error"
+
+
 def test_version():
     result = run_cli("--version")
     assert result.returncode == 0 and result.stdout == f"msrewrite {__version__}\n"

@@ -36,10 +36,13 @@ from msrewrite.analyze.defuse import (
     statement_facts,
 )
 from msrewrite.analyze.summaries import Storage
+from msrewrite.analyze.walk import Visitor, walk
 
 
 @dataclass
 class Hoist:
+    """A side call lifted out of the join statement into a temporary of its own (`temp`)."""
+
     call: cst.Call
     temp: str
     source: str
@@ -51,6 +54,8 @@ class Hoist:
 
 @dataclass
 class SideBranch:
+    """The side work of a function: the statements and hoisted calls that move, and where they fork and join."""
+
     statements: list[StatementFacts]  # whole statements that move, in order
     hoists: list[Hoist]  # seed calls lifted out of the join statement
     fork: int  # body index the side block goes before
@@ -87,7 +92,7 @@ def _seed_calls(node: cst.CSTNode, is_seed: SeedPredicate) -> list[cst.Call]:
 
     on_call = getattr(is_seed, "on_call", None)  # seeds that are not submodule calls (dist.send)
 
-    class _Finder(cst.CSTVisitor):
+    class _Finder(Visitor):
         def visit_Call(self, call: cst.Call) -> None:
             if on_call is not None:
                 if on_call(call):
@@ -281,7 +286,7 @@ def _alias_origin(
 def _simple_lines(node: cst.CSTNode) -> list[cst.SimpleStatementLine]:
     found: list[cst.SimpleStatementLine] = []
 
-    class _Lines(cst.CSTVisitor):
+    class _Lines(Visitor):
         def visit_SimpleStatementLine(self, n: cst.SimpleStatementLine) -> bool:
             found.append(n)
             return False
@@ -319,7 +324,7 @@ def _read_first(node: cst.BaseStatement, stored: frozenset[str] = frozenset()) -
 def _simple_names(node: cst.CSTNode) -> list[str]:
     names: list[str] = []
 
-    class _Names(cst.CSTVisitor):
+    class _Names(Visitor):
         def visit_Name(self, n: cst.Name) -> None:
             names.append(n.value)
 
@@ -331,7 +336,7 @@ def _super_calls(node: cst.CSTNode) -> list[str]:
     """`super().forward(x)` -> ['super().forward']: the base class's work, main work like a submodule call."""
     found: list[str] = []
 
-    class _Super(cst.CSTVisitor):
+    class _Super(Visitor):
         def visit_Call(self, call: cst.Call) -> None:
             func = call.func
             if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call) and dotted_name(func.value.func) == "super":
@@ -788,7 +793,7 @@ def _random_draws(node: cst.CSTNode, scope: Scope, skip: tuple[cst.Call, ...] = 
     draws: list[str] = []
     unseen: list[str] = []
 
-    class _Calls(cst.CSTVisitor):
+    class _Calls(Visitor):
         def visit_Call(self, call: cst.Call) -> bool:
             if any(call is s for s in skip):
                 return False
@@ -920,11 +925,11 @@ def _conditional_calls(node: cst.CSTNode) -> set[int]:
     the right side of `and`/`or`, lambdas and comprehensions."""
     found: set[int] = set()
 
-    class _Calls(cst.CSTVisitor):
+    class _Calls(Visitor):
         def visit_Call(self, call: cst.Call) -> None:
             found.add(id(call))
 
-    class _Conditional(cst.CSTVisitor):
+    class _Conditional(Visitor):
         def _all(self, *parts: cst.CSTNode) -> None:
             for part in parts:
                 part.visit(_Calls())
@@ -1094,7 +1099,7 @@ def _writes(storage: Storage, f: StatementFacts, tokens: frozenset) -> bool:
 def _returns(node: cst.CSTNode) -> bool:
     found = False
 
-    class _Finder(cst.CSTVisitor):
+    class _Finder(Visitor):
         def visit_Return(self, n: cst.Return) -> None:
             nonlocal found
             found = True
@@ -1145,7 +1150,7 @@ def _check_join_statement(join_fact, hoists, hoist_facts, storage: Storage, is_s
     seen = 0
     total = len([n for n in _simple_names(stripped) if n == "_ms_side_call"])
 
-    class _After(cst.CSTVisitor):
+    class _After(Visitor):
         def visit_Name(self, name: cst.Name) -> None:
             nonlocal seen
             seen += name.value == "_ms_side_call"
@@ -1175,7 +1180,7 @@ def _check_join_statement(join_fact, hoists, hoist_facts, storage: Storage, is_s
 def _walrus_targets(node: cst.CSTNode) -> set[str]:
     names: set[str] = set()
 
-    class _Finder(cst.CSTVisitor):
+    class _Finder(Visitor):
         def visit_NamedExpr(self, n: cst.NamedExpr) -> None:
             if isinstance(n.target, cst.Name):
                 names.add(n.target.value)
@@ -1235,7 +1240,7 @@ def _conditional_calls(node: cst.CSTNode) -> dict[int, str]:
     found: dict[int, str] = {}
     around: list[str] = []
 
-    class _Finder(cst.CSTVisitor):
+    class _Finder(Visitor):
         def on_visit(self, n: cst.CSTNode) -> bool:
             if isinstance(n, cst.Call) and around:
                 found[id(n)] = around[-1]
@@ -1248,5 +1253,5 @@ def _conditional_calls(node: cst.CSTNode) -> dict[int, str]:
             if isinstance(n, _CONDITIONAL_EXPRESSIONS):
                 around.pop()
 
-    node.visit(_Finder())
+    walk(node, _Finder())
     return found

@@ -21,6 +21,7 @@ from libcst.metadata.position_provider import PositionProvidingCodegenState
 
 from msrewrite.analyze.digraph import DiGraph
 from msrewrite.analyze.positions import function_positions
+from msrewrite.analyze.walk import Visitor
 from msrewrite.errors import BadInput
 
 _EMPTY = cst.Module(body=[])
@@ -556,7 +557,7 @@ class _RawCall:
     uses: frozenset[str]
 
 
-class _Collector(cst.CSTVisitor):
+class _Collector(Visitor):
     """Names bound and read by one statement, its self-submodule calls and state writes."""
 
     def __init__(self, positions) -> None:
@@ -701,7 +702,7 @@ def _self_callee(func: cst.BaseExpression) -> str | None:
     return callee
 
 
-class _NameFinder(cst.CSTVisitor):
+class _NameFinder(Visitor):
     def __init__(self) -> None:
         self.names: set[str] = set()
 

@@ -19,10 +19,13 @@ import libcst as cst
 from libcst.metadata import CodeRange
 
 from msrewrite.analyze.torch_effects import METADATA_ATTRS, CallEffect, dotted, torch_call_effect
+from msrewrite.analyze.walk import Visitor
 
 
 @dataclass
 class StatementFacts:
+    """What one top-level statement of a function reads, binds and writes, and the calls it makes."""
+
     index: int
     node: cst.BaseStatement
     first_line: int
@@ -134,7 +137,7 @@ def alias_roots(node: cst.BaseExpression, scope: Scope) -> set[str]:
     return set()
 
 
-class _Collector(cst.CSTVisitor):
+class _Collector(Visitor):
     def __init__(self, facts: StatementFacts, scope: Scope | None = None, after_calls: set[int] = frozenset()) -> None:
         self.facts = facts
         self.scope = scope or Scope()
@@ -409,7 +412,7 @@ def all_calls(node: cst.CSTNode) -> list[cst.Call]:
     """Every call in `node`, in source order, nested functions and lambdas included."""
     found: list[cst.Call] = []
 
-    class _Calls(cst.CSTVisitor):
+    class _Calls(Visitor):
         def visit_Call(self, call: cst.Call) -> None:
             found.append(call)
 
@@ -420,7 +423,7 @@ def all_calls(node: cst.CSTNode) -> list[cst.Call]:
 def _function_names(node: cst.CSTNode) -> set[str]:
     names: set[str] = set()
 
-    class _Names(cst.CSTVisitor):
+    class _Names(Visitor):
         def visit_Name(self, n: cst.Name) -> None:
             names.add(n.value)
 

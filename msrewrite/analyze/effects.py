@@ -30,6 +30,7 @@ from libcst.metadata import CodeRange
 
 from msrewrite.analyze.branch import NoBranch, SideBranch
 from msrewrite.analyze.defuse import StatementFacts, all_calls, is_docstring, statement_facts
+from msrewrite.analyze.walk import Visitor
 
 INPLACE_WRITES = frozenset({"copy_", "index_copy_", "index_put_", "scatter_", "fill_", "zero_", "add_", "mul_"})
 
@@ -52,7 +53,7 @@ class BufferUse:
     writes: set[str] = field(default_factory=set)
 
 
-class _Buffers(cst.CSTVisitor):
+class _Buffers(Visitor):
     """The buffers (longest attribute paths) a statement reads and writes. `calls` (CallBuffers)
     adds what a callee does to the buffers it is given; True with it: the call is fully described."""
 
@@ -160,7 +161,7 @@ def find_copy_branch(
     def has_copy(f: StatementFacts) -> bool:
         found = []
 
-        class _Copies(cst.CSTVisitor):
+        class _Copies(Visitor):
             def visit_Call(self, node: cst.Call) -> None:
                 if is_copy(node):
                     found.append(node)
@@ -365,7 +366,7 @@ class CallBuffers:
         helper.other_work = ("a collective" if summary.collective else "RNG" if summary.rng
                              else "stream code" if summary.stream else "")
 
-        class _Copies(cst.CSTVisitor):
+        class _Copies(Visitor):
             def visit_Call(self, node: cst.Call) -> None:
                 func = node.func
                 if isinstance(func, cst.Attribute) and func.attr.value == "copy_" and node.args:
@@ -470,7 +471,7 @@ def _local_aliases(func: cst.FunctionDef, calls: CallBuffers) -> dict[str, set[s
             for name in names:
                 aliases.setdefault(name, set()).update(paths)
 
-    class _Bindings(cst.CSTVisitor):
+    class _Bindings(Visitor):
         def visit_Assign(self, node: cst.Assign) -> None:
             for target in node.targets:
                 bind(target.target, node.value)

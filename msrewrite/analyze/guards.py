@@ -29,6 +29,7 @@ from typing import Callable
 import libcst as cst
 
 from msrewrite.analyze.defuse import StatementFacts, dotted_name
+from msrewrite.analyze.walk import Visitor
 
 _EMPTY = cst.Module(body=[])
 _SHAPE_ATTRS = frozenset({"shape", "ndim", "is_cuda", "device", "dtype"})
@@ -223,7 +224,7 @@ def assigned_self_attrs(func: cst.FunctionDef) -> set[str]:
             for element in target.elements:
                 note(element.value)
 
-    class _Writes(cst.CSTVisitor):
+    class _Writes(Visitor):
         def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
             note(node.target)
 
@@ -250,7 +251,7 @@ def global_names(module_or_func: cst.CSTNode) -> set[str]:
     """Names some function declares `global` (so a call may rebind them)."""
     names: set[str] = set()
 
-    class _Globals(cst.CSTVisitor):
+    class _Globals(Visitor):
         def visit_Global(self, node: cst.Global) -> None:
             names.update(item.name.value for item in node.names)
 

@@ -26,6 +26,7 @@ import libcst as cst
 from msrewrite import validate
 from msrewrite.analyze.defuse import all_calls, dotted_name, node_facts
 from msrewrite.analyze.positions import positions_for
+from msrewrite.analyze.walk import Visitor
 from msrewrite.errors import BadInput, NothingToDo
 from msrewrite.plan import FlagSpec, MicrobatchPlan, MicrobatchStage, SourceSpan, microbatch_flag_error
 
@@ -235,7 +236,7 @@ def _attribute_stores(stmt: cst.CSTNode) -> set[tuple[str, str]]:
                 root = root.value
             found.add((dotted_name(root) or _code(root).strip(), _code(target).strip()))
 
-    class _Targets(cst.CSTVisitor):
+    class _Targets(Visitor):
         def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
             add(node.target)
 
@@ -294,12 +295,12 @@ def layer_classes(model_cls: cst.ClassDef, attr: str, classes: dict[str, cst.Cla
         if isinstance(stmt, cst.FunctionDef) and stmt.name.value == "__init__":
             found: list[str] = []
 
-            class _Assign(cst.CSTVisitor):
+            class _Assign(Visitor):
                 def visit_Assign(self, node: cst.Assign) -> None:
                     target = node.targets[0].target
                     if dotted_name(target) == f"self.{attr}":
 
-                        class _Calls(cst.CSTVisitor):
+                        class _Calls(Visitor):
                             def visit_Call(self, call: cst.Call) -> None:
                                 if isinstance(call.func, cst.Name) and call.func.value in classes:
                                     found.append(call.func.value)
@@ -322,7 +323,7 @@ def assigned_attributes(node: cst.CSTNode) -> set[str]:
     """Every `self.<name>` a class (or one of its methods) assigns (`self.name = ...`, `self.name: T = ...`)."""
     assigned: set[str] = set()
 
-    class _Assigned(cst.CSTVisitor):
+    class _Assigned(Visitor):
         def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
             self._add(node.target)
 

@@ -18,7 +18,6 @@ modification time.
 from __future__ import annotations
 
 import sys
-import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -58,6 +57,8 @@ def _roots() -> tuple[str, ...]:
     receive a model's tensors in a way worth reading; they stay unknown)."""
     key = (_source_roots, tuple(sys.path))
     if key not in _roots_for:
+        import sysconfig  # only when a package is looked up (most runs never do)
+
         stdlib = {sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")}
         _roots_for[key] = tuple(str(r) for r in _source_roots) + tuple(
             p for p in sys.path if p and p not in stdlib and Path(p).is_dir()

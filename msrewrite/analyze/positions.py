@@ -12,6 +12,7 @@ from functools import lru_cache
 
 import libcst as cst
 from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionProvider
+from libcst.metadata.position_provider import PositionProvidingCodegenState
 
 
 def _functions(text: str):
@@ -45,6 +46,20 @@ def parsed_tree(text: str) -> ast.Module | None:
     return _tree(text)
 
 
+def ast_nodes(node: ast.AST) -> list[ast.AST]:
+    """`list(ast.walk(node))`, in the same (breadth-first) order, in half the time (no generator
+    per node)."""
+    found = [node]
+    for current in found:  # grows as it goes: a queue
+        for name in current._fields:
+            value = getattr(current, name, None)
+            if isinstance(value, ast.AST):
+                found.append(value)
+            elif isinstance(value, list):
+                found.extend(item for item in value if isinstance(item, ast.AST))
+    return found
+
+
 @lru_cache(maxsize=8)
 def def_lines(text: str) -> dict[str, int]:
     """Qualified function name ("Class.method", nested classes dotted) -> line of its `def`."""
@@ -57,12 +72,22 @@ def def_lines(text: str) -> dict[str, int]:
 def function_positions(func: cst.FunctionDef, def_line: int) -> dict[cst.CSTNode, CodeRange]:
     """Positions of every node inside `func`, in the file's line numbers."""
     bare = func.with_changes(leading_lines=(), decorators=(), lines_after_decorators=())
-    raw = MetadataWrapper(cst.Module(body=[bare]), unsafe_skip_copy=True).resolve(PositionProvider)
+    raw = _positions(cst.Module(body=[bare]))
     shift = def_line - 1
     return {
         node: CodeRange(CodePosition(r.start.line + shift, r.start.column), CodePosition(r.end.line + shift, r.end.column))
         for node, r in raw.items()
     }
+
+
+def _positions(module: cst.Module) -> dict[cst.CSTNode, CodeRange]:
+    """MetadataWrapper(module).resolve(PositionProvider), which is this one rendering of the
+    module; the wrapper would also walk (and copy) the module for batched providers, of which
+    there are none here."""
+    provider = PositionProvider()
+    provider._computed = {}
+    module._codegen(PositionProvidingCodegenState(module.default_indent, module.default_newline, provider))
+    return provider._computed
 
 
 _recent: list[tuple[cst.FunctionDef, int, dict]] = []  # analysis and emitter ask for the same function
@@ -81,6 +106,34 @@ def positions_for(module: cst.Module, qualified: str, func: cst.FunctionDef, tex
     return positions
 
 
+# what cannot hold a call: names, constants, contexts and operators, and the plain values some
+# node lists hold (Global.names, a dict display's None key)
+_NO_CALLS = frozenset(
+    {ast.Name, ast.Constant, str, type(None)}
+    | {c for c in vars(ast).values() if isinstance(c, type) and issubclass(c, ast.AST) and not c._fields}
+)
+
+
+def ast_calls(node: ast.AST) -> list[ast.Call]:
+    """The ast.Call nodes under `node` (itself included): those of ast.walk, in no set order."""
+    calls: list[ast.Call] = []
+    todo: list = [node]
+    while todo:
+        current = todo.pop()
+        kind = type(current)
+        if kind in _NO_CALLS:
+            continue
+        if kind is ast.Call:
+            calls.append(current)
+        for name in current._fields:
+            value = getattr(current, name, None)
+            if type(value) is list:
+                todo.extend(value)
+            elif isinstance(value, ast.AST):
+                todo.append(value)
+    return calls
+
+
 @lru_cache(maxsize=8)
 def self_calls(text: str) -> dict[str, frozenset[str]]:
     """Qualified function name -> the dotted `self.<...>(` callees in it (a cheap `ast` pre-filter)."""
@@ -97,6 +150,6 @@ def self_calls(text: str) -> dict[str, frozenset[str]]:
 
     found: dict[str, frozenset[str]] = {}
     for name, node in _functions(text):
-        names = {callee(n.func) for n in ast.walk(node) if isinstance(n, ast.Call)}
+        names = {callee(call.func) for call in ast_calls(node)}
         found.setdefault(name, frozenset(n for n in names if n))
     return found

@@ -23,6 +23,8 @@ import libcst as cst
 
 from msrewrite.analyze.defuse import dotted_name, node_facts, self_callee
 from msrewrite.analyze.guards import assigned_self_attrs, source
+from msrewrite.analyze.positions import ast_calls, ast_nodes
+from msrewrite.analyze.walk import Visitor
 
 # a call that drives streams or events by hand: wait_stream, torch.cuda.stream, npu_stream_switch,
 # aux_stream(), current_stream, record_event / wait_event ...
@@ -37,7 +39,7 @@ _EMITTED_PREFIX = "_ms_"  # msrewrite's own helpers: its own edits are not hand-
 def _calls(node: cst.CSTNode) -> list[cst.Call]:
     found: list[cst.Call] = []
 
-    class _Calls(cst.CSTVisitor):
+    class _Calls(Visitor):
         def visit_Call(self, call: cst.Call) -> None:
             found.append(call)
 
@@ -232,7 +234,7 @@ def side_work_problem(func: cst.FunctionDef, self_name: str, is_seed: Callable[[
 def _yields(func: cst.FunctionDef) -> bool:
     found = False
 
-    class _Yield(cst.CSTVisitor):
+    class _Yield(Visitor):
         def visit_Yield(self, n: cst.Yield) -> None:
             nonlocal found
             found = True
@@ -244,7 +246,7 @@ def _yields(func: cst.FunctionDef) -> bool:
 def _assignments(node: cst.CSTNode) -> list[cst.Assign]:
     found: list[cst.Assign] = []
 
-    class _Assigns(cst.CSTVisitor):
+    class _Assigns(Visitor):
         def visit_Assign(self, n: cst.Assign) -> None:
             found.append(n)
 
@@ -269,8 +271,8 @@ def free_function_candidates(tree: ast.Module | None, is_seed: Callable[[str], b
     for node in tree.body if tree is not None else ():
         if isinstance(node, ast.FunctionDef) and node.args.args:
             first = node.args.args[0].arg
-            for call in ast.walk(node):
-                if isinstance(call, ast.Call) and _ast_callee(call.func, first) and is_seed(_ast_callee(call.func, first)):
+            for call in ast_calls(node):  # ast.walk's calls, without its generator per node
+                if _ast_callee(call.func, first) and is_seed(_ast_callee(call.func, first)):
                     names.add(node.name)
                     break
     return names
@@ -290,7 +292,7 @@ def framework_layers(tree: ast.Module | None, is_seed: Callable[[str], bool]) ->
             for item in node.body:
                 if not (isinstance(item, ast.FunctionDef) and item.name == "__init__"):
                     continue
-                for assign in ast.walk(item):
+                for assign in ast_nodes(item):
                     if not (isinstance(assign, ast.Assign) and len(assign.targets) == 1 and isinstance(assign.value, ast.Call)):
                         continue
                     target = assign.targets[0]

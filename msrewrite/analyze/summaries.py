@@ -31,6 +31,7 @@ import libcst as cst
 from msrewrite.analyze import packages
 from msrewrite.analyze.defuse import Scope, StatementFacts, alias_roots, dotted_name, node_facts
 from msrewrite.analyze.torch_effects import CallEffect, nn_module_effect, positional, torch_call_effect
+from msrewrite.analyze.walk import Visitor
 
 # Activation lookups that hand out stateless, functional activations.
 ACTIVATION_TABLES = frozenset({"ACT2FN", "ACT2CLS"})
@@ -264,7 +265,7 @@ class ModuleSummaries:
             chain += [b for b in self._bases(node.name.value) if b in self.classes]
         used: set[str] = set()
 
-        class _SelfAttrs(cst.CSTVisitor):
+        class _SelfAttrs(Visitor):
             def visit_Attribute(self, node: cst.Attribute) -> None:
                 if isinstance(node.value, cst.Name) and node.value.value == "self":
                     used.add(node.attr.value)
@@ -371,7 +372,7 @@ class ModuleSummaries:
             item.index = index
         returns: dict[int, set[str]] = {}  # statement -> names its return values may alias
 
-        class _Returns(cst.CSTVisitor):
+        class _Returns(Visitor):
             def __init__(self, at: int) -> None:
                 self.at = at
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import libcst as cst
 
-from msrewrite import cores, validate
+from msrewrite import validate
 from msrewrite.analyze.seeds import find_helpers
+from msrewrite.analyze.walk import Visitor
 from msrewrite.cases import Case, Options, find_targets
 from msrewrite.emit.engine import apply_plans, iter_functions, locate
 from msrewrite.emit.torchair_config import records_config
@@ -109,6 +110,8 @@ def plans_for_case(
     if mode not in case.modes:
         raise BadInput(f"case {case.name} does not support mode {mode} (supports {', '.join(case.modes)})")
     if case.core_limits and core_limits is None:
+        from msrewrite import cores
+
         core_limits = cores.resolve("a3", None).as_tuple()
     options = Options(
         mode=mode, flag=flag, stream_tag=stream_tag, start_gates=start_gates, phase_anchors=phase_anchors,
@@ -372,7 +375,7 @@ def _needed_python(module) -> str:
     """Which newer Python the file's syntax asks for, where libcst's tree shows it ("" if unknown)."""
     import libcst as cst
 
-    class NewSyntax(cst.CSTVisitor):
+    class NewSyntax(Visitor):
         def __init__(self) -> None:
             super().__init__()
             self.found = False
@@ -529,6 +532,8 @@ def run_apply(
             raise BadInput(f"--anchor is for phased cases; {case} runs its side branch in one piece")
         budget = None
         if known and known.core_limits:
+            from msrewrite import cores
+
             budget = cores.resolve(core_preset, core_limit).as_tuple()
         elif core_limit or core_preset != "a3":
             raise BadInput(f"--cores and --core-limit are for core-limit cases; {case} does not split cores")

@@ -32,6 +32,7 @@ import libcst as cst
 from msrewrite.analyze.defuse import dotted_name, function_names
 from msrewrite.analyze.guards import conjoin, guard_path, path_condition, rebuild_path
 from msrewrite.analyze.positions import positions_for
+from msrewrite.analyze.walk import Visitor
 from msrewrite.emit import frameworks
 from msrewrite.emit import helpers as helper_text
 from msrewrite.emit.strategies import STRATEGIES, Context, Emission, Names, async_comm
@@ -65,6 +66,8 @@ def strip_leading(stmt: cst.BaseStatement) -> cst.BaseStatement:
 # Locating functions -----------------------------------------------------------------------
 @dataclass
 class Located:
+    """A function of the module and its enclosing class (None for a module-level function)."""
+
     func: cst.FunctionDef
     cls: cst.ClassDef | None
 
@@ -96,7 +99,7 @@ def already_applied(func: cst.FunctionDef, marker: str | None = None) -> bool:
     msrewrite helpers, or, for one branch of a several-stream case, carries that branch's marker."""
     found = False
 
-    class _Seen(cst.CSTVisitor):
+    class _Seen(Visitor):
         def visit_Name(self, node: cst.Name) -> None:
             nonlocal found
             if marker is None and node.value.startswith(helper_text.HELPER_PREFIX):
@@ -137,7 +140,7 @@ def _unique(base: str, taken: set[str]) -> str:
 def _self_attrs(node: cst.CSTNode) -> set[str]:
     attrs: set[str] = set()
 
-    class _Attrs(cst.CSTVisitor):
+    class _Attrs(Visitor):
         def visit_Attribute(self, n: cst.Attribute) -> None:
             if isinstance(n.value, cst.Name) and n.value.value == "self":
                 attrs.add(n.attr.value)
@@ -308,6 +311,8 @@ def _guarded_if(body, spans, positions, plan: OverlapPlan) -> _GuardedIf:
 # The transform ----------------------------------------------------------------------------------
 @dataclass
 class PlannedEdit:
+    """One plan carried out on its function (and `__init__`): the old and new definitions."""
+
     plan: OverlapPlan
     old_func: cst.FunctionDef
     new_func: cst.FunctionDef
@@ -348,7 +353,7 @@ def _hoisted_calls(join: cst.BaseStatement, source: str) -> list[cst.Call]:
     branch (an `else:` included) is one statement holding it once, the occurrence in each branch."""
     found: list[cst.Call] = []
 
-    class _Calls(cst.CSTVisitor):
+    class _Calls(Visitor):
         def visit_Call(self, call: cst.Call) -> None:
             if code_of(call) == source:
                 found.append(call)
@@ -456,7 +461,7 @@ class _ReplaceCalls(cst.CSTTransformer):
 def _contains(node: cst.CSTNode, target: cst.CSTNode) -> bool:
     hit = False
 
-    class _Find(cst.CSTVisitor):
+    class _Find(Visitor):
         def on_visit(self, n: cst.CSTNode) -> bool:
             nonlocal hit
             hit = hit or n is target
@@ -526,7 +531,7 @@ def _assigned_nested(func: cst.FunctionDef, attr: str, top_level: int) -> bool:
     """`self.<attr>` is assigned more often than the `top_level` plain statements seen (in an `if`, a loop)."""
     count = 0
 
-    class _Count(cst.CSTVisitor):
+    class _Count(Visitor):
         def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
             nonlocal count
             count += dotted_name(node.target) == f"self.{attr}"
@@ -538,7 +543,7 @@ def _assigned_nested(func: cst.FunctionDef, attr: str, top_level: int) -> bool:
 def _assigned_self_attrs(func: cst.FunctionDef) -> set[str]:
     names: set[str] = set()
 
-    class _Assigned(cst.CSTVisitor):
+    class _Assigned(Visitor):
         def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
             t = node.target
             if isinstance(t, cst.Attribute) and isinstance(t.value, cst.Name) and t.value.value == "self":
@@ -1000,7 +1005,7 @@ def _constructed_classes(func: cst.CSTNode, names: set[str]) -> set[str]:
     """The classes among `names` that `func` (or any node) calls, i.e. constructs."""
     found: set[str] = set()
 
-    class _Calls(cst.CSTVisitor):
+    class _Calls(Visitor):
         def visit_Call(self, call: cst.Call) -> None:
             if isinstance(call.func, cst.Name) and call.func.value in names:
                 found.add(call.func.value)

@@ -15,6 +15,7 @@ import re
 
 import libcst as cst
 
+from msrewrite.analyze.walk import Visitor
 from msrewrite.errors import BadInput
 from msrewrite.plan import FlagSpec
 
@@ -69,7 +70,7 @@ def _require(framework: str, roots: set[str], what: str) -> None:
 def _assigned_names(func: cst.FunctionDef) -> set[str]:
     names: set[str] = set()
 
-    class _Stores(cst.CSTVisitor):
+    class _Stores(Visitor):
         def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
             names.update(n.value for n in _names_in(node.target))
 
@@ -174,7 +175,7 @@ def _compiled_roots(module: cst.Module) -> dict[str, str]:
             elif name == "compile" and isinstance(deco.decorator, cst.Call) and _fullgraph_keyword(deco.decorator):
                 roots[stmt.name.value] = f"@torch.compile(fullgraph=True) on {stmt.name.value}"
 
-    class _Calls(cst.CSTVisitor):
+    class _Calls(Visitor):
         def visit_Call(self, call: cst.Call) -> None:
             if _callee_name(call) == "compile" and _dotted(call.func) != "re.compile" and _fullgraph_keyword(call):
                 if call.args and call.args[0].keyword is None:
@@ -194,7 +195,9 @@ def fullgraph_region(module: cst.Module, qualified: str, text: str | None = None
     A class is inside when a compiled class constructs it, directly or through other classes of the
     file (vLLM's model class builds its layers in __init__). `text`, the module's source when the
     caller has it, skips the walk over the whole module when neither name a root needs is in it."""
-    if text is not None and "support_torch_compile" not in text and not _FULLGRAPH_KEYWORD.search(text):
+    if text is not None and "support_torch_compile" not in text and (
+        "fullgraph" not in text or not _FULLGRAPH_KEYWORD.search(text)  # the substring test first: 100x cheaper
+    ):
         return None
     roots = _compiled_roots(module)
     if not roots:
@@ -208,7 +211,7 @@ def fullgraph_region(module: cst.Module, qualified: str, text: str | None = None
     for name, cls in classes.items():
         found: set[str] = set()
 
-        class _Calls(cst.CSTVisitor):
+        class _Calls(Visitor):
             def visit_Call(self, call: cst.Call) -> None:
                 callee = _callee_name(call)
                 if callee in classes:

@@ -22,6 +22,7 @@ from typing import Callable
 import libcst as cst
 
 from msrewrite.analyze.defuse import function_names, node_facts, self_callee
+from msrewrite.analyze.walk import Visitor
 
 _OP_NAMES = {
     cst.Multiply: "mul",
@@ -174,7 +175,7 @@ def _submodule_classes(cls: cst.ClassDef) -> dict[str, str]:
     for stmt in cls.body.body:  # type: ignore[union-attr]
         if isinstance(stmt, cst.FunctionDef) and stmt.name.value == "__init__":
 
-            class _Assigns(cst.CSTVisitor):
+            class _Assigns(Visitor):
                 def visit_Assign(self, node: cst.Assign) -> None:
                     if len(node.targets) != 1 or not isinstance(node.value, cst.Call):
                         return
@@ -383,7 +384,7 @@ def _plain_if(node: cst.If, plain) -> bool:
 def _has_any(node: cst.CSTNode, kinds: tuple) -> bool:
     found = False
 
-    class _Find(cst.CSTVisitor):
+    class _Find(Visitor):
         def on_visit(self, n: cst.CSTNode) -> bool:
             nonlocal found
             found = found or isinstance(n, kinds)
@@ -504,7 +505,7 @@ def inline_and_flatten(
             return [stmt]
         seeds = []
 
-        class _Seeds(cst.CSTVisitor):
+        class _Seeds(Visitor):
             def visit_Call(self, node: cst.Call) -> None:
                 callee = self_callee(node.func)
                 if callee and is_seed(callee):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
+from msrewrite.analyze.walk import Visitor
 from msrewrite.errors import BadInput
 from msrewrite.plan import OverlapPlan
 from msrewrite.validate import literal
@@ -178,7 +179,7 @@ def _plan_stream(func: cst.FunctionDef, plan: OverlapPlan) -> str | None:
     opening = f"# msrewrite({plan.label}): "
     found: list[str] = []
 
-    class Find(cst.CSTVisitor):
+    class Find(Visitor):
         def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
             if found or len(node.body) != 1 or not isinstance(node.body[0], cst.Assign):
                 return

@@ -29,6 +29,8 @@ class Names:
 
 @dataclass
 class Context:
+    """What a sync strategy writes its code from: the plan's branch, switch and stream, and the class it edits."""
+
     case: str
     tag: str
     flag_kind: str  # env | attr
@@ -59,6 +61,8 @@ class Context:
 
 @dataclass
 class Emission:
+    """The code lines a sync strategy produced, by where the engine puts them."""
+
     init_lines: list[str] = field(default_factory=list)
     prelude: list[str] = field(default_factory=list)
     on_cond: str = ""

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import libcst as cst
 
+from msrewrite.analyze.walk import Visitor
+
 RECORDER = "_ms_torchair_config"
 
 
@@ -37,7 +39,7 @@ def record_torchair_config(module: cst.Module) -> cst.Module:
     return module.visit(_RecordConfig())
 
 
-class _FindRecorded(cst.CSTVisitor):
+class _FindRecorded(Visitor):
     def __init__(self) -> None:
         self.found = False
 

@@ -1,0 +1,148 @@
+"""Start-up regression guards that do not time anything (issue #12): the passes `apply` makes
+over the whole file, and the modules it imports. A change that adds a whole-file walk, parse
+or render, or an import apply does not need, fails here; one that removes one lowers a budget.
+Timed figures are bench/startup.py's (`--instructions` for a count machine load does not move)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from helpers import EXAMPLES, ROOT
+
+# Counts whole-file passes in a fresh process (caches keyed by the text start empty, as in a run).
+# A module counts as the file when it has at least as many statements as the parsed file.
+COUNTER = r'''
+import ast, builtins, collections, contextlib, io, json, sys
+import libcst as cst
+import libcst._parser.entrypoints as entrypoints
+from msrewrite.analyze import walk as walk_module
+
+path = sys.argv[1]
+text = open(path, encoding="utf-8").read()
+statements = len(cst.parse_module(text).body)
+counts = collections.Counter()
+
+
+def whole(module):
+    return isinstance(module, cst.Module) and len(module.body) >= statements
+
+
+visit = cst.Module.visit
+def module_visit(self, visitor):
+    if whole(self):
+        counts["libcst visit of the module"] += 1
+    return visit(self, visitor)
+cst.Module.visit = module_visit
+
+walker = walk_module._walker
+def counted_walker(visitor, plan):
+    inner = walker(visitor, plan)
+    if inner is None:
+        return None
+    def run(node, leave_it=True):
+        if whole(node) and leave_it:  # leave_it=False: under Module.visit, counted there
+            counts["walk of the module"] += 1
+        return inner(node, leave_it)
+    return run
+walk_module._walker = counted_walker
+
+code_for_node = cst.Module.code_for_node  # Module.code renders through it
+def module_code_for_node(self, node):
+    if whole(node):
+        counts["render of the module"] += 1
+    return code_for_node(self, node)
+cst.Module.code_for_node = module_code_for_node
+
+parse = entrypoints._parse
+def libcst_parse(entrypoint, source, config, **kwargs):
+    if len(source) >= len(text) // 2:
+        counts["libcst parse of the file"] += 1
+    return parse(entrypoint, source, config, **kwargs)
+entrypoints._parse = libcst_parse
+
+ast_walk = ast.walk
+def counted_ast_walk(node):
+    if isinstance(node, ast.Module):
+        counts["ast.walk of the module"] += 1
+    return ast_walk(node)
+ast.walk = counted_ast_walk
+
+compile_ = builtins.compile
+def counted_compile(source, *args, **kwargs):
+    if isinstance(source, str) and len(source) >= len(text) // 2:
+        flags = args[2] if len(args) > 2 else kwargs.get("flags", 0)
+        counts["ast parse of the file" if flags & ast.PyCF_ONLY_AST else "compile of the file"] += 1
+    return compile_(source, *args, **kwargs)
+builtins.compile = counted_compile
+
+sys.argv = ["msrewrite", *sys.argv[2:], path]
+out = io.StringIO()
+try:
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        from msrewrite.cli import main
+        main()
+except SystemExit as exc:
+    code_ = exc.code
+print(json.dumps({"exit": code_, "diff": out.getvalue().startswith("---"), "counts": counts}))
+'''
+
+# What `apply --case moe-shared-expert` on a model file may do to the whole file: parse it once
+# with libcst and once with ast (the cheap pre-filters), visit it once to swap the edited
+# functions in, render the edit once and compile it once. The analysis itself reads only the
+# functions it analyses.
+APPLY_BUDGET = {
+    "libcst parse of the file": 1,
+    "ast parse of the file": 1,
+    "libcst visit of the module": 1,
+    "render of the module": 1,
+    "compile of the file": 1,
+}
+
+
+@pytest.mark.parametrize("example", ["deepseek_moe", "guarded_moe"])
+def test_apply_reads_the_whole_file_a_fixed_number_of_times(example):
+    done = subprocess.run(
+        [sys.executable, "-c", COUNTER, str(EXAMPLES / f"{example}.py"), "apply", "--case", "moe-shared-expert"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["exit"] == 0 and result["diff"], result
+    assert result["counts"] == APPLY_BUDGET, (
+        "whole-file passes changed; a new one costs every apply about what a parse or render costs. "
+        f"Got {result['counts']}, budget {APPLY_BUDGET} (lower the budget if you removed one)"
+    )
+
+
+# Modules `apply --case moe-shared-expert` must not import: the other commands' machinery,
+# other cases' analyses, and standard modules it has no use for on this path (libcst itself
+# imports json, tokenize, subprocess, signal and inspect, so those are not listed).
+NOT_FOR_APPLY = (
+    "msrewrite.verify", "msrewrite.harness", "msrewrite.suggest", "msrewrite.sanitizer", "msrewrite.profile",
+    "msrewrite.plancheck", "msrewrite.cores", "msrewrite.analyze.effects", "msrewrite.analyze.dataflow",
+    "msrewrite.emit.microbatch", "msrewrite.emit.inline", "msrewrite.emit.markers", "msrewrite.emit.schedules",
+    "msrewrite.codemods.kvcache_offload", "msrewrite.codemods.prefill_microbatch",
+    "msrewrite.output.inplace", "msrewrite.output.patch",
+    "sysconfig", "tempfile", "hashlib", "shutil", "unicodedata", "argparse", "gettext",
+)
+
+
+def test_apply_imports_only_what_it_uses():
+    code = (
+        "import io, sys, contextlib\n"
+        f"sys.argv = ['msrewrite', 'apply', '--case', 'moe-shared-expert', {str(EXAMPLES / 'deepseek_moe.py')!r}]\n"
+        "from msrewrite.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        "    try:\n"
+        "        main()\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        f"print(sorted(m for m in sys.modules if m in {NOT_FOR_APPLY!r}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
