@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ast
 import re
-from functools import lru_cache
+from functools import cache
 
 from msrewrite.plan import MODES
 
@@ -28,7 +28,7 @@ _MARKERS = {
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def _pattern(marker: str) -> re.Pattern:
     return re.compile(_MARKERS[marker][0])
 
