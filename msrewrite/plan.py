@@ -197,6 +197,11 @@ class OverlapPlan:
     # Profiler ranges around the side and main windows (apply --markers, read by msrewrite profile);
     # left out of the JSON when off, so plan files without it read as before.
     markers: bool = False
+    # Main calls hoisted out of the join statement (each a SideStatement with its temporary in
+    # `hoist`): on the flag-on path they run into their temporaries right before the join, the
+    # join statement reading the temporaries; the flag-off path keeps the join statement as it is.
+    # Only when the window holds no other main work. Left out of the JSON when empty.
+    main_hoists: tuple[SideStatement, ...] = ()
 
     @property
     def label(self) -> str:
@@ -257,6 +262,20 @@ class OverlapPlan:
             validate.case_name(self.case_branch, "case_branch")
         if not isinstance(self.markers, bool):
             raise ValueError(f"markers must be true or false, got {validate.shown(self.markers)}")
+        if isinstance(self.main_hoists, list):
+            object.__setattr__(self, "main_hoists", tuple(self.main_hoists))
+        if not isinstance(self.main_hoists, tuple) or not all(isinstance(h, SideStatement) for h in self.main_hoists):
+            raise ValueError("main_hoists must be a list of hoisted calls")
+        for hoist in self.main_hoists:
+            if hoist.hoist is None or hoist.phase or hoist.inner_phases:
+                raise ValueError(f"a main hoist needs its temporary in hoist, and no phase: {validate.shown(hoist.source)}")
+            if not hoist.source.strip():
+                raise ValueError("a main hoist needs the call's source")
+        temps = [s.hoist for s in (*self.side, *self.main_hoists) if s.hoist is not None]
+        if len(set(temps)) != len(temps):
+            raise ValueError(f"hoisted temporaries must differ, got {validate.shown(temps)}")
+        if self.main_hoists and (self.phase_anchors or self.sync == "async-comm"):
+            raise ValueError("main_hoists cannot be combined with phase_anchors or async-comm")
         if not isinstance(self.non_blocking, bool):
             raise ValueError(f"non_blocking must be true or false, got {validate.shown(self.non_blocking)}")
         if self.core_limits is not None and (
@@ -270,6 +289,8 @@ class OverlapPlan:
         the line after the last one: a join when the function falls off the end)."""
         for side in self.side:
             validate.line_number(side.last_line, f"{self.function}: side last_line", line_count)
+        for hoist in self.main_hoists:
+            validate.line_number(hoist.last_line, f"{self.function}: main_hoists last_line", line_count)
         validate.line_number(self.fork_line, f"{self.function}: fork_line", line_count)
         validate.line_number(self.join_line, f"{self.function}: join_line", line_count + 1)
         if self.guard_line:
@@ -290,6 +311,10 @@ class OverlapPlan:
         for side in data["side"]:
             if not side["inner_phases"]:
                 del side["inner_phases"]
+        if not self.main_hoists:
+            del data["main_hoists"]
+        for hoist in data.get("main_hoists", ()):
+            del hoist["inner_phases"], hoist["phase"]
         data["version"] = PLAN_VERSION
         return data
 
@@ -316,7 +341,8 @@ class OverlapPlan:
                    "core_limits": tuple(data["core_limits"]) if data.get("core_limits") is not None else None,
                    "protect_inputs": tuple(data.get("protect_inputs", ())),
                    "trust_boundary": tuple(data.get("trust_boundary", ())),
-                   "assume_pure": tuple(data.get("assume_pure", ()))}
+                   "assume_pure": tuple(data.get("assume_pure", ())),
+                   "main_hoists": tuple(SideStatement(**h) for h in data.get("main_hoists", ()))}
             )
         except ValueError as exc:
             raise ValueError(f"malformed plan: {exc}") from None
@@ -538,6 +564,7 @@ _PLAN_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "allow_rng_reorder": ((bool,), False),
     "rng_reorder": ((str,), False),
     "markers": ((bool,), False),
+    "main_hoists": ((list, tuple), False),
 }
 _PART_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "side": {"first_line": ((int,), True), "last_line": ((int,), True), "source": ((str,), True),
@@ -545,6 +572,8 @@ _PART_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "flag": {"kind": ((str,), False), "name": ((str,), False), "default": ((bool,), False),
              "max_tokens": ((int, type(None)), False), "gate": ((str, type(None)), False)},
     "start_gates": {"tensor": ((str,), True), "anchor": ((str,), True)},
+    "main_hoists": {"first_line": ((int,), True), "last_line": ((int,), True), "source": ((str,), True),
+                    "hoist": ((str,), True)},
 }
 
 
@@ -575,7 +604,7 @@ def plan_errors(data: Any) -> list[str]:
     if errors:
         return errors
     errors += _type_errors(data.get("flag", {}), _PART_FIELDS["flag"], "flag: ")
-    for part in ("side", "start_gates"):
+    for part in ("side", "start_gates", "main_hoists"):
         for k, item in enumerate(data.get(part, ())):
             errors += _type_errors(item, _PART_FIELDS[part], f"{part}[{k}]: ")
     for part in ("side_inputs", "side_outputs", "inputs_rebound_before_join", "outputs_maybe_unbound",
