@@ -39,7 +39,10 @@ def describe_lines(branch: SideBranch) -> str:
         for f in branch.statements
     )
     hoisted = ", ".join(h.source for h in branch.hoists)
-    return "; ".join(p for p in (lines, f"hoisted {hoisted}" if hoisted else "") if p)
+    main = ", ".join(h.source for h in branch.main_hoists)
+    return "; ".join(p for p in (
+        lines, f"hoisted {hoisted}" if hoisted else "", f"main work {main} hoisted before the join" if main else "",
+    ) if p)
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,23 @@ def check_rng_order(branch: SideBranch, options: Options) -> None:
         raise NoBranch(
             f"{branch.rng_reorder}; pass --allow-rng-reorder if the model runs in eval only, its dropout "
             "is p=0, or the draws' order does not matter"
+        )
+
+
+def check_main_hoists(case: Case, branch: SideBranch) -> None:
+    """A case whose main work gets its own core budget wraps the window's main statements; main
+    calls hoisted out of the join statement sit in the join block, outside that budget."""
+    calls = ", ".join(" ".join(h.source.split()) for h in branch.main_hoists)
+    if branch.main_hoists and case.sync == "async-comm":
+        raise NoBranch(
+            f"the only main work, {calls}, is inside the join statement; msrewrite does not hoist main work out "
+            "of the join of asynchronous send/recv"
+        )
+    if branch.main_hoists and case.core_limits:
+        raise NoBranch(
+            f"the only main work, {calls}, is inside the join statement; {case.name} gives the main work between "
+            "the fork and the join a core budget of its own, which msrewrite does not put around a call hoisted "
+            "out of the join"
         )
 
 
@@ -197,6 +217,7 @@ def find_targets(
                 protect=options.protect == "clone",
             )
             check_rng_order(side, options)
+            check_main_hoists(case, side)
         except NoBranch as exc:
             targets.append(Target(name, reason=str(exc)))
             continue
@@ -392,4 +413,5 @@ def branch_plan(case: Case, path: Path, function: str, branch: SideBranch, optio
         assume_pure=tuple(options.assume_pure),
         allow_rng_reorder=options.allow_rng_reorder and bool(branch.rng_reorder),
         rng_reorder=branch.rng_reorder if options.allow_rng_reorder else "",
+        main_hoists=tuple(SideStatement(h.first_line, h.last_line, h.source, hoist=h.temp) for h in branch.main_hoists),
     )

@@ -200,6 +200,11 @@ class OverlapPlan:
     # Profiler ranges around the side and main windows (apply --markers, read by msrewrite profile);
     # left out of the JSON when off, so plan files without it read as before.
     markers: bool = False
+    # Main calls hoisted out of the join statement (each a SideStatement with its temporary in
+    # `hoist`): on the flag-on path they run into their temporaries right before the join, the
+    # join statement reading the temporaries; the flag-off path keeps the join statement as it is.
+    # Only when the window holds no other main work. Left out of the JSON when empty.
+    main_hoists: tuple[SideStatement, ...] = ()
 
     @property
     def label(self) -> str:
@@ -220,6 +225,7 @@ class OverlapPlan:
         self._check_names()
         self._check_notes()
         self._check_options()
+        self._check_main_hoists()
 
     def _check_location(self) -> None:
         _enum(self.mode, MODES, "mode")
@@ -258,6 +264,22 @@ class OverlapPlan:
         _boolean(self.allow_rng_reorder, "allow_rng_reorder")
         validate.comment_text(self.rng_reorder, "rng_reorder")
 
+    def _check_main_hoists(self) -> None:
+        if isinstance(self.main_hoists, list):
+            object.__setattr__(self, "main_hoists", tuple(self.main_hoists))
+        if not isinstance(self.main_hoists, tuple) or not all(isinstance(h, SideStatement) for h in self.main_hoists):
+            raise ValueError("main_hoists must be a list of hoisted calls")
+        for hoist in self.main_hoists:
+            if hoist.hoist is None or hoist.phase or hoist.inner_phases:
+                raise ValueError(f"a main hoist needs its temporary in hoist, and no phase: {validate.shown(hoist.source)}")
+            if not hoist.source.strip():
+                raise ValueError("a main hoist needs the call's source")
+        temps = [s.hoist for s in (*self.side, *self.main_hoists) if s.hoist is not None]
+        if len(set(temps)) != len(temps):
+            raise ValueError(f"hoisted temporaries must differ, got {validate.shown(temps)}")
+        if self.main_hoists and (self.phase_anchors or self.sync == "async-comm"):
+            raise ValueError("main_hoists cannot be combined with phase_anchors or async-comm")
+
     def _check_options(self) -> None:
         if bool(self.guard) != bool(self.guard_line):
             raise ValueError("a guarded plan needs both guard and guard_line")
@@ -280,6 +302,8 @@ class OverlapPlan:
         the line after the last one: a join when the function falls off the end)."""
         for side in self.side:
             validate.line_number(side.last_line, f"{self.function}: side last_line", line_count)
+        for hoist in self.main_hoists:
+            validate.line_number(hoist.last_line, f"{self.function}: main_hoists last_line", line_count)
         validate.line_number(self.fork_line, f"{self.function}: fork_line", line_count)
         validate.line_number(self.join_line, f"{self.function}: join_line", line_count + 1)
         if self.guard_line:
@@ -300,6 +324,10 @@ class OverlapPlan:
         for side in data["side"]:
             if not side["inner_phases"]:
                 del side["inner_phases"]
+        if not self.main_hoists:
+            del data["main_hoists"]
+        for hoist in data.get("main_hoists", ()):
+            del hoist["inner_phases"], hoist["phase"]
         data["version"] = PLAN_VERSION
         return data
 
@@ -324,7 +352,8 @@ class OverlapPlan:
                    "core_limits": tuple(data["core_limits"]) if data.get("core_limits") is not None else None,
                    "protect_inputs": tuple(data.get("protect_inputs", ())),
                    "trust_boundary": tuple(data.get("trust_boundary", ())),
-                   "assume_pure": tuple(data.get("assume_pure", ()))}
+                   "assume_pure": tuple(data.get("assume_pure", ())),
+                   "main_hoists": tuple(SideStatement(**h) for h in data.get("main_hoists", ()))}
             )
         except ValueError as exc:
             raise ValueError(f"malformed plan: {exc}") from None
@@ -568,6 +597,7 @@ _PLAN_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "allow_rng_reorder": ((bool,), False),
     "rng_reorder": ((str,), False),
     "markers": ((bool,), False),
+    "main_hoists": ((list, tuple), False),
 }
 _PART_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "side": {"first_line": ((int,), True), "last_line": ((int,), True), "source": ((str,), True),
@@ -575,6 +605,8 @@ _PART_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "flag": {"kind": ((str,), False), "name": ((str,), False), "default": ((bool,), False),
              "max_tokens": ((int, type(None)), False), "gate": ((str, type(None)), False)},
     "start_gates": {"tensor": ((str,), True), "anchor": ((str,), True)},
+    "main_hoists": {"first_line": ((int,), True), "last_line": ((int,), True), "source": ((str,), True),
+                    "hoist": ((str,), True)},
 }
 
 
@@ -605,7 +637,7 @@ def plan_errors(data: Any) -> list[str]:
     if errors:
         return errors
     errors += _type_errors(data.get("flag", {}), _PART_FIELDS["flag"], "flag: ")
-    for part in ("side", "start_gates"):
+    for part in ("side", "start_gates", "main_hoists"):
         for k, item in enumerate(data.get(part, ())):
             errors += _type_errors(item, _PART_FIELDS[part], f"{part}[{k}]: ")
     for part in ("side_inputs", "side_outputs", "inputs_rebound_before_join", "outputs_maybe_unbound",

@@ -20,7 +20,7 @@ from msrewrite.analyze.branch import NoBranch, SideBranch, find_branch_for_calls
 from msrewrite.analyze.defuse import all_calls, self_callee
 from msrewrite.analyze.positions import positions_for
 from msrewrite.analyze.walk import Visitor
-from msrewrite.cases import Case, Options, branch_plan, check_rng_order
+from msrewrite.cases import Case, Options, branch_plan, check_main_hoists, check_rng_order
 from msrewrite.emit.engine import code_of, locate, strip_leading
 from msrewrite.errors import BadInput
 from msrewrite.plan import MODES, OverlapPlan
@@ -119,6 +119,7 @@ def derive_plan(
         scope=scope, protect=options.protect == "clone",
     )
     check_rng_order(branch, options)
+    check_main_hoists(case, branch)
     return branch, branch_plan(case, Path(file), function, branch, options)
 
 
@@ -180,6 +181,15 @@ def _same_shape(plan: OverlapPlan, derived: OverlapPlan) -> None:
     for key, (_last, phase) in mine.items():
         if phase != theirs[key][1]:
             raise NoBranch(f"line {key[0]} belongs to phase {theirs[key][1]}, not {phase}")
+    main_mine = {(h.first_line, " ".join(h.source.split())) for h in plan.main_hoists}
+    main_theirs = {(h.first_line, " ".join(h.source.split())) for h in derived.main_hoists}
+    for _line, source in sorted(main_theirs - main_mine):
+        raise NoBranch(
+            f"the analysis hoists the main call {source} out of the join at line {derived.join_line} (the only main "
+            "work of the window), which the plan does not"
+        )
+    for _line, source in sorted(main_mine - main_theirs):
+        raise NoBranch(f"the plan hoists the main call {source} out of line {plan.join_line}, which the analysis does not")
     if plan.fork_line != derived.fork_line:
         raise NoBranch(
             f"the side branch forks at line {derived.fork_line} (once its inputs hold their values), "

@@ -65,6 +65,15 @@ def _side(**changes) -> list:
     return [{**PLAN["side"][0], **changes}]
 
 
+def _main_hoist(**changes) -> dict:
+    """A main call hoisted out of PLAN's join statement (valid as it stands), with `changes`."""
+    line = PLAN["join_line"]
+    hoist = {"first_line": line, "last_line": line, "source": "self.experts(h)", "hoist": "experts_output"}
+    for key, value in changes.items():
+        hoist[key] = value
+    return hoist
+
+
 def _good_microbatch_plan() -> dict:
     from msrewrite.analyze.microbatch import microbatch_plan
     from msrewrite.load import load
@@ -384,6 +393,12 @@ PLAN_FIELD_HOSTILE = {
     "assume_pure": [["a\nb"], [None], "abc"],
     "allow_rng_reorder": ["yes", 1, None],
     "rng_reorder": [3, "a\nb", "a\x00b", ["x"]],
+    # main calls hoisted out of the join statement: each needs its lines, its call and a temporary
+    # that is a plain identifier, distinct from every other hoist's
+    "main_hoists": ["abc", [None], 3, [{"first_line": 1}], [_main_hoist(hoist=None)], [_main_hoist(phase=1)],
+                   [_main_hoist(first_line=0)], [_main_hoist(last_line=1)], [_main_hoist(source=3)],
+                   [_main_hoist(source=" ")], [_main_hoist(), _main_hoist()]]
+                  + [[_main_hoist(hoist=v)] for v in HOSTILE] + [[_main_hoist(hoist=3)]],
 }
 SIDE_FIELD_HOSTILE = {
     "first_line": [0, "3", True],

@@ -415,10 +415,13 @@ def test_a_helper_that_only_runs_the_side_work_says_so(tmp_path):
 
 
 def test_main_work_inside_the_join_statement_is_named(tmp_path):
+    """Main work evaluated after the statement reads the side output stays in the statement (the
+    shape whose main work comes first is hoisted: tests/test_join_split.py)."""
     why = refusal(write(tmp_path, "main_in_join", model_source(
-        "h = x * 2\nshared = self.shared_expert(h)\nreturn self.experts(h, *self.route(h)) + shared")))
-    assert ("nothing to overlap (the main work, self.experts, self.route, is in the join statement at line 53 itself; "
-            "msrewrite does not split it out of that statement)") in why, why
+        "h = x * 2\nshared = self.shared_expert(h)\nreturn shared + self.experts(h, *self.route(h))")))
+    assert ("nothing to overlap (the main work, self.experts, is in the join statement at line 53 itself; "
+            "msrewrite does not hoist it out of that statement: self.experts(h, *self.route(h)) runs after the "
+            "statement reads the side output 'shared'; hoisting it would run it before that read)") in why, why
 
 
 def test_a_side_call_in_an_if_that_returns_is_named(tmp_path):

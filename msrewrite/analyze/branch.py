@@ -27,6 +27,7 @@ from msrewrite.analyze.guards import (
 )
 from msrewrite.analyze.defuse import (
     Scope,
+    all_calls,
     is_docstring,
     node_facts,
     StatementFacts,
@@ -78,6 +79,11 @@ class SideBranch:
     trust_boundary: list[str] = field(default_factory=list)
     # why moving the side work changes the order of random draws (dropout, torch.rand*), or ""
     rng_reorder: str = ""
+    # Main calls hoisted out of the join statement into temporaries right before the join, on the
+    # flag-on path only, when they are the only main work of the window (the flag-off path keeps
+    # the join statement as it is): `h = self.experts(h) + shared` -> `experts_output =
+    # self.experts(h)`, join, `h = experts_output + shared`.
+    main_hoists: list[Hoist] = field(default_factory=list)
 
 
 class NoBranch(Exception):
@@ -657,9 +663,22 @@ def _find_side_branch(
     start = min([fork, *side_idx])
     if hoists:
         _check_join_statement(facts[join], hoists, hoist_facts, storage, is_seed, scope)
+    window = [f for f in facts[fork:join] if f.index not in side_idx]
+    main_hoists: list[Hoist] = []
+    main_hoist_facts: list[StatementFacts] = []
+    if join < len(facts) and not any(f.has_call and f.self_calls for f in window):
+        # the only main work is inside the join statement: hoisted out of it (flag on only) when
+        # that keeps Python's order of evaluation, else the reason why not
+        main_hoists = _join_main_hoists(
+            facts[join], set(side_stores), is_seed, positions, taken, local_names, phase_anchors is not None
+        )
+        main_hoist_facts = [
+            dataclasses.replace(node_facts(h.call, scope), index=join, first_line=h.first_line, last_line=h.last_line)
+            for h in main_hoists
+        ]
     protected: list[str] = []
     unseen_hits: list[tuple[int, str, str]] = []  # (line, callee, name): writes msrewrite cannot rule out
-    for f in facts[start:join]:
+    for f in [*facts[start:join], *main_hoist_facts]:  # a main hoist runs right before the join
         if f.index in side_idx:
             continue
         if f.exits:
@@ -699,8 +718,8 @@ def _find_side_branch(
     rebound_by_side = [name for name in protected if name in side_stores]
     if rebound_by_side:
         raise NoBranch(f"'{rebound_by_side[0]}' is both read and rebound by the side branch; --protect clone cannot snapshot it")
-    window = [f for f in facts[fork:join] if f.index not in side_idx]
-    if not any(f.has_call and f.self_calls for f in window):
+    window += main_hoist_facts
+    if not main_hoists and not any(f.has_call and f.self_calls for f in window):
         why = ""
         in_join = ([f"self.{c}" for c in facts[join].self_calls if not is_seed(c)] + _super_calls(facts[join].node)
                    if join < len(facts) else [])
@@ -724,7 +743,7 @@ def _find_side_branch(
         holds at `at`: a side write to it races with that read. A copy only the side reads
         (`identity = h.clone()`) may be written there freely."""
         written = storage._around(name, at) & every_input
-        main = [g for g in facts[start:join] if g.index not in side_idx]
+        main = [g for g in facts[start:join] if g.index not in side_idx] + main_hoist_facts
         return next((g for g in main if any(storage._around(n, g.index) & written for n in g.loads)), None)
 
     for f, at in [*((f, f.index) for f in whole), *((hf, join) for hf in hoist_facts)]:
@@ -764,7 +783,7 @@ def _find_side_branch(
     if phase_anchors is not None:
         chosen_anchors = list(phase_anchors) or derive_phase_anchors(facts, fork, join, side_idx)
         phases, inner_phases = _assign_phases(func, facts, whole, chosen_anchors, fork, join, side_idx, reaching_def, set(inputs))
-    rng = _rng_reorder(facts, whole, hoists, start, join, side_idx, scope)
+    rng = _rng_reorder(facts, whole, hoists, start, join, side_idx, scope, bool(main_hoists))
     return SideBranch(
         rng_reorder=rng,
         phases=phases,
@@ -775,6 +794,7 @@ def _find_side_branch(
         trust_boundary=sorted(
             {u for f in [*whole, *hoist_facts, *window] for u in f.unknown_callees}
         ),
+        main_hoists=main_hoists,
         statements=whole,
         hoists=hoists,
         fork=fork,
@@ -817,7 +837,9 @@ def _few(names: list[str]) -> str:
     return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
-def _rng_reorder(facts, whole, hoists, start: int, join: int, side_idx: set[int], scope: Scope) -> str:
+def _rng_reorder(
+    facts, whole, hoists, start: int, join: int, side_idx: set[int], scope: Scope, main_hoists: bool = False
+) -> str:
     """Why the side work's random draws change order against the main path's, or "".
 
     The side work is issued at the fork, and a device (a graph compiler too) may run it anywhere
@@ -845,7 +867,7 @@ def _rng_reorder(facts, whole, hoists, start: int, join: int, side_idx: set[int]
     for f in facts[start:join]:
         if f.index not in side_idx:
             main.append((f.first_line, *_random_draws(f.node, scope)))
-    if hoists:
+    if hoists or main_hoists:  # the rest of the join statement (main calls hoisted out of it too)
         main.append((facts[join].first_line, *_random_draws(facts[join].node, scope, tuple(c for h in hoists for c in (h.call, *h.also)))))
     main_draw = next(((line, draws) for line, draws, _ in main if draws), None)
     main_unseen = next(((line, unseen) for line, _, unseen in main if unseen), None)
@@ -1122,6 +1144,205 @@ def vouch_name(callee: str) -> str:
         if cls.isidentifier() and cls not in ("not", "set", "indexed", "a"):
             return cls
     return parts[-1].partition(" (")[0].removeprefix("self.")
+
+
+# Main work inside the join statement -------------------------------------------------------
+_JOIN_STATEMENTS = (cst.Assign, cst.AnnAssign, cst.AugAssign, cst.Return, cst.Expr)
+_PURE_LEAVES = (cst.Name, cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.ConcatenatedString, cst.Ellipsis)
+
+
+def _is_super_call(call: cst.Call) -> bool:
+    func = call.func
+    return isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call) and dotted_name(func.value.func) == "super"
+
+
+def _outer_main_calls(node: cst.CSTNode, seeds: set[int]) -> list[cst.Call]:
+    """The main calls of a statement (`self.<sub>(...)` that is no side call, `super().<m>(...)`),
+    outermost only (a main call in another's arguments runs as part of it), in source order; none
+    inside a side call's arguments (those move with the side call)."""
+    from msrewrite.analyze.defuse import self_callee
+
+    found: list[cst.Call] = []
+
+    class _Calls(Visitor):
+        def visit_Call(self, call: cst.Call) -> bool:
+            if id(call) in seeds:
+                return False
+            if self_callee(call.func) is not None or _is_super_call(call):
+                found.append(call)
+                return False
+            return True
+
+    node.visit(_Calls())
+    return found
+
+
+def _evaluation_order(expr: cst.BaseExpression, atomic: set[int]) -> list[cst.CSTNode]:
+    """The parts of `expr` in the order Python finishes evaluating them (operands before their
+    operation, left to right, a call's function before its arguments). `atomic` nodes, names,
+    literals, and every part that runs only on some paths or binds a name (conditional expressions,
+    and/or, lambdas, comprehensions, :=, chained comparisons) are one step each, not entered."""
+    order: list[cst.CSTNode] = []
+
+    def walk(n: cst.CSTNode) -> None:
+        if id(n) in atomic or isinstance(n, _PURE_LEAVES) or isinstance(n, (*_CONDITIONAL_EXPRESSIONS, cst.NamedExpr)):
+            order.append(n)
+            return
+        if isinstance(n, cst.Attribute):
+            walk(n.value)
+        elif isinstance(n, cst.Subscript):
+            walk(n.value)
+            for element in n.slice:
+                part = element.slice
+                if isinstance(part, cst.Index):
+                    walk(part.value)
+                else:
+                    for bound in (part.lower, part.upper, part.step):
+                        if bound is not None:
+                            walk(bound)
+        elif isinstance(n, cst.Call):
+            walk(n.func)
+            for arg in n.args:
+                walk(arg.value)
+                if arg.star:
+                    order.append(arg)  # unpacking iterates the value
+        elif isinstance(n, cst.BinaryOperation):
+            walk(n.left)
+            walk(n.right)
+        elif isinstance(n, cst.UnaryOperation):
+            walk(n.expression)
+        elif isinstance(n, cst.Comparison) and len(n.comparisons) == 1:
+            walk(n.left)
+            walk(n.comparisons[0].comparator)
+        elif isinstance(n, (cst.Tuple, cst.List, cst.Set)):
+            for element in n.elements:
+                walk(element.value)
+                if isinstance(element, cst.StarredElement):
+                    order.append(element)
+        elif isinstance(n, cst.Dict):
+            for element in n.elements:
+                if isinstance(element, cst.DictElement):
+                    walk(element.key)
+                walk(element.value)
+                if isinstance(element, cst.StarredDictElement):
+                    order.append(element)
+        else:
+            order.append(n)  # anything else (an f-string, await, yield): one step, not entered
+            return
+        order.append(n)
+
+    walk(expr)
+    return order
+
+
+def _statement_order(small: cst.BaseSmallStatement, atomic: set[int]) -> list[cst.CSTNode]:
+    """`_evaluation_order` of a simple statement: an assignment's value before its targets, an
+    augmented assignment's target (read) before its value."""
+    if isinstance(small, cst.Assign):
+        return [*_evaluation_order(small.value, atomic), *(t.target for t in small.targets)]
+    if isinstance(small, cst.AnnAssign):
+        return [*(_evaluation_order(small.value, atomic) if small.value is not None else []), small.target]
+    if isinstance(small, cst.AugAssign):
+        # `x += v` reads x first (a name: a plain load; `a[i] += v` indexes first: one step)
+        return [small.target, *_evaluation_order(small.value, atomic), small]
+    if isinstance(small, cst.Return):
+        return _evaluation_order(small.value, atomic) if small.value is not None else []
+    if isinstance(small, cst.Expr):
+        return _evaluation_order(small.value, atomic)
+    return [small]
+
+
+def _join_main_hoists(
+    join_fact: StatementFacts, side_names: set[str], is_seed: SeedPredicate,
+    positions: dict[cst.CSTNode, CodeRange], taken: set[str], local_names: set[str], phased: bool,
+) -> list[Hoist]:
+    """The main calls to hoist out of the join statement (`h = self.experts(h) + shared`), when
+    the window holds no main work of its own: each runs, in Python's order of evaluation, before
+    the statement first reads a side output and after nothing but names, literals and calls that
+    are hoisted too, so computing it into a temporary right before the join (on the flag-on path;
+    the flag-off path keeps the statement as it is) runs exactly what ran before, in the same
+    order. [] when the statement calls no main work; NoBranch with the reason otherwise."""
+    from msrewrite.analyze.defuse import self_callee
+
+    node = join_fact.node
+    line = join_fact.first_line
+    seeds = {id(c) for c in _seed_calls(node, is_seed)}
+    mains = _outer_main_calls(node, seeds)
+    if not mains:
+        return []
+    names = ", ".join(dict.fromkeys(source(c.func) for c in mains))
+
+    def refuse(why: str) -> NoBranch:
+        return NoBranch(
+            f"no main-path work between the fork and the join: nothing to overlap (the main work, {names}, is in "
+            f"the join statement at line {line} itself; msrewrite does not hoist it out of that statement: {why})"
+        )
+
+    if not (isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1 and isinstance(node.body[0], _JOIN_STATEMENTS)):
+        if isinstance(node, cst.SimpleStatementLine):
+            kind = "several statements on one line" if len(node.body) > 1 else f"a {type(node.body[0]).__name__} statement"
+        else:
+            kind = {"If": "an `if`", "For": "a `for` loop", "While": "a `while` loop", "With": "a `with` block",
+                    "Try": "a `try`"}.get(type(node).__name__, f"a {type(node).__name__}")
+        raise refuse(f"it is {kind}; main calls are hoisted only out of one assignment, return or expression")
+    if phased:
+        raise refuse("a phased side branch needs main work between the fork and the join to anchor its phases")
+    small = node.body[0]
+    if _has_walrus(small):
+        raise refuse("it binds a name with :=")
+    conditional = _conditional_calls(small)
+    order = _statement_order(small, {*map(id, mains), *seeds})
+    ids = [id(n) for n in order]
+    for call in mains:
+        if id(call) not in ids or id(call) in conditional:
+            what = conditional.get(id(call), "a conditional part of it")
+            raise refuse(f"{source(call)} runs only on some paths of it ({what}); hoisting it would change how often it runs")
+        read = sorted(expression_loads(call) & side_names)
+        if read:
+            raise refuse(f"{source(call)} reads the side output '{read[0]}', so it can only run after the join")
+    every_call = all_calls(small)
+    functions = {id(c.func) for c in every_call}
+    texts = [source(c) for c in every_call]
+    twice = next((c for c in mains if texts.count(source(c)) > 1), None)
+    if twice is not None:
+        raise refuse(f"{source(twice)} appears more than once in it")
+    at = {id(call): ids.index(id(call)) for call in mains}
+    last = max(at.values())
+    skip = set(at) | seeds
+    for k, step in enumerate(order[:last]):
+        if id(step) in skip:
+            continue
+        later = next(c for c in mains if at[id(c)] > k)
+        if isinstance(step, cst.Name):
+            if step.value in side_names:
+                raise refuse(f"{source(later)} runs after the statement reads the side output '{step.value}'; "
+                             "hoisting it would run it before that read")
+            continue
+        if isinstance(step, _PURE_LEAVES) or (id(step) in functions and _global_attribute(step, local_names)):
+            continue  # `torch.cat` / `F.silu` looked up to be called: no tensor work
+        what = {cst.IfExp: "a conditional expression", cst.BooleanOperation: "an and/or", cst.Lambda: "a lambda",
+                cst.Comparison: "a chained comparison"}.get(type(step), "")
+        if not what and isinstance(step, (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)):
+            what = "a comprehension"
+        shown = source(step).strip()
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        what = f"{what} (`{shown}`)" if what else f"`{shown}`"
+        raise refuse(f"{what} is evaluated before {source(later)}; hoisting the call ahead of it could change "
+                     "what either computes")
+    hoisted: list[Hoist] = []
+    for call in mains:
+        where = positions[call]
+        callee = dotted_name(call.func) or self_callee(call.func) or (
+            "super_" + call.func.attr.value if _is_super_call(call) else "main")  # type: ignore[union-attr]
+        hoisted.append(Hoist(call=call, temp=_temp_name(callee, taken), source=cst.Module(body=[]).code_for_node(call),
+                             first_line=where.start.line, last_line=where.end.line))
+    return hoisted
+
+
+def _global_attribute(node: cst.CSTNode, local_names: set[str]) -> bool:
+    """`torch.cat`, `F.silu`: an attribute chain on a name the function does not bind (a module's)."""
+    name = dotted_name(node) if isinstance(node, cst.Attribute) else None
+    return bool(name) and name.split(".")[0] not in local_names and name.split(".")[0] != "self"
 
 
 def _check_join_statement(join_fact, hoists, hoist_facts, storage: Storage, is_seed, scope) -> None:

@@ -333,6 +333,9 @@ class PlannedEdit:
     # A phased plan: for each later phase, the index (counted as `window` counts) of the `if` that
     # re-enters the side stream after its anchor, and the statements it issues there (the very nodes).
     phases: tuple[tuple[int, tuple[cst.BaseStatement, ...]], ...] = ()
+    # Main calls hoisted out of the join statement (plan.main_hoists): the assignments that open the
+    # flag-on branch of the join block (at `window[1]`), the very nodes; main work of the window.
+    main_hoisted: tuple[cst.BaseStatement, ...] = ()
 
 
 def _body_positions(func: cst.FunctionDef, positions) -> list[tuple[int, int]]:
@@ -621,6 +624,8 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan, text: str | None
                     )
                 inner_split[i] = split
 
+    main_hoisted = _main_hoist_calls(plan, body, join, function_names(func))
+
     switch = flag_attribute(plan.flag.name) if plan.flag.kind in ("env", "sglang") else plan.flag.name
     roots = frameworks.imported_roots(module)
     framework_imports = frameworks.flag_imports(plan.flag, roots)
@@ -630,7 +635,7 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan, text: str | None
         framework_imports += [i for i in needed if i not in framework_imports]
     frameworks.check_own_bindings(module, framework_imports)
     init, config_param, init_sets_flag = _init_info(cls, (switch,))
-    taken = function_names(func)
+    taken = function_names(func) | {temp for _call, temp in main_hoisted}
     # attributes the edit adds to the class (npugraph-ex streams/events, handed-down streams)
     needs_attrs = plan.mode == "npugraph-ex" or plan.stream_source == "constructor"
     class_attrs = _self_attrs(cls) if cls is not None and needs_attrs else set()
@@ -704,6 +709,8 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan, text: str | None
         model_stream=model_stream,
     )
     em = async_comm(ctx) if plan.sync == "async-comm" else STRATEGIES[plan.mode](ctx)
+    if main_hoisted and em.main_limit:
+        raise BadInput(f"plan for {plan.function}: core limits on main work hoisted out of the join statement are not supported")
     if guarded is not None:
         if em.main_limit:
             raise BadInput(f"plan for {plan.function}: core limits on a guarded side branch are not supported")
@@ -750,11 +757,11 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan, text: str | None
             runs[-1].append(i)
         else:
             runs.append([i])
-    fork_run = next((r for r in runs if r[0] == fork), None)
+    # a guarded plan's fork sits before the `if`; the side statements stay in it
+    fork_run = next((r for r in runs if r[0] == fork), None) if guarded is None else None
     join_run = next((r for r in runs if r[-1] == join - 1 and r is not fork_run), None)
     join_guard = ""  # a join after a guarded `if` runs under its condition too
     if guarded is not None:
-        fork_run = None  # the fork sits before the `if`; the side statements stay in it
         if join not in guarded.inside:
             join_run = None
             join_guard = plan.guard
@@ -807,9 +814,31 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan, text: str | None
     join_cond = conjoin(em.on_cond, join_guard) if join_guard else em.on_cond
     join_block = _if_block(join_cond, join_on, em.off_cond, join_off) if (join_on or join_off) else []
     join_stmt = body[join] if join < len(body) else cst.SimpleStatementLine(body=[cst.Pass()])
-    if hoists:  # every hoisted call in one pass (a deep_replace rebuilds the tree, losing the others)
-        join_stmt = join_stmt.visit(_ReplaceCalls({id(call): temp for call, temp in [*hoists, *also_hoisted]}))
-    if join_block:
+    main_assigns = [
+        cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(temp))], value=call)])
+        for call, temp in main_hoisted
+    ]
+    if hoists or main_hoisted:  # every hoisted call in one pass (a deep_replace rebuilds the tree, losing the others)
+        join_stmt = join_stmt.visit(_ReplaceCalls({id(call): temp for call, temp in [*hoists, *also_hoisted, *main_hoisted]}))
+    if main_hoisted:
+        # The main calls run first on the flag-on path only, into their temporaries, overlapping the
+        # side work; the join statement then reads them. The flag-off path keeps the statements
+        # as they were, in their order (the side statements right before the join included).
+        original = body[join]
+        on_stmt = strip_leading(join_stmt)
+        off = off_nodes(join_run)
+        off.append(original if off else strip_leading(original))
+        join_block = _if_block(join_cond, [*main_assigns, *join_on, on_stmt], em.off_cond, off)
+        join_stmt = None
+    if join_block and main_hoisted:
+        lead = list(body[join_run[0]].leading_lines) if join_run else list(body[join].leading_lines)
+        main_names = ", ".join(dict.fromkeys(code_of(call.func) for call, _temp in main_hoisted))
+        notes = [f"msrewrite({label}): with the flag on, {main_names} runs here, during {what}"
+                 + (", then" if join_on else ".")]
+        if join_on:
+            notes.append(f"the side stream is joined before the first use of {', '.join(plan.side_outputs)}.")
+        join_block = _with_leading(join_block, lead + [_comment(n) for n in notes])
+    elif join_block:
         if join_run:
             lead = list(body[join_run[0]].leading_lines)
         elif all(line.comment is None for line in join_stmt.leading_lines):
@@ -861,7 +890,8 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan, text: str | None
         if i == join:
             window_end = len(new_body)
             new_body += join_block
-            new_body.append(join_stmt)
+            if join_stmt is not None:
+                new_body.append(join_stmt)
             continue
         new_body.append(stmt)
         if i in phase_blocks:
@@ -890,8 +920,39 @@ def plan_edit(module: cst.Module, positions, plan: OverlapPlan, text: str | None
     window = (window_start, window_end) if window_start is not None and window_end is not None else None
     return PlannedEdit(
         plan, func, new_func, init, new_init, em, cls, names.stream_attr, tuple(side_nodes), window, guarded_block,
-        tuple(phases),
+        tuple(phases), tuple(main_assigns),
     )
+
+
+def _main_hoist_calls(
+    plan: OverlapPlan, body: list[cst.BaseStatement], join: int, taken: set[str]
+) -> list[tuple[cst.Call, str]]:
+    """(call, temporary) of each main call the plan hoists out of the join statement, found there
+    by its text (exactly once: the join statement is one simple statement)."""
+    if not plan.main_hoists:
+        return []
+    if join >= len(body) or not isinstance(body[join], cst.SimpleStatementLine) or len(body[join].body) != 1:
+        raise BadInput(
+            f"stale plan for {plan.function}: main work is hoisted out of the join at line {plan.join_line}, "
+            "which is not one simple statement"
+        )
+    taken = taken | {s.hoist for s in plan.side if s.hoist}
+    found: list[tuple[cst.Call, str]] = []
+    for hoist in plan.main_hoists:
+        calls = _hoisted_calls(body[join], hoist.source)
+        if len(calls) != 1:
+            raise BadInput(
+                f"stale plan for {plan.function}: the join statement at line {plan.join_line} "
+                f"does not contain {hoist.source!r} exactly once"
+            )
+        if hoist.hoist in taken:
+            raise BadInput(f"plan for {plan.function}: main hoist temporary {hoist.hoist!r} is a name the function already uses")
+        taken.add(hoist.hoist)  # type: ignore[arg-type]
+        found.append((calls[0], hoist.hoist))  # type: ignore[arg-type]
+    inner = [a for a, _ in found for b, _ in found if a is not b and _contains(b, a)]
+    if inner:
+        raise BadInput(f"plan for {plan.function}: main hoist {code_of(inner[0])!r} sits inside another one")
+    return found
 
 
 def _phase_blocks(plan, em, body, positions, join, phase_nodes, taken, what, guarded=None):

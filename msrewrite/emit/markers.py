@@ -156,7 +156,8 @@ class _Mark(cst.CSTTransformer):
                     state["fork"] = True
                     return updated.with_changes(body=updated.body.with_changes(body=body))
                 if state["fork"] and not state["join"] and _joins(body, stream):
-                    body.insert(0, _line(f"{END}({main_id})"))
+                    # main calls hoisted out of the join statement open the block: they are main work
+                    body.insert(_hoisted_main(body, plan), _line(f"{END}({main_id})"))
                     state["join"] = True
                     return updated.with_changes(body=updated.body.with_changes(body=body))
                 return updated
@@ -165,6 +166,17 @@ class _Mark(cst.CSTTransformer):
         if not (state["fork"] and state["join"]):
             raise BadInput(f"--markers: {qualname}: could not find the fork and join of side stream {plan.stream_tag!r}")
         return new  # type: ignore[return-value]
+
+
+def _hoisted_main(body: list[cst.BaseStatement], plan: OverlapPlan) -> int:
+    """How many statements at the top of the join block assign the plan's main hoists' temporaries."""
+    temps = [h.hoist for h in plan.main_hoists]
+    count = 0
+    for stmt, temp in zip(body, temps):
+        if not m.matches(stmt, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=m.Name(temp))])])):
+            break
+        count += 1
+    return count
 
 
 def _joins(body: list[cst.BaseStatement], stream: str) -> bool:

@@ -24,6 +24,7 @@ the races a device can show. Flag-off code is untouched.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -137,6 +138,38 @@ def _main_positions(edit: PlannedEdit, issues: list[_Issue]) -> list[int]:
     return [i for i in range(start, end) if i not in issuing]
 
 
+def _split_main_hoists(edit: PlannedEdit) -> PlannedEdit:
+    """`edit` with the main calls it hoisted out of the join statement (they open the flag-on branch
+    of the join block) each moved into an `if` of its own right before that block, under the
+    block's own condition: the same code run in the same order, where each counts as one main
+    statement of the window, so the side work can be deferred after them (late), between them
+    (interleaved, after:K)."""
+    if not edit.main_hoisted or edit.window is None:
+        return edit
+    start, end = edit.window
+    flat = _flat_body(edit)
+    join_if = flat[end] if end < len(flat) else None
+    n = len(edit.main_hoisted)
+    inner = list(join_if.body.body) if isinstance(join_if, cst.If) and isinstance(join_if.body, cst.IndentedBlock) else []
+    if [id(node) for node in inner[:n]] != [id(node) for node in edit.main_hoisted]:
+        raise NoSchedule(f"{edit.plan.function}: the join block does not open with the main calls hoisted out of the join")
+    assert isinstance(join_if, cst.If)
+    alone = [
+        join_if.with_changes(body=join_if.body.with_changes(body=[node]), orelse=None, leading_lines=())
+        for node in edit.main_hoisted
+    ]
+    alone[0] = alone[0].with_changes(leading_lines=join_if.leading_lines)
+    rest = join_if.with_changes(body=join_if.body.with_changes(body=inner[n:]), leading_lines=())
+    flat = [*flat[:end], *alone, rest, *flat[end + 1 :]]
+    body = _unflat_body(edit, flat, [(end, n)])
+    guarded = edit.guarded_block
+    if guarded is not None and end < guarded[1]:
+        guarded = (guarded[0], guarded[1] + n, guarded[2])
+    new_func = edit.new_func.with_changes(body=edit.new_func.body.with_changes(body=body))
+    return dataclasses.replace(edit, new_func=new_func, window=(start, end + n), guarded_block=guarded,
+                               main_hoisted=tuple(alone))
+
+
 def reschedule(edit: PlannedEdit, schedule: str) -> cst.FunctionDef:
     """The edited function with its side work issued under `schedule`. A phased plan's phases each
     move within their own span: from their issue (the fork, or the re-entry after their anchor) up to
@@ -146,6 +179,7 @@ def reschedule(edit: PlannedEdit, schedule: str) -> cst.FunctionDef:
     why = unsupported(edit.plan)
     if why:
         raise NoSchedule(f"{edit.plan.function}: {why}")
+    edit = _split_main_hoists(edit)
     issues = _issues(edit)
     body = _flat_body(edit)
     mains = _main_positions(edit, issues)
@@ -308,9 +342,15 @@ def _window_lines(edit: PlannedEdit, module: cst.Module, text: str) -> list[tupl
     positions = positions_for(module, edit.plan.function, edit.old_func, text)
     old = list(edit.old_func.body.body)  # type: ignore[union-attr]
     found = []
+    edit = _split_main_hoists(edit)
+    hoisted = {id(node): hoist for node, hoist in zip(edit.main_hoisted, edit.plan.main_hoists)}
     flat = _flat_body(edit)
     issues = _issues(edit) if edit.side_nodes else []
     for stmt in (flat[i] for i in _main_positions(edit, issues)):
+        if id(stmt) in hoisted:  # a main call hoisted out of the join statement: named as written there
+            hoist = hoisted[id(stmt)]
+            found.append((hoist.first_line, " ".join(hoist.source.split()) + " (in the join statement)"))
+            continue
         same = next((s for s in _old_flat(edit, old) if s is stmt or s.deep_equals(stmt)), None)
         line = positions[same].start.line if same is not None and same in positions else 0
         found.append((line, _first_line(stmt)))

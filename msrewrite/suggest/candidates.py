@@ -132,6 +132,8 @@ def select_ops(scope: g.Scope, info: FunctionInfo, plan: OverlapPlan, by_index: 
             side.append(op)
         elif stmt == join and hoists and _under_call(scope, op, info.statements[join], hoists):
             side.append(op)
+        elif stmt == join and plan.main_hoists and _under_call(scope, op, info.statements[join], plan.main_hoists):
+            main.append(op)  # main work hoisted out of the join statement: it runs in the window
         elif stmt in window:
             main.append(op)
     return side, main
@@ -347,6 +349,9 @@ def fx_cross_check(candidate: Candidate, info: FunctionInfo, dag) -> None:
     if candidate.choice.hoist:
         side.append(candidate.choice.hoist[1].callee)
     main = [c.callee for s in window_statements(info, candidate.plan) for c in s.calls]
+    if candidate.plan.main_hoists:  # main work hoisted out of the join statement
+        hoisted = {h.source for h in candidate.plan.main_hoists}
+        main += [c.callee for c in info.statement_at(candidate.plan.join_line).calls if c.source in hoisted]
     candidate.fx_check = independence(dag, side, main)
     level = _LEVELS.index(candidate.confidence)
     if candidate.fx_check == "independent":
