@@ -303,3 +303,12 @@ def test_a_branch_plans_estimate_is_keyed_like_its_ranges(tmp_path: Path) -> Non
     edited.write_text('_ms_range_start("msrewrite:indexer-prolog:q_quant:side", s)\n'
                       '_ms_range_start("msrewrite:indexer-prolog:q-quant-2:main", s)\n')
     assert set(estimates_from(edited)) == {("indexer-prolog", "q_quant"), ("indexer-prolog", "q-quant-2")}
+
+
+def test_the_fixture_plans_file_is_what_make_traces_writes() -> None:
+    """plans.json is a plan file as suggest writes it today: a new plan field must reach it
+    (regenerate with `python tests/fixtures/profile/make_traces.py`)."""
+    from helpers import load_file
+
+    make_traces = load_file(FIX / "make_traces.py", "make_traces")
+    assert json.loads((FIX / "plans.json").read_text()) == json.loads(json.dumps(make_traces.plans()))
