@@ -583,10 +583,13 @@ class _Flattener:
         value = small.value
         cls, namer = self.cls, self.namer
         callee = self_callee(value.func) if isinstance(value, cst.Call) else None
-        if callee and "." not in callee and callee not in self.subclasses and _simple_method(cls, callee) is None:
+        if (isinstance(value, cst.Call) and callee and "." not in callee and callee not in self.subclasses
+                and _simple_method(cls, callee) is None):
             # a helper with `if` blocks (`shared = None; if self.shared_expert is not None: ...`)
             method = _structured_method(cls, callee)
-            inlined = (_inline_structured(value, method, small.targets[0].target.value, namer, self.inlined)  # type: ignore[arg-type]
+            target = small.targets[0].target
+            assert isinstance(target, cst.Name)  # checked at the top
+            inlined = (_inline_structured(value, method, target.value, namer, self.inlined)
                        if method is not None else None)
             if inlined:
                 inlined[0] = inlined[0].with_changes(leading_lines=stmt.leading_lines)
