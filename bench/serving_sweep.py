@@ -85,7 +85,9 @@ def reason_group(reason: str) -> str:
 def sweep_apply(path: Path) -> dict:
     from msrewrite.cases import Options, find_targets
     from msrewrite.codemods import get_case
-    from msrewrite.emit.engine import apply_plans, code_of, locate
+    from msrewrite.emit.engine import apply_plans
+    from msrewrite.emit.locate import locate
+    from msrewrite.emit.templates import code_of
     from msrewrite.errors import MsrewriteError
     from msrewrite.load import load
 
@@ -148,7 +150,8 @@ def _hoisted_out_of_control_flow(module, plan) -> bool:
 
     from msrewrite.analyze.branch import _conditional_calls
     from msrewrite.analyze.positions import positions_for
-    from msrewrite.emit.engine import code_of, locate
+    from msrewrite.emit.locate import locate
+    from msrewrite.emit.templates import code_of
 
     hoists = [s for s in plan.side if s.hoist]
     if not hoists:

@@ -28,7 +28,8 @@ from msrewrite.analyze.seeds import (
 )
 from msrewrite.analyze.summaries import ModuleSummaries
 from msrewrite.analyze.walk import Visitor
-from msrewrite.emit.engine import already_applied, code_of, iter_functions, strip_leading
+from msrewrite.analyze.outline import already_applied, iter_functions
+from msrewrite.emit.templates import code_of, strip_leading
 from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement, StartGate
 
 

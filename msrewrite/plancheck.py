@@ -21,7 +21,8 @@ from msrewrite.analyze.defuse import all_calls, self_callee
 from msrewrite.analyze.positions import positions_for
 from msrewrite.analyze.walk import Visitor
 from msrewrite.cases import Case, Options, branch_plan, check_main_hoists, check_rng_order
-from msrewrite.emit.engine import code_of, locate, strip_leading
+from msrewrite.emit.locate import locate
+from msrewrite.emit.templates import code_of, strip_leading
 from msrewrite.errors import BadInput
 from msrewrite.plan import MODES, OverlapPlan
 

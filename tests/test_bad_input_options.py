@@ -615,10 +615,10 @@ def test_emitter_never_quotes_a_value_by_hand():
 
 
 def test_emission_context_is_built_only_from_the_validated_plan():
-    """engine.plan_edit builds the strategies' Context: every user value in it comes from `plan`
+    """function_edit._context builds the strategies' Context: every user value in it comes from `plan`
     (an OverlapPlan, validated on construction); the other inputs are names read from the source
     or made by the emitter."""
-    tree = ast.parse((ROOT / "msrewrite" / "emit" / "engine.py").read_text())
+    tree = ast.parse((ROOT / "msrewrite" / "emit" / "function_edit.py").read_text())
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Context"]
     assert len(calls) == 1
     # snapshots: plan.protect_inputs (validated) mapped to names the emitter made unique
@@ -631,7 +631,7 @@ def test_emission_context_is_built_only_from_the_validated_plan():
         roots = {n.id for n in ast.walk(keyword.value) if isinstance(n, ast.Name)}
         assert roots <= internal | {"plan"}, (keyword.arg, roots - internal)
     # the start gates are the plan's own (validated) names, or names the emitter made unique
-    function = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "plan_edit")
-    source = ast.get_source_segment((ROOT / "msrewrite" / "emit" / "engine.py").read_text(), function)
+    function = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_start_gates")
+    source = ast.get_source_segment((ROOT / "msrewrite" / "emit" / "function_edit.py").read_text(), function)
     assert "gates.append((side_name, gate.tensor, gate.anchor))" in source
     assert "for gate in plan.start_gates:" in source

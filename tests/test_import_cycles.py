@@ -35,13 +35,6 @@ PACKAGE = ROOT / "msrewrite"
 # Edges (importer, imported) that close a known cycle through lazy imports. Each is to be removed
 # by the work named beside it (#15); remove an entry when its cycle is gone.
 KNOWN_LAZY_CYCLES = {
-    # get_case() inside engine: cases.py -> emit.engine -> codemods -> cases.py (and
-    # codemods.prefill_microbatch -> emit.microbatch -> emit.engine); the case objects of #15
-    # move the lookup out of the emitter.
-    ("msrewrite.emit.engine", "msrewrite.codemods"),
-    # apply_plans() hands a microbatch plan to emit.microbatch, which builds on engine's helpers;
-    # the emitter split of #15 puts the shared pieces below both.
-    ("msrewrite.emit.engine", "msrewrite.emit.microbatch"),
     # derive_source() re-runs apply's case steps: verify -> emit.schedules -> commands.apply ->
     # commands.verify -> verify; the case objects of #15 give schedules the steps without the CLI glue.
     ("msrewrite.emit.schedules", "msrewrite.commands.apply"),

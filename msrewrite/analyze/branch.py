@@ -36,6 +36,7 @@ from msrewrite.analyze.defuse import (
     function_names,
     statement_facts,
 )
+from msrewrite.analyze.outline import unique_name
 from msrewrite.analyze.summaries import Storage
 from msrewrite.analyze.walk import Visitor, walk
 
@@ -122,12 +123,7 @@ def has_seed(node: cst.CSTNode, is_seed: SeedPredicate) -> bool:
 
 
 def _temp_name(callee: str, taken: set[str]) -> str:
-    base = callee.split(".")[-1] + "_output"
-    name, n = base, 2
-    while name in taken:
-        name, n = f"{base}_{n}", n + 1
-    taken.add(name)
-    return name
+    return unique_name(callee.split(".")[-1] + "_output", taken)
 
 
 def find_side_branch(

@@ -10,14 +10,11 @@ safe), which gives a statement-level DAG per function.
 from __future__ import annotations
 
 import ast
-import re
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import libcst as cst
-from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionProvider
-from libcst.metadata.position_provider import PositionProvidingCodegenState
+from libcst.metadata import MetadataWrapper, PositionProvider
 
 from msrewrite.analyze.digraph import DiGraph
 from msrewrite.analyze.positions import function_positions
@@ -95,18 +92,7 @@ class FunctionInfo:
         readers: dict[str, list[int]] = {}
         state_writer: int | None = None
         for stmt in self.statements:
-            for name in stmt.uses | stmt.mutates:
-                for source in (last_def.get(name), last_write.get(name)):
-                    if source is not None:
-                        _link(dag, source, stmt.index, "data" if source == last_def.get(name) else "state", name)
-            for name in stmt.mutates:  # write-after-read on the same object is a true hazard
-                for reader in readers.get(name, []):
-                    _link(dag, reader, stmt.index, "state", name)
-            if not renaming:
-                for name in stmt.defs:
-                    for other in [*readers.get(name, []), last_def.get(name)]:
-                        if other is not None:
-                            _link(dag, other, stmt.index, "name", name)
+            _link_names(dag, stmt, last_def, last_write, readers, renaming)
             if stmt.writes_self or stmt.exits:
                 if state_writer is not None:
                     _link(dag, state_writer, stmt.index, "state", "self")
@@ -122,6 +108,23 @@ class FunctionInfo:
                 readers[name] = []
         dag.remove_edges_from([(u, v) for u, v in dag.edges if u == v])
         return dag
+
+
+def _link_names(dag: DiGraph, stmt: Statement, last_def: dict[str, int], last_write: dict[str, int],
+                readers: dict[str, list[int]], renaming: bool) -> None:
+    """The edges into `stmt` through the names it reads, writes in place and (without renaming) binds."""
+    for name in stmt.uses | stmt.mutates:
+        for source in (last_def.get(name), last_write.get(name)):
+            if source is not None:
+                _link(dag, source, stmt.index, "data" if source == last_def.get(name) else "state", name)
+    for name in stmt.mutates:  # write-after-read on the same object is a true hazard
+        for reader in readers.get(name, []):
+            _link(dag, reader, stmt.index, "state", name)
+    if not renaming:
+        for name in stmt.defs:
+            for other in [*readers.get(name, []), last_def.get(name)]:
+                if other is not None:
+                    _link(dag, other, stmt.index, "name", name)
 
 
 def _link(dag: DiGraph, u: int, v: int, kind: str, name: str) -> None:
@@ -195,7 +198,7 @@ def analyze_source(text: str, path: Path = Path("<memory>")) -> ModuleInfo:
 # (see suggest/candidates.py `_static_choice`). An `ast` pass (several times cheaper than libcst)
 # finds those forwards; libcst then parses each of them alone (cut out of the file, under a stub
 # `class _:` header, so lines and indentation are the file's) and line numbers come from rendering
-# that one function alone (`_function_lines`, the idea of analyze/positions.py), never from a
+# that one function alone (analyze/positions.py `function_positions`), never from a
 # whole-file PositionProvider pass. Statement text is rendered as before. A file without
 # such a forward never reaches libcst. Whatever the cut-out parse could render differently from
 # the whole-file parse (another default indent, "\r" newlines) falls back to the whole-file parse.
@@ -221,7 +224,7 @@ def analyze_static(path: Path) -> ModuleInfo:
         if parsed is None:
             parsed = _parse_whole(text, path, wanted)
         for qualname, (func, def_line) in parsed.items():
-            functions[qualname] = _function_info(qualname, func, _function_lines(func, def_line), def_line)
+            functions[qualname] = _function_info(qualname, func, function_positions(func, def_line), def_line)
     return ModuleInfo(path=path, functions=functions, classes=classes, module_names=frozenset(module_names))
 
 
@@ -230,7 +233,7 @@ def _ast_outline(tree: ast.Module):
     body, function node)} to analyse), the first two as analyze_source finds them."""
     classes: dict[str, list[str]] = {}
     names: set[str] = set()
-    last: dict[str, tuple[int, int, ast.AST]] = {}  # the last definition wins, as in analyze_source
+    last: dict[str, tuple[int, int, ast.FunctionDef | ast.AsyncFunctionDef]] = {}  # the last definition wins, as in analyze_source
     for top, node in enumerate(tree.body):
         if isinstance(node, ast.ClassDef):
             names.add(node.name)
@@ -273,7 +276,7 @@ def _self_call_sites(func: ast.AST) -> int:
     return count
 
 
-def _first_line(node: ast.AST) -> int:
+def _first_line(node: ast.stmt) -> int:
     return min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", ()))])
 
 
@@ -357,69 +360,6 @@ def _parse_whole(text: str, path: Path, wanted) -> dict[str, tuple[cst.FunctionD
     return found
 
 
-_NEWLINE = re.compile(r"\r\n?|\n")
-
-
-class _LineState(PositionProvidingCodegenState):
-    """PositionProvider's codegen state keeping line numbers only (what the analysis reads).
-
-    Same rules as libcst's (a node's range is its tokens, or the syntactic range the node
-    records, which wins), without the column bookkeeping and a CodeRange per node.
-    """
-
-    __slots__ = ()
-
-    def _update_position(self, value: str) -> None:
-        if "\r" in value:
-            self.line += len(_NEWLINE.split(value)) - 1
-        elif "\n" in value:
-            self.line += value.count("\n")
-
-    def before_codegen(self, node: cst.CSTNode) -> None:
-        self._stack.append(self.line)
-
-    def after_codegen(self, node: cst.CSTNode) -> None:
-        start = self._stack.pop()
-        computed = self.provider._computed
-        if node not in computed:
-            computed[node] = (start, self.line)
-
-    @contextmanager
-    def record_syntactic_position(self, node, *, start_node=None, end_node=None):
-        start = self.line
-        try:
-            yield
-        finally:
-            computed = self.provider._computed
-            end = computed[end_node][1] if end_node is not None else self.line
-            computed[node] = (computed[start_node][0] if start_node is not None else start, end)
-
-
-class _ShiftedLines:
-    """`positions[node]` for the nodes of one function rendered alone, in the file's lines."""
-
-    def __init__(self, lines: dict, shift: int) -> None:
-        self.lines, self.shift = lines, shift
-
-    def __getitem__(self, node: cst.CSTNode) -> CodeRange:
-        first, last = self.lines[node]
-        return CodeRange(CodePosition(first + self.shift, 0), CodePosition(last + self.shift, 0))
-
-
-def _function_lines(func: cst.FunctionDef, def_line: int):
-    """Line ranges of `func`'s nodes, like analyze/positions.py `function_positions` (render the
-    function alone, shift by its `def` line), much cheaper: lines only, no CodeRange per node,
-    no extra visit of the tree, shifted only for the nodes looked up."""
-    bare = func.with_changes(leading_lines=(), decorators=(), lines_after_decorators=())
-    try:
-        provider = PositionProvider()
-        state = _LineState(default_indent="    ", default_newline="\n", provider=provider)
-        cst.Module(body=[bare])._codegen(state)
-    except (AttributeError, TypeError):  # libcst internals moved: the public helper
-        return function_positions(func, def_line)
-    return _ShiftedLines(provider._computed, def_line - 1)
-
-
 def _top_level_names(node: cst.CSTNode) -> set[str]:
     names: set[str] = set()
     if isinstance(node, cst.SimpleStatementLine):
@@ -437,7 +377,7 @@ def _function_info(qualname: str, func: cst.FunctionDef, positions, first_line: 
     """`positions` covers `func`'s nodes; without `first_line` it must also cover `func` itself."""
     params = tuple(p.name.value for p in _all_params(func.params))
     body = func.body.body if isinstance(func.body, cst.IndentedBlock) else ()
-    statements = []
+    statements: list[Statement] = []
     for index, node in enumerate(body):
         if _is_docstring(node, index):
             continue
@@ -631,10 +571,10 @@ class _Collector(Visitor):
         node.value.visit(self)  # keyword names are not variables
         return False
 
-    def visit_Return(self, node: cst.Return) -> None:
+    def visit_Return(self, _node: cst.Return) -> None:
         self.exits = True
 
-    def visit_Yield(self, node: cst.Yield) -> None:
+    def visit_Yield(self, _node: cst.Yield) -> None:
         self.exits = True
 
     def visit_Call(self, node: cst.Call) -> None:
@@ -664,10 +604,10 @@ class _Collector(Visitor):
                 )
             )
 
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+    def visit_FunctionDef(self, _node: cst.FunctionDef) -> bool:
         return False
 
-    def visit_Lambda(self, node: cst.Lambda) -> bool:
+    def visit_Lambda(self, _node: cst.Lambda) -> bool:
         return False
 
 

@@ -46,9 +46,6 @@ class StatementFacts:
     rng: bool = False
     stream: bool = False
 
-    def calls_self(self, names: set[str]) -> bool:
-        return any(callee.split(".")[0] in names for callee in self.self_calls)
-
 
 # 'self.shared_expert.down_proj' for an attribute chain of names, else None (one implementation,
 # in the effects table, which this module builds on)

@@ -8,11 +8,11 @@ function alone and shifts the result by where `ast` (cheap) says the function st
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping
 from functools import lru_cache
 
 import libcst as cst
 from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionProvider
-from libcst.metadata.position_provider import PositionProvidingCodegenState
 
 
 def _functions(text: str):
@@ -80,14 +80,11 @@ def function_positions(func: cst.FunctionDef, def_line: int) -> dict[cst.CSTNode
     }
 
 
-def _positions(module: cst.Module) -> dict[cst.CSTNode, CodeRange]:
-    """MetadataWrapper(module).resolve(PositionProvider), which is this one rendering of the
-    module; the wrapper would also walk (and copy) the module for batched providers, of which
-    there are none here."""
-    provider = PositionProvider()
-    provider._computed = {}
-    module._codegen(PositionProvidingCodegenState(module.default_indent, module.default_newline, provider))
-    return provider._computed
+def _positions(module: cst.Module) -> Mapping[cst.CSTNode, CodeRange]:
+    """PositionProvider's ranges: one rendering of the module (PositionProvider is no batched
+    provider, so the wrapper does not walk the module, and it is told not to copy it: the ranges
+    are those of the very nodes)."""
+    return MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
 
 
 _recent: list[tuple[cst.FunctionDef, int, dict]] = []  # analysis and emitter ask for the same function

@@ -15,7 +15,9 @@ from msrewrite import validate
 from msrewrite.analyze.seeds import find_helpers
 from msrewrite.analyze.walk import Visitor
 from msrewrite.cases import Case, Options, find_targets
-from msrewrite.emit.engine import apply_plans, iter_functions, locate
+from msrewrite.analyze.outline import iter_functions
+from msrewrite.emit.engine import apply_plans
+from msrewrite.emit.locate import locate
 from msrewrite.emit.torchair_config import records_config
 from msrewrite.errors import EXIT_OK, BadInput, EmptyFile, NothingToDo
 from msrewrite.load import git_root, load, read_source
@@ -121,8 +123,6 @@ def plans_for_case(
     if target:
         chosen = [t for t in targets if _match_target(t.function, target)]
         if not chosen:
-            from msrewrite.emit.engine import iter_functions
-
             if not any(_match_target(name, target) for name, _f, _c in iter_functions(module)):
                 raise BadInput(f"--target {target}: no such function in {file}")
             raise NothingToDo(f"{target}: no {case.name} branch in this function")

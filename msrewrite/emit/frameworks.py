@@ -190,6 +190,20 @@ def _compiled_roots(module: cst.Module) -> dict[str, str]:
 _FULLGRAPH_KEYWORD = re.compile(r"\bfullgraph\s*=")  # `fullgraph=`, not `_can_compile_fullgraph =`
 
 
+def _built_classes(cls: cst.ClassDef, classes: set[str]) -> set[str]:
+    """The classes among `classes` that `cls` calls (builds)."""
+    found: set[str] = set()
+
+    class _Calls(Visitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            callee = _callee_name(call)
+            if callee in classes:
+                found.add(callee)
+
+    cls.visit(_Calls())
+    return found
+
+
 def fullgraph_region(module: cst.Module, qualified: str, text: str | None = None) -> str | None:
     """How `qualified` ("Class.method" or "function") runs inside a fullgraph compile, else None.
     A class is inside when a compiled class constructs it, directly or through other classes of the
@@ -209,16 +223,7 @@ def fullgraph_region(module: cst.Module, qualified: str, text: str | None = None
     classes = {s.name.value: s for s in module.body if isinstance(s, cst.ClassDef)}
     builds: dict[str, set[str]] = {}
     for name, cls in classes.items():
-        found: set[str] = set()
-
-        class _Calls(Visitor):
-            def visit_Call(self, call: cst.Call) -> None:
-                callee = _callee_name(call)
-                if callee in classes:
-                    found.add(callee)
-
-        cls.visit(_Calls())
-        builds[name] = found - {name}
+        builds[name] = _built_classes(cls, set(classes)) - {name}
     for root, how in roots.items():
         seen, todo = set(), [root]
         while todo:

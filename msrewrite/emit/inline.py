@@ -16,8 +16,8 @@ statements ending in `return` is left as a call.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import libcst as cst
 
@@ -130,12 +130,12 @@ class _Rebase(cst.CSTTransformer):
     def leave_Arg(self, original, updated):
         return updated.with_changes(keyword=original.keyword)
 
-    def leave_Name(self, original, updated):
+    def leave_Name(self, _original, updated):
         if updated.value in self.values:
             return self.values[updated.value]
         return updated.with_changes(value=self.renames[updated.value]) if updated.value in self.renames else updated
 
-    def leave_BooleanOperation(self, original, updated):
+    def leave_BooleanOperation(self, _original, updated):
         """`False or False` (two defaults) -> `False`: constants folded where a default made them."""
         left, right = (_literal_bool(updated.left), _literal_bool(updated.right))
         if left is None or right is None:
@@ -166,7 +166,7 @@ def _bind_params(call: cst.Call, params: list[cst.Param]) -> tuple[list[tuple[cs
     rest = params[len(call.args):]
     if any(not _constant(p.default) for p in rest):
         return None
-    return list(zip(params, call.args)), rest
+    return list(zip(params, call.args, strict=False)), rest  # params beyond the args: `rest`
 
 
 def _submodule_classes(cls: cst.ClassDef) -> dict[str, str]:
@@ -205,7 +205,10 @@ def _fold_named_return(body: list[cst.BaseStatement]) -> list[cst.BaseStatement]
     """`x = expr; return x` -> `return expr`, so the caller's own name receives the value."""
     if len(body) < 2:
         return body
-    last, before = body[-1].body[0], body[-2].body  # type: ignore[union-attr]
+    tail, prev = body[-1], body[-2]
+    if not (isinstance(tail, cst.SimpleStatementLine) and isinstance(prev, cst.SimpleStatementLine)):
+        return body
+    last, before = tail.body[0], prev.body
     if (
         isinstance(last, cst.Return)
         and isinstance(last.value, cst.Name)
@@ -215,7 +218,7 @@ def _fold_named_return(body: list[cst.BaseStatement]) -> list[cst.BaseStatement]
         and isinstance(before[0].targets[0].target, cst.Name)
         and before[0].targets[0].target.value == last.value.value
     ):
-        folded = body[-1].with_changes(body=[last.with_changes(value=before[0].value)])  # type: ignore[union-attr]
+        folded = tail.with_changes(body=[last.with_changes(value=before[0].value)])
         return [*body[:-2], folded]
     return body
 
@@ -226,7 +229,7 @@ def _inline_call(
     forward: cst.FunctionDef,
     namer: _Namer,
     out: list[cst.BaseStatement],
-    inline: "Inliner | None" = None,
+    inline: Inliner | None = None,
 ) -> cst.BaseExpression | None:
     """The statements of `forward` for `call` appended to `out`, its result returned; `sub` is the
     submodule `self` stands for inside it (None: a method of the caller's own class)."""
@@ -235,15 +238,35 @@ def _inline_call(
         return None
     given, defaulted = bound
     params = [p.name.value for p in forward.params.params][1:]
-    body = list(forward.body.body)  # type: ignore[union-attr]
-    body = _fold_named_return(body)
+    body = _fold_named_return(_block(forward))
     prefix = f"{sub}_" if sub else ""
     stored = set()
     for stmt in body[:-1]:
         stored |= node_facts(stmt).stores
+    renames, values = _bind_arguments(given, defaulted, stored, _sequential(body[:-1]), prefix, namer, out)
+    if _sequential(body[:-1]):
+        return _inline_sequential(body, sub, prefix, given, defaulted, renames, values, namer, out, inline)
+    local_names = function_names(forward.body) - set(params) - {"self"}
+    for name in sorted(stored & local_names):
+        renames[name] = namer(f"{prefix}{name}", suffix="")
+    rebase = _Rebase(sub, renames, values)
+    for stmt in body[:-1]:
+        for small in _line(stmt.visit(rebase)).body:
+            if isinstance(small, cst.Assign) and len(small.targets) == 1:
+                value = flatten(small.value, namer, out, False, inline)
+                out.append(cst.SimpleStatementLine(body=[small.with_changes(value=_bare(value))]))
+            else:
+                out.append(cst.SimpleStatementLine(body=[small]))
+    result = _expression(_returned(body[-1]).visit(rebase))
+    return flatten(result, namer, out, False, inline)
+
+
+def _bind_arguments(given, defaulted, stored: set[str], sequential: bool, prefix: str, namer: _Namer,
+                    out: list[cst.BaseStatement]) -> tuple[dict[str, str], dict[str, cst.BaseExpression]]:
+    """(parameter -> the caller's name for it, parameter -> the constant it defaults to); the
+    arguments that need a local of their own are assigned to one in `out`."""
     renames: dict[str, str] = {}
     values: dict[str, cst.BaseExpression] = {}
-    sequential = _sequential(body[:-1])
     for param_node, arg in given:
         param = param_node.name.value
         value = flatten(arg.value, namer, out, True)
@@ -259,41 +282,34 @@ def _inline_call(
             out.append(_assign(renames[param], param_node.default))  # type: ignore[arg-type]
         else:
             values[param] = param_node.default  # type: ignore[assignment]
-    if _sequential(body[:-1]):
-        # one name per binding, in order: a parameter the forward rebinds reads the caller's
-        # argument until then (`x = self.act_fn(gate_up)` -> `shared_expert_x = ...`), no copy first
-        current = {p.name.value: (renames.get(p.name.value) or p.name.value) for p, _ in given}
-        consts = {k: v for k, v in values.items()}
-        for param_node in defaulted:
-            if param_node.name.value in renames:
-                current[param_node.name.value] = renames[param_node.name.value]
-        for stmt in body[:-1]:
-            small = stmt.body[0]  # type: ignore[union-attr]
-            value = small.value.visit(_Rebase(sub, current, consts))
-            value = flatten(value, namer, out, False, inline)
-            for name in sorted(node_facts(stmt).stores):
-                consts.pop(name, None)
-                if name == "_":  # a discarded value: `_` itself when the function never binds or reads it
-                    current[name] = "_" if namer.keeps_underscore else namer(f"_{prefix}unused", suffix="")
-                else:
-                    current[name] = namer(f"{prefix}{name}", suffix="")
-            target = small.targets[0].target.visit(_Rebase(sub, current, {}))
-            out.append(cst.SimpleStatementLine(body=[small.with_changes(
-                targets=[small.targets[0].with_changes(target=target)], value=_bare(value))]))
-        result = body[-1].body[0].value.visit(_Rebase(sub, current, consts))  # type: ignore[union-attr]
-        return flatten(result, namer, out, False, inline)
-    local_names = function_names(forward.body) - set(params) - {"self"}
-    for name in sorted(stored & local_names):
-        renames[name] = namer(f"{prefix}{name}", suffix="")
-    rebase = _Rebase(sub, renames, values)
+    return renames, values
+
+
+def _inline_sequential(body, sub, prefix, given, defaulted, renames, values, namer: _Namer,
+                       out: list[cst.BaseStatement], inline) -> cst.BaseExpression | None:
+    """A forward of one assignment per statement: one name per binding, in order. A parameter the
+    forward rebinds reads the caller's argument until then (`x = self.act_fn(gate_up)` ->
+    `shared_expert_x = ...`), no copy first."""
+    current = {p.name.value: (renames.get(p.name.value) or p.name.value) for p, _ in given}
+    consts = {k: v for k, v in values.items()}
+    for param_node in defaulted:
+        if param_node.name.value in renames:
+            current[param_node.name.value] = renames[param_node.name.value]
     for stmt in body[:-1]:
-        for small in stmt.visit(rebase).body:  # type: ignore[union-attr]
-            if isinstance(small, cst.Assign) and len(small.targets) == 1:
-                value = flatten(small.value, namer, out, False, inline)
-                out.append(cst.SimpleStatementLine(body=[small.with_changes(value=_bare(value))]))
+        small = _line(stmt).body[0]
+        assert isinstance(small, cst.Assign)  # _sequential
+        value = _expression(small.value.visit(_Rebase(sub, current, consts)))
+        value = flatten(value, namer, out, False, inline)
+        for name in sorted(node_facts(stmt).stores):
+            consts.pop(name, None)
+            if name == "_":  # a discarded value: `_` itself when the function never binds or reads it
+                current[name] = "_" if namer.keeps_underscore else namer(f"_{prefix}unused", suffix="")
             else:
-                out.append(cst.SimpleStatementLine(body=[small]))
-    result = body[-1].body[0].value.visit(rebase)  # type: ignore[union-attr]
+                current[name] = namer(f"{prefix}{name}", suffix="")
+        target = small.targets[0].target.visit(_Rebase(sub, current, {}))
+        out.append(cst.SimpleStatementLine(body=[small.with_changes(
+            targets=[small.targets[0].with_changes(target=target)], value=_bare(value))]))
+    result = _expression(_returned(body[-1]).visit(_Rebase(sub, current, consts)))
     return flatten(result, namer, out, False, inline)
 
 
@@ -323,7 +339,7 @@ def _straight_line(item: cst.FunctionDef) -> bool:
     body = item.body.body if isinstance(item.body, cst.IndentedBlock) else []
     if not body or not all(isinstance(s, cst.SimpleStatementLine) for s in body):
         return False
-    last = body[-1].body  # type: ignore[union-attr]
+    last = _line(body[-1]).body
     if len(last) != 1 or not isinstance(last[0], cst.Return) or last[0].value is None:
         return False
     params = item.params
@@ -394,6 +410,37 @@ def _has_any(node: cst.CSTNode, kinds: tuple) -> bool:
     return found
 
 
+def _block(func: cst.FunctionDef) -> list[cst.BaseStatement]:
+    """The statements of a function the checks here found to have an indented body."""
+    assert isinstance(func.body, cst.IndentedBlock)
+    return list(func.body.body)
+
+
+def _statement(node: object) -> cst.BaseStatement:
+    """A statement a rewrite of it returned (the rewrites here never remove one)."""
+    assert isinstance(node, cst.BaseStatement)
+    return node
+
+
+def _expression(node: object) -> cst.BaseExpression:
+    """An expression a rename returned (renames never remove one)."""
+    assert isinstance(node, cst.BaseExpression)
+    return node
+
+
+def _line(node: object) -> cst.SimpleStatementLine:
+    """A statement the checks here found to be a simple line."""
+    assert isinstance(node, cst.SimpleStatementLine)
+    return node
+
+
+def _returned(stmt: cst.BaseStatement) -> cst.BaseExpression:
+    """The value of the `return <value>` line that ends a function the checks here accepted."""
+    ret = _line(stmt).body[0]
+    assert isinstance(ret, cst.Return) and ret.value is not None
+    return ret.value
+
+
 def _without_docstring(body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
     first = body[0] if body else None
     if isinstance(first, cst.SimpleStatementLine) and len(first.body) == 1 and isinstance(first.body[0], cst.Expr) \
@@ -414,8 +461,8 @@ def _inline_structured(
     if bound is None:
         return None
     given, defaulted = bound
-    body = _without_docstring(list(method.body.body))  # type: ignore[union-attr]
-    result = body[-1].body[0].value  # type: ignore[union-attr]
+    body = _without_docstring(_block(method))
+    result = _returned(body[-1])
     stored: set[str] = set()
     for stmt in body[:-1]:
         stored |= node_facts(stmt).stores
@@ -447,8 +494,8 @@ def _inline_structured(
         else:
             renames[name] = namer(name, suffix="")
     rebase = _Rebase(None, renames, values)
-    out += flatten_block([stmt.visit(rebase) for stmt in body[:-1]])
-    final = result.visit(rebase)
+    out += flatten_block([_statement(stmt.visit(rebase)) for stmt in body[:-1]])
+    final = _expression(result.visit(rebase))
     if not (isinstance(final, cst.Name) and final.value == target):
         out += flatten_block([_assign(target, final)])
     return out
@@ -461,49 +508,60 @@ def inline_and_flatten(
     its `self.<sub>(...)` calls inlined where the submodule's forward allows it; a helper method
     of the same class (`self._forward_shared_experts(x)`) is inlined with `self` unchanged. Side
     statements in the block of a top-level `if` (a guarded shared expert) are flattened too."""
-    subclasses = _submodule_classes(cls) if cls is not None else {}
-    namer = _Namer(function_names(func), keeps_underscore="_" not in function_names(func))
+    flattener = _Flattener(module, cls, func, is_seed)
+    return func.with_changes(body=func.body.with_changes(body=flattener.statements(flattener.top)))
 
-    def in_block(block: cst.BaseSuite) -> cst.BaseSuite:
+
+class _Flattener:
+    """inline_and_flatten's walk over one function (one namer for all of it)."""
+
+    def __init__(
+        self, module: cst.Module, cls: cst.ClassDef | None, func: cst.FunctionDef, is_seed: Callable[[str], bool]
+    ) -> None:
+        self.module, self.cls, self.is_seed = module, cls, is_seed
+        assert isinstance(func.body, cst.IndentedBlock)  # the edited function's body is a block (plan_edit)
+        self.top = func.body.body
+        self.subclasses = _submodule_classes(cls) if cls is not None else {}
+        self.namer = _Namer(function_names(func), keeps_underscore="_" not in function_names(func))
+
+    def in_block(self, block: cst.BaseSuite) -> cst.BaseSuite:
         if not isinstance(block, cst.IndentedBlock):
             return block
-        return block.with_changes(body=flatten_statements(block.body))
+        return block.with_changes(body=self.statements(block.body))
 
-    def flatten_statements(statements) -> list[cst.BaseStatement]:
+    def statements(self, statements) -> list[cst.BaseStatement]:
         new_body: list[cst.BaseStatement] = []
         for stmt in statements:
-            if isinstance(stmt, cst.If) and statements is func.body.body:  # type: ignore[union-attr]
+            if isinstance(stmt, cst.If) and statements is self.top:
                 orelse = stmt.orelse
                 if isinstance(orelse, cst.Else):
-                    orelse = orelse.with_changes(body=in_block(orelse.body))
-                new_body.append(stmt.with_changes(body=in_block(stmt.body), orelse=orelse))
+                    orelse = orelse.with_changes(body=self.in_block(orelse.body))
+                new_body.append(stmt.with_changes(body=self.in_block(stmt.body), orelse=orelse))
                 continue
-            new_body += flatten_statement(stmt)
+            new_body += self.statement(stmt)
         return new_body
 
-    def flatten_inlined(statements) -> list[cst.BaseStatement]:
+    def inlined(self, statements) -> list[cst.BaseStatement]:
         """An inlined helper's statements: assignments flattened, `if` blocks too, at any depth."""
         new_body: list[cst.BaseStatement] = []
         for stmt in statements:
             if isinstance(stmt, cst.If):
-                new_body.append(flatten_inlined_if(stmt))
+                new_body.append(self.inlined_if(stmt))
             else:
-                new_body += flatten_statement(stmt)
+                new_body += self.statement(stmt)
         return new_body
 
-    def flatten_inlined_if(node: cst.If) -> cst.If:
+    def inlined_if(self, node: cst.If) -> cst.If:
         orelse = node.orelse
         if isinstance(orelse, cst.If):
-            orelse = flatten_inlined_if(orelse)
+            orelse = self.inlined_if(orelse)
         elif isinstance(orelse, cst.Else):
-            orelse = orelse.with_changes(body=orelse.body.with_changes(body=flatten_inlined(orelse.body.body)))
-        return node.with_changes(body=node.body.with_changes(body=flatten_inlined(node.body.body)), orelse=orelse)
+            orelse = orelse.with_changes(body=orelse.body.with_changes(body=self.inlined(orelse.body.body)))
+        return node.with_changes(body=node.body.with_changes(body=self.inlined(node.body.body)), orelse=orelse)
 
-    def flatten_statement(stmt: cst.BaseStatement) -> list[cst.BaseStatement]:
-        small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
-        if not (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name)):
-            return [stmt]
-        seeds = []
+    def _seeds(self, value: cst.BaseExpression) -> list[cst.Call]:
+        seeds: list[cst.Call] = []
+        is_seed = self.is_seed
 
         class _Seeds(Visitor):
             def visit_Call(self, node: cst.Call) -> None:
@@ -511,32 +569,33 @@ def inline_and_flatten(
                 if callee and is_seed(callee):
                     seeds.append(node)
 
-        small.value.visit(_Seeds())
-        if not seeds:
+        value.visit(_Seeds())
+        return seeds
+
+    def statement(self, stmt: cst.BaseStatement) -> list[cst.BaseStatement]:
+        if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+            return [stmt]
+        small = stmt.body[0]
+        if not (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name)):
+            return [stmt]
+        if not self._seeds(small.value):
             return [stmt]
         value = small.value
+        cls, namer = self.cls, self.namer
         callee = self_callee(value.func) if isinstance(value, cst.Call) else None
-        if callee and "." not in callee and callee not in subclasses and _simple_method(cls, callee) is None:
+        if (isinstance(value, cst.Call) and callee and "." not in callee and callee not in self.subclasses
+                and _simple_method(cls, callee) is None):
             # a helper with `if` blocks (`shared = None; if self.shared_expert is not None: ...`)
             method = _structured_method(cls, callee)
-            inlined = (_inline_structured(value, method, small.targets[0].target.value, namer, flatten_inlined)  # type: ignore[union-attr]
+            target = small.targets[0].target
+            assert isinstance(target, cst.Name)  # checked at the top
+            inlined = (_inline_structured(value, method, target.value, namer, self.inlined)
                        if method is not None else None)
             if inlined:
                 inlined[0] = inlined[0].with_changes(leading_lines=stmt.leading_lines)
                 return inlined
         out: list[cst.BaseStatement] = []
-
-        def inline(call: cst.Call, namer: _Namer, out: list) -> cst.BaseExpression | None:
-            callee = self_callee(call.func)
-            if not callee or "." in callee or not is_seed(callee):
-                return None
-            if callee in subclasses:
-                forward = _simple_forward(module, subclasses[callee])
-                return _inline_call(call, callee, forward, namer, out) if forward is not None else None
-            method = _simple_method(cls, callee)  # a helper method: its body, `self` unchanged
-            return _inline_call(call, None, method, namer, out, inline) if method is not None else None
-
-        value = flatten(small.value, namer, out, False, inline)
+        value = flatten(small.value, namer, out, False, self.inline)
         out.append(
             cst.SimpleStatementLine(
                 body=[small.with_changes(value=_bare(value))], trailing_whitespace=stmt.trailing_whitespace
@@ -545,4 +604,12 @@ def inline_and_flatten(
         out[0] = out[0].with_changes(leading_lines=stmt.leading_lines)
         return out
 
-    return func.with_changes(body=func.body.with_changes(body=flatten_statements(func.body.body)))  # type: ignore[union-attr]
+    def inline(self, call: cst.Call, namer: _Namer, out: list) -> cst.BaseExpression | None:
+        callee = self_callee(call.func)
+        if not callee or "." in callee or not self.is_seed(callee):
+            return None
+        if callee in self.subclasses:
+            forward = _simple_forward(self.module, self.subclasses[callee])
+            return _inline_call(call, callee, forward, namer, out) if forward is not None else None
+        method = _simple_method(self.cls, callee)  # a helper method: its body, `self` unchanged
+        return _inline_call(call, None, method, namer, out, self.inline) if method is not None else None

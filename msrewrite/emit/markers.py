@@ -32,6 +32,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
+from msrewrite.analyze.outline import unique_name
 from msrewrite.analyze.walk import Visitor
 from msrewrite.errors import BadInput
 from msrewrite.plan import OverlapPlan
@@ -84,9 +85,12 @@ def _is_stream_with(stmt: cst.CSTNode, api: str) -> str | None:
     if not isinstance(stmt, cst.With) or len(stmt.items) != 1:
         return None
     call = stmt.items[0].item
-    if m.matches(call, m.Call(func=m.Attribute(value=m.Attribute(value=m.Name("torch"), attr=m.Name(api)),
-                                               attr=m.Name("stream")), args=[m.Arg(value=m.Name())])):
-        return call.args[0].value.value  # type: ignore[union-attr]
+    if isinstance(call, cst.Call) and m.matches(
+        call, m.Call(func=m.Attribute(value=m.Attribute(value=m.Name("torch"), attr=m.Name(api)),
+                                      attr=m.Name("stream")), args=[m.Arg(value=m.Name())])
+    ):
+        stream = call.args[0].value
+        return stream.value if isinstance(stream, cst.Name) else None
     return None
 
 
@@ -115,14 +119,14 @@ class _Mark(cst.CSTTransformer):
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self.path.append(node.name.value)
 
-    def leave_ClassDef(self, original, updated):
+    def leave_ClassDef(self, _original, updated):
         self.path.pop()
         return updated
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.path.append(node.name.value)
 
-    def leave_FunctionDef(self, original, updated):
+    def leave_FunctionDef(self, _original, updated):
         qualname = ".".join(self.path)
         self.path.pop()
         plans = self.plans.get(qualname)
@@ -136,7 +140,7 @@ class _Mark(cst.CSTTransformer):
         return updated
 
     def _mark(self, func: cst.FunctionDef, plan: OverlapPlan, stream: str, qualname: str) -> cst.FunctionDef:
-        side_id, main_id = _unique("side_range", self.taken), _unique("main_range", self.taken)
+        side_id, main_id = unique_name("side_range", self.taken), unique_name("main_range", self.taken)
         state = {"fork": False, "join": False}
         api = self.api
         current = f"torch.{api}.current_stream()"  # the main stream at the fork, whatever the edit named it
@@ -170,9 +174,9 @@ class _Mark(cst.CSTTransformer):
 
 def _hoisted_main(body: list[cst.BaseStatement], plan: OverlapPlan) -> int:
     """How many statements at the top of the join block assign the plan's main hoists' temporaries."""
-    temps = [h.hoist for h in plan.main_hoists]
+    temps = [h.hoist or "" for h in plan.main_hoists]  # OverlapPlan gives every main hoist its temporary
     count = 0
-    for stmt, temp in zip(body, temps):
+    for stmt, temp in zip(body, temps, strict=False):  # the block holds more than the hoists
         if not m.matches(stmt, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=m.Name(temp))])])):
             break
         count += 1
@@ -181,7 +185,7 @@ def _hoisted_main(body: list[cst.BaseStatement], plan: OverlapPlan) -> int:
 
 def _joins(body: list[cst.BaseStatement], stream: str) -> bool:
     """The join block: it waits for the side stream (`cur.wait_stream(side)` or an event the side recorded)."""
-    code = cst.Module(body=body).code
+    code = "".join(cst.Module(body=[]).code_for_node(stmt) for stmt in body)
     return f".wait_stream({stream})" in code or f".record({stream})" in code
 
 
@@ -206,15 +210,6 @@ def _plan_stream(func: cst.FunctionDef, plan: OverlapPlan) -> str | None:
     return found[0] if found else None
 
 
-def _unique(base: str, taken: set[str]) -> str:
-    name, k = base, 1
-    while name in taken:
-        k += 1
-        name = f"{base}_{k}"
-    taken.add(name)
-    return name
-
-
 def add(text: str, plans: list[OverlapPlan]) -> str:
     """The edited module `text` with ranges around each plan's windows, and the two helpers."""
     if not plans:
@@ -228,7 +223,7 @@ def add(text: str, plans: list[OverlapPlan]) -> str:
     by_function: dict[str, list[OverlapPlan]] = {}
     for plan in plans:
         by_function.setdefault(plan.function, []).append(plan)
-    taken = {n.value for n in m.findall(module, m.Name())}  # type: ignore[union-attr]
+    taken = {n.value for n in m.findall(module, m.Name()) if isinstance(n, cst.Name)}
     marked = module.visit(_Mark(by_function, "cuda" if mode == "cuda" else "npu", taken))
     helpers = list(cst.parse_module(HELPERS[mode].replace("\n", module.default_newline)).body)
     body = list(marked.body)
@@ -251,7 +246,7 @@ def remove(text: str) -> str:
         return isinstance(call, cst.Call) and m.matches(call.func, m.Name(START) | m.Name(END))
 
     class Strip(cst.CSTTransformer):
-        def leave_IndentedBlock(self, original, updated):
+        def leave_IndentedBlock(self, _original, updated):
             body = [s for s in updated.body if not is_range_line(s)]
             return updated.with_changes(body=body) if len(body) != len(updated.body) else updated
 

@@ -27,7 +27,9 @@ from msrewrite.analyze.defuse import is_docstring, node_facts
 from msrewrite.analyze.microbatch import Stage, assigned_attributes, is_collective, stale_plan
 from msrewrite.analyze.positions import positions_for
 from msrewrite.emit import frameworks
-from msrewrite.emit.engine import code_of, strip_leading
+from msrewrite.emit.module_helpers import add_helpers
+from msrewrite.emit.strategies import Emission
+from msrewrite.emit.templates import code_of, flag_attribute, leading_lines, parse_block, rewritten, strip_leading
 from msrewrite.errors import BadInput
 from msrewrite.plan import MicrobatchPlan
 from msrewrite.validate import literal
@@ -39,7 +41,7 @@ class _Suffix(cst.CSTTransformer):
     def __init__(self, names: set[str], suffix: str) -> None:
         self.names, self.suffix = names, suffix
 
-    def leave_Name(self, original, updated):
+    def leave_Name(self, _original, updated):
         return updated.with_changes(value=updated.value + self.suffix) if updated.value in self.names else updated
 
     def leave_Attribute(self, original, updated):
@@ -75,7 +77,7 @@ def layer_microbatch_method(
     With `second_group` (a process group the layer holds), micro-batch 1 communicates over that
     group on a second communication stream, so the two micro-batches' collectives may overlap."""
     x = func.params.params[1].name.value
-    body = list(func.body.body)  # type: ignore[union-attr]
+    body = _body(func)
     local = {x} | {n for s in body for n in node_facts(s).stores}
 
     lines = [
@@ -96,18 +98,20 @@ def layer_microbatch_method(
         order += [(i, 0), (i - 1, 1)]
     order.append((len(stages) - 1, 1))
     produced_on: dict[tuple[int, int], str] = {}  # (stage, mb) -> event name recorded after it
-    body_nodes: list[cst.BaseStatement] = [*cst.parse_module("\n".join(lines) + "\n    pass\n").body[0].body.body[:-1]]
+    header = cst.parse_statement("\n".join(lines) + "\n    pass\n")
+    assert isinstance(header, cst.FunctionDef) and isinstance(header.body, cst.IndentedBlock)
+    body_nodes: list[cst.BaseStatement] = [*header.body.body[:-1]]
     for stage_index, mb in order:
         stage = stages[stage_index]
         suffix = f"_mb{mb}"
-        renamed = [strip_leading(s).visit(_Suffix(local, suffix)) for s in stage.statements]
+        renamed = [rewritten(strip_leading(s), _Suffix(local, suffix)) for s in stage.statements]
         comm = "comm_stream_mb1" if second_group and mb == 1 else "comm_stream"
         if second_group and mb == 1 and stage.comm:
-            renamed = [s.visit(_Group(second_group)) for s in renamed]
-        if stage_index == len(stages) - 1 and isinstance(renamed[-1].body[0], cst.Return):  # type: ignore[union-attr]
-            ret_value = renamed[-1].body[0].value  # type: ignore[union-attr]
+            renamed = [rewritten(s, _Group(second_group)) for s in renamed]
+        returned = _returned(renamed[-1]) if stage_index == len(stages) - 1 else None
+        if returned is not None:
             renamed[-1] = cst.SimpleStatementLine(
-                body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(f"out{suffix}"))], value=ret_value)]
+                body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(f"out{suffix}"))], value=returned)]
             )
         previous = produced_on.get((stage_index - 1, mb))
         event = f"stage{stage_index}{suffix}_done"
@@ -122,8 +126,7 @@ def layer_microbatch_method(
             wait = [f"current_stream.wait_event({previous})"] if previous else []
             record = [] if last else [f"{event} = current_stream.record_event()"]
             text = head + [*wait, "__ms_stage__", *record]
-        block = cst.parse_module("pass\n" + "\n".join(text) + "\n").body[1:]
-        body_nodes += _splice_stage(block, renamed)
+        body_nodes += _splice_stage(parse_block(text), renamed)
         produced_on[(stage_index, mb)] = event
     streams = ["comm_stream", *(["comm_stream_mb1"] if second_group else [])]
     tail = [
@@ -132,23 +135,45 @@ def layer_microbatch_method(
         *(f"{name}.wait_stream(current_stream)" for name in streams),
         "return out_mb0, out_mb1",
     ]
-    body_nodes += list(cst.parse_module("pass\n" + "\n".join(tail) + "\n").body[1:])
-    template = cst.parse_module("\n".join(lines[:1]) + "\n    pass\n").body[0]
-    return template.with_changes(  # type: ignore[union-attr]
-        body=template.body.with_changes(body=body_nodes),  # type: ignore[union-attr]
+    body_nodes += parse_block(tail)
+    template = cst.parse_statement("\n".join(lines[:1]) + "\n    pass\n")
+    assert isinstance(template, cst.FunctionDef)
+    return template.with_changes(
+        body=template.body.with_changes(body=body_nodes),
         leading_lines=[cst.EmptyLine(indent=False)],
     )
 
 
+def _body(func: cst.FunctionDef) -> list[cst.BaseStatement]:
+    """The statements of a forward the plan's checks (analyze/microbatch.py) read as a block."""
+    assert isinstance(func.body, cst.IndentedBlock)
+    return list(func.body.body)
+
+
+def _returned(stmt: cst.BaseStatement) -> cst.BaseExpression | None:
+    """The value of the layer's `return <value>` line (its last statement), None for another
+    simple statement."""
+    if not isinstance(stmt, cst.SimpleStatementLine):
+        raise BadInput("prefill-microbatch: the layer's forward must end in a simple statement (its return)")
+    first = stmt.body[0]
+    if not isinstance(first, cst.Return):
+        return None
+    if first.value is None:
+        raise BadInput("prefill-microbatch: the layer's forward returns no value")
+    return first.value
+
+
 def _splice_stage(block: list[cst.BaseStatement], stage: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
     class _Splice(cst.CSTTransformer):
-        def leave_SimpleStatementLine(self, original, updated):
+        def leave_SimpleStatementLine(self, _original, updated):
             if code_of(strip_leading(updated)).strip() == "__ms_stage__":
                 first = stage[0].with_changes(leading_lines=updated.leading_lines)  # keep the stage comment
                 return cst.FlattenSentinel([first, *stage[1:]])
             return updated
 
-    return list(cst.Module(body=block).visit(_Splice()).body)
+    spliced = cst.IndentedBlock(body=block).visit(_Splice())
+    assert isinstance(spliced, cst.IndentedBlock)
+    return list(spliced.body)
 
 
 # The model: fork its layer loop --------------------------------------------------------------------
@@ -162,10 +187,10 @@ def model_microbatch_method(func: cst.FunctionDef, loop, dim: int) -> cst.Functi
         f"    {h}_mb0, {h}_mb1 = {var}.forward_microbatch({h}_mb0, {h}_mb1)",
         f"{h} = torch.cat([{h}_mb0, {h}_mb1], dim={dim})",
     ]
-    body = list(func.body.body)  # type: ignore[union-attr]
-    replacement = list(cst.parse_module("pass\n" + "\n".join(text) + "\n").body[1:])
+    body = _body(func)
+    replacement = parse_block(text)
     replacement[0] = replacement[0].with_changes(
-        leading_lines=[*body[loop.index].leading_lines, *replacement[0].leading_lines]
+        leading_lines=[*leading_lines(body[loop.index]), *leading_lines(replacement[0])]
     )
     body[loop.index : loop.index + 1] = replacement
     if body and is_docstring(body[0]):
@@ -196,8 +221,6 @@ def _flag_lines(plan: MicrobatchPlan, init: cst.FunctionDef, roots: set[str]):
     """(the switch expression, the `__init__` lines behind it, the Emission's extras) for the plan's
     flag, read as the other cases read it: env and sglang into self.enable_<name>; attr and
     vllm-ascend into self.<name>, an attribute the class already sets being reused."""
-    from msrewrite.emit.engine import flag_attribute
-
     flag = plan.flag
     default = "True" if flag.default else "False"
     keeps = "keeps the single-batch layer loop." if flag.default else "runs the layers as two micro-batches."
@@ -240,8 +263,6 @@ def _model_init(model_cls: cst.ClassDef) -> cst.FunctionDef:
 def microbatch_edit(module: cst.Module, plan: MicrobatchPlan, text: str | None = None, dim: int = 0) -> cst.Module:
     """The module with `plan` carried out: the forked micro-batch path for the model's layer loop.
     BadInput when the plan does not match the file (stale), or cannot be emitted here."""
-    from msrewrite.emit.engine import Emission, add_helpers
-
     found = stale_plan(module, plan, text)
     for qualified in (plan.function, plan.layer):
         compiled = frameworks.fullgraph_region(module, qualified, text)
@@ -255,7 +276,7 @@ def microbatch_edit(module: cst.Module, plan: MicrobatchPlan, text: str | None =
         raise BadInput(f"plan for {plan.function}: {found.layer} never sets self.{second_group} (second_group)")
     source = text if text is not None else module.code
     positions = positions_for(module, plan.layer, found.layer_forward, source)
-    by_line = {positions[s].start.line: s for s in found.layer_forward.body.body}  # type: ignore[union-attr]
+    by_line = {positions[s].start.line: s for s in _body(found.layer_forward)}
     stages = [Stage(stage.comm, [by_line[st.first_line] for st in stage.statements]) for stage in plan.stages]
     api = "torch.cuda" if plan.mode == "cuda" else "torch.npu"
     layer_method = layer_microbatch_method(found.layer_forward, api, plan.stream_tag, stages, second_group)
@@ -290,7 +311,7 @@ def microbatch_edit(module: cst.Module, plan: MicrobatchPlan, text: str | None =
             body: list[cst.BaseStatement] = []
             for stmt in updated.body.body:
                 if name == model_name and isinstance(stmt, cst.FunctionDef) and stmt.name.value == "forward":
-                    inner = list(stmt.body.body)
+                    inner = _body(stmt)
                     at = 1 if inner and is_docstring(inner[0]) else 0
                     inner[at:at] = dispatch_nodes
                     body += [stmt.with_changes(body=stmt.body.with_changes(body=inner)), model_method]

@@ -34,9 +34,9 @@ import libcst as cst
 
 from msrewrite.analyze.defuse import function_names, node_facts
 from msrewrite.analyze.guards import block_of, follow_turns, rebuild_path
-from msrewrite.emit.engine import (
-    PlannedEdit, _comment, _if_block, _parse_block, _unique, apply_plans, code_of, strip_leading,
-)
+from msrewrite.analyze.outline import unique_name
+from msrewrite.emit.engine import PlannedEdit, apply_plans
+from msrewrite.emit.templates import code_of, comment, if_block, parse_block, strip_leading
 from msrewrite.plan import MicrobatchPlan, OverlapPlan
 
 SCHEDULES = ("early", "late", "interleaved")
@@ -70,7 +70,9 @@ def unsupported(plan: OverlapPlan) -> str | None:
 
 def _flat_body(edit: PlannedEdit) -> list[cst.BaseStatement]:
     """The edited body as `edit.window` counts it: a guarded plan's `if` block spliced in place of the `if`."""
-    body = list(edit.new_func.body.body)  # type: ignore[union-attr]
+    suite = edit.new_func.body
+    assert isinstance(suite, cst.IndentedBlock)  # plan_edit refuses a one-line body
+    body: list[cst.BaseStatement] = list(suite.body)
     if edit.guarded_block is None:
         return body
     start, _end, turns = edit.guarded_block
@@ -221,10 +223,10 @@ def reschedule(edit: PlannedEdit, schedule: str) -> cst.FunctionDef:
         # `if` the condition already holds; before it, it is tested with the stream.
         inside = edit.guarded_block is not None and edit.guarded_block[0] <= at < edit.guarded_block[1]
         cond = code_of(issue_if.test) if edit.guarded_block is not None and not inside else edit.emission.on_cond
-        block = _if_block(cond, moved, None, [])
+        block = if_block(cond, moved, None, [])
         where = "" if len(issues) == 1 else " (issued at the fork)" if k == 0 else f" (phase {k})"
         note = f"msrewrite verify: {schedule} schedule, side work{where} deferred to here"
-        insertions.append((at, [block[0].with_changes(leading_lines=(_comment(note),)), *block[1:]]))
+        insertions.append((at, [block[0].with_changes(leading_lines=(comment(note),)), *block[1:]]))
     for at, new_if in replaced.items():
         body[at] = new_if
     for at, block in sorted(insertions, key=lambda item: item[0], reverse=True):
@@ -239,7 +241,7 @@ def _inputs(edit: PlannedEdit, issue: _Issue, k: int, old_locals: set[str]) -> l
     what earlier phases stored on the side stream)."""
     names = list(edit.plan.side_inputs)
     if k:
-        names, stored = [], set()
+        names, stored = [], set[str]()
         for node in issue.nodes:
             names += [n for n in _read_first(node, stored) if n not in names]
     return [name for name in names if name in old_locals and name != "self"]
@@ -267,13 +269,13 @@ def _defer(with_stmt, head, early_part, later_part, tail, inputs, outputs, taken
     statements). The side inputs are captured by reference at the issue; the deferred side work reads
     the captures (a main-path rebinding or `del` of the name does not matter). An input the side work
     itself rebinds is swapped in and out instead."""
-    captured = {name: _unique(f"_ms_fork_{name}", taken) for name in inputs}  # _unique takes the name
-    saved = {name: _unique(f"_ms_main_{name}", taken) for name in inputs}
+    captured = {name: unique_name(f"_ms_fork_{name}", taken) for name in inputs}  # unique_name takes the name
+    saved = {name: unique_name(f"_ms_main_{name}", taken) for name in inputs}
 
     def with_body(nodes: list[cst.BaseStatement]) -> cst.With:
         return with_stmt.with_changes(body=with_stmt.body.with_changes(body=nodes))
 
-    at_issue: list[cst.BaseStatement] = _parse_block([f"{c} = {name}" for name, c in captured.items()])
+    at_issue: list[cst.BaseStatement] = parse_block([f"{c} = {name}" for name, c in captured.items()])
     if early_part:
         at_issue.append(with_body([*head, *early_part]))
     stored = set().union(*(node_facts(n).stores for n in later_part)) if later_part else set()
@@ -284,9 +286,9 @@ def _defer(with_stmt, head, early_part, later_part, tail, inputs, outputs, taken
     swap_in = [f"{saved[n]} = {n}" for n in swapped] + [f"{n} = {captured[n]}" for n in swapped]
     swap_out = [f"{n} = {saved[n]}" for n in swapped if n not in outputs]
     moved = [
-        *_parse_block(swap_in),
+        *parse_block(swap_in),
         with_body([*([] if early_part else head_part), *later_part, *tail]),
-        *_parse_block(swap_out),
+        *parse_block(swap_out),
     ]
     return at_issue, moved
 
@@ -340,10 +342,12 @@ def _window_lines(edit: PlannedEdit, module: cst.Module, text: str) -> list[tupl
     if edit.window is None:
         return []
     positions = positions_for(module, edit.plan.function, edit.old_func, text)
-    old = list(edit.old_func.body.body)  # type: ignore[union-attr]
+    old_suite = edit.old_func.body
+    assert isinstance(old_suite, cst.IndentedBlock)  # plan_edit refuses a one-line body
+    old = list(old_suite.body)
     found = []
     edit = _split_main_hoists(edit)
-    hoisted = {id(node): hoist for node, hoist in zip(edit.main_hoisted, edit.plan.main_hoists)}
+    hoisted = {id(node): hoist for node, hoist in zip(edit.main_hoisted, edit.plan.main_hoists, strict=True)}
     flat = _flat_body(edit)
     issues = _issues(edit) if edit.side_nodes else []
     for stmt in (flat[i] for i in _main_positions(edit, issues)):
@@ -391,7 +395,7 @@ class _RenameLoads(cst.CSTTransformer):
     def leave_Param(self, original: cst.Param, updated: cst.Param) -> cst.Param:
         return updated.with_changes(name=original.name)
 
-    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.Name:
+    def leave_Name(self, _original: cst.Name, updated: cst.Name) -> cst.Name:
         new = self.names.get(updated.value)
         return updated.with_changes(value=new) if new else updated
 

@@ -1,7 +1,7 @@
 """One emission strategy per execution mode: the lines that fork, gate and join a side branch.
 
-The engine (engine.py) decides where the lines go; a strategy only decides what they say, so the
-four API families never mix: native torch_npu streams (eager), the same with capture-stable
+The emitter (locate.py, function_edit.py) decides where the lines go; a strategy only decides
+what they say, so the four API families never mix: native torch_npu streams (eager), the same with capture-stable
 streams and events (npugraph-ex), torchair's in-graph scopes (ge-graph), and torch.cuda (cuda).
 """
 
@@ -61,7 +61,7 @@ class Context:
 
 @dataclass
 class Emission:
-    """The code lines a sync strategy produced, by where the engine puts them."""
+    """The code lines a sync strategy produced, by where the emitter puts them."""
 
     init_lines: list[str] = field(default_factory=list)
     prelude: list[str] = field(default_factory=list)
@@ -162,23 +162,16 @@ def _prebind(ctx: Context) -> list[str]:
     ]
 
 
-def _native(ctx: Context, api: str) -> Emission:
-    """eager (torch.npu) and cuda (torch.cuda): fork by wait_stream, join by wait_stream."""
-    em = Emission()
+def _native_prelude(ctx: Context, em: Emission, flag: str, gate: str | None, enabled: str, limited: bool) -> None:
+    """The side stream of the native modes: the model's own, one handed down through the
+    constructor, or the process-wide one for the tag (with its core budget when `limited`)."""
     n = ctx.names
-    flag = _flag(ctx, em)
-    gate = _gate_condition(ctx, em)
-    enabled = flag if gate is None else f"{flag} and {gate}"
-    if not ctx.model_stream:
-        em.helpers += ["_ms_side_stream:" + ("cuda" if api == "torch.cuda" else "npu")]
-    if api == "torch.npu":
-        em.imports.append("torch_npu")
-    limited = bool(ctx.core_limits) and api == "torch.npu"
 
     def side_stream(enabled_expr: str) -> str:
         if not limited:
             return f"_ms_side_stream({literal(ctx.tag)}, {enabled_expr})"
         # The side stream is shared by the whole process: its budget is set once, when it is made.
+        assert ctx.core_limits is not None  # `limited`
         side_c, side_v, _, _ = ctx.core_limits
         em.helpers.append("_ms_limited_side_stream")
         return f"_ms_limited_side_stream({literal(ctx.tag)}, {enabled_expr}, {side_c}, {side_v})"
@@ -199,6 +192,21 @@ def _native(ctx: Context, api: str) -> Emission:
         em.prelude = [f"{n.stream} = {stream_expr}"]
     else:
         em.prelude = [f"{n.stream} = {side_stream(enabled)}"]
+
+
+def _native(ctx: Context, api: str) -> Emission:
+    """eager (torch.npu) and cuda (torch.cuda): fork by wait_stream, join by wait_stream."""
+    em = Emission()
+    n = ctx.names
+    flag = _flag(ctx, em)
+    gate = _gate_condition(ctx, em)
+    enabled = flag if gate is None else f"{flag} and {gate}"
+    if not ctx.model_stream:
+        em.helpers += ["_ms_side_stream:" + ("cuda" if api == "torch.cuda" else "npu")]
+    if api == "torch.npu":
+        em.imports.append("torch_npu")
+    limited = bool(ctx.core_limits) and api == "torch.npu"
+    _native_prelude(ctx, em, flag, gate, enabled, limited)
     em.on_cond, em.off_cond = f"{n.stream} is not None", f"{n.stream} is None"
     if ctx.sync == "events":
         # Fresh events each call, recorded on the stream that produced the data.
@@ -227,6 +235,7 @@ def _native(ctx: Context, api: str) -> Emission:
     if limited:
         # The main stream's budget holds for the main work between fork and join only; the limit
         # it had before (torch_npu keeps limits per stream, for the whole process) comes back after.
+        assert ctx.core_limits is not None  # `limited`
         _, _, main_c, main_v = ctx.core_limits
         em.helpers.append("_ms_core_limit:eager")
         em.stdlib.append("contextlib")

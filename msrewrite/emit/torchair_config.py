@@ -19,7 +19,7 @@ def _callee(call: cst.Call) -> str:
 
 
 class _RecordConfig(cst.CSTTransformer):
-    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+    def leave_Call(self, _original: cst.Call, updated: cst.Call) -> cst.Call:
         if _callee(updated) != "get_npu_backend":
             return updated
         args = list(updated.args)

@@ -264,7 +264,7 @@ def _candidate(
                 plan = plan.with_changes(case_branch=branch_name)
         plan = check_plan_in(info.node, info.positions, plan, derived_from=calls, scope=scope)  # as apply --plan will
         region = _fullgraph(info, file, memo)
-        if region is not None:  # apply --plan refuses it there (emit/engine.py): never proposed
+        if region is not None:  # apply --plan refuses it there (emit/function_edit.py): never proposed
             raise NoBranch(
                 f"{info.qualname} runs inside a torch.compile fullgraph region ({region}): stream code there "
                 "would be traced into the graph"
