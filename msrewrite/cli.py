@@ -116,7 +116,7 @@ def cases() -> int:
     """List the cases with the modes they support (and why a mode is left out)."""
     import textwrap
 
-    from msrewrite.codemods import all_cases
+    from msrewrite.cases import all_cases
 
     items = all_cases()
     width = max(len(item.name) for item in items) + 2

@@ -584,8 +584,8 @@ def test_microbatch_edit_checks_its_own_values():
 
 
 # Scans of the emitter ---------------------------------------------------------------------------
-EMITTER = sorted([*(ROOT / "msrewrite" / "emit").glob("*.py"), *(ROOT / "codemods").glob("*.py"),
-                  ROOT / "msrewrite" / "cases.py"])
+EMITTER = sorted([*(ROOT / "msrewrite" / "emit").glob("*.py"), *(ROOT / "msrewrite" / "cases").glob("*.py"),
+                  *(ROOT / "msrewrite" / "codemods").glob("*.py")])
 
 
 def _hand_quoted(tree: ast.AST) -> list[int]:

@@ -59,7 +59,7 @@ def run_bench(*, file: Path, harness: str | None, case: str | None, mode: str, v
     else:
         if case is None:
             raise BadInput("give --case CASE (the edit to time), or an edited file")
-        from msrewrite.codemods import get_case
+        from msrewrite.cases import get_case
 
         known = get_case(case)
         if known is None:

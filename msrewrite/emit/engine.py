@@ -46,7 +46,7 @@ _EMPTY = cst.Module(body=[])
 
 def case_words(case_name: str, branch: str = "") -> tuple[str, str]:
     """(side work, main work) as the case's comments name them."""
-    from msrewrite.codemods import get_case
+    from msrewrite.cases import get_case
 
     case = get_case(case_name)
     if case is None:

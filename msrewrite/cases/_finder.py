@@ -1,14 +1,14 @@
-"""What a case is, and the one finder every case uses.
-
-A case (one file in codemods/) says which calls are side work and how its plan is named; the
-finder turns that into plans with the shared branch analysis. Cases never edit code.
+"""The finder of the cases that move calls or copies: a module's functions with the case's side
+work, each with its plan (the shared branch analysis, or analyze/effects.py for copies) or the
+reason there is none. Case.find() calls it; prefill-microbatch has its own model-level analysis
+(analyze/microbatch.py). The finder never edits code.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING
 
 import libcst as cst
 
@@ -31,59 +31,8 @@ from msrewrite.analyze.walk import Visitor
 from msrewrite.emit.engine import already_applied, code_of, iter_functions, strip_leading
 from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement, StartGate
 
-
-def describe_lines(branch: SideBranch) -> str:
-    """'L12, L14-15; hoisted self.x(y)': where the side branch's statements are."""
-    lines = ", ".join(
-        f"L{f.first_line}" if f.first_line == f.last_line else f"L{f.first_line}-{f.last_line}"
-        for f in branch.statements
-    )
-    hoisted = ", ".join(h.source for h in branch.hoists)
-    main = ", ".join(h.source for h in branch.main_hoists)
-    return "; ".join(p for p in (
-        lines, f"hoisted {hoisted}" if hoisted else "", f"main work {main} hoisted before the join" if main else "",
-    ) if p)
-
-
-@dataclass(frozen=True)
-class BranchSpec:
-    """One side stream of a several-stream case: its side calls and its stream tag.
-
-    Branches are carried out one after another, each on the code the previous one produced, so a
-    later branch may re-enter an earlier branch's stream (same tag) after a join.
-    """
-
-    name: str
-    is_seed: Callable[[str], bool]
-    stream_tag: str
-    what: str
-    optional: bool = False  # absent in some models (int8 quantization): skipped, not an error
-
-
-@dataclass(frozen=True)
-class Case:
-    """One case: which calls are side work, the modes it supports, and how its edit is named and synced."""
-
-    name: str
-    summary: str
-    modes: tuple[str, ...]
-    is_seed: Callable[[str], bool]  # dotted callee after "self." -> side work?
-    stream_tag: str
-    flag_name: str
-    describe: Callable[[SideBranch], str] = lambda branch: describe_lines(branch)
-    what: tuple[str, str] = ("the side branch", "the main path")  # for comments: side work, main work
-    stream_source: str = "lazy"
-    sync: str = "wait_stream"
-    phased: bool = False  # inline and flatten the side calls first, then issue them in phases
-    branches: tuple[BranchSpec, ...] = ()  # several side streams; empty: one branch from the fields above
-    # "calls": side work is calls on submodules (is_seed); "copies": buffer copies (is_copy), joined
-    # where the buffers are reused rather than where a value is read (analyze/effects.py)
-    analysis: str = "calls"
-    is_copy: Callable[[cst.Call], bool] | None = None
-    is_host_buffer: Callable[[str], bool] | None = None  # copies: a buffer path (or method) that is host memory
-    non_blocking: bool = False  # side copies get non_blocking=True
-    core_limits: bool = False  # the branches get AI-core budgets (--cores / --core-limit)
-    notes: str = ""
+if TYPE_CHECKING:
+    from msrewrite.cases._base import BranchSpec, Case, Options
 
 
 @dataclass
@@ -94,21 +43,6 @@ class Target:
     plan: OverlapPlan | None = None
     reason: str = ""  # why there is no plan
     applied: bool = False
-
-
-@dataclass
-class Options:
-    """The user's choices for one run of a case (mode, switch, stream tag, gates, effects options)."""
-
-    mode: str = "eager"
-    flag: FlagSpec | None = None
-    stream_tag: str | None = None
-    start_gates: tuple = field(default_factory=tuple)  # StartGate; tensor "" = the first side input
-    phase_anchors: tuple[str, ...] = ()
-    core_limits: tuple[int, int, int, int] | None = None
-    protect: str = ""  # "clone": snapshot side inputs the main path may write, instead of refusing
-    assume_pure: tuple[str, ...] = ()  # callees a reviewer vouched for (class, function or attribute names)
-    allow_rng_reorder: bool = False  # move side work even when the order of random draws changes
 
 
 def check_rng_order(branch: SideBranch, options: Options) -> None:
