@@ -83,9 +83,9 @@ def reason_group(reason: str) -> str:
 
 
 def sweep_apply(path: Path) -> dict:
+    from msrewrite.cases import get_case
     from msrewrite.cases._base import Options
     from msrewrite.cases._finder import find_targets
-    from msrewrite.cases import get_case
     from msrewrite.emit.engine import apply_plans, code_of, locate
     from msrewrite.errors import MsrewriteError
     from msrewrite.load import load

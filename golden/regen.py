@@ -27,6 +27,7 @@ from msrewrite.load import load  # noqa: E402
 from msrewrite.output.diff import unified_diff  # noqa: E402
 from msrewrite.plan import FlagSpec  # noqa: E402
 
+
 def golden_examples() -> dict[str, tuple[str, ...]]:
     """case -> example models (examples/<name>.py) its goldens cover: each case's declared
     golden_examples, in the order `msrewrite cases` lists the cases."""
@@ -100,7 +101,7 @@ def main(argv: list[str], root: Path = ROOT) -> int:
         for mode in golden_modes(case_name):
             for example in examples:
                 new, diff = render(case_name, mode, example, root)
-                for path, text in zip(golden_paths(case_name, mode, example, root), (new, diff)):
+                for path, text in zip(golden_paths(case_name, mode, example, root), (new, diff), strict=True):
                     current = path.read_text(encoding="utf-8") if path.exists() else None
                     if current == text:
                         continue

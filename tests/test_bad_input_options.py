@@ -303,6 +303,8 @@ ROWS = [
     Row("option-start-after-branches", ("apply", "--case", "indexer-prolog", "--mode", "ge-graph", "--start-after",
                                         "x", "{good.py}"), 2,
         "--start-after is for cases with one side branch; indexer-prolog runs several side streams one after another"),
+    Row("option-stream-tag-branches", ("apply", "--case", "indexer-prolog", "--stream-tag", "x", "{good.py}"), 2,
+        "--stream-tag: indexer-prolog names each of its side streams itself"),
     Row("option-protect-copies", ("apply", "--case", "kvcache-offload", "--protect", "clone", "{good.py}"), 2,
         "--protect is for cases that move calls onto a side stream; kvcache-offload moves buffer copies"),
     Row("option-anchor-with-plan", ("apply", "--plan", "{ok.json}", "--anchor", "x", "{good.py}"), 2,

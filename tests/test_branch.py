@@ -12,9 +12,9 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
+from msrewrite.cases import get_case
 from msrewrite.cases._base import Options
 from msrewrite.cases._finder import find_targets
-from msrewrite.cases import get_case
 from msrewrite.emit.engine import apply_plans
 
 CASE = get_case("moe-shared-expert")

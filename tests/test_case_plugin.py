@@ -8,7 +8,6 @@ import contextlib
 import io
 import shutil
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -127,3 +126,22 @@ def test_the_real_cases_are_untouched_by_the_toy(toy):
     shutil.rmtree(toy)
     assert get_case("moe-shared-expert").name == "moe-shared-expert"
     assert get_case("no-such-case") is None
+
+
+def test_apply_parses_the_per_case_options_the_cases_declare():
+    """apply's per-case options come from the declarations (cliargs.Declared in cli.apply), in
+    --help's order between --stream-tag and --source-path, and each kind takes only its own."""
+    from msrewrite.cases import get_case
+    from msrewrite.cases._base import ANCHOR, CASE_OPTIONS, CLI_OPTIONS, CORES, SECOND_COMM_GROUP, cli_params
+    from msrewrite.cliargs import COMMANDS, params
+
+    names = [name for name, _kind, _spec in params(COMMANDS["apply"])]
+    declared = [name for name, _kind, _spec in cli_params()]
+    start = names.index("stream_tag") + 1
+    assert names[start:start + len(declared)] == declared and names[start + len(declared)] == "source_path"
+    # every option a case may refuse is apply's: a per-case one declared here, or --stream-tag (cli.py's own)
+    assert {o.name for o in CASE_OPTIONS} <= {o.name for o in CLI_OPTIONS} | {"--stream-tag"}
+    assert ANCHOR in get_case("moe-shared-expert-phased").add_args()
+    assert ANCHOR not in get_case("moe-shared-expert").add_args()
+    assert CORES in get_case("attn-moe-limit-core").add_args()
+    assert SECOND_COMM_GROUP in get_case("prefill-microbatch").add_args()

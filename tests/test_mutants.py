@@ -6,9 +6,9 @@ The unmutated golden edits verify clean (tests/test_golden.py pins their text; h
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 

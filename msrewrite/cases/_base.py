@@ -12,10 +12,12 @@ is loaded: `msrewrite cases` and the emitter's lookups of a case's words read on
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any
 
+from msrewrite.cliargs import Option
 from msrewrite.errors import BadInput, NothingToDo
 
 if TYPE_CHECKING:
@@ -57,49 +59,83 @@ class BranchSpec:
 @dataclass(frozen=True)
 class CaseOption:
     """An apply option only some cases take: its name, the one line that refuses it elsewhere
-    (`{case}` is the case's name), and its command-line arguments as (option string, dest,
-    argparse keywords) for the libcst codemods' parsers (apply's own are declared in cli.py)."""
+    (`{case}` is the case's name), and its command-line parameters as cli.py declares options:
+    (parameter, type, Option(...)). apply's parser (msrewrite/cliargs.py) and the libcst codemods'
+    (add_to) are built from them."""
 
     name: str
     refusal: str
-    arguments: tuple[tuple[str, str, tuple[tuple[str, object], ...]], ...] = ()
+    cli: tuple[tuple[str, Any, Any], ...] = ()
 
     def add_to(self, parser) -> None:
-        """Add this option's arguments to an argparse parser (as CodemodCommand.add_args does)."""
-        for option, dest, keywords in self.arguments:
-            parser.add_argument(option, dest=dest, **dict(keywords))
+        """Add this option's parameters to an argparse parser (as CodemodCommand.add_args does)."""
+        from msrewrite.cliargs import _unwrap
+
+        for pname, kind, spec in self.cli:
+            element, many = _unwrap(kind)
+            if element is bool:
+                parser.add_argument(*spec.decls, dest=pname, action="store_true", help=spec.help)
+            elif many:
+                parser.add_argument(*spec.decls, dest=pname, action="append", help=spec.help)
+            else:
+                parser.add_argument(*spec.decls, dest=pname, default=spec.default, help=spec.help)
 
 
 START_AFTER = CaseOption(
     "--start-after", "--start-after is for cases with one side branch; {case} runs several side streams one after another",
-    (("--start-after", "start_after", (("help", "ge-graph: start the side work after this main-stream tensor"),)),),
+    (("start_after", str | None, Option(
+        None, "--start-after", help="ge-graph: start the side work only after this main-stream tensor exists.")),),
 )
 ANCHOR = CaseOption(
     "--anchor", "--anchor is for phased cases; {case} runs its side branch in one piece",
-    (("--anchor", "anchors", (("action", "append"),
-                              ("help", "a main-stream value after which the next side phase starts"))),),
+    (("anchor", list[str] | None, Option(
+        None, "--anchor", help="Phased cases: a main-stream value after which the next side phase starts (repeat).")),),
 )
 CORES = CaseOption(
     "--cores", "--cores and --core-limit are for core-limit cases; {case} does not split cores",
-    (("--cores", "core_preset", (("default", "a3"), ("help", "device preset a2, a3 or a3-even"))),
-     ("--core-limit", "core_limit", (("help", "SIDE_AIC/SIDE_AIV,MAIN_AIC/MAIN_AIV"),))),
+    (("core_preset", str, Option("a3", "--cores", help="Core-limit cases: device preset a2, a3 or a3-even.")),
+     ("core_limit", str | None, Option(
+         None, "--core-limit", help="Core-limit cases: SIDE_AIC/SIDE_AIV,MAIN_AIC/MAIN_AIV, e.g. 8/16,16/32."))),
 )
 SECOND_COMM_GROUP = CaseOption(
     "--second-comm-group", "--second-comm-group is for prefill-microbatch; {case} has no micro-batches",
-    (("--second-comm-group", "second_comm_group", (("help", "the layer's second process group (self.NAME)"),)),),
+    (("second_comm_group", str | None, Option(
+        None, "--second-comm-group",
+        help="prefill-microbatch: the layer's second process group (self.NAME) for micro-batch 1.")),),
 )
 ALLOW_RNG_REORDER = CaseOption(
     "--allow-rng-reorder", "--allow-rng-reorder is for cases that move calls onto a side stream; {case} moves none",
-    (("--allow-rng-reorder", "allow_rng_reorder", (("action", "store_true"),
-                                                   ("help", "move side work that draws random numbers"))),),
+    (("allow_rng_reorder", bool, Option(
+        False, "--allow-rng-reorder",
+        help="Move side work that draws random numbers (dropout, torch.rand*) even when the main path draws too.")),),
 )
 PROTECT = CaseOption(
     "--protect", "--protect is for cases that move calls onto a side stream; {case} moves buffer copies, which "
     "--protect does not snapshot",
-    (("--protect", "protect", (("default", ""), ("help", "clone: snapshot side inputs the main path may write"))),),
+    (("protect", str, Option(
+        "", "--protect", help="clone: snapshot side inputs the main path may write before the join (one copy each).")),),
 )
+# a general apply option (declared in cli.py), which a case that names its streams itself refuses
+STREAM_TAG = CaseOption(
+    "--stream-tag", "--stream-tag: {case} names each of its side streams itself (one tag per branch)"
+)
+# every case takes it (each analysis reads the file's summaries): never refused
+ASSUME_PURE = CaseOption(
+    "--assume-pure", "",
+    (("assume_pure", list[str] | None, Option(
+        None, "--assume-pure", help="A callee msrewrite cannot see into that writes none of its arguments (repeat).")),),
+)
+# in the order apply lists them in --help
+CLI_OPTIONS = (START_AFTER, ANCHOR, CORES, SECOND_COMM_GROUP, PROTECT, ASSUME_PURE, ALLOW_RNG_REORDER)
+
+
+def cli_params() -> list[tuple[str, Any, Any]]:
+    """apply's per-case parameters, as cli.apply lists them (cliargs.Declared)."""
+    return [param for option in CLI_OPTIONS for param in option.cli]
+
+
 # in the order apply checks them (and lists them in --help)
-CASE_OPTIONS = (START_AFTER, ANCHOR, CORES, SECOND_COMM_GROUP, ALLOW_RNG_REORDER, PROTECT)
+CASE_OPTIONS = (START_AFTER, ANCHOR, CORES, SECOND_COMM_GROUP, ALLOW_RNG_REORDER, PROTECT, STREAM_TAG)
 
 
 @dataclass(frozen=True)
@@ -216,7 +252,7 @@ class Case:
     # -- options ---------------------------------------------------------------------------
     def add_args(self) -> tuple[CaseOption, ...]:
         """The per-case apply options this case takes (as libcst's CodemodCommand.add_args)."""
-        return (START_AFTER, PROTECT, ALLOW_RNG_REORDER)
+        return (START_AFTER, PROTECT, ALLOW_RNG_REORDER, STREAM_TAG)
 
     def refusal(self, option: CaseOption) -> str:
         return option.refusal.format(case=self.name)
@@ -311,7 +347,7 @@ class AsyncCommCase(SeedCase):
     sync: str = "async-comm"
 
     def add_args(self) -> tuple[CaseOption, ...]:
-        return (START_AFTER, PROTECT)
+        return (START_AFTER, PROTECT, STREAM_TAG)
 
 
 @dataclass(frozen=True)
@@ -339,7 +375,9 @@ class PhasedCase(SeedCase):
         # helpers that do only side work (`self._forward_shared_experts(h)`) are inlined too
         is_seed = find_helpers(module, located.cls, self.is_seed, functions=False).seed_predicate(self.is_seed)
         inlined_func = inline_and_flatten(module, located.cls, located.func, is_seed)
-        inlined_text = module.deep_replace(located.func, inlined_func).code
+        import libcst as cst
+
+        inlined_text = cst.ensure_type(module.deep_replace(located.func, inlined_func), cst.Module).code
         inlined = parse_own_edit(inlined_text, f"inlining {self.what[0]} into {function}")
         plans = self.plans(path, inlined, dataclasses.replace(options, core_limits=None), function, inlined_text)
         steps = []
@@ -418,7 +456,7 @@ class CopyCase(Case):
     non_blocking: bool = True
 
     def add_args(self) -> tuple[CaseOption, ...]:
-        return (START_AFTER,)
+        return (START_AFTER, STREAM_TAG)
 
 
 @dataclass(frozen=True)
@@ -428,7 +466,7 @@ class MicrobatchCase(Case):
     analysis: str = "microbatch"
 
     def add_args(self) -> tuple[CaseOption, ...]:
-        return (SECOND_COMM_GROUP,)
+        return (SECOND_COMM_GROUP, STREAM_TAG)
 
     def refusal(self, option: CaseOption) -> str:
         if option is PROTECT:
@@ -444,12 +482,15 @@ class MicrobatchCase(Case):
         """The forked micro-batch path: a model-level plan (analyze/microbatch.py), carried out."""
         from msrewrite.analyze.microbatch import microbatch_plan
         from msrewrite.emit.engine import apply_plans
+        from msrewrite.plan import FlagSpec
 
         self.check_mode(options.mode)
-        plan = microbatch_plan(module, case=self.name, path=path, mode=options.mode, flag=options.flag,
+        flag = options.flag or FlagSpec(kind="env", name=self.flag_name)
+        plan = microbatch_plan(module, case=self.name, path=path, mode=options.mode, flag=flag,
                                target=target, stream_tag=options.stream_tag or self.stream_tag,
                                second_group=options.second_group, assume_pure=options.assume_pure, text=text)
-        return [microbatch_step(plan, text, apply_plans(module, [plan], text).code)]
+        # apply_plans carries a micro-batch plan out too (emit/microbatch.py); its annotation says OverlapPlan
+        return [microbatch_step(plan, text, apply_plans(module, [plan], text).code)]  # type: ignore[list-item]
 
 
 def microbatch_step(plan: MicrobatchPlan, old: str, new: str) -> EditStep:

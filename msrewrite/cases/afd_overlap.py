@@ -26,7 +26,7 @@ P2P_MODULES = ("dist", "torch.distributed")
 class PointToPoint:
     """Side calls: blocking torch.distributed send/recv (a seed predicate on call nodes)."""
 
-    def __call__(self, callee: str) -> bool:
+    def __call__(self, _callee: str) -> bool:
         return False  # no submodule call is side work here
 
     def on_call(self, call: cst.Call) -> bool:

@@ -14,7 +14,7 @@ Modes: eager, npugraph-ex, ge-graph, cuda.
 
 from __future__ import annotations
 
-from msrewrite.cases._base import BranchSpec, BranchesCase, Invalid
+from msrewrite.cases._base import BranchesCase, BranchSpec, Invalid
 
 
 def _calls(*names: str):

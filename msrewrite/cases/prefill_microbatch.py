@@ -34,7 +34,6 @@ from __future__ import annotations
 
 from msrewrite.cases._base import Invalid, MicrobatchCase
 
-
 # Declared examples (tests/test_case_examples.py runs them; README's Cases section shows them).
 # VALID: a straight-line layer with its collectives, under a layer loop.
 VALID = '''import torch
@@ -105,7 +104,7 @@ CASE = MicrobatchCase(
     name="prefill-microbatch",
     summary="two micro-batches through every layer, collectives on a comm stream one micro-batch behind",
     modes=("eager", "cuda"),
-    is_seed=lambda callee: False,
+    is_seed=lambda _callee: False,
     stream_tag="microbatch_comm",
     flag_name="ENABLE_PREFILL_MICROBATCH",
     what=("the second micro-batch", "the first"),

@@ -15,7 +15,7 @@ class CaseCodemod(CodemodCommand):
     case_request, then Case.steps) and raises SkipFile when there is nothing to do."""
 
     CASE: ClassVar[str] = ""  # the case's name; empty: given with --case (AnyCase)
-    DESCRIPTION: ClassVar[str] = "Run a msrewrite case."
+    DESCRIPTION: str = "Run a msrewrite case."
 
     @classmethod
     def add_args(cls, arg_parser: argparse.ArgumentParser) -> None:  # type: ignore[override]  # libcst's is a staticmethod; a classmethod is called the same way
@@ -49,7 +49,7 @@ class CaseCodemod(CodemodCommand):
         text = tree.code
         path = Path(self.context.filename or "stdin.py")
         options = dict(self.options)
-        options["anchors"] = tuple(options.get("anchors") or ())  # type: ignore[arg-type]  # argparse's list
+        options["anchors"] = tuple(options.pop("anchor", None) or ())  # type: ignore[arg-type]  # argparse's list
         options["assume_pure"] = tuple(options.get("assume_pure") or ())  # type: ignore[arg-type]
         args = ApplyArgs(file=path, case=self.case_name, plan_path=None, candidate=None, in_place=False,
                          output=None, verify=False, harness=None, **options)  # type: ignore[arg-type]  # names checked by ApplyArgs

@@ -18,6 +18,7 @@ from msrewrite.cases._base import (
     PROTECT,
     SECOND_COMM_GROUP,
     START_AFTER,
+    STREAM_TAG,
     Case,
     EditStep,
     Options,
@@ -32,7 +33,6 @@ from msrewrite.load import git_root, load, read_source
 from msrewrite.modes import resolve_mode
 from msrewrite.output.diff import unified_diff
 from msrewrite.plan import FlagSpec, MicrobatchPlan, OverlapPlan, StartGate, load_plans
-
 
 # The documented limits of torch_npu / torchair core budgets (docs: torchair core_limit.md and
 # npugraph_ex limit_cores.md), said once whenever an edit splits cores.
@@ -118,7 +118,7 @@ def plans_for_case(
 
 
 def case_steps(
-    file: Path, text: str, module, case_name: str, mode: str, target: str | None, flag: FlagSpec,
+    file: Path, text: str, module, case_name: str, mode: str, target: str | None, flag: FlagSpec | None,
     stream_tag: str | None, start_gates: tuple[StartGate, ...] = (), phase_anchors: tuple[str, ...] = (),
     core_limits: tuple[int, int, int, int] | None = None, second_group: str | None = None,
     protect: str = "", assume_pure: tuple[str, ...] = (), allow_rng_reorder: bool = False,
@@ -200,17 +200,16 @@ def _python() -> str:
 
 def _needed_python(module) -> str:
     """Which newer Python the file's syntax asks for, where libcst's tree shows it ("" if unknown)."""
-    import libcst as cst
 
     class NewSyntax(Visitor):
         def __init__(self) -> None:
             super().__init__()
             self.found = False
 
-        def visit_TypeAlias(self, node) -> None:
+        def visit_TypeAlias(self, _node) -> None:
             self.found = True
 
-        def visit_TypeParameters(self, node) -> None:
+        def visit_TypeParameters(self, _node) -> None:
             self.found = True
 
     finder = NewSyntax()
@@ -242,9 +241,10 @@ def _with_markers(steps: list[EditStep], original: str) -> list[EditStep]:
     """Each step's edit with profiler ranges around the windows of its plans and the earlier ones."""
     from msrewrite.emit import markers
 
-    marked, before, so_far = [], original, []
-    for step in steps:
-        so_far += [p for p in step.plans if p.markers and p not in so_far]
+    marked, before = [], original
+    so_far: list[OverlapPlan] = []
+    for step in steps:  # (micro-batch plans never carry markers: --markers is refused for them)
+        so_far += [p for p in step.plans if isinstance(p, OverlapPlan) and p.markers and p not in so_far]
         new = markers.add(step.new, so_far) if so_far else step.new
         marked.append(dataclasses.replace(step, old=before, new=new))
         before = new
@@ -315,7 +315,7 @@ class ApplyArgs:
             START_AFTER: self.start_after is not None, ANCHOR: bool(self.anchors),
             CORES: self.core_limit is not None or self.core_preset != "a3",
             SECOND_COMM_GROUP: self.second_comm_group is not None, ALLOW_RNG_REORDER: self.allow_rng_reorder,
-            PROTECT: bool(self.protect),
+            PROTECT: bool(self.protect), STREAM_TAG: self.stream_tag is not None,
         }
 
 
@@ -564,10 +564,12 @@ def _verify(args: ApplyArgs, src, plans: list, plain_steps: list[EditStep], new_
     function, flag_spec, edit_mode = plans[0].function, plans[0].flag, plans[0].mode
     # the plans and the text they address, so verify can issue the side work under other schedules
     several = sum(1 for step in plain_steps if step.plans) > 1
+    # (ScheduleSource takes a micro-batch plan too, for the early schedule only; it is annotated OverlapPlan)
     last = ScheduleSource(src.text, plans) if args.plan_path is not None else (
-        ScheduleSource(plain_steps[-1].old, plain_steps[-1].plans,
+        ScheduleSource(plain_steps[-1].old, plain_steps[-1].plans,  # type: ignore[arg-type]  # see above
                        "later schedules move the last side stream's work only" if several else "",
-                       marked=tuple(p for step in plain_steps[:-1] for p in step.plans if p.markers))
+                       marked=tuple(p for step in plain_steps[:-1] for p in step.plans
+                                    if isinstance(p, OverlapPlan) and p.markers))
         if plain_steps[-1].plans else None
     )
     with contextlib.redirect_stdout(sys.stderr):  # what the user's code prints must not enter the diff

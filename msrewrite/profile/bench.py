@@ -52,7 +52,7 @@ class Timing:
 @dataclass
 class Variant:
     label: str
-    options: list[str]  # apply options after --case CASE FILE; None when no apply command makes it
+    options: list[str] | None  # apply options after --case CASE FILE; None when no apply command makes it
     text: str
     command: str | None = None
     timing: Timing | None = None
