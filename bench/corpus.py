@@ -138,7 +138,8 @@ def _check_edit(result: FileResult, check: Check, path: Path, old: str, new: str
 def _idempotent(result: FileResult, check: Check, path: Path, new: str, case, mode: str) -> bool:
     import libcst as cst
 
-    from msrewrite.cases import Options, find_targets
+    from msrewrite.cases._base import Options
+    from msrewrite.cases._finder import find_targets
     from msrewrite.commands.apply import plans_for_case
     from msrewrite.errors import MsrewriteError, NothingToDo
     from msrewrite.plan import FlagSpec
@@ -240,7 +241,7 @@ def _apply_suggested(result: FileResult, path: Path, src, plan, mode: str) -> No
 
 def _sweep_cases(result: FileResult, path: Path, all_modes: bool) -> None:
     """Every case, in eager mode first; in its other modes too when eager edits."""
-    from msrewrite.codemods import all_cases
+    from msrewrite.cases import all_cases
 
     for case in all_cases():
         modes = ["eager"] + ([m for m in case.modes if m != "eager"] if all_modes else [])

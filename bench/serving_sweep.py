@@ -83,8 +83,9 @@ def reason_group(reason: str) -> str:
 
 
 def sweep_apply(path: Path) -> dict:
-    from msrewrite.cases import Options, find_targets
-    from msrewrite.codemods import get_case
+    from msrewrite.cases import get_case
+    from msrewrite.cases._base import Options
+    from msrewrite.cases._finder import find_targets
     from msrewrite.emit.engine import apply_plans
     from msrewrite.emit.locate import locate
     from msrewrite.emit.templates import code_of

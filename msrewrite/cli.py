@@ -3,21 +3,29 @@
 Every failure the user can cause ends as one line on stderr and a documented exit code
 (0 done, 1 nothing to do / problems found, 2 bad input); tracebacks are for our own bugs.
 Options are declared as typer would (`Option(default, "--name", help=...)`), but parsed by
-msrewrite/cliargs.py without importing typer: only `--help` loads it.
+msrewrite/cliargs.py without importing typer: only `--help` loads it. apply's per-case options
+(--start-after, --anchor, --cores, ...) are declared by the cases that take them
+(msrewrite/cases/_base.py) and listed in apply's signature through `Declared(...)`.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from msrewrite import __version__
-from msrewrite.cliargs import Argument, Option, UsageError, command
+from msrewrite.cliargs import Argument, Declared, Option, UsageError, command
 from msrewrite.cliargs import main as cliargs_main
 from msrewrite.errors import EXIT_BAD_INPUT, MsrewriteError
 
 SUMMARY = "Insert multi-stream overlaps into PyTorch model code (Ascend NPU and CUDA)."
+
+
+def _case_option_params() -> list:
+    from msrewrite.cases._base import cli_params
+
+    return cli_params()
 
 
 @command
@@ -35,29 +43,9 @@ def apply(
         None, "--gate", help="capture, prefill, decode or tokens<=N: overlap only then, by the file's own predicate."
     ),
     stream_tag: Optional[str] = Option(None, "--stream-tag", help="Side stream tag (shared by every layer)."),
-    start_after: Optional[str] = Option(
-        None, "--start-after", help="ge-graph: start the side work only after this main-stream tensor exists."
-    ),
-    anchor: Optional[List[str]] = Option(
-        None, "--anchor", help="Phased cases: a main-stream value after which the next side phase starts (repeat)."
-    ),
-    core_preset: str = Option("a3", "--cores", help="Core-limit cases: device preset a2, a3 or a3-even."),
-    core_limit: Optional[str] = Option(
-        None, "--core-limit", help="Core-limit cases: SIDE_AIC/SIDE_AIV,MAIN_AIC/MAIN_AIV, e.g. 8/16,16/32."
-    ),
-    second_comm_group: Optional[str] = Option(
-        None, "--second-comm-group", help="prefill-microbatch: the layer's second process group (self.NAME) for micro-batch 1."
-    ),
-    protect: str = Option(
-        "", "--protect", help="clone: snapshot side inputs the main path may write before the join (one copy each)."
-    ),
-    assume_pure: Optional[List[str]] = Option(
-        None, "--assume-pure", help="A callee msrewrite cannot see into that writes none of its arguments (repeat)."
-    ),
-    allow_rng_reorder: bool = Option(
-        False, "--allow-rng-reorder",
-        help="Move side work that draws random numbers (dropout, torch.rand*) even when the main path draws too.",
-    ),
+    # --start-after, --anchor, --cores, --core-limit, --second-comm-group, --protect, --assume-pure,
+    # --allow-rng-reorder: declared by the cases that take them (msrewrite/cases/_base.py)
+    case_options: Any = Declared(_case_option_params),
     source_path: Optional[List[Path]] = Option(
         None, "--source-path", help="A folder of package sources (an unpacked wheel) to read callees from, never imported (repeat)."
     ),
@@ -72,43 +60,22 @@ def apply(
         False, "--markers", help="Profiler ranges msrewrite:<case>:<tag>:side|main around the windows (eager, cuda)."
     ),
     no_markers: bool = Option(False, "--no-markers", help="Remove the profiler ranges from an edited FILE."),
+    **per_case: Any,
 ) -> int:
     """Rewrite FILE: move a branch onto a side stream behind an enable flag."""
+    options = dict(locals())  # the options as run_apply names them
+    del options["case_options"]
+    options.update(options.pop("per_case"))
     from msrewrite.analyze.packages import set_source_path
     from msrewrite.commands.apply import run_apply
     from msrewrite.load import set_max_bytes
 
-    set_max_bytes(max_bytes)
-    set_source_path(source_path or ())
-    return run_apply(
-        file=file,
-        case=case,
-        plan_path=plan,
-        candidate=candidate,
-        mode=mode,
-        target=target,
-        flag=flag,
-        flag_default=flag_default,
-        max_tokens=max_tokens,
-        gate=gate,
-        stream_tag=stream_tag,
-        start_after=start_after,
-        anchors=tuple(anchor or ()),
-        core_preset=core_preset,
-        core_limit=core_limit,
-        second_comm_group=second_comm_group,
-        protect=protect,
-        assume_pure=tuple(assume_pure or ()),
-        allow_rng_reorder=allow_rng_reorder,
-        in_place=in_place,
-        output=output,
-        verify=verify,
-        harness=harness,
-        force=force,
-        quiet=quiet,
-        markers=markers,
-        no_markers=no_markers,
-    )
+    set_max_bytes(options.pop("max_bytes"))
+    set_source_path(options.pop("source_path") or ())
+    options["plan_path"] = options.pop("plan")
+    options["anchors"] = tuple(options.pop("anchor") or ())
+    options["assume_pure"] = tuple(options["assume_pure"] or ())
+    return run_apply(**options)
 
 
 @command
@@ -116,7 +83,7 @@ def cases() -> int:
     """List the cases with the modes they support (and why a mode is left out)."""
     import textwrap
 
-    from msrewrite.codemods import all_cases
+    from msrewrite.cases import all_cases
 
     items = all_cases()
     width = max(len(item.name) for item in items) + 2

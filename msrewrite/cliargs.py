@@ -6,6 +6,10 @@ and reports a usage error as one line; only `--help` (or no arguments) builds a 
 the same declarations, so typer, pydantic and rich are imported only to print help. Typer alone
 costs about 0.25 s per process, more than parsing a 700-line model file.
 
+A parameter whose default is `Declared(provider)` stands for options declared elsewhere (apply's
+per-case options, by the cases): `params()` lists the provider's in its place, and the command
+takes them as keyword arguments.
+
 A plain command line (known options spelled out, values that do not start with "-", the
 positionals a command takes) is read without argparse, which costs more than the rest of the
 command line handling (its import, gettext's locale lookup when a parser is made, an action
@@ -16,11 +20,15 @@ same answers on generated command lines.
 
 from __future__ import annotations
 
-import sys
+import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import argparse
 
 COMMANDS: dict[str, Callable[..., int]] = {}
 
@@ -37,6 +45,8 @@ class Param:
     decls: tuple[str, ...]  # option names ("--case", "-i"); empty for an argument
     help: str
     argument: bool = False
+    # declared elsewhere: the (name, type, Param) triples this placeholder stands for, in its place
+    expand: Callable[[], list[tuple[str, Any, Param]]] | None = None
 
     @property
     def required(self) -> bool:
@@ -51,6 +61,12 @@ def Argument(default: Any, help: str = "") -> Any:  # noqa: N802
     return Param(default, (), help, argument=True)
 
 
+def Declared(provider: Callable[[], list[tuple[str, Any, Param]]]) -> Any:  # noqa: N802
+    """Options declared elsewhere (apply's per-case options, by the cases), listed in this
+    parameter's place; the command takes them as keyword arguments (**kwargs)."""
+    return Param(None, (), "", expand=provider)
+
+
 def command(func: Callable[..., int]) -> Callable[..., int]:
     """Register `func` as the command of its name (underscores become dashes)."""
     COMMANDS[func.__name__.replace("_", "-")] = func
@@ -62,13 +78,16 @@ def params(func: Callable[..., int]) -> list[tuple[str, Any, Param]]:
     hints = typing.get_type_hints(func)
     defaults = func.__defaults__ or ()
     names = func.__code__.co_varnames[: func.__code__.co_argcount]
-    return [(name, hints[name], spec) for name, spec in zip(names[len(names) - len(defaults):], defaults)]
+    found: list[tuple[str, Any, Param]] = []
+    for name, spec in zip(names[len(names) - len(defaults):], defaults, strict=True):
+        found += spec.expand() if spec.expand is not None else [(name, hints[name], spec)]
+    return found
 
 
 def _unwrap(kind: Any) -> tuple[Any, bool]:
-    """(element type, is a list) of Optional[X] / List[X] / Optional[List[X]]."""
+    """(element type, is a list) of Optional[X] / X | None / List[X] / Optional[List[X]] / list[X] | None."""
     many = False
-    while typing.get_origin(kind) in (typing.Union, list):
+    while typing.get_origin(kind) in (typing.Union, types.UnionType, list):
         if typing.get_origin(kind) is list:
             many = True
         kind = next(a for a in typing.get_args(kind) if a is not type(None))
@@ -84,7 +103,7 @@ def _parser_class() -> type:
             def _get_formatter(self) -> argparse.HelpFormatter:
                 # argparse makes a formatter per add_argument; a fixed width spares it a shutil import and a
                 # terminal-size query each time (help itself is typer's, and usage errors are one line)
-                return self.formatter_class(prog=self.prog, width=80)
+                return argparse.HelpFormatter(prog=self.prog, width=80)  # the formatter_class, never changed
 
             def error(self, message: str) -> typing.NoReturn:
                 raise UsageError(f"{self.prog.split()[-1]}: {message} (see `{self.prog} --help`)")
@@ -96,7 +115,7 @@ def _parser_class() -> type:
 _PARSER: type | None = None
 
 
-def parser_for(name: str, func: Callable[..., int]) -> "argparse.ArgumentParser":
+def parser_for(name: str, func: Callable[..., int]) -> argparse.ArgumentParser:
     import argparse
 
     # a usage line of our own: parse_intermixed_args would otherwise format argparse's (every
@@ -131,8 +150,23 @@ def _plain_parse(func: Callable[..., int], argv: list[str]) -> dict[str, Any] | 
     (`--name` or `-n`, no `--name=value`, no bundled short options, no `--`), or the value of
     the option before it, which does not start with "-" either and converts to the option's type.
     None for anything else, and for anything argparse would refuse: it parses those itself."""
+    specs = _plain_specs(func)
+    if specs is None:
+        return None
+    values, options, positionals = specs
+    given = _plain_options(argv, options, values)
+    if given is None:
+        return None
+    return _plain_positionals(given, positionals, values)
+
+
+_PlainOptions = dict[str, tuple[str, str, Any]]  # option string -> (dest, action, type or constant)
+
+
+def _plain_specs(func: Callable[..., int]) -> tuple[dict[str, Any], _PlainOptions, list[tuple[str, bool, Any]]] | None:
+    """The defaults, options and positionals _plain_parse reads, or None when one is not plain."""
     values: dict[str, Any] = {}
-    options: dict[str, tuple[str, str, Any]] = {}  # option string -> (dest, action, type or constant)
+    options: _PlainOptions = {}
     positionals: list[tuple[str, bool, Any]] = []  # (dest, takes several, type)
     for pname, kind, spec in params(func):
         element, many = _unwrap(kind)
@@ -156,6 +190,11 @@ def _plain_parse(func: Callable[..., int], argv: list[str]) -> dict[str, Any] | 
             options.update((decl, (pname, "append" if many else "store", convert)) for decl in spec.decls)
             # argparse passes a string default through the option's type
             values[pname] = convert(spec.default) if isinstance(spec.default, str) and convert else spec.default
+    return values, options, positionals
+
+
+def _plain_options(argv: list[str], options: _PlainOptions, values: dict[str, Any]) -> list[str] | None:
+    """Read argv's options into `values`; the positional tokens, or None when argv is not plain."""
     given: list[str] = []
     tokens = iter(argv)
     for token in tokens:
@@ -180,6 +219,12 @@ def _plain_parse(func: Callable[..., int], argv: list[str]) -> dict[str, Any] | 
             values[dest] = [*(values[dest] or []), value]
         else:
             values[dest] = value
+    return given
+
+
+def _plain_positionals(
+    given: list[str], positionals: list[tuple[str, bool, Any]], values: dict[str, Any],
+) -> dict[str, Any] | None:
     for dest, many, convert in positionals:
         if many:
             taken, given = given, []

@@ -20,7 +20,8 @@ from msrewrite.analyze.branch import NoBranch, SideBranch, find_branch_for_calls
 from msrewrite.analyze.defuse import all_calls, self_callee
 from msrewrite.analyze.positions import positions_for
 from msrewrite.analyze.walk import Visitor
-from msrewrite.cases import Case, Options, branch_plan, check_main_hoists, check_rng_order
+from msrewrite.cases._base import Case, Options
+from msrewrite.cases._finder import branch_plan, check_main_hoists, check_rng_order
 from msrewrite.emit.locate import locate
 from msrewrite.emit.templates import code_of, strip_leading
 from msrewrite.errors import BadInput
@@ -135,7 +136,7 @@ def check_plan_in(
     `derived_from`: the side calls `plan` was just derived from (suggest). When the plan names
     exactly these calls, the finder (deterministic) would derive the same plan again: it is
     returned as is, without a second derivation."""
-    from msrewrite.codemods import get_case
+    from msrewrite.cases import get_case
 
     case = get_case(plan.case)
     if case is not None and (case.analysis != "calls" or case.sync == "async-comm"):
@@ -212,7 +213,7 @@ def case_shapes(
 ) -> list[tuple[Case, str, tuple]]:
     """(case, branch name, shape) of the branch each call-seeded case's own finder derives here.
     `callees`: the function's `self.<...>` callees when known (skips cases with no seed among them)."""
-    from msrewrite.codemods import all_cases
+    from msrewrite.cases import all_cases
 
     found = []
     for case in all_cases():

@@ -43,7 +43,7 @@ def load_bench(name: str) -> ModuleType:
 
 
 def load_regen() -> ModuleType:
-    """golden/regen.py as a module (GOLDEN_EXAMPLES, the regeneration functions)."""
+    """golden/regen.py as a module (golden_examples(), the regeneration functions)."""
     return load_file(ROOT / "golden" / "regen.py", "golden_regen")
 
 

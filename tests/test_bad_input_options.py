@@ -299,6 +299,22 @@ ROWS = [
     Row("option-second-group-module-method", ("apply", "--case", "prefill-microbatch", "--second-comm-group", "cuda",
                                               "{mb.py}"), 2, "nn.Module.cuda"),
     Row("option-target-code", ("apply", *CASE, "--target", "A.forward;import os", "{good.py}"), 2, "--target"),
+    # per-case options a case does not take (Case.add_args): refused, never ignored (#15)
+    Row("option-start-after-branches", ("apply", "--case", "indexer-prolog", "--mode", "ge-graph", "--start-after",
+                                        "x", "{good.py}"), 2,
+        "--start-after is for cases with one side branch; indexer-prolog runs several side streams one after another"),
+    Row("option-stream-tag-branches", ("apply", "--case", "indexer-prolog", "--stream-tag", "x", "{good.py}"), 2,
+        "--stream-tag: indexer-prolog names each of its side streams itself"),
+    Row("option-protect-copies", ("apply", "--case", "kvcache-offload", "--protect", "clone", "{good.py}"), 2,
+        "--protect is for cases that move calls onto a side stream; kvcache-offload moves buffer copies"),
+    Row("option-anchor-with-plan", ("apply", "--plan", "{ok.json}", "--anchor", "x", "{good.py}"), 2,
+        "--anchor: a plan file carries its own phase anchors; give --anchor with --case"),
+    Row("option-cores-with-plan", ("apply", "--plan", "{ok.json}", "--cores", "a2", "{good.py}"), 2,
+        "--cores and --core-limit: a plan file carries its own core budgets"),
+    Row("option-core-limit-with-plan", ("apply", "--plan", "{ok.json}", "--core-limit", "8/16,16/32", "{good.py}"), 2,
+        "--cores and --core-limit: a plan file carries its own core budgets"),
+    Row("option-start-after-with-plan", ("apply", "--plan", "{ok.json}", "--mode", "ge-graph", "--start-after", "x",
+                                         "{good.py}"), 2, "--start-after: a plan file carries its own start gates"),
 ]
 
 
@@ -584,8 +600,8 @@ def test_microbatch_edit_checks_its_own_values():
 
 
 # Scans of the emitter ---------------------------------------------------------------------------
-EMITTER = sorted([*(ROOT / "msrewrite" / "emit").glob("*.py"), *(ROOT / "codemods").glob("*.py"),
-                  ROOT / "msrewrite" / "cases.py"])
+EMITTER = sorted([*(ROOT / "msrewrite" / "emit").glob("*.py"), *(ROOT / "msrewrite" / "cases").glob("*.py"),
+                  *(ROOT / "msrewrite" / "codemods").glob("*.py")])
 
 
 def _hand_quoted(tree: ast.AST) -> list[int]:

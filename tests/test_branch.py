@@ -12,8 +12,9 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from msrewrite.cases import Options, find_targets
-from msrewrite.codemods import get_case
+from msrewrite.cases import get_case
+from msrewrite.cases._base import Options
+from msrewrite.cases._finder import find_targets
 from msrewrite.emit.engine import apply_plans
 
 CASE = get_case("moe-shared-expert")
@@ -311,7 +312,7 @@ COPY_LAYER_INIT = """
 
 
 def copy_plan(body: str, init: str = COPY_LAYER_INIT):
-    from msrewrite.codemods import get_case as case_named
+    from msrewrite.cases import get_case as case_named
 
     source = "class Layer:\n    def forward(self, x, cache):\n" + textwrap.indent(textwrap.dedent(body).lstrip("\n"), " " * 8)
     source += init
@@ -377,7 +378,7 @@ def test_copy_is_refused_when_a_statement_reads_its_destination():
 
 
 def test_recv_buffer_moves_with_the_side_branch():
-    from msrewrite.codemods import get_case as case_named
+    from msrewrite.cases import get_case as case_named
 
     body = FIX["recv_buffer_moves_with_the_side"][0]
     source = "class Node:\n    def forward(self, x):\n" + textwrap.indent(textwrap.dedent(body).lstrip("\n"), " " * 8)

@@ -9,8 +9,9 @@ from pathlib import Path
 import libcst as cst
 
 from helpers import EXAMPLES, load_regen
-from msrewrite.cases import Options, find_targets
-from msrewrite.codemods import get_case
+from msrewrite.cases import get_case
+from msrewrite.cases._base import Options
+from msrewrite.cases._finder import find_targets
 from msrewrite.verify import verify_files
 
 regen = load_regen()

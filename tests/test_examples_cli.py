@@ -10,7 +10,7 @@ from helpers import EXAMPLES, load_regen, run_cli
 pytestmark = pytest.mark.slow
 
 CASE_OF = {}
-for _case, _examples in load_regen().GOLDEN_EXAMPLES.items():
+for _case, _examples in load_regen().golden_examples().items():
     for _example in _examples:
         CASE_OF.setdefault(_example, _case)
 

@@ -10,7 +10,7 @@ regen = load_regen()
 
 PARAMS = [
     (case, mode, example)
-    for case, examples in regen.GOLDEN_EXAMPLES.items()
+    for case, examples in regen.golden_examples().items()
     for mode in regen.golden_modes(case)
     for example in examples
 ]
@@ -29,7 +29,7 @@ def test_golden_output_and_diff(case, mode, example):
 @pytest.mark.parametrize("case,mode,example", PARAMS, ids=["-".join(p) for p in PARAMS])
 def test_golden_is_idempotent(case, mode, example):
     """Applying the case to its own output finds nothing to do, and says it was already applied."""
-    from msrewrite.codemods import get_case
+    from msrewrite.cases import get_case
     from msrewrite.commands.apply import case_steps
     from msrewrite.errors import NothingToDo
     from msrewrite.load import load

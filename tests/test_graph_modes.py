@@ -52,7 +52,7 @@ def test_stand_in_models_a_torchair_that_fails_to_initialise_lazily():
         assert new["torchair"] is not None  # a working torchair is kept
 
 
-@pytest.mark.parametrize("example", regen.GOLDEN_EXAMPLES["moe-shared-expert"])
+@pytest.mark.parametrize("example", regen.golden_examples()["moe-shared-expert"])
 def test_ge_golden_falls_back_when_torchair_fails_to_initialise(tmp_path, example):
     """The old import lets the error surface inside forward; the emitted one runs the original path."""
     model_file = regen.ROOT / "examples" / f"{example}.py"
@@ -136,7 +136,7 @@ COMPILE_MODES = {  # name -> (CompilerConfig.mode, debug.run_eagerly)
 }
 GE_GOLDENS = [
     (case, example)
-    for case, examples in regen.GOLDEN_EXAMPLES.items()
+    for case, examples in regen.golden_examples().items()
     if "ge-graph" in regen.golden_modes(case)
     for example in examples
 ]
@@ -226,7 +226,7 @@ def test_ge_golden_raises_nothing_under_each_compile_mode(tmp_path, case, exampl
 
 
 @pytest.mark.parametrize("compile_mode", ["reduce-overhead", "npugraph_ex", "run_eagerly"])
-@pytest.mark.parametrize("example", regen.GOLDEN_EXAMPLES["moe-shared-expert-phased"])
+@pytest.mark.parametrize("example", regen.golden_examples()["moe-shared-expert-phased"])
 def test_old_wait_tensor_gate_is_caught(tmp_path, example, compile_mode):
     """Gated on is_compiling() alone, npu_wait_tensor is reached outside GE graph mode and raises."""
     mutant = [OLD_WAIT_GATE, OLD_STREAMS_GATE]
@@ -234,7 +234,7 @@ def test_old_wait_tensor_gate_is_caught(tmp_path, example, compile_mode):
         _compiled_run(tmp_path, "moe-shared-expert-phased", example, compile_mode, replace=mutant)
 
 
-@pytest.mark.parametrize("example", regen.GOLDEN_EXAMPLES["moe-shared-expert"])
+@pytest.mark.parametrize("example", regen.golden_examples()["moe-shared-expert"])
 def test_side_stream_left_on_under_reduce_overhead_races(tmp_path, example):
     """Why the side stream follows the recorded mode too: reduce-overhead gives each tag a real
     stream and joins it only at the graph's output, so the side result's consumer races."""
@@ -372,7 +372,7 @@ def _npugraph_ex_compiled_run(tmp_path, example, torch_npu_version, replace=None
 
 
 @pytest.mark.parametrize("version", ["2.14", "2.10"])
-@pytest.mark.parametrize("example", regen.GOLDEN_EXAMPLES["moe-shared-expert"])
+@pytest.mark.parametrize("example", regen.golden_examples()["moe-shared-expert"])
 def test_npugraph_ex_side_stream_only_where_record_stream_reaches_it(tmp_path, example, version):
     """torch_npu 2.14 lowers record_stream in a compiled graph by stream id: the side stream runs.
     2.10 lowers it by FX node name (a stream of its own): the side stream stays off there."""

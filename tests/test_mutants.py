@@ -6,13 +6,14 @@ The unmutated golden edits verify clean (tests/test_golden.py pins their text; h
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
 from helpers import EXAMPLES, load_regen
+from msrewrite.cases import all_cases
 from msrewrite.commands.apply import plans_for_case
 from msrewrite.emit.engine import apply_plans
 from msrewrite.load import load
@@ -179,7 +180,10 @@ LIMIT_CORE = [  # attn-moe-limit-core: the core limits change nothing about the 
     Mutant("join-removed", drop_line(r"current_stream\.wait_stream\(moe_shortcut_stream\)"), "race-raw", r"shortcut_mlp_output"),
     Mutant("lifetime-guard-removed", drop_line(r"_ms_record_stream\(current_stream, "), "lifetime", r"."),
 ]
-MUTANTS = {
+# The mutation operators of each case's edit (its sync, its stream names, its output): a case's
+# declared mutant_modes x mutant_examples (msrewrite/cases/) are mutated with these; a case with
+# none of its own gets the generic ones of its sync (GENERIC), built from its stream tag.
+OPERATORS = {
     ("attn-moe-limit-core", "eager"): LIMIT_CORE,
     ("kvcache-offload", "eager"): OFFLOAD,
     ("indexer-prolog", "eager"): INDEXER,
@@ -192,23 +196,38 @@ MUTANTS = {
 }
 
 
-def run_verify(tmp_path: Path, example: str, text: str, full: bool = False):
-    """A mutant breaks a sync: the default eval run shows it. `full`: every scenario and schedule."""
+def generic_operators(case) -> list[Mutant]:
+    """A wait_stream case's fork and join, found by its stream tag: dropping either is a race."""
+    stream = f"{case.stream_tag}_stream"
+    return [
+        Mutant("fork-wait-removed", drop_line(rf"{stream}\.wait_stream\(current_stream\)"), "race-raw", r"."),
+        Mutant("join-removed", drop_line(rf"current_stream\.wait_stream\({stream}\)"), "race-raw", r"."),
+    ]
+
+
+def mutants(cases=None) -> dict[tuple[str, str], list[Mutant]]:
+    """(case, mode) -> its mutants, for every case that declares mutant modes and examples."""
+    found = {}
+    for case in all_cases() if cases is None else cases:
+        for mode in case.mutant_modes if case.mutant_examples else ():
+            found[(case.name, mode)] = OPERATORS.get((case.name, mode)) or generic_operators(case)
+    return found
+
+
+MUTANTS = mutants()
+
+
+def run_verify(tmp_path: Path, example: str, text: str, full: bool = False, examples: Path = EXAMPLES):
+    """A mutant breaks a sync: the default eval run shows it. `full`: every scenario and schedule.
+    `examples`: the folder of the example models (another for a case outside this checkout)."""
     edited = tmp_path / f"{example}.py"
     edited.write_text(text)
     if full:
-        return verify_files(edited, original=EXAMPLES / f"{example}.py")
-    return verify_files(edited, original=EXAMPLES / f"{example}.py", inputs=0, train=False)
+        return verify_files(edited, original=examples / f"{example}.py")
+    return verify_files(edited, original=examples / f"{example}.py", inputs=0, train=False)
 
 
-MUTATED_EXAMPLES = {
-    "moe-shared-expert": [*EXAMPLE_NAMES, "guarded_moe"],
-    "moe-shared-mlp-init": ["hunyuan_moe"],
-    "moe-shared-expert-phased": ["deepep_moe"],
-    "indexer-prolog": ["indexer_prolog"],
-    "kvcache-offload": ["offload_decoder", "offload_cache_decoder"],
-    "attn-moe-limit-core": ["longcat_layer"],
-}
+MUTATED_EXAMPLES = {case.name: case.mutant_examples for case in all_cases()}
 PARAMS = [
     (case, mode, example, m)
     for (case, mode), ms in MUTANTS.items()
@@ -236,7 +255,7 @@ def test_mutant_is_caught(tmp_path, case, mode, example, mutant):
 
 GOLDENS = [
     (case, mode, example)
-    for case, examples in regen.GOLDEN_EXAMPLES.items()
+    for case, examples in regen.golden_examples().items()
     for mode in regen.golden_modes(case)
     for example in examples
     # these need a process group: tests/test_afd_gloo.py and tests/test_microbatch_gloo.py run them

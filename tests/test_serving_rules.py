@@ -404,8 +404,9 @@ def test_a_helper_that_only_runs_the_side_work_says_so(tmp_path):
     source = source.replace(block_forward_def, helper + block_forward_def, 1)
     source = source.replace("from torch import nn\n", "from torch import nn\nfrom kernels_not_here import fused_gate\n")
     src = load(write(tmp_path, "helper_only", source))
-    from msrewrite.cases import Options, find_targets
-    from msrewrite.codemods import get_case
+    from msrewrite.cases import get_case
+    from msrewrite.cases._base import Options
+    from msrewrite.cases._finder import find_targets
 
     targets = {t.function: t for t in find_targets(get_case("moe-shared-expert"), src.path, src.module, Options(), text=src.text)}
     assert "calls `fused_gate`, which msrewrite cannot see into" in targets["Block.forward"].reason

@@ -125,7 +125,7 @@ NOT_FOR_APPLY = (
     "msrewrite.verify", "msrewrite.harness", "msrewrite.suggest", "msrewrite.sanitizer", "msrewrite.profile",
     "msrewrite.plancheck", "msrewrite.cores", "msrewrite.analyze.effects", "msrewrite.analyze.dataflow",
     "msrewrite.emit.microbatch", "msrewrite.emit.inline", "msrewrite.emit.markers", "msrewrite.emit.schedules",
-    "msrewrite.codemods.kvcache_offload", "msrewrite.codemods.prefill_microbatch",
+    "msrewrite.cases.kvcache_offload", "msrewrite.cases.prefill_microbatch", "msrewrite.codemods",
     "msrewrite.output.inplace", "msrewrite.output.patch",
     "sysconfig", "tempfile", "hashlib", "shutil", "unicodedata", "argparse", "gettext",
 )

@@ -123,7 +123,7 @@ def _sources():
     yield "syntax", SYNTAX
     for path in sorted(EXAMPLES.glob("*.py")):
         yield path.name, path.read_text()
-    for rel in ("msrewrite/analyze/walk.py", "msrewrite/cases.py"):
+    for rel in ("msrewrite/analyze/walk.py", "msrewrite/cases/_finder.py"):
         yield rel, (ROOT / rel).read_text()
 
 

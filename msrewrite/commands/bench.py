@@ -59,7 +59,7 @@ def run_bench(*, file: Path, harness: str | None, case: str | None, mode: str, v
     else:
         if case is None:
             raise BadInput("give --case CASE (the edit to time), or an edited file")
-        from msrewrite.codemods import get_case
+        from msrewrite.cases import get_case
 
         known = get_case(case)
         if known is None:
@@ -74,7 +74,7 @@ def run_bench(*, file: Path, harness: str | None, case: str | None, mode: str, v
             raise NoDevice("no CUDA or NPU device here: bench times on a device (--dry-run runs every step on CPU)")
         chosen = {"cuda": "cuda", "npu": "eager", "cpu": "cuda"}[kind] if mode == "auto" else mode
         items = ([bench.Variant("as edited", None, text)] if edited
-                 else bench.variants(file, text, case, chosen, variants))
+                 else bench.variants(file, text, case or "", chosen, variants))  # case: given, checked above
         off = bench.run_variants(file, harness, items, flag_name, kind, iters, warmup, dry_run, phase=progress.phase)
         return kind, chosen, off, items
 

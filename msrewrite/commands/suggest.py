@@ -195,7 +195,7 @@ def fit_table(header: list[str], rows: list[list[str]], shrink: dict[int, int], 
     def cell(text: str, w: int) -> str:
         return text if len(text) <= w else text[: w - 1] + "…"
 
-    return [(" " * gap).join(cell(t, w).ljust(w) for t, w in zip(row, widths)).rstrip() for row in [header, *rows]]
+    return [(" " * gap).join(cell(t, w).ljust(w) for t, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
 
 
 def _print_table(analyses) -> None:

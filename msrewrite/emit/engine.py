@@ -24,7 +24,7 @@ __all__ = ["PlannedEdit", "apply_plans", "case_words", "plan_edit"]
 
 def case_words(case_name: str, branch: str = "") -> tuple[str, str]:
     """(side work, main work) as the case's comments name them."""
-    from msrewrite.codemods import get_case
+    from msrewrite.cases import get_case
 
     case = get_case(case_name)
     if case is None:

@@ -439,7 +439,8 @@ def derive_source(text: str, original: Path | None, mode: str, flag) -> tuple[Sc
 
 @lru_cache(maxsize=32)
 def _derive(text: str, original_name: str, original_text: str, mode: str, flag):
-    from msrewrite.commands.apply import case_steps
+    from msrewrite.cases import require_case
+    from msrewrite.cases._base import Options
     from msrewrite.errors import MsrewriteError
     from msrewrite.load import parse_source
 
@@ -449,7 +450,8 @@ def _derive(text: str, original_name: str, original_text: str, mode: str, flag):
         return None, "no single msrewrite case marker in the edited file (pass --plan PLANS.json)"
     case = cases.pop()
     try:
-        steps = case_steps(original, original_text, parse_source(original, original_text), case, mode, None, flag, None)
+        module = parse_source(original, original_text)
+        steps = require_case(case).steps(original, original_text, module, Options(mode=mode, flag=flag), None)
     except MsrewriteError as exc:
         return None, f"apply --case {case} does not reproduce the edit ({exc})"
     last = steps[-1]

@@ -52,7 +52,7 @@ class Timing:
 @dataclass
 class Variant:
     label: str
-    options: list[str]  # apply options after --case CASE FILE; None when no apply command makes it
+    options: list[str] | None  # apply options after --case CASE FILE; None when no apply command makes it
     text: str
     command: str | None = None
     timing: Timing | None = None
@@ -106,8 +106,8 @@ def edit_for(file: Path, text: str, case: str, mode: str, options: list[str]) ->
     """What `msrewrite apply --case CASE --mode MODE FILE OPTIONS` makes: the edited text, and the
     text its last step was made on with that step's plans (verify's schedule source)."""
     from msrewrite import cores
-    from msrewrite.codemods import get_case
-    from msrewrite.commands.apply import _parse_flag, case_steps
+    from msrewrite.cases import get_case
+    from msrewrite.commands.apply import parse_flag, case_steps
     from msrewrite.load import parse_source
 
     known = get_case(case)
@@ -116,14 +116,14 @@ def edit_for(file: Path, text: str, case: str, mode: str, options: list[str]) ->
     opts = dict(zip(options[::2], options[1::2]))
     anchors = tuple(v for k, v in zip(options[::2], options[1::2]) if k == "--anchor")
     max_tokens = int(opts["--max-tokens"]) if "--max-tokens" in opts else None
-    spec = _parse_flag("", "on", max_tokens, known.flag_name)
+    spec = parse_flag("", "on", max_tokens, known.flag_name)
     budget = cores.resolve(opts.get("--cores", "a3"), None).as_tuple() if known.core_limits else None
     steps = case_steps(file, text, parse_source(file, text), case, mode, None, spec, None, (), anchors, budget)
     return steps[-1].new, steps[-1].old, steps[-1].plans
 
 
 def variants(file: Path, text: str, case: str, mode: str, every: bool) -> list[Variant]:
-    from msrewrite.codemods import get_case
+    from msrewrite.cases import get_case
     from msrewrite.cores import PRESETS
 
     base_text, last_old, plans = edit_for(file, text, case, mode, [])

@@ -235,7 +235,8 @@ def _candidate(
     matcher derives the same branch, and checked exactly as `apply --plan` checks it; None (and
     the reason in `refused`) when the finder refuses it."""
     from msrewrite.analyze.branch import NoBranch
-    from msrewrite.cases import Options, branch_plan
+    from msrewrite.cases._base import Options
+    from msrewrite.cases._finder import branch_plan
     from msrewrite.plancheck import GENERIC, case_shapes, check_plan_in, classify, derive_plan, submodule_calls
 
     # the side calls, collected as apply --plan collects them from the plan's statements

@@ -61,7 +61,7 @@ def microbatch_candidates(file: Path, text: str, display: str, refused: list[dic
     import libcst as cst
 
     from msrewrite.analyze.microbatch import NotApplicable, find_layer_loop, forward_of, microbatch_plan
-    from msrewrite.codemods import get_case
+    from msrewrite.cases import get_case
     from msrewrite.emit.engine import apply_plans
     from msrewrite.errors import MsrewriteError
     from msrewrite.modes import detect_mode

@@ -27,7 +27,7 @@ from __future__ import annotations
 import libcst as cst
 
 from msrewrite.analyze.effects import buffer_path
-from msrewrite.cases import Case
+from msrewrite.cases._base import CopyCase, Invalid
 
 HOST_WORDS = ("host", "cpu", "offload", "swap", "pinned")
 
@@ -51,18 +51,81 @@ def is_host_copy(call: cst.Call) -> bool:
     return _names_host(func.value) or _names_host(call.args[0].value)
 
 
-CASE = Case(
+
+# Declared examples (tests/test_case_examples.py runs them; README's Cases section shows them).
+# VALID: the device-to-host copy overlaps the layer's compute.
+VALID = '''import torch
+from torch import nn
+
+
+class Layer(nn.Module):
+    def __init__(self, hidden=16):
+        super().__init__()
+        self.kv_proj = nn.Linear(hidden, hidden, bias=False)
+        self.mlp = nn.Linear(hidden, hidden)
+
+    def forward(self, x, temp_kv, host_kv):
+        temp_kv.copy_(self.kv_proj(x))
+        host_kv.copy_(temp_kv)
+        out = self.mlp(x) + temp_kv
+        return out, host_kv
+
+
+class Model(nn.Module):
+    def __init__(self, hidden=16):
+        super().__init__()
+        self.layer = Layer(hidden)
+
+    def forward(self, x):
+        temp_kv, host_kv = torch.zeros_like(x), torch.zeros_like(x)
+        return self.layer(x, temp_kv, host_kv)
+
+
+def make():
+    torch.manual_seed(0)
+    return Model().eval(), (torch.randn(4, 16),)
+'''
+# INVALID: a cache helper's blocking copy would hold the host on the copy stream.
+INVALID = '''import torch
+from torch import nn
+
+
+class Cache:
+    def __init__(self, host_kv):
+        self.host_kv = host_kv
+
+    def offload(self, kv):
+        self.host_kv.copy_(kv)
+
+
+class Layer(nn.Module):
+    def __init__(self, hidden=16):
+        super().__init__()
+        self.kv_proj = nn.Linear(hidden, hidden, bias=False)
+        self.mlp = nn.Linear(hidden, hidden)
+
+    def forward(self, x, cache: Cache):
+        kv = self.kv_proj(x)
+        cache.offload(kv)
+        return self.mlp(x) + kv
+'''
+
+
+CASE = CopyCase(
     name="kvcache-offload",
     summary="KV-cache offload and prefetch copies on a copy stream, joined where the buffer is reused",
     modes=("eager", "cuda"),
-    is_seed=lambda callee: False,
+    is_seed=lambda _callee: False,
     stream_tag="kv_copy",
     flag_name="ENABLE_KV_OFFLOAD_STREAM",
     what=("the KV copy", "the layer's compute"),
-    sync="events",
-    analysis="copies",
     is_copy=is_host_copy,
     is_host_buffer=is_host_buffer,
-    non_blocking=True,
     notes="not npugraph-ex: per-call events change between capture and replay; not ge-graph: copies are not graph ops",
+    order=5,
+    golden_examples=("offload_decoder", "offload_cache_decoder"),
+    mutant_modes=("eager",),
+    mutant_examples=("offload_decoder", "offload_cache_decoder"),
+    valid=(VALID,),
+    invalid=(Invalid(INVALID, 'copies without non_blocking=True'),),
 )

@@ -18,7 +18,7 @@ from __future__ import annotations
 import libcst as cst
 
 from msrewrite.analyze.defuse import dotted_name
-from msrewrite.cases import Case
+from msrewrite.cases._base import AsyncCommCase, Invalid
 
 P2P_MODULES = ("dist", "torch.distributed")
 
@@ -26,7 +26,7 @@ P2P_MODULES = ("dist", "torch.distributed")
 class PointToPoint:
     """Side calls: blocking torch.distributed send/recv (a seed predicate on call nodes)."""
 
-    def __call__(self, callee: str) -> bool:
+    def __call__(self, _callee: str) -> bool:
         return False  # no submodule call is side work here
 
     def on_call(self, call: cst.Call) -> bool:
@@ -34,7 +34,52 @@ class PointToPoint:
         return module in P2P_MODULES and name in ("send", "recv")
 
 
-CASE = Case(
+
+# Declared examples (tests/test_case_examples.py runs them; README's Cases section shows them).
+# VALID: the send goes out early and the receive waits until the shortcut MLP ran.
+VALID = '''import torch
+import torch.distributed as dist
+from torch import nn
+
+
+class AttentionNode(nn.Module):
+    def __init__(self, hidden=16, ffn_rank=1):
+        super().__init__()
+        self.ffn_rank = ffn_rank
+        self.norm = nn.LayerNorm(hidden)
+        self.shortcut_mlp = nn.Linear(hidden, hidden)
+
+    def forward(self, hidden_states):
+        normed = self.norm(hidden_states)
+        dist.send(normed, dst=self.ffn_rank)
+        shortcut = self.shortcut_mlp(normed)
+        ffn_out = torch.empty_like(normed)
+        dist.recv(ffn_out, src=self.ffn_rank)
+        return hidden_states + ffn_out + shortcut
+'''
+# INVALID: the shortcut MLP is inside the join statement: no local compute to overlap.
+INVALID = '''import torch
+import torch.distributed as dist
+from torch import nn
+
+
+class AttentionNode(nn.Module):
+    def __init__(self, hidden=16, ffn_rank=1):
+        super().__init__()
+        self.ffn_rank = ffn_rank
+        self.norm = nn.LayerNorm(hidden)
+        self.shortcut_mlp = nn.Linear(hidden, hidden)
+
+    def forward(self, hidden_states):
+        normed = self.norm(hidden_states)
+        dist.send(normed, dst=self.ffn_rank)
+        ffn_out = torch.empty_like(normed)
+        dist.recv(ffn_out, src=self.ffn_rank)
+        return hidden_states + ffn_out + self.shortcut_mlp(normed)
+'''
+
+
+CASE = AsyncCommCase(
     name="afd-overlap",
     summary="sends to a remote FFN issued early and received late (isend/irecv), overlapping local compute",
     modes=("eager", "cuda"),
@@ -42,6 +87,9 @@ CASE = Case(
     stream_tag="afd",
     flag_name="ENABLE_AFD_OVERLAP",
     what=("the transfers to the remote FFN", "the local compute"),
-    sync="async-comm",
     notes="not npugraph-ex/ge-graph: compiled graphs place the communication ops themselves",
+    order=7,
+    golden_examples=("afd_attention_node",),
+    valid=(VALID,),
+    invalid=(Invalid(INVALID, 'no main-path work between the fork and the join: nothing to overlap'),),
 )

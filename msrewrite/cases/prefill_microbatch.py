@@ -32,16 +32,85 @@ capture and replay; not ge-graph: the graph compiler schedules the collectives.
 
 from __future__ import annotations
 
-from msrewrite.cases import Case
+from msrewrite.cases._base import Invalid, MicrobatchCase
 
-CASE = Case(
+# Declared examples (tests/test_case_examples.py runs them; README's Cases section shows them).
+# VALID: a straight-line layer with its collectives, under a layer loop.
+VALID = '''import torch
+import torch.distributed as dist
+from torch import nn
+
+
+class Layer(nn.Module):
+    def __init__(self, hidden=16):
+        super().__init__()
+        self.attn = nn.Linear(hidden, hidden)
+        self.experts = nn.Linear(hidden, hidden)
+
+    def forward(self, hidden_states):
+        hidden_states = hidden_states + self.attn(hidden_states)
+        routed = hidden_states * 1.0
+        dist.all_reduce(routed)
+        expert_out = self.experts(routed)
+        dist.all_reduce(expert_out)
+        return hidden_states + expert_out
+
+
+class Model(nn.Module):
+    def __init__(self, hidden=16, num_layers=2):
+        super().__init__()
+        self.layers = nn.ModuleList(Layer(hidden) for _ in range(num_layers))
+
+    def forward(self, hidden_states):
+        for layer in self.layers:
+            hidden_states = layer(hidden_states)
+        return hidden_states
+'''
+# INVALID: a layer forward with an `if`: micro-batching needs straight-line statements.
+INVALID = '''import torch
+import torch.distributed as dist
+from torch import nn
+
+
+class Layer(nn.Module):
+    def __init__(self, hidden=16):
+        super().__init__()
+        self.attn = nn.Linear(hidden, hidden)
+        self.experts = nn.Linear(hidden, hidden)
+
+    def forward(self, hidden_states):
+        if hidden_states.shape[0] > 1:
+            hidden_states = hidden_states + self.attn(hidden_states)
+        routed = hidden_states * 1.0
+        dist.all_reduce(routed)
+        expert_out = self.experts(routed)
+        dist.all_reduce(expert_out)
+        return hidden_states + expert_out
+
+
+class Model(nn.Module):
+    def __init__(self, hidden=16, num_layers=2):
+        super().__init__()
+        self.layers = nn.ModuleList(Layer(hidden) for _ in range(num_layers))
+
+    def forward(self, hidden_states):
+        for layer in self.layers:
+            hidden_states = layer(hidden_states)
+        return hidden_states
+'''
+
+
+CASE = MicrobatchCase(
     name="prefill-microbatch",
     summary="two micro-batches through every layer, collectives on a comm stream one micro-batch behind",
     modes=("eager", "cuda"),
-    is_seed=lambda callee: False,
+    is_seed=lambda _callee: False,
     stream_tag="microbatch_comm",
     flag_name="ENABLE_PREFILL_MICROBATCH",
     what=("the second micro-batch", "the first"),
-    analysis="microbatch",
     notes="not npugraph-ex: per-call events change between capture and replay; not ge-graph: GE schedules collectives",
+    order=8,
+    golden_examples=("microbatch_moe", "microbatch_moe_submodule"),
+    valid=(VALID,),
+    invalid=(Invalid(INVALID, 'micro-batching needs a straight-line layer forward'),),
 )

@@ -16,7 +16,7 @@ Modes: eager, npugraph-ex, ge-graph. Not cuda: CUDA has no per-stream core limit
 
 from __future__ import annotations
 
-from msrewrite.cases import Case
+from msrewrite.cases._base import CoreLimitCase, Invalid
 
 
 def is_shortcut_moe(callee: str) -> bool:
@@ -24,7 +24,49 @@ def is_shortcut_moe(callee: str) -> bool:
     return callee == "mlp"
 
 
-CASE = Case(
+
+# Declared examples (tests/test_case_examples.py runs them; README's Cases section shows them).
+# VALID: the shortcut MoE on a side stream, cores split.
+VALID = '''import torch
+from torch import nn
+
+
+class MoeBlock(nn.Module):
+    def __init__(self, hidden=16, experts=4):
+        super().__init__()
+        self.gate = nn.Linear(hidden, experts, bias=False)
+        self.experts = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(experts))
+        self.mlp = nn.Linear(hidden, hidden)
+
+    def forward(self, x):
+        shared = self.mlp(x)
+        weights = torch.softmax(self.gate(x), dim=-1)
+        routed = sum(expert(x) * weights[:, i : i + 1] for i, expert in enumerate(self.experts))
+        return routed + shared
+
+
+def make():
+    torch.manual_seed(0)
+    return MoeBlock().eval(), (torch.randn(3, 16),)
+'''
+# INVALID: the only main work is inside the join statement, outside any core budget.
+INVALID = '''import torch
+from torch import nn
+
+
+class Layer(nn.Module):
+    def __init__(self, hidden=16):
+        super().__init__()
+        self.attn = nn.Linear(hidden, hidden)
+        self.mlp = nn.Linear(hidden, hidden)
+
+    def forward(self, x):
+        shortcut = self.mlp(x)
+        return self.attn(x) + shortcut
+'''
+
+
+CASE = CoreLimitCase(
     name="attn-moe-limit-core",
     summary="shortcut MoE on a side stream next to attention, with AI cores split between the streams",
     modes=("eager", "npugraph-ex", "ge-graph"),
@@ -32,6 +74,11 @@ CASE = Case(
     stream_tag="moe_shortcut",
     flag_name="ENABLE_MOE_SHORTCUT_STREAM",
     what=("the shortcut MoE", "attention and the dense MLPs"),
-    core_limits=True,
     notes="not cuda: CUDA has no per-stream core limit",
+    order=6,
+    golden_examples=("longcat_layer",),
+    mutant_modes=("eager",),
+    mutant_examples=("longcat_layer",),
+    valid=(VALID,),
+    invalid=(Invalid(INVALID, 'gives the main work between the fork and the join a core budget of its own'),),
 )

@@ -1,26 +1,26 @@
-"""What a case is, and the one finder every case uses.
-
-A case (one file in codemods/) says which calls are side work and how its plan is named; the
-finder turns that into plans with the shared branch analysis. Cases never edit code.
+"""The finder of the cases that move calls or copies: a module's functions with the case's side
+work, each with its plan (the shared branch analysis, or analyze/effects.py for copies) or the
+reason there is none. Case.find() calls it; prefill-microbatch has its own model-level analysis
+(analyze/microbatch.py). The finder never edits code.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from msrewrite.analyze.branch import NoBranch, SideBranch, find_side_branch, has_seed
 from msrewrite.analyze.defuse import dotted_name
 from msrewrite.analyze.positions import parsed_tree, positions_for, self_calls
-from msrewrite.analyze.branch import NoBranch, SideBranch, find_side_branch, has_seed
 from msrewrite.analyze.seeds import (
     Helpers,
+    calls_in,
     find_helpers,
     framework_layers,
     framework_overlap,
-    calls_in,
     free_function_candidates,
     most_telling,
     stream_calls,
@@ -32,59 +32,9 @@ from msrewrite.analyze.outline import already_applied, iter_functions
 from msrewrite.emit.templates import code_of, strip_leading
 from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement, StartGate
 
-
-def describe_lines(branch: SideBranch) -> str:
-    """'L12, L14-15; hoisted self.x(y)': where the side branch's statements are."""
-    lines = ", ".join(
-        f"L{f.first_line}" if f.first_line == f.last_line else f"L{f.first_line}-{f.last_line}"
-        for f in branch.statements
-    )
-    hoisted = ", ".join(h.source for h in branch.hoists)
-    main = ", ".join(h.source for h in branch.main_hoists)
-    return "; ".join(p for p in (
-        lines, f"hoisted {hoisted}" if hoisted else "", f"main work {main} hoisted before the join" if main else "",
-    ) if p)
-
-
-@dataclass(frozen=True)
-class BranchSpec:
-    """One side stream of a several-stream case: its side calls and its stream tag.
-
-    Branches are carried out one after another, each on the code the previous one produced, so a
-    later branch may re-enter an earlier branch's stream (same tag) after a join.
-    """
-
-    name: str
-    is_seed: Callable[[str], bool]
-    stream_tag: str
-    what: str
-    optional: bool = False  # absent in some models (int8 quantization): skipped, not an error
-
-
-@dataclass(frozen=True)
-class Case:
-    """One case: which calls are side work, the modes it supports, and how its edit is named and synced."""
-
-    name: str
-    summary: str
-    modes: tuple[str, ...]
-    is_seed: Callable[[str], bool]  # dotted callee after "self." -> side work?
-    stream_tag: str
-    flag_name: str
-    describe: Callable[[SideBranch], str] = lambda branch: describe_lines(branch)
-    what: tuple[str, str] = ("the side branch", "the main path")  # for comments: side work, main work
-    stream_source: str = "lazy"
-    sync: str = "wait_stream"
-    phased: bool = False  # inline and flatten the side calls first, then issue them in phases
-    branches: tuple[BranchSpec, ...] = ()  # several side streams; empty: one branch from the fields above
-    # "calls": side work is calls on submodules (is_seed); "copies": buffer copies (is_copy), joined
-    # where the buffers are reused rather than where a value is read (analyze/effects.py)
-    analysis: str = "calls"
-    is_copy: Callable[[cst.Call], bool] | None = None
-    is_host_buffer: Callable[[str], bool] | None = None  # copies: a buffer path (or method) that is host memory
-    non_blocking: bool = False  # side copies get non_blocking=True
-    core_limits: bool = False  # the branches get AI-core budgets (--cores / --core-limit)
-    notes: str = ""
+if TYPE_CHECKING:
+    from msrewrite.analyze.effects import CallBuffers
+    from msrewrite.cases._base import BranchSpec, Case, Options
 
 
 @dataclass
@@ -95,21 +45,6 @@ class Target:
     plan: OverlapPlan | None = None
     reason: str = ""  # why there is no plan
     applied: bool = False
-
-
-@dataclass
-class Options:
-    """The user's choices for one run of a case (mode, switch, stream tag, gates, effects options)."""
-
-    mode: str = "eager"
-    flag: FlagSpec | None = None
-    stream_tag: str | None = None
-    start_gates: tuple = field(default_factory=tuple)  # StartGate; tensor "" = the first side input
-    phase_anchors: tuple[str, ...] = ()
-    core_limits: tuple[int, int, int, int] | None = None
-    protect: str = ""  # "clone": snapshot side inputs the main path may write, instead of refusing
-    assume_pure: tuple[str, ...] = ()  # callees a reviewer vouched for (class, function or attribute names)
-    allow_rng_reorder: bool = False  # move side work even when the order of random draws changes
 
 
 def check_rng_order(branch: SideBranch, options: Options) -> None:
@@ -147,88 +82,123 @@ def find_targets(
     case: Case, path: Path, module: cst.Module, options: Options, branch: BranchSpec | None = None,
     text: str | None = None,
 ) -> list[Target]:
-    """Every function with the case's (or one branch's) seed calls: a plan each, or why not.
+    """Every function with the case's (or one branch's) side work: a plan each, or why not.
     `text` is the module's source when the caller has it (saves rendering it again)."""
-    base_seed = branch.is_seed if branch is not None else case.is_seed
-    targets = []
-    calls = self_calls(text if text is not None else module.code) if case.analysis == "calls" else {}
-    seeds_of = (
-        _SeedsPerClass(module, base_seed, calls, text if text is not None else module.code)
-        if case.analysis == "calls" else None
-    )
+    if case.analysis == "copies":
+        return _copy_targets(case, path, module, options, branch, text)
+    if case.analysis != "calls":  # prefill-microbatch: a model-level plan (analyze/microbatch.py), no targets
+        return []
+    return _CallFinder(case, path, module, options, branch, text).targets()
+
+
+def _copy_targets(
+    case: Case, path: Path, module: cst.Module, options: Options, branch: BranchSpec | None, text: str | None,
+) -> list[Target]:
+    """Buffer copies (kvcache-offload): analyze/effects.py, loaded only for them."""
+    from msrewrite.analyze.effects import CallBuffers, find_copy_branch
+
+    if case.is_copy is None:  # our bug: a copy case names its copies
+        raise TypeError(f"{case.name}: a copy case needs is_copy")
     summaries = ModuleSummaries(module, options.assume_pure, path=path)
-    if case.analysis == "copies":  # buffer copies (kvcache-offload): analyze/effects.py, loaded only for them
-        from msrewrite.analyze.effects import CallBuffers
-    copy_helpers = _copy_helpers(module, summaries, case) if case.analysis == "copies" else set()
+    copy_helpers = _copy_helpers(module, summaries, case)
+    targets = []
     for name, func, cls in iter_functions(module):
-        is_seed = seeds_of.predicate(name, cls) if seeds_of is not None else base_seed
-        if case.analysis == "copies":
-            buffers = CallBuffers(summaries, cls.name.value if cls is not None else None, func)
-            if id(func) in copy_helpers or not (_has_copy(func, case.is_copy) or _calls_copy_helper(func, buffers, case)):
-                continue
-        elif (
-            name in calls
-            and getattr(is_seed, "on_call", None) is None
-            and not any(is_seed(callee) for callee in calls[name])
-        ):
-            if func.name.value != "__init__":
-                why = framework_overlap(seeds_of.layers(name, cls), calls.get(name, ())) or seeds_of.refused_helper(name, cls)
-                if why and (existing := stream_calls(func)):  # the helper runs on the model's own stream
-                    why = _already_overlapped(most_telling(existing), cls, func)
-                if why:
-                    targets.append(Target(name, reason=why))
-            continue  # cheap: ast saw no side call here
-        elif not has_seed(func, is_seed):
+        buffers = CallBuffers(summaries, cls.name.value if cls is not None else None, func)
+        if id(func) in copy_helpers or not (_has_copy(func, case.is_copy) or _calls_copy_helper(func, buffers, case)):
             continue
-        # Only the function that runs the side call matters, not helpers that define it or that
-        # a caller reaches it through.
-        if func.name.value == "__init__" or (seeds_of is not None and seeds_of.is_helper(name, cls)):
+        if func.name.value == "__init__":
             continue
         if already_applied(func, marker=branch_marker(case.name, branch)):
             targets.append(Target(name, applied=True, reason="already applied"))
             continue
-        if case.analysis == "calls":  # msrewrite's own stream code (a branch done before) is not counted
-            func_calls = calls_in(func)
-            existing = stream_calls(func, func_calls)
-            if not existing:
-                existing = [c for other in seeds_of.stream_siblings(name, cls, func) for c in stream_calls(other)]
-            if existing:
-                targets.append(Target(name, reason=_already_overlapped(most_telling(existing), cls, func)))
-                continue
-            family = _other_family(func, func_calls, options.mode)
-            if family:
-                targets.append(Target(name, reason=family))
-                continue
         positions = positions_for(module, name, func, text)
         try:
-            if case.analysis == "copies":
-                from msrewrite.analyze.effects import find_copy_branch
+            side = find_copy_branch(func, positions, case.is_copy, buffers, case.is_host_buffer)
+            targets.append(Target(name, plan=branch_plan(case, path, name, side, options)))
+        except NoBranch as exc:
+            targets.append(Target(name, reason=str(exc)))
+    return targets
 
-                side = find_copy_branch(func, positions, case.is_copy, buffers, case.is_host_buffer)
-                targets.append(Target(name, plan=branch_plan(case, path, name, side, options)))
+
+class _CallFinder:
+    """The targets of a case whose side work is calls on submodules (is_seed)."""
+
+    def __init__(
+        self, case: Case, path: Path, module: cst.Module, options: Options, branch: BranchSpec | None,
+        text: str | None,
+    ) -> None:
+        self.case, self.path, self.module, self.options, self.branch, self.text = case, path, module, options, branch, text
+        source = text if text is not None else module.code
+        self.calls = self_calls(source)
+        self.seeds_of = _SeedsPerClass(module, branch.is_seed if branch is not None else case.is_seed, self.calls,
+                                       source)
+        self.summaries = ModuleSummaries(module, options.assume_pure, path=path)
+
+    def targets(self) -> list[Target]:
+        targets = []
+        for name, func, cls in iter_functions(self.module):
+            is_seed = self.seeds_of.predicate(name, cls)
+            if (
+                name in self.calls
+                and getattr(is_seed, "on_call", None) is None
+                and not any(is_seed(callee) for callee in self.calls[name])
+            ):
+                why = self._reason_without_seed(name, func, cls)
+                if why:
+                    targets.append(Target(name, reason=why))
+                continue  # cheap: ast saw no side call here
+            # Only the function that runs the side call matters, not helpers that define it or that
+            # a caller reaches it through.
+            if not has_seed(func, is_seed) or func.name.value == "__init__" or self.seeds_of.is_helper(name, cls):
                 continue
-            anchors = tuple(gate.anchor for gate in options.start_gates)
+            targets.append(self._target(name, func, cls, is_seed))
+        return targets
+
+    def _reason_without_seed(self, name: str, func: cst.FunctionDef, cls: cst.ClassDef | None) -> str:
+        """Why a function that calls no seed itself still gets a word: the framework or a refused helper."""
+        if func.name.value == "__init__":
+            return ""
+        seeds_of = self.seeds_of
+        why = framework_overlap(seeds_of.layers(name, cls), self.calls.get(name, ())) or seeds_of.refused_helper(name, cls)
+        if why and (existing := stream_calls(func)):  # the helper runs on the model's own stream
+            why = _already_overlapped(most_telling(existing), cls, func)
+        return why
+
+    def _target(self, name: str, func: cst.FunctionDef, cls: cst.ClassDef | None, is_seed) -> Target:
+        case, options, branch = self.case, self.options, self.branch
+        if already_applied(func, marker=branch_marker(case.name, branch)):
+            return Target(name, applied=True, reason="already applied")
+        # msrewrite's own stream code (a branch done before) is not counted
+        func_calls = calls_in(func)
+        existing = stream_calls(func, func_calls) or [
+            c for other in self.seeds_of.stream_siblings(name, cls, func) for c in stream_calls(other)
+        ]
+        if existing:
+            return Target(name, reason=_already_overlapped(most_telling(existing), cls, func))
+        family = _other_family(func_calls, options.mode)
+        if family:
+            return Target(name, reason=family)
+        positions = positions_for(self.module, name, func, self.text)
+        try:
             side = find_side_branch(
                 func,
                 positions,
                 is_seed,
-                anchors=anchors,
+                anchors=tuple(gate.anchor for gate in options.start_gates),
                 phase_anchors=options.phase_anchors if case.phased else None,
-                scope=summaries.scope_for(cls.name.value if cls is not None else None, func.name.value),
+                scope=self.summaries.scope_for(cls.name.value if cls is not None else None, func.name.value),
                 protect=options.protect == "clone",
             )
             check_rng_order(side, options)
             check_main_hoists(case, side)
         except NoBranch as exc:
-            targets.append(Target(name, reason=str(exc)))
-            continue
-        plan = branch_plan(case, path, name, side, options)
+            return Target(name, reason=str(exc))
+        plan = branch_plan(case, self.path, name, side, options)
         if branch is not None:
             plan = plan.with_changes(
                 stream_tag=branch.stream_tag, case_branch=branch.name, summary=f"{branch.what}: {plan.summary}"
             )
-        targets.append(Target(name, plan=plan))
-    return targets
+        return Target(name, plan=plan)
 
 
 class _SeedsPerClass:
@@ -316,8 +286,8 @@ def _already_overlapped(call: cst.Call, cls: cst.ClassDef | None, func: cst.Func
     )
 
 
-def _other_family(func: cst.FunctionDef, calls: list[cst.Call], mode: str) -> str:
-    """Why `mode`'s stream API must not go into `func` (which makes `calls`), or ''."""
+def _other_family(calls: list[cst.Call], mode: str) -> str:
+    """Why `mode`'s stream API must not go into the function that makes `calls`, or ''."""
     if mode == "cuda" and (uses_api(calls, "npu") or any("torch_npu" in (dotted_name(c.func) or "") for c in calls)):
         return "the function uses torch.npu; msrewrite never mixes torch.cuda into it (pick an NPU --mode)"
     if mode != "cuda" and uses_api(calls, "cuda"):

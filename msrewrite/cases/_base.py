@@ -1,0 +1,506 @@
+"""What a case is: a base class and the kinds of case whose edits differ.
+
+A case (one module of msrewrite.cases) says which calls are side work, how its plan is named and
+synced, which per-case apply options it takes, and the examples it is tested and documented by.
+Its kind (a subclass here) says how its edit is made: a seed call moved to a side stream (most
+cases), several side streams one after another, phases, a copy branch, a model-level fork,
+asynchronous communication, or core limits. The analysis lives in msrewrite/analyze/ and the finder
+(msrewrite/cases/_finder.py); the emitter in msrewrite/emit/. This module imports neither when it
+is loaded: `msrewrite cases` and the emitter's lookups of a case's words read only the case.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from msrewrite.cliargs import Option
+from msrewrite.errors import BadInput, NothingToDo
+
+if TYPE_CHECKING:
+    import libcst as cst
+
+    from msrewrite.analyze.branch import SideBranch
+    from msrewrite.cases._finder import Target
+    from msrewrite.plan import FlagSpec, MicrobatchPlan, OverlapPlan
+
+
+def describe_lines(branch: SideBranch) -> str:
+    """'L12, L14-15; hoisted self.x(y)': where the side branch's statements are."""
+    lines = ", ".join(
+        f"L{f.first_line}" if f.first_line == f.last_line else f"L{f.first_line}-{f.last_line}"
+        for f in branch.statements
+    )
+    hoisted = ", ".join(h.source for h in branch.hoists)
+    main = ", ".join(h.source for h in branch.main_hoists)
+    return "; ".join(p for p in (
+        lines, f"hoisted {hoisted}" if hoisted else "", f"main work {main} hoisted before the join" if main else "",
+    ) if p)
+
+
+@dataclass(frozen=True)
+class BranchSpec:
+    """One side stream of a several-stream case: its side calls and its stream tag.
+
+    Branches are carried out one after another, each on the code the previous one produced, so a
+    later branch may re-enter an earlier branch's stream (same tag) after a join.
+    """
+
+    name: str
+    is_seed: Callable[[str], bool]
+    stream_tag: str
+    what: str
+    optional: bool = False  # absent in some models (int8 quantization): skipped, not an error
+
+
+@dataclass(frozen=True)
+class CaseOption:
+    """An apply option only some cases take: its name, the one line that refuses it elsewhere
+    (`{case}` is the case's name), and its command-line parameters as cli.py declares options:
+    (parameter, type, Option(...)). apply's parser (msrewrite/cliargs.py) and the libcst codemods'
+    (add_to) are built from them."""
+
+    name: str
+    refusal: str
+    cli: tuple[tuple[str, Any, Any], ...] = ()
+
+    def add_to(self, parser) -> None:
+        """Add this option's parameters to an argparse parser (as CodemodCommand.add_args does)."""
+        from msrewrite.cliargs import _unwrap
+
+        for pname, kind, spec in self.cli:
+            element, many = _unwrap(kind)
+            if element is bool:
+                parser.add_argument(*spec.decls, dest=pname, action="store_true", help=spec.help)
+            elif many:
+                parser.add_argument(*spec.decls, dest=pname, action="append", help=spec.help)
+            else:
+                parser.add_argument(*spec.decls, dest=pname, default=spec.default, help=spec.help)
+
+
+START_AFTER = CaseOption(
+    "--start-after", "--start-after is for cases with one side branch; {case} runs several side streams one after another",
+    (("start_after", str | None, Option(
+        None, "--start-after", help="ge-graph: start the side work only after this main-stream tensor exists.")),),
+)
+ANCHOR = CaseOption(
+    "--anchor", "--anchor is for phased cases; {case} runs its side branch in one piece",
+    (("anchor", list[str] | None, Option(
+        None, "--anchor", help="Phased cases: a main-stream value after which the next side phase starts (repeat).")),),
+)
+CORES = CaseOption(
+    "--cores", "--cores and --core-limit are for core-limit cases; {case} does not split cores",
+    (("core_preset", str, Option("a3", "--cores", help="Core-limit cases: device preset a2, a3 or a3-even.")),
+     ("core_limit", str | None, Option(
+         None, "--core-limit", help="Core-limit cases: SIDE_AIC/SIDE_AIV,MAIN_AIC/MAIN_AIV, e.g. 8/16,16/32."))),
+)
+SECOND_COMM_GROUP = CaseOption(
+    "--second-comm-group", "--second-comm-group is for prefill-microbatch; {case} has no micro-batches",
+    (("second_comm_group", str | None, Option(
+        None, "--second-comm-group",
+        help="prefill-microbatch: the layer's second process group (self.NAME) for micro-batch 1.")),),
+)
+ALLOW_RNG_REORDER = CaseOption(
+    "--allow-rng-reorder", "--allow-rng-reorder is for cases that move calls onto a side stream; {case} moves none",
+    (("allow_rng_reorder", bool, Option(
+        False, "--allow-rng-reorder",
+        help="Move side work that draws random numbers (dropout, torch.rand*) even when the main path draws too.")),),
+)
+PROTECT = CaseOption(
+    "--protect", "--protect is for cases that move calls onto a side stream; {case} moves buffer copies, which "
+    "--protect does not snapshot",
+    (("protect", str, Option(
+        "", "--protect", help="clone: snapshot side inputs the main path may write before the join (one copy each).")),),
+)
+# a general apply option (declared in cli.py), which a case that names its streams itself refuses
+STREAM_TAG = CaseOption(
+    "--stream-tag", "--stream-tag: {case} names each of its side streams itself (one tag per branch)"
+)
+# every case takes it (each analysis reads the file's summaries): never refused
+ASSUME_PURE = CaseOption(
+    "--assume-pure", "",
+    (("assume_pure", list[str] | None, Option(
+        None, "--assume-pure", help="A callee msrewrite cannot see into that writes none of its arguments (repeat).")),),
+)
+# in the order apply lists them in --help
+CLI_OPTIONS = (START_AFTER, ANCHOR, CORES, SECOND_COMM_GROUP, PROTECT, ASSUME_PURE, ALLOW_RNG_REORDER)
+
+
+def cli_params() -> list[tuple[str, Any, Any]]:
+    """apply's per-case parameters, as cli.apply lists them (cliargs.Declared)."""
+    return [param for option in CLI_OPTIONS for param in option.cli]
+
+
+# in the order apply checks them (and lists them in --help)
+CASE_OPTIONS = (START_AFTER, ANCHOR, CORES, SECOND_COMM_GROUP, ALLOW_RNG_REORDER, PROTECT, STREAM_TAG)
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """A snippet the case must refuse, and a substring of the reason it gives."""
+
+    source: str
+    reason: str
+
+
+@dataclass
+class Options:
+    """The user's choices for one run of a case (mode, switch, stream tag, gates, effects options)."""
+
+    mode: str = "eager"
+    flag: FlagSpec | None = None
+    stream_tag: str | None = None
+    start_gates: tuple = field(default_factory=tuple)  # StartGate; tensor "" = the first side input
+    phase_anchors: tuple[str, ...] = ()
+    core_limits: tuple[int, int, int, int] | None = None
+    protect: str = ""  # "clone": snapshot side inputs the main path may write, instead of refusing
+    assume_pure: tuple[str, ...] = ()  # callees a reviewer vouched for (class, function or attribute names)
+    allow_rng_reorder: bool = False  # move side work even when the order of random draws changes
+    second_group: str | None = None  # prefill-microbatch: micro-batch 1's process group (self.NAME)
+
+
+@dataclass
+class EditStep:
+    """One reviewable step of an edit: one patch of a series."""
+
+    subject: str
+    body: str
+    old: str
+    new: str
+    plans: list[OverlapPlan | MicrobatchPlan]
+
+
+def match_target(name: str, target: str) -> bool:
+    return name == target or name == f"{target}.forward" or name.endswith("." + target)
+
+
+def parse_own_edit(text: str, what: str) -> cst.Module:
+    """Parse code msrewrite itself produced: a failure is our bug, never the user's input."""
+    import libcst as cst
+
+    try:
+        return cst.parse_module(text)
+    except cst.ParserSyntaxError as exc:
+        raise BadInput(f"internal error: {what} produced code that does not parse (line {exc.raw_line}); nothing written") from None
+
+
+def plan_step(plan: OverlapPlan, old: str, new: str) -> EditStep:
+    cls = plan.function.rsplit(".", 1)[0]
+    phases = f" in {len(plan.phase_anchors) + 1} phases" if plan.phase_anchors else ""
+    branch = f" {plan.case_branch}" if plan.case_branch else ""
+    subject = f"{plan.case}: overlap {cls}{branch}{phases} on side stream {plan.stream_tag}"
+    anchors = f"Phases start after: {', '.join(plan.phase_anchors)}\n" if plan.phase_anchors else ""
+    body = (
+        f"{plan.summary or plan.case}.\n\n"
+        f"Function: {plan.function}\n"
+        f"Mode: {plan.mode}\n"
+        f"{anchors}"
+        f"Switch: {plan.flag.describe()}; with it off the original statements run in\n"
+        "their original order on the current stream.\n"
+        "Generated by msrewrite apply."
+    )
+    return EditStep(subject=subject, body=body, old=old, new=new, plans=[plan])
+
+
+def _has_function(module: cst.Module, target: str) -> bool:
+    from msrewrite.analyze.outline import iter_functions
+
+    return any(match_target(name, target) for name, _f, _c in iter_functions(module))
+
+
+@dataclass(frozen=True)
+class Case:
+    """What every case has: its name and words, modes, seed matcher, stream tag and flag, the
+    per-case options it takes, and its declared examples. `find()` gives a module's targets,
+    `plans()` the one plan to carry out, `steps()` the edit as reviewable steps.
+
+    The base case is a seed call moved onto a side stream; the subclasses below change that."""
+
+    name: str
+    summary: str
+    modes: tuple[str, ...]
+    is_seed: Callable[[str], bool]  # dotted callee after "self." -> side work?
+    stream_tag: str
+    flag_name: str
+    describe: Callable[[SideBranch], str] = lambda branch: describe_lines(branch)
+    what: tuple[str, str] = ("the side branch", "the main path")  # for comments: side work, main work
+    stream_source: str = "lazy"
+    sync: str = "wait_stream"
+    phased: bool = False  # inline and flatten the side calls first, then issue them in phases
+    branches: tuple[BranchSpec, ...] = ()  # several side streams; empty: one branch from the fields above
+    # "calls": side work is calls on submodules (is_seed); "copies": buffer copies (is_copy), joined
+    # where the buffers are reused rather than where a value is read (analyze/effects.py)
+    analysis: str = "calls"
+    is_copy: Callable[[cst.Call], bool] | None = None
+    is_host_buffer: Callable[[str], bool] | None = None  # copies: a buffer path (or method) that is host memory
+    non_blocking: bool = False  # side copies get non_blocking=True
+    core_limits: bool = False  # the branches get AI-core budgets (--cores / --core-limit)
+    notes: str = ""
+    order: int = 100  # where `msrewrite cases` lists it (then by name)
+    # Declared examples. golden: models in examples/ whose edit in every mode is pinned in golden/;
+    # mutants: the modes and examples whose golden edits are mutated (tests/test_mutants.py);
+    # valid: snippets the case edits (and the edit verifies); invalid: snippets it refuses.
+    golden_examples: tuple[str, ...] = ()
+    mutant_modes: tuple[str, ...] = ()
+    mutant_examples: tuple[str, ...] = ()
+    valid: tuple[str, ...] = ()
+    invalid: tuple[Invalid, ...] = ()
+
+    # -- options ---------------------------------------------------------------------------
+    def add_args(self) -> tuple[CaseOption, ...]:
+        """The per-case apply options this case takes (as libcst's CodemodCommand.add_args)."""
+        return (START_AFTER, PROTECT, ALLOW_RNG_REORDER, STREAM_TAG)
+
+    def refusal(self, option: CaseOption) -> str:
+        return option.refusal.format(case=self.name)
+
+    def check_options(self, given: dict[CaseOption, bool]) -> None:
+        """Refuse, in one line, a per-case option this case does not take (never ignore it)."""
+        taken = self.add_args()
+        for option in CASE_OPTIONS:
+            if given.get(option) and option not in taken:
+                raise BadInput(self.refusal(option))
+
+    def check_mode(self, mode: str) -> None:
+        if mode not in self.modes:
+            raise BadInput(f"case {self.name} does not support mode {mode} (supports {', '.join(self.modes)})")
+
+    def with_defaults(self, options: Options) -> Options:
+        return options
+
+    # -- analysis and edit -----------------------------------------------------------------
+    def find(
+        self, path: Path, module: cst.Module, options: Options, text: str | None = None,
+        branch: BranchSpec | None = None,
+    ) -> list[Target]:
+        """Every function with the case's (or one branch's) side work: a plan each, or why not."""
+        from msrewrite.cases._finder import find_targets
+
+        return find_targets(self, path, module, options, branch=branch, text=text)
+
+    def plans(
+        self, path: Path, module: cst.Module, options: Options, target: str | None, text: str | None = None,
+    ) -> list[OverlapPlan]:
+        """The one plan to carry out (in a list), or NothingToDo / BadInput saying why there is none."""
+        self.check_mode(options.mode)
+        targets = self.find(path, module, self.with_defaults(options), text)
+        if target:
+            chosen = [t for t in targets if match_target(t.function, target)]
+            if not chosen:
+                if not _has_function(module, target):
+                    raise BadInput(f"--target {target}: no such function in {path}")
+                raise NothingToDo(f"{target}: no {self.name} branch in this function")
+            targets = chosen
+        if not targets:
+            raise NothingToDo(f"{path}: no {self.name} target found")
+        plans = [t.plan for t in targets if t.plan is not None]
+        if not plans:
+            applied = [t.function for t in targets if t.applied]
+            if applied:  # the others were refused before the first apply as well
+                raise NothingToDo(f"{', '.join(applied)}: already applied, nothing to do")
+            reasons = "; ".join(f"{t.function}: {t.reason}" for t in targets if not t.applied)
+            raise NothingToDo(f"no safe {self.name} edit: {reasons}")
+        if len(plans) > 1:
+            names = ", ".join(p.function for p in plans)
+            raise BadInput(f"ambiguous target: {len(plans)} functions match ({names}); pick one with --target")
+        return plans
+
+    def steps(
+        self, path: Path, text: str, module: cst.Module, options: Options, target: str | None,
+    ) -> list[EditStep]:
+        """The edit, as reviewable steps (one patch each)."""
+        from msrewrite.emit.engine import apply_plans
+
+        plans = self.plans(path, module, options, target, text)
+        return [plan_step(plans[0], text, apply_plans(module, plans, text).code)]
+
+
+@dataclass(frozen=True)
+class SeedCase(Case):
+    """The seed calls (submodule calls the matcher names) moved onto one side stream."""
+
+
+@dataclass(frozen=True)
+class CoreLimitCase(SeedCase):
+    """A seed call on a side stream, with AI cores split between the side and the main work."""
+
+    core_limits: bool = True
+
+    def add_args(self) -> tuple[CaseOption, ...]:
+        return (*super().add_args(), CORES)
+
+    def with_defaults(self, options: Options) -> Options:
+        if options.core_limits is not None:
+            return options
+        from msrewrite import cores
+
+        return dataclasses.replace(options, core_limits=cores.resolve("a3", None).as_tuple())
+
+
+@dataclass(frozen=True)
+class AsyncCommCase(SeedCase):
+    """Point-to-point transfers issued early and received late (isend/irecv): no side stream."""
+
+    sync: str = "async-comm"
+
+    def add_args(self) -> tuple[CaseOption, ...]:
+        return (START_AFTER, PROTECT, STREAM_TAG)
+
+
+@dataclass(frozen=True)
+class PhasedCase(SeedCase):
+    """The seed calls inlined and flattened (a refactor), then issued in phases between anchors."""
+
+    phased: bool = True
+
+    def add_args(self) -> tuple[CaseOption, ...]:
+        return (*super().add_args(), ANCHOR)
+
+    def steps(
+        self, path: Path, text: str, module: cst.Module, options: Options, target: str | None,
+    ) -> list[EditStep]:
+        """First inline and flatten the side branch (a refactor that changes no behaviour), then
+        issue it in phases."""
+        from msrewrite.analyze.seeds import find_helpers
+        from msrewrite.emit.engine import apply_plans
+        from msrewrite.emit.locate import locate
+        from msrewrite.emit.inline import inline_and_flatten  # phased cases only
+
+        self.check_mode(options.mode)
+        whole = dataclasses.replace(options, start_gates=(), phase_anchors=(), core_limits=None)
+        function = SeedCase.plans(dataclasses.replace(self, phased=False), path, module, whole, target, text)[0].function
+        located = locate(module, function)
+        # helpers that do only side work (`self._forward_shared_experts(h)`) are inlined too
+        is_seed = find_helpers(module, located.cls, self.is_seed, functions=False).seed_predicate(self.is_seed)
+        inlined_func = inline_and_flatten(module, located.cls, located.func, is_seed)
+        import libcst as cst
+
+        inlined_text = cst.ensure_type(module.deep_replace(located.func, inlined_func), cst.Module).code
+        inlined = parse_own_edit(inlined_text, f"inlining {self.what[0]} into {function}")
+        plans = self.plans(path, inlined, dataclasses.replace(options, core_limits=None), function, inlined_text)
+        steps = []
+        if inlined_text != text:
+            what = self.what[0]
+            steps.append(EditStep(
+                subject=f"{self.name}: inline {what} into {function.rsplit('.', 1)[0]}",
+                body=(f"Refactor only, no change in behaviour: {what} is written out step by step in\n"
+                      f"{function}, each nested call bound to its own name, so the next patch can\n"
+                      "issue the steps in phases."),
+                old=text, new=inlined_text, plans=[],
+            ))
+        steps.append(plan_step(plans[0], inlined_text, apply_plans(inlined, plans, inlined_text).code))
+        return steps
+
+
+@dataclass(frozen=True)
+class BranchesCase(SeedCase):
+    """Several side streams: each branch is planned on the code the previous one produced, so it
+    sees (and may re-enter) the streams already added. One step, and one patch, per branch."""
+
+    def add_args(self) -> tuple[CaseOption, ...]:
+        return (PROTECT, ALLOW_RNG_REORDER)
+
+    def _branch_plans(
+        self, spec: BranchSpec, path: Path, module: cst.Module, options: Options, target: str | None, text: str,
+    ) -> tuple[list[OverlapPlan], list[Target]]:
+        targets = self.find(path, module, options, text, branch=spec)
+        if target:
+            if not _has_function(module, target):
+                raise BadInput(f"--target {target}: no such function in {path}")
+            targets = [t for t in targets if match_target(t.function, target)]
+        plans = [t.plan for t in targets if t.plan is not None]
+        if len(plans) > 1:
+            names = ", ".join(p.function for p in plans)
+            raise BadInput(f"ambiguous target: {len(plans)} functions match ({names}); pick one with --target")
+        return plans, targets
+
+    def steps(
+        self, path: Path, text: str, module: cst.Module, options: Options, target: str | None,
+    ) -> list[EditStep]:
+        from msrewrite.emit.engine import apply_plans
+
+        self.check_mode(options.mode)
+        options = Options(mode=options.mode, flag=options.flag, protect=options.protect,
+                          assume_pure=options.assume_pure, allow_rng_reorder=options.allow_rng_reorder)
+        steps: list[EditStep] = []
+        reasons: list[str] = []
+        applied = 0
+        for spec in self.branches:
+            plans, targets = self._branch_plans(spec, path, module, options, target, text)
+            applied += sum(t.applied for t in targets)
+            if not plans:
+                if not spec.optional and not any(t.applied for t in targets):
+                    reasons += [f"{spec.name}: {t.reason}" for t in targets] or [f"{spec.name}: no side call found"]
+                continue
+            target = target or plans[0].function  # every later branch edits the same function
+            new_text = apply_plans(module, plans, text).code
+            steps.append(plan_step(plans[0], text, new_text))
+            text, module = new_text, parse_own_edit(new_text, f"the {spec.name} edit")
+        if not steps:
+            if applied:
+                raise NothingToDo(f"{self.name}: already applied, nothing to do")
+            raise NothingToDo(f"no safe {self.name} edit: {'; '.join(reasons) or 'no target found'}")
+        if reasons:
+            raise NothingToDo(f"{self.name}: only part of the case applies ({'; '.join(reasons)}); nothing written")
+        return steps
+
+
+@dataclass(frozen=True)
+class CopyCase(Case):
+    """Buffer copies (is_copy) moved onto a copy stream, joined where the buffers are reused."""
+
+    analysis: str = "copies"
+    sync: str = "events"
+    non_blocking: bool = True
+
+    def add_args(self) -> tuple[CaseOption, ...]:
+        return (START_AFTER, STREAM_TAG)
+
+
+@dataclass(frozen=True)
+class MicrobatchCase(Case):
+    """A model-level fork: the layer loop runs two micro-batches (analyze/microbatch.py)."""
+
+    analysis: str = "microbatch"
+
+    def add_args(self) -> tuple[CaseOption, ...]:
+        return (SECOND_COMM_GROUP, STREAM_TAG)
+
+    def refusal(self, option: CaseOption) -> str:
+        if option is PROTECT:
+            return ("--protect is for cases that move calls onto a side stream; prefill-microbatch runs "
+                    "each micro-batch on its own slice, with nothing shared to snapshot")
+        if option is START_AFTER:
+            return "--start-after is for cases with one side branch; prefill-microbatch forks the whole layer loop"
+        return super().refusal(option)
+
+    def steps(
+        self, path: Path, text: str, module: cst.Module, options: Options, target: str | None,
+    ) -> list[EditStep]:
+        """The forked micro-batch path: a model-level plan (analyze/microbatch.py), carried out."""
+        from msrewrite.analyze.microbatch import microbatch_plan
+        from msrewrite.emit.engine import apply_plans
+        from msrewrite.plan import FlagSpec
+
+        self.check_mode(options.mode)
+        flag = options.flag or FlagSpec(kind="env", name=self.flag_name)
+        plan = microbatch_plan(module, case=self.name, path=path, mode=options.mode, flag=flag,
+                               target=target, stream_tag=options.stream_tag or self.stream_tag,
+                               second_group=options.second_group, assume_pure=options.assume_pure, text=text)
+        # apply_plans carries a micro-batch plan out too (emit/microbatch.py); its annotation says OverlapPlan
+        return [microbatch_step(plan, text, apply_plans(module, [plan], text).code)]  # type: ignore[list-item]
+
+
+def microbatch_step(plan: MicrobatchPlan, old: str, new: str) -> EditStep:
+    model = plan.function.rsplit(".", 1)[0]
+    body = (
+        f"{model}.forward gets a forward_microbatch path: the batch runs as two micro-batches\n"
+        "through every layer, each layer's collectives on a communication stream one\n"
+        "micro-batch behind the other, ordered by events.\n\n"
+        f"Mode: {plan.mode}\nSwitch: {plan.flag.describe()}; with it off the original layer loop runs.\n"
+        "Generated by msrewrite apply."
+    )
+    return EditStep(f"{plan.case}: run {model} as two micro-batches", body, old, new, [plan])

@@ -1,0 +1,147 @@
+"""A new case is one file: a toy case written into a temp folder appended to msrewrite.cases.__path__
+is listed by `msrewrite cases`, applied by `apply --case`, golden-tested by golden/regen.py's
+machinery and mutant-tested by tests/test_mutants.py's, with no other file touched."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shutil
+import sys
+
+import pytest
+
+import msrewrite.cases
+from helpers import load_regen
+
+TOY_CASE = '''"""toy-side: a side projection on a side stream (a test's case, one file)."""
+
+from msrewrite.cases._base import Invalid, SeedCase
+
+CASE = SeedCase(
+    name="toy-side",
+    summary="toy: the side projection on a side stream next to the main projection",
+    modes=("eager", "cuda"),
+    is_seed=lambda callee: callee.split(".")[0] == "side_proj",
+    stream_tag="toy_side",
+    flag_name="ENABLE_TOY_SIDE_STREAM",
+    what=("the side projection", "the main projection"),
+    golden_examples=("toy_block",),
+    mutant_modes=("eager",),
+    mutant_examples=("toy_block",),
+)
+'''
+
+TOY_MODEL = '''import torch
+from torch import nn
+
+
+class ToyBlock(nn.Module):
+    def __init__(self, hidden=16):
+        super().__init__()
+        self.main_proj = nn.Linear(hidden, hidden)
+        self.side_proj = nn.Linear(hidden, hidden)
+
+    def forward(self, x):
+        side = self.side_proj(x)
+        main = torch.relu(self.main_proj(x))
+        return main + side
+
+
+def make():
+    torch.manual_seed(0)
+    return ToyBlock().eval(), (torch.randn(3, 16),)
+'''
+
+
+@pytest.fixture
+def toy(tmp_path, monkeypatch):
+    """The toy case's file in a folder of its own on the cases' path, and a root with its example."""
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    (folder / "toy_side.py").write_text(TOY_CASE)
+    monkeypatch.setattr(msrewrite.cases, "__path__", [*msrewrite.cases.__path__, str(folder)])
+    root = tmp_path / "root"
+    (root / "examples").mkdir(parents=True)
+    (root / "examples" / "toy_block.py").write_text(TOY_MODEL)
+    yield root
+    sys.modules.pop("msrewrite.cases.toy_side", None)
+
+
+def _cli(*argv: str) -> tuple[int, str, str]:
+    from msrewrite.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(argv))
+        except SystemExit as exc:
+            return int(exc.code or 0), out.getvalue(), err.getvalue()
+    return 0, out.getvalue(), err.getvalue()
+
+
+def test_a_case_in_one_new_file_is_listed_applied_golden_and_mutant_tested(toy, tmp_path):
+    from msrewrite.cases import all_cases
+
+    names = [case.name for case in all_cases()]
+    assert names[-1] == "toy-side" and names.index("moe-shared-expert") == 0  # listed last (default order)
+    code, out, _err = _cli("cases")
+    assert code == 0 and "toy-side" in out and "the side projection on a side stream" in out
+
+    model = toy / "examples" / "toy_block.py"
+    code, diff, err = _cli("apply", "--case", "toy-side", "--mode", "eager", str(model))
+    assert code == 0, err
+    assert "toy_side_stream.wait_stream(current_stream)" in diff and "ENABLE_TOY_SIDE_STREAM" in diff
+    code, _out, err = _cli("apply", "--case", "toy-side", "--mode", "eager", "--anchor", "main", str(model))
+    assert code == 2 and "--anchor is for phased cases; toy-side runs its side branch in one piece" in err
+
+    # goldens: regen's machinery writes them under the toy root, --check is then clean
+    regen = load_regen()
+    assert regen.golden_examples()["toy-side"] == ("toy_block",)
+    assert regen.main(["--only", "toy-side"], root=toy) == 0
+    assert regen.main(["--check", "--only", "toy-side"], root=toy) == 0
+    goldens = sorted(p.relative_to(toy).as_posix() for p in (toy / "golden").rglob("*.*"))
+    assert goldens == [f"golden/toy-side/{mode}/toy_block.{ext}" for mode in ("cuda", "eager") for ext in ("diff", "py")]
+    golden_py, _ = regen.golden_paths("toy-side", "eager", "toy_block", root=toy)
+    assert golden_py.read_text() == regen.render("toy-side", "eager", "toy_block", root=toy)[0]
+
+    # mutants: test_mutants' operators for the toy's sync, run through verify against the toy model
+    import test_mutants
+
+    toy_mutants = test_mutants.mutants([c for c in all_cases() if c.name == "toy-side"])
+    assert list(toy_mutants) == [("toy-side", "eager")]
+    clean = test_mutants.run_verify(tmp_path, "toy_block", golden_py.read_text(), examples=toy / "examples")
+    assert clean.ok and not clean.findings, clean.problems
+    for mutant in toy_mutants[("toy-side", "eager")]:
+        text = mutant.mutate(golden_py.read_text())
+        assert text != golden_py.read_text()
+        result = test_mutants.run_verify(tmp_path, "toy_block", text, examples=toy / "examples")
+        assert mutant.kind in {f.kind for f in result.findings}, (mutant.name, result.problems)
+
+
+def test_the_real_cases_are_untouched_by_the_toy(toy):
+    from msrewrite.cases import get_case
+
+    assert get_case("toy-side") is not None
+    shutil.rmtree(toy)
+    assert get_case("moe-shared-expert").name == "moe-shared-expert"
+    assert get_case("no-such-case") is None
+
+
+def test_apply_parses_the_per_case_options_the_cases_declare():
+    """apply's per-case options come from the declarations (cliargs.Declared in cli.apply), in
+    --help's order between --stream-tag and --source-path, and each kind takes only its own."""
+    from msrewrite.cases import get_case
+    from msrewrite.cases._base import ANCHOR, CASE_OPTIONS, CLI_OPTIONS, CORES, SECOND_COMM_GROUP, cli_params
+    from msrewrite.cliargs import COMMANDS, params
+
+    names = [name for name, _kind, _spec in params(COMMANDS["apply"])]
+    declared = [name for name, _kind, _spec in cli_params()]
+    start = names.index("stream_tag") + 1
+    assert names[start:start + len(declared)] == declared and names[start + len(declared)] == "source_path"
+    # every option a case may refuse is apply's: a per-case one declared here, or --stream-tag (cli.py's own)
+    assert {o.name for o in CASE_OPTIONS} <= {o.name for o in CLI_OPTIONS} | {"--stream-tag"}
+    assert ANCHOR in get_case("moe-shared-expert-phased").add_args()
+    assert ANCHOR not in get_case("moe-shared-expert").add_args()
+    assert CORES in get_case("attn-moe-limit-core").add_args()
+    assert SECOND_COMM_GROUP in get_case("prefill-microbatch").add_args()
