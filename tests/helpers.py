@@ -7,9 +7,11 @@ is not a package); fixtures stay in conftest.py.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import io
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -113,6 +115,23 @@ def main_in_process(*args: str, cwd: Path | None = None) -> subprocess.Completed
     return subprocess.CompletedProcess(
         ["msrewrite", *args], code, stdout.buffer.getvalue().decode("utf-8", "replace"), stderr.getvalue()
     )
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every path under folder -> sha256 of its bytes (folders "dir", links "link:" and their target,
+    anything else, a FIFO say, "special")."""
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        info = p.lstat()
+        if stat.S_ISLNK(info.st_mode):
+            out[p.relative_to(folder).as_posix()] = "link:" + os.readlink(p)
+        elif stat.S_ISDIR(info.st_mode):
+            out[p.relative_to(folder).as_posix()] = "dir"
+        elif stat.S_ISREG(info.st_mode):
+            out[p.relative_to(folder).as_posix()] = hashlib.sha256(p.read_bytes()).hexdigest()
+        else:
+            out[p.relative_to(folder).as_posix()] = "special"
+    return out
 
 
 class GitRepo(type(Path())):  # type: ignore[misc]  # Path's concrete class is chosen at run time

@@ -13,12 +13,10 @@ expect Python 3.12 syntax to be refused are xfail on 3.12 and later, which compi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import resource
 import shutil
-import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -26,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import EXAMPLES, ROOT, main_in_process
+from helpers import EXAMPLES, ROOT, main_in_process, snapshot
 
 CASE = ("--case", "moe-shared-expert")
 
@@ -319,22 +317,6 @@ def _fill(arg: str, folder: Path) -> str:
     while "{" in out:
         start, end = out.index("{"), out.index("}")
         out = out[:start] + str(folder / out[start + 1:end]) + out[end + 1:]
-    return out
-
-
-def snapshot(folder: Path) -> dict[str, str]:
-    """Every path under folder -> sha256 of its bytes (folders "dir", FIFOs "fifo", links their target)."""
-    out = {}
-    for p in sorted(folder.rglob("*")):
-        info = p.lstat()
-        if stat.S_ISLNK(info.st_mode):
-            out[p.relative_to(folder).as_posix()] = "link:" + os.readlink(p)
-        elif stat.S_ISDIR(info.st_mode):
-            out[p.relative_to(folder).as_posix()] = "dir"
-        elif stat.S_ISREG(info.st_mode):
-            out[p.relative_to(folder).as_posix()] = hashlib.sha256(p.read_bytes()).hexdigest()
-        else:
-            out[p.relative_to(folder).as_posix()] = "special"
     return out
 
 
