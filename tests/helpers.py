@@ -1,4 +1,5 @@
-"""What tests share besides fixtures: paths, the CLI in a subprocess, file imports, a git work tree.
+"""What tests share besides fixtures: paths, the CLI in a subprocess or in this process, file
+imports, a git work tree.
 
 Tests import these with `from helpers import ...` (pytest puts tests/ on sys.path, since tests/
 is not a package); fixtures stay in conftest.py.
@@ -6,7 +7,11 @@ is not a package); fixtures stay in conftest.py.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import io
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +71,67 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> sub
         env=env,
         timeout=300,
     )
+
+
+def runs_user_code(args: tuple[str, ...] | list[str]) -> bool:
+    """Whether `msrewrite ARGS` forks a child that runs user code: verify, apply --verify, a traced
+    suggest, bench. The CLI forks it from a fresh process; a test process that has already run
+    torch on CPU (OpenMP's thread pool, gloo) cannot fork safely: the child can hang on a lock."""
+    command = args[0] if args else ""
+    return command in ("verify", "bench") or "--verify" in args or (command == "suggest" and "--static" not in args)
+
+
+def run_main(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """The CLI's main() in this process, with its own argv, cwd, stdout and stderr: run_cli's
+    result (exit code, both streams) without a Python start-up per call. For tests that are not
+    about the process boundary; what only a process has (signals, pipes, an environment, exit on
+    a closed stdout, a start-up budget) stays with run_cli. A command that runs user code
+    (runs_user_code) goes to run_cli: its fork must start from a fresh process."""
+    if runs_user_code(args):
+        return run_cli(*args, cwd=cwd)
+    return main_in_process(*args, cwd=cwd)
+
+
+def main_in_process(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """run_main without the routing: main() in this process whatever the command. test_bad_input
+    runs its rows this way: a row that forks runs a harness that fails before torch computes."""
+    from msrewrite.cli import main
+
+    stdout = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+    stderr = io.StringIO()
+    saved = sys.argv, sys.stdout, sys.stderr, os.getcwd()
+    sys.argv, sys.stdout, sys.stderr = ["msrewrite", *args], stdout, stderr
+    if cwd is not None:
+        os.chdir(cwd)
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv, sys.stdout, sys.stderr = saved[:3]
+        os.chdir(saved[3])
+    stdout.flush()
+    return subprocess.CompletedProcess(
+        ["msrewrite", *args], code, stdout.buffer.getvalue().decode("utf-8", "replace"), stderr.getvalue()
+    )
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every path under folder -> sha256 of its bytes (folders "dir", links "link:" and their target,
+    anything else, a FIFO say, "special")."""
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        info = p.lstat()
+        if stat.S_ISLNK(info.st_mode):
+            out[p.relative_to(folder).as_posix()] = "link:" + os.readlink(p)
+        elif stat.S_ISDIR(info.st_mode):
+            out[p.relative_to(folder).as_posix()] = "dir"
+        elif stat.S_ISREG(info.st_mode):
+            out[p.relative_to(folder).as_posix()] = hashlib.sha256(p.read_bytes()).hexdigest()
+        else:
+            out[p.relative_to(folder).as_posix()] = "special"
+    return out
 
 
 class GitRepo(type(Path())):  # type: ignore[misc]  # Path's concrete class is chosen at run time

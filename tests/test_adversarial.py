@@ -16,7 +16,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from helpers import ROOT, load_file, run_cli
+from helpers import ROOT, load_file, run_main
 from msrewrite.analyze.defuse import node_facts
 from msrewrite.emit.engine import apply_plans
 from msrewrite.load import load
@@ -155,13 +155,13 @@ def test_forced_plan_through_the_cli(tmp_path):
     plan = forced_plan(model, model.read_text())
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps([plan.to_dict()]))
-    applied = run_cli("apply", str(model), "--plan", str(plan_file))
+    applied = run_main("apply", str(model), "--plan", str(plan_file))
     assert applied.returncode == 1 and not applied.stdout, applied.stderr
     assert "refused plan" in applied.stderr and "writes 'x' in place" in applied.stderr
     src = load(model)
     edited = tmp_path / "inplace_method_ms.py"
     edited.write_text(apply_plans(src.module, [plan], src.text).code)
-    verified = run_cli("verify", str(edited), "--original", str(model), "--plan", str(plan_file), "--json")
+    verified = run_main("verify", str(edited), "--original", str(model), "--plan", str(plan_file), "--json")
     assert verified.returncode == 1, verified.stdout + verified.stderr
     report = json.loads(verified.stdout)
     assert report["schedules"] == ["early", "late", "interleaved"]
@@ -190,19 +190,19 @@ def test_rng_model_refused_without_the_option_and_caught_when_forced(tmp_path):
     with --allow-rng-reorder apply --plan carries it out, and verify --plan catches the reordered
     draws in train mode (exit 1)."""
     model = MODELS / "dropout_both_branches.py"
-    case = run_cli("apply", str(model), "--case", "moe-shared-expert")
+    case = run_main("apply", str(model), "--case", "moe-shared-expert")
     assert case.returncode == 1 and not case.stdout
     assert "draws random numbers (line 24: self.drop)" in case.stderr and "(line 25: self.drop)" in case.stderr
     plan = forced_plan(model, model.read_text())
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps([plan.to_dict()]))
-    refused = run_cli("apply", str(model), "--plan", str(plan_file))
+    refused = run_main("apply", str(model), "--plan", str(plan_file))
     assert refused.returncode == 1 and "refused plan" in refused.stderr and "--allow-rng-reorder" in refused.stderr
     edited = tmp_path / "dropout_both_branches_ms.py"
     edited.write_text(model.read_text())
-    applied = run_cli("apply", str(edited), "--plan", str(plan_file), "--allow-rng-reorder", "-i")
+    applied = run_main("apply", str(edited), "--plan", str(plan_file), "--allow-rng-reorder", "-i")
     assert applied.returncode == 0, applied.stderr
-    verified = run_cli("verify", str(edited), "--original", str(model), "--plan", str(plan_file), "--json")
+    verified = run_main("verify", str(edited), "--original", str(model), "--plan", str(plan_file), "--json")
     assert verified.returncode == 1, verified.stdout + verified.stderr
     report = json.loads(verified.stdout)
     assert any(p.startswith("rng-order: train: flag on") and "aten.bernoulli" in p for p in report["problems"]), (

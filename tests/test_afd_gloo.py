@@ -16,6 +16,8 @@ import torch.multiprocessing as mp
 
 from helpers import EXAMPLES, free_port, load_file, load_regen
 
+pytestmark = pytest.mark.slow  # two-process gloo groups
+
 regen = load_regen()
 RUNS = ("original", "flag off", "flag on")
 

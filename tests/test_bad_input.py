@@ -13,13 +13,10 @@ expect Python 3.12 syntax to be refused are xfail on 3.12 and later, which compi
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import os
 import resource
 import shutil
-import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -27,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import EXAMPLES, ROOT, run_cli
+from helpers import EXAMPLES, ROOT, main_in_process, snapshot
 
 CASE = ("--case", "moe-shared-expert")
 
@@ -323,22 +320,6 @@ def _fill(arg: str, folder: Path) -> str:
     return out
 
 
-def snapshot(folder: Path) -> dict[str, str]:
-    """Every path under folder -> sha256 of its bytes (folders "dir", FIFOs "fifo", links their target)."""
-    out = {}
-    for p in sorted(folder.rglob("*")):
-        info = p.lstat()
-        if stat.S_ISLNK(info.st_mode):
-            out[p.relative_to(folder).as_posix()] = "link:" + os.readlink(p)
-        elif stat.S_ISDIR(info.st_mode):
-            out[p.relative_to(folder).as_posix()] = "dir"
-        elif stat.S_ISREG(info.st_mode):
-            out[p.relative_to(folder).as_posix()] = hashlib.sha256(p.read_bytes()).hexdigest()
-        else:
-            out[p.relative_to(folder).as_posix()] = "special"
-    return out
-
-
 @dataclass
 class Outcome:
     returncode: int
@@ -348,23 +329,8 @@ class Outcome:
 
 def run_in_process(args: list[str], cwd: Path) -> Outcome:
     """The CLI's main() in this process, with its own argv, cwd, stdout and stderr."""
-    from msrewrite.cli import main
-
-    stdout = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
-    stderr = io.StringIO()
-    saved = sys.argv, sys.stdout, sys.stderr, os.getcwd()
-    sys.argv, sys.stdout, sys.stderr = ["msrewrite", *args], stdout, stderr
-    os.chdir(cwd)
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv, sys.stdout, sys.stderr = saved[:3]
-        os.chdir(saved[3])
-    stdout.flush()
-    return Outcome(code, stdout.buffer.getvalue().decode("utf-8", "replace"), stderr.getvalue())
+    result = main_in_process(*args, cwd=cwd)
+    return Outcome(result.returncode, result.stdout, result.stderr)
 
 
 def run_in_subprocess(row: Row, args: list[str], cwd: Path) -> Outcome:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers import run_cli
+
+pytestmark = pytest.mark.slow  # bench --dry-run end to end in subprocesses
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "msrewrite", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_without_a_device_says_so_in_one_line():

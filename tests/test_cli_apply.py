@@ -1,4 +1,7 @@
-"""`msrewrite apply` end to end through the console entry point: outputs, idempotence, errors."""
+"""`msrewrite apply`: outputs, idempotence, errors. A few tests run the real console entry point in
+a subprocess (`cases`, a diff and a patch series applied with git, bad input's exit code and one
+line); the rest call the CLI's main() in this process (helpers.run_main), with the same argv,
+streams and exit code."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import EXAMPLES, run_cli
+from helpers import EXAMPLES, run_cli, run_main
 
 CASE = ["--case", "moe-shared-expert"]
 
@@ -41,7 +44,7 @@ def test_diff_paths_are_relative_to_git_root(git_repo):
     sub = git_repo / "pkg" / "models"
     sub.mkdir(parents=True)
     shutil.copy(EXAMPLES / "qwen_gated_moe.py", sub / "moe.py")
-    result = run_cli("apply", *CASE, str(sub / "moe.py"))
+    result = run_main("apply", *CASE, str(sub / "moe.py"))
     assert result.returncode == 0, result.stderr
     assert "--- a/pkg/models/moe.py" in result.stdout
 
@@ -70,12 +73,12 @@ def test_patch_series_applies_with_git_am(git_repo, tmp_path):
 def test_in_place_then_second_apply_is_a_no_op(tmp_path):
     model = tmp_path / "moe.py"
     shutil.copy(EXAMPLES / "deepseek_moe.py", model)
-    first = run_cli("apply", *CASE, "--in-place", str(model))
+    first = run_main("apply", *CASE, "--in-place", str(model))
     assert first.returncode == 0, first.stderr
     assert first.stdout == ""
     edited = model.read_text()
     assert "_ms_side_stream(" in edited
-    second = run_cli("apply", *CASE, "--in-place", str(model))
+    second = run_main("apply", *CASE, "--in-place", str(model))
     assert second.returncode == 1
     assert "already applied" in second.stderr
     assert model.read_text() == edited
@@ -86,7 +89,7 @@ def test_in_place_keeps_file_mode(tmp_path):
     model = tmp_path / "moe.py"
     shutil.copy(EXAMPLES / "deepseek_moe.py", model)
     model.chmod(0o640)
-    assert run_cli("apply", *CASE, "-i", str(model)).returncode == 0
+    assert run_main("apply", *CASE, "-i", str(model)).returncode == 0
     assert stat.S_IMODE(model.stat().st_mode) == 0o640
 
 
@@ -101,14 +104,14 @@ def test_suggest_style_plan_file_round_trips(tmp_path):
                            FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"), None)
     plan_file = tmp_path / "plans.json"
     plan_file.write_text(json.dumps({"candidates": [{"plan": plans[0].to_dict()}]}))
-    by_plan = run_cli("apply", "--plan", str(plan_file), "--candidate", "1", str(model))
-    by_case = run_cli("apply", *CASE, str(model))
+    by_plan = run_main("apply", "--plan", str(plan_file), "--candidate", "1", str(model))
+    by_case = run_main("apply", *CASE, str(model))
     assert by_plan.returncode == 0, by_plan.stderr
     assert by_plan.stdout == by_case.stdout
 
 
 def test_flag_attr_and_options_reach_the_code(tmp_path):
-    result = run_cli(
+    result = run_main(
         "apply", *CASE, str(EXAMPLES / "deepseek_moe.py"), "--flag", "attr:enable_multi_stream",
         "--flag-default", "off", "--max-tokens", "64", "--stream-tag", "11",
     )
@@ -129,14 +132,14 @@ def test_target_picks_one_and_reports_unknown(tmp_path):
         "        z = self.experts(x, *self.gate(x)[1:][::-1])\n"
         "        return z + y\n"
     )
-    ambiguous = run_cli("apply", *CASE, str(model))
+    ambiguous = run_main("apply", *CASE, str(model))
     assert ambiguous.returncode == 2
     assert "ambiguous" in ambiguous.stderr and "--target" in ambiguous.stderr
     assert len(ambiguous.stderr.strip().splitlines()) == 2  # mode line + the error line
-    picked = run_cli("apply", *CASE, str(model), "--target", "OtherMoE.forward")
+    picked = run_main("apply", *CASE, str(model), "--target", "OtherMoE.forward")
     assert picked.returncode == 0, picked.stderr
     assert "class OtherMoE" in picked.stdout or "OtherMoE.forward" in picked.stderr
-    unknown = run_cli("apply", *CASE, str(model), "--target", "Nope.forward")
+    unknown = run_main("apply", *CASE, str(model), "--target", "Nope.forward")
     assert unknown.returncode == 2 and "no such function" in unknown.stderr
 
 
@@ -182,7 +185,7 @@ def test_usage_errors(tmp_path):
         (["apply", *CASE, "--flag", "yaml:x", str(model)], "env:NAME or attr:NAME"),
     ]
     for args, message in cases:
-        result = run_cli(*args)
+        result = run_main(*args)
         assert result.returncode == 2, (args, result.stderr)
         assert message in result.stderr, (args, result.stderr)
         assert "Traceback" not in result.stderr
@@ -221,7 +224,7 @@ def test_mode_auto_detection(tmp_path):
     for mode, text in variants.items():
         model = tmp_path / f"{mode}.py"
         model.write_text(text)
-        result = run_cli("apply", *CASE, str(model))
+        result = run_main("apply", *CASE, str(model))
         assert result.returncode == 0, result.stderr
         assert f"mode {mode} (auto:" in result.stderr
 
@@ -233,7 +236,7 @@ def test_phased_patch_series_applies_stage_by_stage(git_repo, tmp_path):
     git_repo.git("add", ".")
     git_repo.git("commit", "-qm", "base")
     stage = tmp_path / "patches" / "stage1"
-    result = run_cli("apply", "--case", "moe-shared-expert-phased", "moe.py", "-o", str(stage), cwd=git_repo)
+    result = run_main("apply", "--case", "moe-shared-expert-phased", "moe.py", "-o", str(stage), cwd=git_repo)
     assert result.returncode == 0, result.stderr
     patches = sorted(stage.glob("*.patch"))
     assert [p.name[:5] for p in patches] == ["0001-", "0002-"]
@@ -248,20 +251,20 @@ def test_phased_patch_series_applies_stage_by_stage(git_repo, tmp_path):
         "moe-shared-expert-phased: overlap Qwen2MoeSparseMoeBlock in 3 phases on side stream shared_expert",
         "moe-shared-expert-phased: inline the shared expert into Qwen2MoeSparseMoeBlock",
     ]
-    final = run_cli("apply", "--case", "moe-shared-expert-phased", str(EXAMPLES / "deepep_moe.py"))
+    final = run_main("apply", "--case", "moe-shared-expert-phased", str(EXAMPLES / "deepep_moe.py"))
     assert final.returncode == 0
     assert (git_repo / "moe.py").read_text().count("re-enters the side stream") == 2
 
 
 def test_anchor_option(tmp_path):
-    result = run_cli("apply", "--case", "moe-shared-expert-phased", str(EXAMPLES / "deepep_moe.py"),
+    result = run_main("apply", "--case", "moe-shared-expert-phased", str(EXAMPLES / "deepep_moe.py"),
                      "--anchor", "dispatch_output")
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("re-enters the side stream after dispatch_output") == 1
     assert "after combine_input" not in result.stdout
-    wrong = run_cli("apply", "--case", "moe-shared-expert", str(EXAMPLES / "deepep_moe.py"), "--anchor", "x")
+    wrong = run_main("apply", "--case", "moe-shared-expert", str(EXAMPLES / "deepep_moe.py"), "--anchor", "x")
     assert wrong.returncode == 2 and "--anchor is for phased cases" in wrong.stderr
-    late = run_cli("apply", "--case", "moe-shared-expert-phased", str(EXAMPLES / "deepep_moe.py"),
+    late = run_main("apply", "--case", "moe-shared-expert-phased", str(EXAMPLES / "deepep_moe.py"),
                    "--anchor", "combine_input", "--anchor", "dispatch_output")
     assert late.returncode == 1 and "program order" in late.stderr
 
@@ -272,7 +275,7 @@ def test_several_streams_one_patch_each(git_repo, tmp_path):
     git_repo.git("add", ".")
     git_repo.git("commit", "-qm", "base")
     out = tmp_path / "patches"
-    result = run_cli("apply", "--case", "indexer-prolog", "indexer.py", "-o", str(out), cwd=git_repo)
+    result = run_main("apply", "--case", "indexer-prolog", "indexer.py", "-o", str(out), cwd=git_repo)
     assert result.returncode == 0, result.stderr
     patches = sorted(out.glob("*.patch"))
     assert len(patches) == 3
@@ -284,33 +287,33 @@ def test_several_streams_one_patch_each(git_repo, tmp_path):
         "indexer-prolog: overlap Indexer weights on side stream indexer_weights",
         "indexer-prolog: overlap Indexer q on side stream indexer_q",
     ]
-    again = run_cli("apply", "--case", "indexer-prolog", "indexer.py", cwd=git_repo)
+    again = run_main("apply", "--case", "indexer-prolog", "indexer.py", cwd=git_repo)
     assert again.returncode == 1 and "already applied" in again.stderr
 
 
 def test_core_budgets_are_checked_against_the_device():
     model = str(EXAMPLES / "longcat_layer.py")
-    over = run_cli("apply", "--case", "attn-moe-limit-core", model, "--core-limit", "12/24,16/32")
+    over = run_main("apply", "--case", "attn-moe-limit-core", model, "--core-limit", "12/24,16/32")
     assert over.returncode == 2 and "exceeds a3's 24 AIC / 48 AIV" in over.stderr and "deadlock" in over.stderr
-    a2 = run_cli("apply", "--case", "attn-moe-limit-core", model, "--cores", "a2")
+    a2 = run_main("apply", "--case", "attn-moe-limit-core", model, "--cores", "a2")
     assert a2.returncode == 0 and "_ms_core_limit(moe_shortcut_stream is not None, 12, 24):" in a2.stdout
-    custom = run_cli("apply", "--case", "attn-moe-limit-core", model, "--core-limit", "12/24,12/24", "--mode", "ge-graph")
+    custom = run_main("apply", "--case", "attn-moe-limit-core", model, "--core-limit", "12/24,12/24", "--mode", "ge-graph")
     assert custom.returncode == 0 and "_ms_core_limit(True, 12, 24)" in custom.stdout
-    wrong = run_cli("apply", "--case", "moe-shared-expert", model.replace("longcat_layer", "deepseek_moe"), "--cores", "a2")
+    wrong = run_main("apply", "--case", "moe-shared-expert", model.replace("longcat_layer", "deepseek_moe"), "--cores", "a2")
     assert wrong.returncode == 2 and "core-limit cases" in wrong.stderr
-    bad = run_cli("apply", "--case", "attn-moe-limit-core", model, "--core-limit", "8-16")
+    bad = run_main("apply", "--case", "attn-moe-limit-core", model, "--core-limit", "8-16")
     assert bad.returncode == 2 and "SIDE_AIC/SIDE_AIV" in bad.stderr
 
 
 def test_verify_hand_written_multi_stream_code(tmp_path):
     """verify also checks multi-stream code nobody generated: no flag, run as written."""
     fixture = Path(__file__).resolve().parent / "fixtures" / "handwritten_moe.py"
-    clean = run_cli("verify", str(fixture))
+    clean = run_main("verify", str(fixture))
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert "OK: sanitizer clean [eager, no flag, checked as written]" in clean.stdout
     broken = tmp_path / "handwritten_moe.py"
     broken.write_text(fixture.read_text().replace("JOIN = True", "JOIN = False"))
-    result = run_cli("verify", str(broken))
+    result = run_main("verify", str(broken))
     assert result.returncode == 1
     problems = [line for line in result.stdout.splitlines() if line.startswith("problem: ")]
     assert any("[race-raw]" in p and "handwritten_moe.py:31" in p for p in problems), problems

@@ -15,6 +15,8 @@ import pytest
 
 from helpers import EXAMPLES, ROOT
 
+pytestmark = pytest.mark.slow  # the CLI in subprocesses: pipes, terminals, hard links
+
 GOLDEN = ROOT / "golden" / "moe-shared-expert" / "eager"
 CASE = ("--case", "moe-shared-expert")
 

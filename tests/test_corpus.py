@@ -7,6 +7,8 @@ import pytest
 
 from helpers import load_bench
 
+pytestmark = pytest.mark.slow  # the transformers corpus sample
+
 SAMPLE = [
     "deepseek_v3/modeling_deepseek_v3.py",
     "qwen3_next/modeling_qwen3_next.py",

@@ -388,14 +388,14 @@ def test_raise_between_fork_and_join_is_an_exit(tmp_path):
 
 
 def test_every_edit_prints_its_trust_boundary(tmp_path):
-    from helpers import run_cli
+    from helpers import run_main
 
     (tmp_path / "block.py").write_text(model(SGLANG_SHAPE, experts="FusedMoE", fused_inplace=True))
-    result = run_cli("apply", "--case", "moe-shared-expert", str(tmp_path / "block.py"), "--protect", "clone")
+    result = run_main("apply", "--case", "moe-shared-expert", str(tmp_path / "block.py"), "--protect", "clone")
     assert result.returncode == 0, result.stderr
     assert "trust boundary (callees not seen into): self.experts (FusedMoE, not visible to msrewrite)" in result.stderr
     assert "costs one copy of each" in result.stderr
-    plain = run_cli("apply", "--case", "moe-shared-expert", str(tmp_path / "block.py"), "--assume-pure", "FusedMoE")
+    plain = run_main("apply", "--case", "moe-shared-expert", str(tmp_path / "block.py"), "--assume-pure", "FusedMoE")
     assert plain.returncode == 0 and "vouched for with --assume-pure: FusedMoE" in plain.stderr
 
 
@@ -409,19 +409,19 @@ def test_plan_carries_protect_and_assume_pure(tmp_path):
 
 def test_apply_plan_respects_protect(tmp_path):
     """The snapshot travels in the plan: apply --plan emits it, and --protect clone adds it to a plan without."""
-    from helpers import run_cli
+    from helpers import run_main
 
     plan, _, original = edit(tmp_path, model(SGLANG_SHAPE, experts="FusedMoE", fused_inplace=True), protect="clone")
     with_snapshot = tmp_path / "with.json"
     with_snapshot.write_text(plan.to_json())
-    result = run_cli("apply", "--plan", str(with_snapshot), str(original))
+    result = run_main("apply", "--plan", str(with_snapshot), str(original))
     assert result.returncode == 0, result.stderr
     assert "+            x_side = x.clone()" in result.stdout
     without = tmp_path / "without.json"
     without.write_text(plan.with_changes(protect_inputs=()).to_json())
-    plain = run_cli("apply", "--plan", str(without), str(original))  # re-derived: FusedMoE may write x
+    plain = run_main("apply", "--plan", str(without), str(original))  # re-derived: FusedMoE may write x
     assert plain.returncode == 1 and "--assume-pure FusedMoE" in plain.stderr and not plain.stdout
-    added = run_cli("apply", "--plan", str(without), str(original), "--protect", "clone")
+    added = run_main("apply", "--plan", str(without), str(original), "--protect", "clone")
     assert added.returncode == 0 and "x_side = x.clone()" in added.stdout, added.stderr
 
 
@@ -430,11 +430,11 @@ def test_apply_plan_respects_protect(tmp_path):
     (("--assume-pure", "not a name"), "--assume-pure needs a class, function or attribute name"),
 ])
 def test_bad_effect_options_are_one_line_errors(tmp_path, args, message):
-    from helpers import run_cli
+    from helpers import run_main
 
     path = tmp_path / "block.py"
     path.write_text(model(SGLANG_SHAPE))
-    result = run_cli("apply", "--case", "moe-shared-expert", str(path), *args)
+    result = run_main("apply", "--case", "moe-shared-expert", str(path), *args)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [f"msrewrite: error: {result.stderr.split('error: ', 1)[1].strip()}"]
     assert message in result.stderr

@@ -118,9 +118,9 @@ def test_every_core_limit_golden_leaves_a_pre_set_main_limit_as_it_was(tmp_path,
 
 
 def test_core_limit_caveats_are_printed_once_when_applying(tmp_path):
-    from helpers import run_cli
+    from helpers import run_main
 
-    result = run_cli("apply", str(regen.ROOT / "examples" / "longcat_layer.py"), "--case", "attn-moe-limit-core",
+    result = run_main("apply", str(regen.ROOT / "examples" / "longcat_layer.py"), "--case", "attn-moe-limit-core",
                      "--mode", "eager")
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("Ascend C ops only") == 1
@@ -282,28 +282,28 @@ def test_mode_follows_the_compiler_config_mode(body, mode):
                                'config.mode = "reduce-overhead"\n    config.mode = "max-autotune"'), "no edit is right in both"),
 ])
 def test_mode_that_cannot_be_told_asks_for_mode(tmp_path, body, match):
-    from helpers import run_cli
+    from helpers import run_main
 
     model = tmp_path / "model.py"
     model.write_text(_with_config(body))
-    result = run_cli("apply", "--case", "moe-shared-expert", str(model))
+    result = run_main("apply", "--case", "moe-shared-expert", str(model))
     assert result.returncode != 0
     assert result.stderr.startswith("msrewrite: error: cannot tell torchair's graph mode") and match in result.stderr
     assert "--mode" in result.stderr
     assert model.read_text() == _with_config(body)
-    given = run_cli("apply", "--case", "moe-shared-expert", "--mode", "npugraph-ex", str(model))
+    given = run_main("apply", "--case", "moe-shared-expert", "--mode", "npugraph-ex", str(model))
     assert given.returncode == 0, given.stderr
 
 
 def test_vllm_ascend_style_reduce_overhead_file_gets_npugraph_ex_and_verifies(tmp_path):
     """config.mode = "reduce-overhead" gets native streams and events, proven by verify, and exact and
     clean when run through the stand-in backend with reduce-overhead semantics."""
-    from helpers import run_cli
+    from helpers import run_main
     from msrewrite.sanitizer import Sanitizer
 
     model_file = tmp_path / "deepseek_moe.py"
     model_file.write_text(_with_config(VLLM_ASCEND_STYLE))
-    result = run_cli("apply", "--case", "moe-shared-expert", "--verify", "-i", str(model_file))
+    result = run_main("apply", "--case", "moe-shared-expert", "--verify", "-i", str(model_file))
     assert result.returncode == 0, result.stderr
     assert "mode npugraph-ex (auto: torchair CompilerConfig mode 'reduce-overhead'" in result.stderr
     text = model_file.read_text()
@@ -326,20 +326,20 @@ def test_vllm_ascend_style_reduce_overhead_file_gets_npugraph_ex_and_verifies(tm
 
 def test_ge_graph_file_records_its_backend_config(tmp_path):
     """A file that builds its GE backend hands the config to _ms_torchair_config, once."""
-    from helpers import run_cli
+    from helpers import run_main
 
     model_file = tmp_path / "deepseek_moe.py"
     model_file.write_text(_with_config(VLLM_ASCEND_STYLE.replace("reduce-overhead", "max-autotune")))
-    result = run_cli("apply", "--case", "moe-shared-expert", "-i", str(model_file))
+    result = run_main("apply", "--case", "moe-shared-expert", "-i", str(model_file))
     assert result.returncode == 0, result.stderr
     text = model_file.read_text()
     assert text.count("return torchair.get_npu_backend(compiler_config=_ms_torchair_config(config))") == 1
     assert "does not build torchair's backend" not in result.stderr
-    again = run_cli("apply", "--case", "moe-shared-expert", "-i", str(model_file))
+    again = run_main("apply", "--case", "moe-shared-expert", "-i", str(model_file))
     assert again.returncode != 0 and model_file.read_text() == text  # already applied: nothing changes
     plain = tmp_path / "plain.py"
     plain.write_text((regen.ROOT / "examples" / "deepseek_moe.py").read_text())
-    told = run_cli("apply", "--case", "moe-shared-expert", "--mode", "ge-graph", str(plain))
+    told = run_main("apply", "--case", "moe-shared-expert", "--mode", "ge-graph", str(plain))
     assert told.returncode == 0 and "does not build torchair's backend" in told.stderr
 
 

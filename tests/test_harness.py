@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # builds real transformers modules
+
 pytest.importorskip("transformers")
 import transformers.models as hf_models  # noqa: E402
 

@@ -5,27 +5,18 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import EXAMPLES, run_main
 from msrewrite.emit import markers
-
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = ROOT / "examples"
-
-
-def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "msrewrite", *args], capture_output=True, text=True, timeout=300,
-                          cwd=cwd)
 
 
 def edited(tmp_path: Path, example: str, case: str, mode: str, *extra: str) -> str:
     path = tmp_path / f"{example}.py"
     shutil.copy(EXAMPLES / f"{example}.py", path)
-    out = run_cli("apply", "--case", case, "--mode", mode, "-i", *extra, str(path))
+    out = run_main("apply", "--case", case, "--mode", mode, "-i", *extra, str(path))
     assert out.returncode == 0, out.stderr
     return path.read_text()
 
@@ -53,10 +44,10 @@ def test_markers_then_no_markers_is_the_plain_edit_byte_for_byte(tmp_path, examp
     api = "torch.profiler.record_function" if mode == "cuda" else "torch.npu.mstx.range_start"
     assert api in marked
     path = tmp_path / "marked" / f"{example}.py"
-    out = run_cli("apply", "--no-markers", "-i", str(path))
+    out = run_main("apply", "--no-markers", "-i", str(path))
     assert out.returncode == 0, out.stderr
     assert path.read_text() == plain
-    again = run_cli("apply", "--no-markers", str(path))
+    again = run_main("apply", "--no-markers", str(path))
     assert again.returncode == 1 and "no msrewrite profiler ranges" in again.stderr
 
 
@@ -109,17 +100,17 @@ def test_ranges_run_balanced_with_the_flag_on_and_not_at_all_off(tmp_path, monke
 def test_markers_come_from_the_plan_file(tmp_path):
     path = tmp_path / "deepseek_moe.py"
     shutil.copy(EXAMPLES / "deepseek_moe.py", path)
-    suggested = run_cli("suggest", "--static", "--json", str(path))
+    suggested = run_main("suggest", "--static", "--json", str(path))
     data = json.loads(suggested.stdout)
     assert "markers" not in data["candidates"][0]["plan"]  # plan files without markers read as before
     data["candidates"][0]["plan"]["markers"] = True
     (tmp_path / "plans.json").write_text(json.dumps(data))
-    out = run_cli("apply", "--plan", str(tmp_path / "plans.json"), "--candidate", "1", "--mode", "cuda", str(path))
+    out = run_main("apply", "--plan", str(tmp_path / "plans.json"), "--candidate", "1", "--mode", "cuda", str(path))
     assert out.returncode == 0, out.stderr
     assert '+                side_range = _ms_range_start("msrewrite:' in out.stdout
     data["candidates"][0]["plan"]["markers"] = "yes"
     (tmp_path / "plans.json").write_text(json.dumps(data))
-    bad = run_cli("apply", "--plan", str(tmp_path / "plans.json"), str(path))
+    bad = run_main("apply", "--plan", str(tmp_path / "plans.json"), str(path))
     assert bad.returncode == 2 and "markers" in bad.stderr and bad.stderr.count("\n") == 1
 
 
@@ -131,7 +122,7 @@ def test_markers_come_from_the_plan_file(tmp_path):
 def test_markers_refusals_are_one_line(tmp_path, args, message):
     path = tmp_path / "qwen_gated_moe.py"
     shutil.copy(EXAMPLES / "qwen_gated_moe.py", path)
-    out = run_cli("apply", *args, str(path))
+    out = run_main("apply", *args, str(path))
     assert out.returncode == 2, out.stderr
     errors = [line for line in out.stderr.splitlines() if line.startswith("msrewrite: error: ")]
     assert len(errors) == 1 and message in errors[0] and out.stderr.splitlines()[-1] == errors[0]
@@ -140,7 +131,7 @@ def test_markers_refusals_are_one_line(tmp_path, args, message):
 
 @pytest.mark.parametrize("mode", ["cuda", "eager"])
 def test_verify_passes_with_markers_on(mode):
-    out = run_cli("apply", "--case", "moe-shared-expert", "--mode", mode, "--markers", "--verify",
+    out = run_main("apply", "--case", "moe-shared-expert", "--mode", mode, "--markers", "--verify",
                   str(EXAMPLES / "deepseek_moe.py"))
     assert out.returncode == 0, out.stderr
     assert "schedules: early, late, interleaved" in out.stderr and "sanitizer clean" in out.stderr
@@ -211,6 +202,6 @@ def test_a_plan_whose_stream_cannot_be_found_is_refused():
 def test_verify_passes_with_markers_on_the_new_windows(case, example, mode):
     """Every schedule runs with the ranges on: the later ones re-issue the last step's plans on its
     unmarked input and mark every window again, reproducing the marked edit first."""
-    out = run_cli("apply", "--case", case, "--mode", mode, "--markers", "--verify", str(EXAMPLES / f"{example}.py"))
+    out = run_main("apply", "--case", case, "--mode", mode, "--markers", "--verify", str(EXAMPLES / f"{example}.py"))
     assert out.returncode == 0, out.stderr
     assert "schedules: early, late, interleaved" in out.stderr and "sanitizer clean" in out.stderr

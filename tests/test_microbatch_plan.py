@@ -15,7 +15,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from helpers import EXAMPLES, run_cli
+from helpers import EXAMPLES, run_cli, run_main
 from msrewrite.analyze.microbatch import check_microbatch_plan, microbatch_plan
 from msrewrite.emit.microbatch import microbatch_edit
 from msrewrite.errors import BadInput, NothingToDo
@@ -57,7 +57,7 @@ def _plan(text: str = SOURCE, flag: FlagSpec | None = None, **kwargs) -> Microba
 # Flags: each kind as the other cases emit it ----------------------------------------------------
 def test_attr_flag_is_an_attribute_not_an_env_read(tmp_path):
     path = _write(tmp_path, SOURCE)
-    done = run_cli("apply", "--case", CASE, str(path), "--flag", "attr:use_microbatch")
+    done = run_main("apply", "--case", CASE, str(path), "--flag", "attr:use_microbatch")
     assert done.returncode == 0, done.stderr
     added = _added(done.stdout)
     assert "self.use_microbatch = True" in added  # __init__ takes no config: the default
@@ -86,13 +86,13 @@ def test_attr_flag_set_by_the_class_is_reused_and_one_from_config_is_read():
 def test_attr_flag_edit_verifies(tmp_path):
     """verify switches the attribute (flag off: every op on main; flag on: collectives on the comm stream)."""
     path = _write(tmp_path, SOURCE)
-    done = run_cli("apply", "--case", CASE, str(path), "--flag", "attr:use_microbatch", "--verify", "-i")
+    done = run_main("apply", "--case", CASE, str(path), "--flag", "attr:use_microbatch", "--verify", "-i")
     assert done.returncode == 0, done.stderr
     assert "OK: outputs equal" in done.stderr and "flag attr:use_microbatch]" in done.stderr
     assert "flag off: 1 output tensor(s); 139 ops on main\n" in done.stderr
     assert "ops on side:1" in done.stderr
     # standalone verify finds the attribute switch in the edit itself (not the helper's `tag` parameter)
-    alone = run_cli("verify", str(path), "--original", str(EXAMPLES / "microbatch_moe.py"), "--no-train",
+    alone = run_main("verify", str(path), "--original", str(EXAMPLES / "microbatch_moe.py"), "--no-train",
                     "--inputs", "0")
     assert alone.returncode == 0, alone.stdout + alone.stderr
     assert "flag attr:use_microbatch]" in alone.stdout
@@ -138,7 +138,7 @@ PREFILL = _changed(
 
 
 def test_prefill_gate_reads_the_model_forward_parameter(tmp_path):
-    done = run_cli("apply", "--case", CASE, str(_write(tmp_path, PREFILL)), "--gate", "prefill")
+    done = run_main("apply", "--case", CASE, str(_write(tmp_path, PREFILL)), "--gate", "prefill")
     assert done.returncode == 0, done.stderr
     added = _added(done.stdout)
     assert "if _ms_microbatch(self.enable_prefill_microbatch, hidden_states) and is_prefill:" in added
@@ -152,7 +152,7 @@ def test_prefill_gate_edit_verifies_and_decode_runs_the_original_loop(tmp_path):
     """make() passes is_prefill=True (the gate open); a forward with is_prefill=False never leaves
     the main stream, on the same edited module."""
     path = _write(tmp_path, PREFILL)
-    done = run_cli("apply", "--case", CASE, str(path), "--gate", "prefill", "--verify", "-i")
+    done = run_main("apply", "--case", CASE, str(path), "--gate", "prefill", "--verify", "-i")
     assert done.returncode == 0, done.stderr
     assert "OK: outputs equal" in done.stderr and "ops on side:1" in done.stderr
     import torch
@@ -189,22 +189,22 @@ def test_plan_json_round_trips_in_every_file_shape():
 def test_apply_plan_makes_exactly_the_case_edit(tmp_path):
     path = _write(tmp_path, SOURCE)
     options = ("--flag", "attr:use_microbatch", "--second-comm-group", "ep_group_mb1", "--stream-tag", "mb_comm")
-    by_case = run_cli("apply", "--case", CASE, str(path), *options)
+    by_case = run_main("apply", "--case", CASE, str(path), *options)
     assert by_case.returncode == 0, by_case.stderr
     assert '_ms_side_stream("mb_comm")' in by_case.stdout  # --stream-tag is honoured, not dropped
     plan = _plan(flag=FlagSpec(kind="attr", name="use_microbatch"), second_group="ep_group_mb1", stream_tag="mb_comm")
     plans = tmp_path / "plans.json"
     plans.write_text(json.dumps({"candidates": [{"plan": plan.to_dict()}]}))
-    by_plan = run_cli("apply", "--plan", str(plans), str(path))
+    by_plan = run_main("apply", "--plan", str(plans), str(path))
     assert by_plan.returncode == 0, by_plan.stderr
     assert by_plan.stdout == by_case.stdout
     # options on top of a plan file: the flag kind changes only because it was asked
-    env = run_cli("apply", "--plan", str(plans), str(path), "--flag", "env:MB")
+    env = run_main("apply", "--plan", str(plans), str(path), "--flag", "env:MB")
     assert env.returncode == 0 and '_ms_env_flag("MB", True)' in env.stdout, env.stderr
     # --second-comm-group on a plan without one is carried, not dropped
     bare = tmp_path / "bare.json"
     bare.write_text(plan.with_changes(second_group="").to_json())
-    grouped = run_cli("apply", "--plan", str(bare), str(path), "--second-comm-group", "ep_group_mb1")
+    grouped = run_main("apply", "--plan", str(bare), str(path), "--second-comm-group", "ep_group_mb1")
     assert grouped.returncode == 0, grouped.stderr
     assert grouped.stdout == by_case.stdout
     from msrewrite.commands.apply import plans_for_case
@@ -214,7 +214,7 @@ def test_apply_plan_makes_exactly_the_case_edit(tmp_path):
     overlap = tmp_path / "overlap.json"
     overlap.write_text(plans_for_case(moe, load(moe).module, "moe-shared-expert", "eager", None,
                                       FlagSpec(name="X"), None)[0].to_json())
-    refused = run_cli("apply", "--plan", str(overlap), str(moe), "--second-comm-group", "ep_group_mb1")
+    refused = run_main("apply", "--plan", str(overlap), str(moe), "--second-comm-group", "ep_group_mb1")
     assert refused.returncode == 2 and refused.stdout == "", refused.stderr
     assert "--second-comm-group is for prefill-microbatch; the plan file's plans have no micro-batches" in refused.stderr
 
@@ -233,7 +233,7 @@ def test_apply_plan_on_a_stale_plan_is_refused(tmp_path):
     for change, message in cases:
         path = _write(tmp_path, _changed(change))
         before = path.read_text()
-        done = run_cli("apply", "--plan", str(plans), str(path), "-i")
+        done = run_main("apply", "--plan", str(plans), str(path), "-i")
         assert done.returncode == 2 and done.stdout == "", done.stderr
         assert done.stderr.splitlines()[-1] == f"msrewrite: error: {message}", done.stderr
         assert path.read_text() == before
@@ -266,7 +266,7 @@ def test_apply_plan_refuses_options_a_model_level_fork_cannot_take(tmp_path):
         (("--mode", "ge-graph"), "case prefill-microbatch does not support mode ge-graph"),
     ]:
         for source in (("--plan", str(plans)), ("--case", CASE)):
-            done = run_cli("apply", *source, str(path), *options)
+            done = run_main("apply", *source, str(path), *options)
             assert done.returncode == 2 and done.stdout == "", (source, options, done.stderr)
             assert message in done.stderr, (source, options, done.stderr)
 
@@ -278,14 +278,14 @@ def test_verify_plan_checks_the_plan_reproduces_the_edit(tmp_path):
     plan = _plan(flag=FlagSpec(kind="attr", name="use_microbatch"))
     plans = tmp_path / "plans.json"
     plans.write_text(plan.to_json())
-    done = run_cli("apply", "--plan", str(plans), str(edited), "-i")
+    done = run_main("apply", "--plan", str(plans), str(edited), "-i")
     assert done.returncode == 0, done.stderr
-    ok = run_cli("verify", str(edited), "--original", str(original), "--plan", str(plans), "--no-train", "--inputs", "0")
+    ok = run_main("verify", str(edited), "--original", str(original), "--plan", str(plans), "--no-train", "--inputs", "0")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "early schedule only: prefill-microbatch is a model-level fork" in ok.stdout
     other = tmp_path / "other.json"
     other.write_text(plan.with_changes(stream_tag="elsewhere").to_json())
-    off = run_cli("verify", str(edited), "--original", str(original), "--plan", str(other), "--no-train",
+    off = run_main("verify", str(edited), "--original", str(original), "--plan", str(other), "--no-train",
                   "--inputs", "0")
     assert off.returncode == 0, off.stdout + off.stderr
     assert "early schedule only: the plans do not reproduce this edit" in off.stdout
@@ -322,7 +322,7 @@ def test_a_layer_writing_shared_state_is_refused_and_verify_catches_the_forced_e
         analysis.shared_write = keep
     original = _write(tmp_path, COUNTER, "original.py")
     edited = _write(tmp_path, forced, "edited.py")
-    bad = run_cli("verify", str(edited), "--original", str(original), "--no-train", "--inputs", "0")
+    bad = run_main("verify", str(edited), "--original", str(original), "--no-train", "--inputs", "0")
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "flag on: output 0 differs from original" in bad.stdout
 
@@ -336,7 +336,7 @@ LOCAL_WRITE = _changed(("        expert_out = torch.einsum",
 def test_a_layer_writing_only_its_own_locals_is_edited_and_verified(tmp_path):
     """The shared-state rule looks at what is written: a subscript store into a local is per micro-batch."""
     path = _write(tmp_path, LOCAL_WRITE)
-    done = run_cli("apply", "--case", CASE, str(path), "--verify")
+    done = run_main("apply", "--case", CASE, str(path), "--verify")
     assert done.returncode == 0, done.stderr
     assert "picked_mb1[:, 0] = routed_mb1[:, 0]" in done.stdout and "OK: outputs equal" in done.stderr
 
@@ -356,7 +356,7 @@ def test_inside_a_fullgraph_region_the_fork_is_refused_with_the_reason(tmp_path)
     text = _changed(("class MoEModel(nn.Module):", "@support_torch_compile\nclass MoEModel(nn.Module):"),
                     ("from torch import nn\n", "from torch import nn\nfrom vllm.compilation.decorators import "
                                                "support_torch_compile\n"))
-    done = run_cli("apply", "--case", CASE, str(_write(tmp_path, text)))
+    done = run_main("apply", "--case", CASE, str(_write(tmp_path, text)))
     assert done.returncode == 2 and done.stdout == "", done.stderr
     assert ("MoEModel.forward runs inside a torch.compile fullgraph region (vLLM's @support_torch_compile on "
             "MoEModel): stream code there would be traced into the graph") in done.stderr
@@ -376,7 +376,7 @@ def test_bad_plan_values_never_reach_the_emitter():
 # suggest proposes the fork with its plan; apply --plan carries it out ------------------------------
 def test_suggest_json_proposes_the_fork_and_apply_plan_carries_it_out(tmp_path):
     path = _write(tmp_path, SOURCE, "microbatch_moe.py")
-    suggested = run_cli("suggest", "--static", "--json", str(path))
+    suggested = run_main("suggest", "--static", "--json", str(path))
     assert suggested.returncode == 0, suggested.stderr
     data = json.loads(suggested.stdout)
     [candidate] = [c for c in data["candidates"] if c["case"] == CASE]
@@ -385,10 +385,10 @@ def test_suggest_json_proposes_the_fork_and_apply_plan_carries_it_out(tmp_path):
     assert candidate["command"] == f"msrewrite apply --case {CASE} --target MoEModel {path}"
     plans = tmp_path / "plans.json"
     plans.write_text(suggested.stdout)
-    by_plan = run_cli("apply", "--plan", str(plans), str(path))
-    by_case = run_cli("apply", "--case", CASE, str(path))
+    by_plan = run_main("apply", "--plan", str(plans), str(path))
+    by_case = run_main("apply", "--case", CASE, str(path))
     assert by_plan.returncode == 0 and by_plan.stdout == by_case.stdout, by_plan.stderr
-    table = run_cli("suggest", "--static", str(path))
+    table = run_main("suggest", "--static", str(path))
     assert table.returncode == 0 and "no candidates found" not in table.stdout
     assert f"best: msrewrite apply --case {CASE} --target MoEModel {path}" in table.stdout.splitlines()
     assert "prefill-microbatch  N/A     low" in table.stdout  # a row of the table, with no estimate
@@ -396,7 +396,7 @@ def test_suggest_json_proposes_the_fork_and_apply_plan_carries_it_out(tmp_path):
 
 def test_suggest_reports_a_refused_fork_with_the_analysis_reason(tmp_path):
     path = _write(tmp_path, COUNTER)
-    suggested = run_cli("suggest", "--static", "--json", str(path))
+    suggested = run_main("suggest", "--static", "--json", str(path))
     assert suggested.returncode == 1, suggested.stderr  # nothing to propose
     data = json.loads(suggested.stdout)
     assert not [c for c in data["candidates"] if c["case"] == CASE]

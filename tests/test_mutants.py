@@ -20,6 +20,8 @@ from msrewrite.load import load
 from msrewrite.plan import FlagSpec, StartGate
 from msrewrite.verify import verify_files
 
+pytestmark = pytest.mark.slow  # a verify run of every golden edit, then of each mutant
+
 regen = load_regen()
 EXAMPLE_NAMES = ["deepseek_moe", "qwen_gated_moe"]
 

@@ -131,9 +131,9 @@ def test_read_modules_are_indexed_once_per_version(tmp_path):
 
 
 def test_a_missing_source_path_is_a_one_line_error(tmp_path):
-    from helpers import run_cli
+    from helpers import run_main
 
-    result = run_cli("apply", "--case", "moe-shared-expert", str(FIXTURES / "pkg_moe.py"),
+    result = run_main("apply", "--case", "moe-shared-expert", str(FIXTURES / "pkg_moe.py"),
                      "--source-path", str(tmp_path / "missing"))
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [f"msrewrite: error: --source-path {tmp_path / 'missing'}: not a folder"]

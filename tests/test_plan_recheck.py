@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import EXAMPLES, ROOT, run_cli
+from helpers import EXAMPLES, ROOT, run_main
 from msrewrite.commands.apply import run_apply
 from msrewrite.errors import NothingToDo
 from msrewrite.plan import OverlapPlan
@@ -99,7 +99,7 @@ def test_cli_refusal_is_one_line_exit_1(tmp_path: Path) -> None:
     plan_dict, _reason = forged_plans()["hoist-out-of-for"]
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps(plan_dict))
-    result = run_cli("apply", "--plan", str(plan_file), str(FIXTURE))
+    result = run_main("apply", "--plan", str(plan_file), str(FIXTURE))
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.strip().splitlines()[-1].startswith("msrewrite: error: refused plan for LoopedHeads.forward: ")
 
@@ -147,7 +147,7 @@ def test_generic_plan_through_apply_plan_verifies(tmp_path: Path) -> None:
     analysis = analyze(FIXTURE, device=profile("a3"), static=True)
     plan_file = tmp_path / "plans.json"
     plan_file.write_text(json.dumps({"candidates": [c.to_dict() for c in analysis.candidates]}))
-    result = run_cli("apply", "--plan", str(plan_file), "--candidate", "1", str(FIXTURE), "--verify")
+    result = run_main("apply", "--plan", str(plan_file), "--candidate", "1", str(FIXTURE), "--verify")
     assert result.returncode == 0, result.stderr
     assert "+            with torch.npu.stream(" in result.stdout
 

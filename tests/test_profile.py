@@ -5,12 +5,11 @@ gantt, and bad input."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import run_main
 from msrewrite.errors import BadInput
 from msrewrite.profile.analysis import analyze
 from msrewrite.profile.gantt import gantt
@@ -22,10 +21,6 @@ FIX = Path(__file__).parent / "fixtures" / "profile"
 TRACES = {"torch": (FIX / "torch_on.json", FIX / "torch_off.json"),
           "torch-host-ranges": (FIX / "torch_on_host_ranges.json", FIX / "torch_off.json"),
           "torch_npu": (FIX / "npu_on", FIX / "npu_off")}
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "msrewrite", *args], capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("kind", TRACES)
@@ -77,7 +72,7 @@ def test_estimate_comes_from_suggest_cost_model() -> None:
 def test_edited_file_names_regions_missing_from_the_trace(tmp_path: Path) -> None:
     edited = tmp_path / "m.py"
     edited.write_text('_ms_range_start("msrewrite:indexer-prolog:q:side", s)\n')
-    out = run_cli("profile", str(FIX / "torch_on.json"), "--edit", str(edited), "--json")
+    out = run_main("profile", str(FIX / "torch_on.json"), "--edit", str(edited), "--json")
     assert out.returncode == 0, out.stderr
     notes = json.loads(out.stdout)["notes"]
     assert any("indexer-prolog:q" in n and "not in the trace" in n for n in notes)
@@ -85,12 +80,12 @@ def test_edited_file_names_regions_missing_from_the_trace(tmp_path: Path) -> Non
 
 def test_cli_table_fits_80_columns_and_json_round_trips() -> None:
     on, off = TRACES["torch"]
-    out = run_cli("profile", str(on), "--baseline", str(off), "--edit", str(FIX / "plans.json"), "--gantt")
+    out = run_main("profile", str(on), "--baseline", str(off), "--edit", str(FIX / "plans.json"), "--gantt")
     assert out.returncode == 0, out.stderr
     table = out.stdout.split("```")[0]
     assert all(len(line) <= 80 for line in table.splitlines()), table
     assert "saving 20.0 µs" in out.stdout and "(1.00x)" in out.stdout
-    data = json.loads(run_cli("profile", str(on), "--baseline", str(off), "--json").stdout)
+    data = json.loads(run_main("profile", str(on), "--baseline", str(off), "--json").stdout)
     assert data["saving_per_step_us"] == 20.0
     assert data["regions"][0]["steps"][0]["overlap_us"] == 24.0
     assert mermaid.check(data["gantt"]) == []
@@ -116,7 +111,7 @@ def test_gantt_checker_rejects_bad_charts() -> None:
 
 
 def test_no_regions_exits_1_and_says_how_to_get_them() -> None:
-    out = run_cli("profile", str(FIX / "torch_off.json"))
+    out = run_main("profile", str(FIX / "torch_off.json"))
     assert out.returncode == 1
     assert "apply --markers" in out.stdout
 
@@ -130,7 +125,7 @@ def test_no_regions_exits_1_and_says_how_to_get_them() -> None:
 def test_bad_traces_are_one_line_errors(tmp_path: Path, content: str, message: str) -> None:
     path = tmp_path / "t.json"
     path.write_text(content)
-    out = run_cli("profile", str(path))
+    out = run_main("profile", str(path))
     assert out.returncode == 2
     assert out.stderr.startswith("msrewrite: error: ") and message in out.stderr
     assert out.stderr.count("\n") == 1 and out.stdout == ""
@@ -182,10 +177,10 @@ def test_cut_short_trace_raises(tmp_path: Path) -> None:
 # suggest --report: profile acceptance ---------------------------------------------------------------
 def test_report_profile_acceptance_section_is_filled_from_profile_json(tmp_path: Path) -> None:
     on, off = TRACES["torch"]
-    measured = run_cli("profile", str(on), "--baseline", str(off), "--edit", str(FIX / "plans.json"), "--json")
+    measured = run_main("profile", str(on), "--baseline", str(off), "--edit", str(FIX / "plans.json"), "--json")
     (tmp_path / "profile.json").write_text(measured.stdout)
     example = Path(__file__).parents[1] / "examples" / "deepseek_moe.py"
-    out = run_cli("suggest", "--static", str(example), "--report", str(tmp_path / "r"), "--profile",
+    out = run_main("suggest", "--static", str(example), "--report", str(tmp_path / "r"), "--profile",
                   str(tmp_path / "profile.json"))
     assert out.returncode == 0, out.stderr
     text = next((tmp_path / "r").glob("*.md")).read_text()
@@ -193,7 +188,7 @@ def test_report_profile_acceptance_section_is_filled_from_profile_json(tmp_path:
     assert "| moe-shared-expert:shared_expert | 12.0 | 12.0 | 1.00x | 12.0 | 8.0 | 4 |" in section
     assert "20.0 µs per step" in section and "+25%" in section
     assert all(mermaid.check(b) == [] for b in mermaid.blocks(text))
-    plain = run_cli("suggest", "--static", str(example), "--report", str(tmp_path / "p"))
+    plain = run_main("suggest", "--static", str(example), "--report", str(tmp_path / "p"))
     assert plain.returncode == 0
     assert "### 11.5 Profile acceptance\n\nN/A (apply --markers" in next((tmp_path / "p").glob("*.md")).read_text()
 
@@ -203,7 +198,7 @@ def test_report_profile_needs_report_and_profile_json(tmp_path: Path) -> None:
     bad = tmp_path / "p.json"
     bad.write_text('{"candidates": []}')
     for args in (["--profile", str(bad)], ["--profile", str(bad), "--report", str(tmp_path / "r")]):
-        out = run_cli("suggest", "--static", str(example), *args)
+        out = run_main("suggest", "--static", str(example), *args)
         assert out.returncode == 2 and out.stderr.startswith("msrewrite: error: --profile")
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_cli
+from helpers import run_main
 from msrewrite.commands.apply import case_steps
 from msrewrite.errors import NothingToDo
 from msrewrite.load import load
@@ -150,17 +150,17 @@ def test_plan_file_is_rechecked_and_the_option_is_recorded(tmp_path):
     plan = edit(path, allow=True).plans[0].with_changes(allow_rng_reorder=False, rng_reorder="")
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps([plan.to_dict()]))
-    refused = run_cli("apply", str(path), "--plan", str(plan_file))
+    refused = run_main("apply", str(path), "--plan", str(plan_file))
     assert refused.returncode == 1 and not refused.stdout
     assert "refused plan for Block.forward: the side branch draws random numbers" in refused.stderr
     assert refused.stderr.count("\n") == 2, refused.stderr  # the mode note and the one-line refusal
 
     target = tmp_path / "edited.py"
     target.write_text(path.read_text())
-    applied = run_cli("apply", str(target), "--plan", str(plan_file), "--allow-rng-reorder", "-i")
+    applied = run_main("apply", str(target), "--plan", str(plan_file), "--allow-rng-reorder", "-i")
     assert applied.returncode == 0, applied.stderr
     assert "--allow-rng-reorder: the side branch draws random numbers" in applied.stderr
-    verified = run_cli("verify", str(target), "--original", str(path), "--plan", str(plan_file), "--json",
+    verified = run_main("verify", str(target), "--original", str(path), "--plan", str(plan_file), "--json",
                        "--inputs", "0")
     assert verified.returncode == 1, verified.stdout + verified.stderr
     report = json.loads(verified.stdout)
@@ -169,7 +169,7 @@ def test_plan_file_is_rechecked_and_the_option_is_recorded(tmp_path):
 
 def test_option_needs_a_case_that_moves_calls(tmp_path):
     path = model(tmp_path, "options", ACCEPTED["side-only"])
-    result = run_cli("apply", str(path), "--case", "kvcache-offload", "--allow-rng-reorder")
+    result = run_main("apply", str(path), "--case", "kvcache-offload", "--allow-rng-reorder")
     assert result.returncode == 2 and not result.stdout
     assert result.stderr.strip().endswith(
         "msrewrite: error: --allow-rng-reorder is for cases that move calls onto a side stream; kvcache-offload moves none"
@@ -181,5 +181,5 @@ def test_plan_file_field_types_are_checked(tmp_path):
     plan = edit(path).plans[0].to_dict()
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps({**plan, "allow_rng_reorder": "yes"}))
-    result = run_cli("apply", str(path), "--plan", str(plan_file))
+    result = run_main("apply", str(path), "--plan", str(plan_file))
     assert result.returncode == 2 and "allow_rng_reorder" in result.stderr and not result.stdout

@@ -59,6 +59,7 @@ EXPECTED = {
 
 @pytest.fixture(scope="module")
 def analyses():
+    """Every real layer traced once per module; the tests that use it are marked slow."""
     return {
         name: analyze(path, device=profile("a3"), phase="decode", target=target)
         for name, (path, target, *_rest) in EXPECTED.items()
@@ -66,6 +67,7 @@ def analyses():
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
+@pytest.mark.slow
 def test_top_candidate_is_the_known_overlap(analyses, name: str) -> None:
     path, _target, case, function, side_texts, join_text = EXPECTED[name]
     analysis = analyses[name]
@@ -82,6 +84,7 @@ def test_top_candidate_is_the_known_overlap(analyses, name: str) -> None:
     assert OverlapPlan.from_dict(top.plan.to_dict()) == top.plan
 
 
+@pytest.mark.slow
 def test_deepseek_plan_hoists_the_inline_shared_expert_call(analyses) -> None:
     plan = analyses["deepseek"].candidates[0].plan
     (side,) = plan.side
@@ -90,6 +93,7 @@ def test_deepseek_plan_hoists_the_inline_shared_expert_call(analyses) -> None:
     assert plan.side_inputs == ("residuals",) and plan.side_outputs == ("shared_experts_output",)
 
 
+@pytest.mark.slow
 def test_qwen3_next_and_longcat_plan_details(analyses) -> None:
     qwen = analyses["qwen3_next"].candidates[0].plan
     assert qwen.fork_line == line_of(QWEN3_NEXT, "shared_expert_output = self.shared_expert(")
@@ -123,6 +127,7 @@ def test_broken_imports_fall_back_to_the_static_tier(tmp_path: Path) -> None:
     assert top.plan.side[0].hoist == "shared_experts_output"
 
 
+@pytest.mark.slow
 def test_static_flag_matches_the_trace_plan(analyses) -> None:
     for name in ("deepseek", "longcat", "hunyuan"):
         path = EXPECTED[name][0]
@@ -161,6 +166,7 @@ SECTIONS = ["## 1. 分析范围", "## 2. 目标优化点", "## 3. 整网模块�
 
 
 @pytest.mark.parametrize("name", ["deepseek", "longcat"])
+@pytest.mark.slow
 def test_report_has_every_section_and_valid_mermaid(analyses, tmp_path: Path, name: str) -> None:
     path = write_report(analyses[name], tmp_path)
     assert path.name == {"deepseek": "deepseek-v3-decode.md", "longcat": "longcat-flash-decode.md"}[name]
@@ -194,6 +200,7 @@ def test_mermaid_checker_rejects_bad_graphs() -> None:
 
 
 # Cost model -----------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_full_size_saving_matches_a_hand_calculation(analyses) -> None:
     """DeepSeek-V3 decode, T=1, A3 die: the shared expert is three bf16 7168x2048 matmuls, bandwidth-bound."""
     top = analyses["deepseek"].candidates[0]
@@ -210,6 +217,7 @@ def test_full_size_saving_matches_a_hand_calculation(analyses) -> None:
     assert not top.cost.too_small
 
 
+@pytest.mark.slow
 def test_tiny_generic_candidates_are_flagged_too_small(analyses) -> None:
     generic = [c for c in analyses["deepseek"].candidates if c.case == "generic"]
     assert generic and all(c.cost and c.cost.too_small for c in generic if c.cost_shapes == "tiny trace")
@@ -233,6 +241,7 @@ def _check_full_size(top, side_bytes: float, main_bytes: float | None = None) ->
     assert top.estimated_saving == pytest.approx(expected, rel=0.10)
 
 
+@pytest.mark.slow
 def test_full_size_qwen3_next_hand_calculation(analyses) -> None:
     """Qwen3-Next defaults: H=2048, shared expert I=512 plus a 2048x1 sigmoid gate; 512 experts, top-10, I=512."""
     top = analyses["qwen3_next"].candidates[0]
@@ -246,6 +255,7 @@ def test_full_size_qwen3_next_hand_calculation(analyses) -> None:
     assert top.case == "moe-shared-expert"
 
 
+@pytest.mark.slow
 def test_full_size_hunyuan_hand_calculation(analyses) -> None:
     """HunYuanMoEV1 defaults (head_dim=None fixed to 4096/32): H=4096, I=11008, 1 expert, top-1, shared MLP I=11008."""
     top = analyses["hunyuan"].candidates[0]
@@ -257,6 +267,7 @@ def test_full_size_hunyuan_hand_calculation(analyses) -> None:
     assert top.estimated_saving > 150e-6
 
 
+@pytest.mark.slow
 def test_full_size_longcat_hand_calculation(analyses) -> None:
     """LongCat-Flash defaults: H=6144; shortcut MoE = router (768 choices: 512 experts + 256 identity) + top-12
     experts of I=2048 whose loop cannot run on fake tensors (estimated analytically); main = two dense MLPs
@@ -278,6 +289,7 @@ def test_full_size_longcat_hand_calculation(analyses) -> None:
 
 
 # fx tier, module DAG and syncs ---------------------------------------------------------------------
+@pytest.mark.slow
 def test_fx_tier_records_which_tracer_worked(analyses) -> None:
     fx = {name: analyses[name].fx for name in analyses}
     # The plain leaf tracer works where the forward never iterates a shape ...
@@ -294,6 +306,7 @@ def test_fx_tier_records_which_tracer_worked(analyses) -> None:
     assert set(fx["deepseek"]) == {"DeepseekV3MoE.forward"}
 
 
+@pytest.mark.slow
 def test_fx_module_dag_and_cross_check(analyses) -> None:
     dag = analyses["deepseek"].fx["DeepseekV3MoE.forward"].dag
     modules = {d["target"]: n for n, d in dag.nodes(data=True) if d["kind"] == "module"}
@@ -320,6 +333,7 @@ def test_fx_failure_keeps_the_top_candidate(monkeypatch) -> None:
     assert top.fx_check.startswith("unavailable")
 
 
+@pytest.mark.slow
 def test_minimum_syncs_in_json_and_report(analyses, tmp_path: Path) -> None:
     for name in EXPECTED:
         top = analyses[name].candidates[0]
@@ -345,6 +359,7 @@ def test_sync_points_merge_dominated_waits() -> None:
     assert sync_points(reduced, position, {1, 3}) == {"fork": 2, "join": 1, "fork_edges": 2, "join_edges": 1}
 
 
+@pytest.mark.slow
 def test_pruned_parse_matches_the_full_parse(analyses) -> None:
     """The traced tier parses only the classes the trace ran; what it keeps is analyzed identically."""
     from msrewrite.analyze.dataflow import analyze_file

@@ -14,6 +14,8 @@ from msrewrite.commands.apply import case_steps
 from msrewrite.load import load
 from msrewrite.plan import FlagSpec
 
+pytestmark = pytest.mark.slow  # verify in subprocesses whose user code exits, dies or hangs
+
 MODEL = '''
 import os
 import sys

@@ -17,11 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from helpers import EXAMPLES, ROOT, run_cli
+from helpers import EXAMPLES, ROOT, main_in_process
 
-from test_bad_input import run_in_process, snapshot
+pytestmark = pytest.mark.slow  # the CLI in subprocesses: races and signals during -i
 
 CASE = ("apply", "--case", "moe-shared-expert")
+
+
+def run_in_process(args, cwd: Path):
+    """The CLI's main() in this process (helpers.main_in_process), args as one list."""
+    return main_in_process(*args, cwd=cwd)
 GOOD = (EXAMPLES / "deepseek_moe.py").read_text()
 GOLDEN = (ROOT / "golden" / "moe-shared-expert" / "eager" / "deepseek_moe.py").read_text()
 
