@@ -23,8 +23,9 @@ reads is rebound or written in place between the fork and the `if`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any
 
 import libcst as cst
 
@@ -96,7 +97,7 @@ def guard_path(
         in_body = holds(current.body)
         orelse = current.orelse
         in_orelse = orelse is not None and holds(orelse)
-        if in_body and in_orelse:
+        if in_body and in_orelse and orelse is not None:  # in_orelse implies an orelse
             busy = [main_work(current.body), main_work(orelse)] if main_work is not None else [True, True]
             if busy[0] == busy[1]:
                 why = "and both also do main work" if busy[0] else "and neither does main work to overlap"
@@ -186,7 +187,7 @@ def negate(test: cst.BaseExpression) -> str:
         target = bare.comparisons[0]
         flipped = _NEGATED.get(type(target.operator))
         if flipped is not None:
-            op = target.operator
+            op: Any = target.operator  # every operator _NEGATED knows has whitespace_before/_after
             new_op = flipped(whitespace_before=op.whitespace_before, whitespace_after=op.whitespace_after) if flipped not in (
                 cst.IsNot,
                 cst.NotIn,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 from functools import lru_cache
+from typing import cast
 
 import libcst as cst
 from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionProvider
@@ -87,7 +88,7 @@ def _positions(module: cst.Module) -> dict[cst.CSTNode, CodeRange]:
     provider = PositionProvider()
     provider._computed = {}
     module._codegen(PositionProvidingCodegenState(module.default_indent, module.default_newline, provider))
-    return provider._computed
+    return cast("dict[cst.CSTNode, CodeRange]", provider._computed)  # PositionProvider's values are CodeRanges
 
 
 _recent: list[tuple[cst.FunctionDef, int, dict]] = []  # analysis and emitter ask for the same function
