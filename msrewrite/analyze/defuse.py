@@ -47,9 +47,6 @@ class StatementFacts:
     rng: bool = False
     stream: bool = False
 
-    def calls_self(self, names: set[str]) -> bool:
-        return any(callee.split(".")[0] in names for callee in self.self_calls)
-
 
 # 'self.shared_expert.down_proj' for an attribute chain of names, else None (one implementation,
 # in the effects table, which this module builds on)
@@ -317,7 +314,7 @@ class _Collector(Visitor):
         # A nested def's body runs later, when it is called: its writes to the enclosing
         # function's names count at the call site.
         self.facts.stores.add(node.name.value)
-        inner = StatementFacts(index=-1, node=node, first_line=0, last_line=0)  # type: ignore[arg-type]
+        inner = StatementFacts(index=-1, node=node, first_line=0, last_line=0)
         inner_scope = Scope(resolver=self.scope.resolver, closures=dict(self.scope.closures), modules=dict(self.scope.modules))
         node.body.visit(_Collector(inner, inner_scope))
         own = {p.name.value for p in (*node.params.params, *node.params.kwonly_params, *node.params.posonly_params)}

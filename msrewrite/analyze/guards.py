@@ -156,7 +156,7 @@ def follow_turns(node: cst.If, turns: tuple[bool, ...]) -> list[GuardStep]:
             current = current.orelse
         else:
             block = current.orelse.body if in_orelse else current.body  # type: ignore[union-attr]
-            current = block.body[0]  # type: ignore[union-attr,assignment]
+            current = block.body[0]  # type: ignore[assignment]
     return path
 
 
@@ -164,14 +164,14 @@ def block_of(path: list[GuardStep]) -> list[cst.BaseStatement]:
     """The statements of the guarded block at the end of `path`."""
     node, in_orelse = path[-1]
     block = node.orelse.body if in_orelse else node.body  # type: ignore[union-attr]
-    return list(block.body)  # type: ignore[union-attr]
+    return list(block.body)
 
 
 def _with_block(node: cst.If, in_orelse: bool, statements: list[cst.BaseStatement]) -> cst.If:
     if in_orelse:
         orelse = node.orelse
         return node.with_changes(orelse=orelse.with_changes(body=orelse.body.with_changes(body=statements)))  # type: ignore[union-attr]
-    return node.with_changes(body=node.body.with_changes(body=statements))  # type: ignore[union-attr]
+    return node.with_changes(body=node.body.with_changes(body=statements))
 
 
 def source(node: cst.CSTNode) -> str:

@@ -174,7 +174,7 @@ class DeepCollectives:
         owner, owner_cls, method = found
         scope = owner.scope_for(owner_cls, method.name.value)
         label = f"{owner_cls}.{method.name.value}"
-        for stmt in method.body.body:  # type: ignore[union-attr]
+        for stmt in method.body.body:
             facts = node_facts(stmt, scope)
             if not facts.collective:
                 continue
@@ -268,13 +268,13 @@ class LayerLoop:
 
 def find_layer_loop(func: cst.FunctionDef) -> LayerLoop | None:
     """`for layer in self.layers: hidden_states = layer(hidden_states)` at the top of `func`."""
-    for index, stmt in enumerate(func.body.body):  # type: ignore[union-attr]
+    for index, stmt in enumerate(func.body.body):
         if not (isinstance(stmt, cst.For) and isinstance(stmt.target, cst.Name)):
             continue
         iterated = dotted_name(stmt.iter) or ""
-        if not iterated.startswith("self.") or iterated.count(".") != 1 or len(stmt.body.body) != 1:  # type: ignore[union-attr]
+        if not iterated.startswith("self.") or iterated.count(".") != 1 or len(stmt.body.body) != 1:
             continue
-        line = stmt.body.body[0]  # type: ignore[union-attr]
+        line = stmt.body.body[0]
         if not (isinstance(line, cst.SimpleStatementLine) and isinstance(line.body[0], cst.Assign)):
             continue
         assign = line.body[0]
@@ -298,7 +298,7 @@ def find_layer_loop(func: cst.FunctionDef) -> LayerLoop | None:
 def layer_classes(model_cls: cst.ClassDef, attr: str, classes: dict[str, cst.ClassDef]) -> list[str]:
     """The file's classes whose instances fill self.<attr> (nn.ModuleList(Layer(...) for ...)):
     exactly one for an edit, since only that class gets a forward_microbatch."""
-    for stmt in model_cls.body.body:  # type: ignore[union-attr]
+    for stmt in model_cls.body.body:
         if isinstance(stmt, cst.FunctionDef) and stmt.name.value == "__init__":
             return _classes_assigned(stmt, attr, classes)
     return []
@@ -326,7 +326,7 @@ def _classes_assigned(init: cst.FunctionDef, attr: str, classes: dict[str, cst.C
 
 def forward_of(cls: cst.ClassDef) -> cst.FunctionDef | None:
     return next(
-        (s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "forward"),  # type: ignore[union-attr]
+        (s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "forward"),
         None,
     )
 
@@ -391,7 +391,7 @@ def locate_model(module: cst.Module, target: str | None) -> Located:
         names = ", ".join(f"{c[0]}.forward" for c in candidates)
         raise BadInput(f"ambiguous target: {len(candidates)} layer loops ({names}); pick one with --target")
     model_name, model_cls, forward, loop = candidates[0]
-    if any(isinstance(s, cst.FunctionDef) and s.name.value == "forward_microbatch" for s in model_cls.body.body):  # type: ignore[union-attr]
+    if any(isinstance(s, cst.FunctionDef) and s.name.value == "forward_microbatch" for s in model_cls.body.body):
         raise NotApplicable(f"{model_name}.forward: already applied, nothing to do")
     layers = layer_classes(model_cls, loop.attr, classes)
     if len(layers) > 1:
@@ -440,7 +440,7 @@ def microbatch_plan(
             f"forward: --second-comm-group moves micro-batch 1's collectives to self.{second_group}, "
             f"but those inside {deep.deep_calls[0]}() take their group from the submodule"
         )
-    last = found.layer_forward.body.body[-1]  # type: ignore[union-attr]
+    last = found.layer_forward.body.body[-1]
     ret = last.body[0] if isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1 else None
     if not isinstance(ret, cst.Return) or ret.value is None:
         raise NothingToDo(f"{layer_label}: micro-batching needs the layer to end with `return <tensor>`")
@@ -448,7 +448,7 @@ def microbatch_plan(
     source = text if text is not None else module.code
     layer_positions = positions_for(module, layer_label, found.layer_forward, source)
     model_positions = positions_for(module, f"{found.model}.forward", found.forward, source)
-    loop_stmt = found.forward.body.body[found.loop.index]  # type: ignore[union-attr]
+    loop_stmt = found.forward.body.body[found.loop.index]
     deep_note = f"; comm stages through {', '.join(dict.fromkeys(deep.deep_calls))}()" if deep.deep_calls else ""
     group_note = f"; micro-batch 1 over self.{second_group}" if second_group else ""
     return MicrobatchPlan(
@@ -516,12 +516,12 @@ def stale_plan(module: cst.Module, plan: MicrobatchPlan, text: str | None = None
                        f"{plan.layer.rpartition('.')[0]}")
     source = text if text is not None else module.code
     model_positions = positions_for(module, plan.function, found.forward, source)
-    loop = _span(found.forward.body.body[found.loop.index], model_positions)  # type: ignore[union-attr]
+    loop = _span(found.forward.body.body[found.loop.index], model_positions)
     if loop.source != plan.loop.source.strip() or loop.first_line != plan.loop.first_line:
         raise BadInput(f"stale plan for {plan.function}: line {plan.loop.first_line} is not its layer loop "
                        f"{plan.loop.source.splitlines()[0]!r}")
     positions = positions_for(module, plan.layer, found.layer_forward, source)
-    by_line = {positions[s].start.line: s for s in found.layer_forward.body.body}  # type: ignore[union-attr]
+    by_line = {positions[s].start.line: s for s in found.layer_forward.body.body}
     for st in plan.statements:
         stmt = by_line.get(st.first_line)
         if stmt is None:

@@ -68,14 +68,6 @@ class _Reading:
     bytes_read: int = 0
 
 
-@dataclass
-class _Binding:
-    """What `self.<attr>` holds, from `__init__`: constructor calls (or other expressions)."""
-
-    values: list[cst.BaseExpression]
-    cls: str
-
-
 class ModuleSummaries:
     """Summaries of one parsed file, computed on demand and cached."""
 
@@ -212,8 +204,8 @@ class ModuleSummaries:
         if index is None:
             return None
         other = ModuleSummaries(cst.Module(body=[]), tuple(self.assume_pure), file, self._reading, self.depth + 1, package)
-        other.classes = _LazyDefinitions(index, index.classes, "class")  # type: ignore[assignment]
-        other.functions = _LazyDefinitions(index, index.functions, "def")  # type: ignore[assignment]
+        other.classes = _LazyDefinitions(index, index.classes, "class")
+        other.functions = _LazyDefinitions(index, index.functions, "def")
         other.imports, other.module_imports, other.patched = dict(index.imports), dict(index.module_imports), dict(index.patched)
         other.star_imports = list(index.star_imports)
         other.assumed = self.assumed  # names vouched for anywhere count as used

@@ -33,8 +33,6 @@ import torch.fx
 from torch.fx.experimental.meta_tracer import MetaTracer
 from torch.utils._pytree import tree_map
 
-from msrewrite.analyze.dataflow import FunctionInfo
-
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict)
 
 
@@ -335,7 +333,3 @@ def independence(dag: nx.DiGraph, side_callees: list[str], main_callees: list[st
             if a in nx.descendants(dag, b):
                 return f"dependent ({dag.nodes[b]['target']} -> {dag.nodes[a]['target']})"
     return "independent"
-
-
-def statement_callees(info: FunctionInfo, statement_indices) -> list[str]:
-    return [c.callee for i in statement_indices for c in info.statements[i].calls]
