@@ -7,6 +7,7 @@ from __future__ import annotations
 import libcst as cst
 
 from msrewrite.analyze.summaries import ModuleSummaries
+from msrewrite.analyze.torch_effects import CallEffect
 from msrewrite.analyze.walk import Visitor
 
 SOURCE = '''
@@ -30,7 +31,7 @@ class Block(nn.Module):
 '''
 
 
-def _effects() -> dict[str, object]:
+def _effects() -> dict[str, CallEffect]:
     module = cst.parse_module(SOURCE)
     scope = ModuleSummaries(module).scope_for("Block", "forward")
     calls: list[cst.Call] = []
@@ -45,7 +46,7 @@ def _effects() -> dict[str, object]:
     return {cst.Module(body=[]).code_for_node(c.func): scope.effect_of(c) for c in calls}
 
 
-def _written(effect) -> list[str]:
+def _written(effect: CallEffect) -> list[str]:
     return [cst.Module(body=[]).code_for_node(w) for w in effect.writes]
 
 
