@@ -16,25 +16,31 @@ The move is refused, with a reason, when it would change what the code computes:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import libcst as cst
 from libcst.metadata import CodeRange
 
-from msrewrite.analyze.guards import (
-    Guard, assigned_self_attrs, guard_path, invariance_problem, negate, path_condition, source,
-)
 from msrewrite.analyze.defuse import (
     Scope,
-    all_calls,
-    is_docstring,
-    node_facts,
     StatementFacts,
+    all_calls,
     dotted_name,
     expression_loads,
     function_names,
+    is_docstring,
+    node_facts,
     statement_facts,
+)
+from msrewrite.analyze.guards import (
+    Guard,
+    assigned_self_attrs,
+    guard_path,
+    invariance_problem,
+    negate,
+    path_condition,
+    source,
 )
 from msrewrite.analyze.outline import unique_name
 from msrewrite.analyze.summaries import Storage
@@ -109,7 +115,7 @@ def _seed_calls(node: cst.CSTNode, is_seed: SeedPredicate) -> list[cst.Call]:
             if callee and callee.startswith("self.") and is_seed(callee[len("self.") :]):
                 found.append(call)
 
-        def visit_FunctionDef(self, n: cst.FunctionDef) -> bool:
+        def visit_FunctionDef(self, _n: cst.FunctionDef) -> bool:
             return False
 
     if isinstance(node, cst.FunctionDef):
@@ -166,7 +172,9 @@ def find_side_branch(
             # the split's reason, unless the unsplit analysis found a more specific one
             generic = any(w in str(unsplit) for w in ("does not split", "conditional inside the join", "nothing to overlap"))
             raise NoBranch(guard if generic else str(unsplit)) from None
-        block = _guarded_block(facts[guard.index].node, is_seed)
+        holder = facts[guard.index].node
+        assert isinstance(holder, cst.If)  # _splittable_if returns a guard only for an `if`
+        block = _guarded_block(holder, is_seed)
         flat = body[: guard.index] + block + body[guard.index + 1 :]
         flat_facts = _under_guard(statement_facts(flat, positions, scope), guard, func, scope)
         try:
@@ -293,7 +301,7 @@ def _simple_lines(node: cst.CSTNode) -> list[cst.SimpleStatementLine]:
             found.append(n)
             return False
 
-        def visit_FunctionDef(self, n: cst.FunctionDef) -> bool:
+        def visit_FunctionDef(self, _n: cst.FunctionDef) -> bool:
             return False
 
     node.visit(_Lines())
@@ -360,7 +368,9 @@ def _main_work(is_seed: SeedPredicate) -> Callable[[cst.CSTNode], bool]:
 def _guarded_block(node: cst.If, is_seed: SeedPredicate) -> list[cst.BaseStatement]:
     found = guard_path(node, lambda part: has_seed(part, is_seed), _main_work(is_seed))
     assert not isinstance(found, str)  # _splittable_if found the same path
-    return list(found[1].body)  # type: ignore[union-attr]
+    block = found[1]
+    assert isinstance(block, cst.IndentedBlock)  # _splittable_if refuses a one-line body
+    return list(block.body)
 
 
 def _splittable_if(
@@ -399,179 +409,330 @@ def _splittable_if(
 
 
 def _find_side_branch(
-    func, body, facts, positions, is_seed, anchors, phase_anchors, guard: Guard | None, scope: Scope, protect: bool
+    func: cst.FunctionDef,
+    body: list[cst.BaseStatement],
+    facts: list[StatementFacts],
+    positions: dict[cst.CSTNode, CodeRange],
+    is_seed: SeedPredicate,
+    anchors: tuple[str, ...],
+    phase_anchors: tuple[str, ...] | None,
+    guard: Guard | None,
+    scope: Scope,
+    protect: bool,
 ) -> SideBranch:
-    seeds = [f for f in facts if has_seed(f.node, is_seed)]
-    if not seeds:
-        raise NoBranch("no side-branch call in this function")
-    for f in seeds:
-        if isinstance(f.node, cst.SimpleStatementLine):
-            continue
-        # `if self.shared_experts is not None: out = self.shared_experts(x)` moves as one unit,
-        # as long as everything it calls is side work and it cannot leave the function.
-        if isinstance(f.node, cst.If) and f.exits:
-            leaves = "raises" if f.raises and not _returns(f.node) else "returns"
-            raise NoBranch(
-                f"line {f.first_line}: the side-branch call sits inside `if {source(f.node.test)}`, which "
-                f"{leaves} from the function; msrewrite does not split an `if` that leaves the function"
-            )
-        if not isinstance(f.node, cst.If) or f.exits or not (
-            all(is_seed(c) for c in f.self_calls) or _side_only_if(f, func, facts)
-        ):
-            raise NoBranch(
-                f"line {f.first_line}: the side-branch call sits inside a {type(f.node).__name__} "
-                "that also does other work, which msrewrite does not split"
-            )
+    """The side branch over `facts` (a guarded `if`'s block flattened in when `guard` is set)."""
+    return _Search(func, body, facts, positions, is_seed, anchors, phase_anchors, guard, scope, protect).run()
 
-    def reaching_def(name: str, before: int, skip: set[int]) -> int | None:
-        for f in reversed(facts[:before]):
+
+def _own_first(names: list[str], name: str) -> list[str]:
+    """`names` sorted, `name` (the side input's own name) first."""
+    return sorted(names, key=lambda n: (n != name, n))
+
+
+# (body index a side unit sits at, the names it reads as inputs, the names it stores)
+_Unit = tuple[int, set[str], set[str]]
+
+
+class _Search:
+    """One run of the side-branch analysis of a function: `run` takes the steps in order, each
+    a method that computes one part of the branch or refuses it with NoBranch."""
+
+    def __init__(
+        self,
+        func: cst.FunctionDef,
+        body: list[cst.BaseStatement],
+        facts: list[StatementFacts],
+        positions: dict[cst.CSTNode, CodeRange],
+        is_seed: SeedPredicate,
+        anchors: tuple[str, ...],
+        phase_anchors: tuple[str, ...] | None,
+        guard: Guard | None,
+        scope: Scope,
+        protect: bool,
+    ) -> None:
+        self.func, self.body, self.facts, self.positions = func, body, facts, positions
+        self.is_seed, self.anchors, self.phase_anchors = is_seed, anchors, phase_anchors
+        self.guard, self.scope, self.protect = guard, scope, protect
+        self.params = {p.name.value for p in (*func.params.params, *func.params.kwonly_params, *func.params.posonly_params)}
+        self.local_names = self.params | {name for f in facts for name in f.stores}
+
+    def reaching_def(self, name: str, before: int, skip: set[int]) -> int | None:
+        """The last statement before `before` (outside `skip`) that binds `name`."""
+        for f in reversed(self.facts[:before]):
             if f.index not in skip and name in f.stores:
                 return f.index
         return None
 
-    # Main work = statements calling submodules outside the side branch, and everything that
-    # reads their results. A seed statement that depends on main work is the join; its seed
-    # calls are hoisted out of it instead.
-    seed_idx = {f.index for f in seeds}
-    def last_writer(name: str, before: int) -> int | None:
-        # an in-place write (`x.index_add_(...)`, `x += y`) changes the value as much as a rebinding
-        for f in reversed(facts[:before]):
-            if name in f.stores or name in f.mutates or name in f.may_write:
-                return f.index
-        return None
+    def run(self) -> SideBranch:
+        facts, guard = self.facts, self.guard
+        seeds = [f for f in facts if has_seed(f.node, self.is_seed)]
+        if not seeds:
+            raise NoBranch("no side-branch call in this function")
+        self._check_seed_statements(seeds)
+        depends_on_main = self._main_dependence(seeds)
+        pure = self._side_statements(seeds, depends_on_main)
+        whole = [facts[i] for i in sorted(pure)]
+        impure = [f for f in seeds if depends_on_main[f.index]]
+        side_idx = {f.index for f in whole}
+        side_stores, outputs = self._side_outputs(whole, side_idx)
+        join = self._join(side_idx, impure, outputs, whole)
+        taken = function_names(self.func)
+        hoists = self._side_hoists(facts[join], impure, taken)
+        outputs.extend(h.temp for h in hoists)
+        units, hoist_facts, inputs = self._side_inputs(whole, hoists, join)
+        fork = self._fork_after_inputs(units, inputs, side_idx, join, hoists, side_stores)
+        # Storage each input may share (views, containers, attributes), from the bindings before the join.
+        storage = Storage(facts, self.params)
+        groups = self._input_groups(units, inputs, storage)
+        fork, pushed_by = self._fork_after_writes(units, groups, storage, side_idx, fork)
+        fork = self._fork_after_anchors(fork, join, side_idx)
+        self._check_rebound_inputs(units, inputs, side_idx, fork)
 
-    # A seed statement depends on the main path only through what it reads outside its side
-    # calls: `h = h + self.shared_experts(x)` (h is routed output: the join, hoist the call) vs
-    # `s = self.shared_experts(w)` (w may come from the router: then the fork simply follows it).
-    depends_on_main: dict[int, bool] = {}
-    for f in facts:
-        dep = f.index not in seed_idx and bool(f.self_calls)
-        # a seed statement that returns, or also runs the base class's work (`return
-        # self.shared_experts(x) + super().forward(x)`), is a join: its side call is hoisted
-        dep = dep or (f.index in seed_idx and (f.exits or _calls_super(f.node)))
-        loads = _outer_loads(f.node, is_seed) if f.index in seed_idx else f.loads
-        for name in loads:
-            d = last_writer(name, f.index)
-            if d is not None and depends_on_main[d]:
-                dep = True
-        depends_on_main[f.index] = dep
+        start = min([fork, *side_idx])
+        if hoists:
+            _check_join_statement(facts[join], hoists, hoist_facts, storage, self.is_seed, self.scope)
+        window = [f for f in facts[fork:join] if f.index not in side_idx]
+        main_hoists, main_hoist_facts = self._main_hoists(join, window, side_stores, taken)
+        protected = self._check_window(
+            [*facts[start:join], *main_hoist_facts], side_idx, fork, groups, storage, outputs, side_stores
+        )
+        rebound_by_side = [name for name in protected if name in side_stores]
+        if rebound_by_side:
+            raise NoBranch(f"'{rebound_by_side[0]}' is both read and rebound by the side branch; --protect clone cannot snapshot it")
+        window += main_hoist_facts
+        if not main_hoists and not any(f.has_call and f.self_calls for f in window):
+            raise self._nothing_to_overlap(join, fork, pushed_by, storage)
+        every_input = frozenset().union(*groups.values()) if groups else frozenset()
+        main = [g for g in facts[start:join] if g.index not in side_idx] + main_hoist_facts
+        self._check_side_writes(whole, hoist_facts, join, main, storage, every_input)
 
-    # Glue around side calls (`mul_out = act_out * up_out` in a flattened expert, a gate's sigmoid)
-    # belongs to the side branch: it reads side results and no main-path value.
-    pure = {f.index for f in seeds if not depends_on_main[f.index]}
-    changed = True
-    while changed and pure:
-        changed = False
-        side_stores = {name for i in pure for name in facts[i].stores}
-        for f in facts[min(pure) :]:
+        if guard is not None:
+            _check_guard(guard, facts, fork, join, side_idx, guard.size)
+        rebound = sorted({name for f in window for name in f.stores if name in inputs})
+        # bound only inside an `if` of the side branch, with no default bound before it on the side
+        maybe = [
+            name
+            for name in outputs
+            if any(name in f.stores for f in whole if not isinstance(f.node, cst.SimpleStatementLine))
+            and not any(name in f.stores and _binds_constant(f.node) for f in whole)
+        ]
+        phases, inner_phases, chosen_anchors = self._phases(whole, fork, join, side_idx, inputs)
+        rng = _rng_reorder(facts, whole, hoists, start, join, side_idx, self.scope, bool(main_hoists))
+        return SideBranch(
+            rng_reorder=rng,
+            phases=phases,
+            inner_phases=inner_phases,
+            phase_anchors=chosen_anchors,
+            maybe_outputs=maybe,
+            protected_inputs=protected,
+            trust_boundary=sorted(
+                {u for f in [*whole, *hoist_facts, *window] for u in f.unknown_callees}
+            ),
+            main_hoists=main_hoists,
+            statements=whole,
+            hoists=hoists,
+            fork=fork,
+            join=join,
+            inputs=inputs,
+            outputs=outputs,
+            rebound_inputs=rebound,
+            facts=facts,
+            guard=guard,
+        )
+
+    def _input_groups(self, units: list[_Unit], inputs: list[str], storage: Storage) -> dict[str, frozenset]:
+        """The objects each side input names where the side reads it."""
+        groups: dict[str, frozenset] = {}
+        for index, loads, _ in units:
+            for name in loads & set(inputs) & self.local_names:
+                groups[name] = groups.get(name, frozenset()) | storage.held(name, index)
+        return groups
+
+    def _phases(
+        self, whole: list[StatementFacts], fork: int, join: int, side_idx: set[int], inputs: list[str]
+    ) -> tuple[dict[int, int], dict[int, tuple[int, ...]], list[str]]:
+        """(phase of each side statement, inner phases of a split side `if`, the anchors used):
+        all empty unless phases were asked for."""
+        if self.phase_anchors is None:
+            return {}, {}, []
+        chosen_anchors = list(self.phase_anchors) or derive_phase_anchors(self.facts, fork, join, side_idx)
+        phases, inner_phases = _assign_phases(
+            self.func, self.facts, whole, chosen_anchors, fork, join, side_idx, self.reaching_def, set(inputs)
+        )
+        return phases, inner_phases, chosen_anchors
+
+    def _check_seed_statements(self, seeds: list[StatementFacts]) -> None:
+        """Refuses a compound statement holding side calls unless it moves whole: an `if` whose
+        calls are all side work (or that is side work as a whole) and that cannot leave the function."""
+        for f in seeds:
+            if isinstance(f.node, cst.SimpleStatementLine):
+                continue
+            # `if self.shared_experts is not None: out = self.shared_experts(x)` moves as one unit,
+            # as long as everything it calls is side work and it cannot leave the function.
+            if isinstance(f.node, cst.If) and f.exits:
+                leaves = "raises" if f.raises and not _returns(f.node) else "returns"
+                raise NoBranch(
+                    f"line {f.first_line}: the side-branch call sits inside `if {source(f.node.test)}`, which "
+                    f"{leaves} from the function; msrewrite does not split an `if` that leaves the function"
+                )
+            if not isinstance(f.node, cst.If) or f.exits or not (
+                all(self.is_seed(c) for c in f.self_calls) or _side_only_if(f, self.func, self.facts)
+            ):
+                raise NoBranch(
+                    f"line {f.first_line}: the side-branch call sits inside a {type(f.node).__name__} "
+                    "that also does other work, which msrewrite does not split"
+                )
+
+    def _main_dependence(self, seeds: list[StatementFacts]) -> dict[int, bool]:
+        """Statement index -> does it depend on main work?
+
+        Main work = statements calling submodules outside the side branch, and everything that
+        reads their results. A seed statement that depends on main work is the join; its seed
+        calls are hoisted out of it instead."""
+        facts = self.facts
+        seed_idx = {f.index for f in seeds}
+
+        def last_writer(name: str, before: int) -> int | None:
+            # an in-place write (`x.index_add_(...)`, `x += y`) changes the value as much as a rebinding
+            for f in reversed(facts[:before]):
+                if name in f.stores or name in f.mutates or name in f.may_write:
+                    return f.index
+            return None
+
+        # A seed statement depends on the main path only through what it reads outside its side
+        # calls: `h = h + self.shared_experts(x)` (h is routed output: the join, hoist the call) vs
+        # `s = self.shared_experts(w)` (w may come from the router: then the fork simply follows it).
+        depends_on_main: dict[int, bool] = {}
+        for f in facts:
+            dep = f.index not in seed_idx and bool(f.self_calls)
+            # a seed statement that returns, or also runs the base class's work (`return
+            # self.shared_experts(x) + super().forward(x)`), is a join: its side call is hoisted
+            dep = dep or (f.index in seed_idx and (f.exits or _calls_super(f.node)))
+            loads = _outer_loads(f.node, self.is_seed) if f.index in seed_idx else f.loads
+            for name in loads:
+                d = last_writer(name, f.index)
+                if d is not None and depends_on_main[d]:
+                    dep = True
+            depends_on_main[f.index] = dep
+        return depends_on_main
+
+    def _side_statements(self, seeds: list[StatementFacts], depends_on_main: dict[int, bool]) -> set[int]:
+        """The indices of the whole statements that move: the seed statements that need no main
+        work, with their glue, the buffers made for them and the defaults of their outputs."""
+        facts = self.facts
+        # Glue around side calls (`mul_out = act_out * up_out` in a flattened expert, a gate's sigmoid)
+        # belongs to the side branch: it reads side results and no main-path value.
+        pure = {f.index for f in seeds if not depends_on_main[f.index]}
+        changed = True
+        while changed and pure:
+            changed = False
+            side_stores = {name for i in pure for name in facts[i].stores}
+            for f in facts[min(pure) :]:
+                if (
+                    f.index not in pure
+                    and isinstance(f.node, cst.SimpleStatementLine)
+                    and not depends_on_main[f.index]
+                    and not f.exits
+                    and not f.self_calls
+                    and f.loads & side_stores
+                ):
+                    pure.add(f.index)
+                    changed = True
+        self._add_side_buffers(pure)
+        return pure
+
+    def _add_side_buffers(self, pure: set[int]) -> None:
+        """Adds to `pure` the buffers and defaults made only for the side branch."""
+        facts, guard = self.facts, self.guard
+        # Buffers prepared only for the side branch (`buf = torch.empty_like(x)` before a recv) move
+        # with it: no submodule call, no in-place write, and only side statements read the result.
+        for f in facts:
+            if f.index in pure or not pure or f.index > max(pure):
+                continue
+            # statements that see this very definition (not a later rewrite, such as a recv filling it)
+            readers = [
+                g for g in facts[f.index + 1 :]
+                if any(self.reaching_def(n, g.index, set()) == f.index for n in f.stores & g.loads)
+            ]
             if (
-                f.index not in pure
-                and isinstance(f.node, cst.SimpleStatementLine)
-                and not depends_on_main[f.index]
-                and not f.exits
+                _allocates(f.node)
+                and f.stores
                 and not f.self_calls
-                and f.loads & side_stores
+                and not f.mutates
+                and not f.exits
+                and readers
+                and all(g.index in pure for g in readers)
             ):
                 pure.add(f.index)
-                changed = True
-    # Buffers prepared only for the side branch (`buf = torch.empty_like(x)` before a recv) move
-    # with it: no submodule call, no in-place write, and only side statements read the result.
-    for f in facts:
-        if f.index in pure or not pure or f.index > max(pure):
-            continue
-        # statements that see this very definition (not a later rewrite, such as a recv filling it)
-        readers = [
-            g for g in facts[f.index + 1 :] if any(reaching_def(n, g.index, set()) == f.index for n in f.stores & g.loads)
-        ]
-        if (
-            _allocates(f.node)
-            and f.stores
-            and not f.self_calls
-            and not f.mutates
-            and not f.exits
-            and readers
-            and all(g.index in pure for g in readers)
-        ):
-            pure.add(f.index)
-        # `shared = None` before `if self.shared_experts is not None: shared = ...`: the default
-        # of a side output moves with it, when only the side branch sees it
-        elif (
-            (guard is None or f.index in guard.inside)  # a default before a guarded `if` stays: see the fork
-            and _binds_constant(f.node)
-            and all(g.index in pure for g in readers)
-            and any(g.index in pure and f.stores <= g.stores for g in facts[f.index + 1 :])
-        ):
-            pure.add(f.index)
-    whole = [facts[i] for i in sorted(pure)]
-    impure = [f for f in seeds if depends_on_main[f.index]]
-    side_idx = {f.index for f in whole}
-    # Outputs: side results read after the branch (the join and later), in definition order.
-    # Temporaries used only inside the branch stay on the side stream and need no guard.
-    side_stores: list[str] = []
-    for f in whole:
-        side_stores.extend(n for n in sorted(f.stores) if n not in side_stores)
-    read_after = {name for f in facts[max(side_idx) + 1 :] if f.index not in side_idx for name in f.loads} if side_idx else set()
-    outputs = [n for n in side_stores if n in read_after]
+            # `shared = None` before `if self.shared_experts is not None: shared = ...`: the default
+            # of a side output moves with it, when only the side branch sees it
+            elif (
+                (guard is None or f.index in guard.inside)  # a default before a guarded `if` stays: see the fork
+                and _binds_constant(f.node)
+                and all(g.index in pure for g in readers)
+                and any(g.index in pure and f.stores <= g.stores for g in facts[f.index + 1 :])
+            ):
+                pure.add(f.index)
 
-    # The join: first statement after the side statements that reads a side output, or the
-    # impure seed statement whose calls get hoisted.
-    join = None
-    first_side = min(side_idx) if side_idx else None
-    for f in facts:
-        if f.index in side_idx or (first_side is not None and f.index < first_side):
-            continue
-        if f in impure or (f.loads & set(outputs) and any(
-            reaching_def(n, f.index, set()) in side_idx for n in f.loads & set(outputs)
-        )):
-            join = f.index
-            break
-    if join is None:
-        raise NoBranch("the side branch's result is never used in this function")
-    if any(f.index > join for f in impure):
-        raise NoBranch(
-            f"line {facts[join].first_line} consumes the side branch before line "
-            f"{[f for f in impure if f.index > join][0].first_line} calls it again"
+    def _side_outputs(self, whole: list[StatementFacts], side_idx: set[int]) -> tuple[list[str], list[str]]:
+        """(every name the side stores, in definition order; the outputs: those read after the
+        branch, at the join and later). Temporaries used only inside the branch stay on the side
+        stream and need no guard."""
+        facts = self.facts
+        side_stores: list[str] = []
+        for f in whole:
+            side_stores.extend(n for n in sorted(f.stores) if n not in side_stores)
+        read_after = (
+            {name for f in facts[max(side_idx) + 1 :] if f.index not in side_idx for name in f.loads}
+            if side_idx else set()
         )
-    if any(f.index > join for f in whole):
-        late = [f for f in whole if f.index > join][0]
-        raise NoBranch(f"line {late.first_line}: side work after the join point is not supported")
+        return side_stores, [n for n in side_stores if n in read_after]
 
-    hoists: list[Hoist] = []
-    taken = function_names(func)
-    join_fact = facts[join]
-    params = {p.name.value for p in (*func.params.params, *func.params.kwonly_params, *func.params.posonly_params)}
-    local_names = params | {name for f in facts for name in f.stores}
-    every_branch = (
-        _every_branch_calls(join_fact.node, is_seed, func, facts, local_names)
-        if join_fact in impure and isinstance(join_fact.node, cst.If) else None
-    )
-    if join_fact in impure and not isinstance(join_fact.node, cst.SimpleStatementLine) and every_branch is None:
-        raise NoBranch(
-            f"line {join_fact.first_line}: the side call is conditional inside the join "
-            f"({type(join_fact.node).__name__}); hoisting it would run it unconditionally"
-        )
-    if every_branch is not None:
-        # the same call in every branch of an `if` runs on every path: hoisted once, before the `if`
-        call = every_branch[0]
-        where = positions[call]
-        hoists.append(
-            Hoist(
-                call=call,
-                temp=_temp_name(dotted_name(call.func) or "side", taken),
-                source=cst.Module(body=[]).code_for_node(call),
-                first_line=where.start.line,
-                last_line=where.end.line,
-                also=tuple(every_branch[1:]),
+    def _join(
+        self, side_idx: set[int], impure: list[StatementFacts], outputs: list[str], whole: list[StatementFacts]
+    ) -> int:
+        """The join: first statement after the side statements that reads a side output, or the
+        impure seed statement whose calls get hoisted; NoBranch when side work comes after it."""
+        facts = self.facts
+        join = None
+        first_side = min(side_idx) if side_idx else None
+        for f in facts:
+            if f.index in side_idx or (first_side is not None and f.index < first_side):
+                continue
+            if f in impure or (f.loads & set(outputs) and any(
+                self.reaching_def(n, f.index, set()) in side_idx for n in f.loads & set(outputs)
+            )):
+                join = f.index
+                break
+        if join is None:
+            raise NoBranch("the side branch's result is never used in this function")
+        if any(f.index > join for f in impure):
+            raise NoBranch(
+                f"line {facts[join].first_line} consumes the side branch before line "
+                f"{[f for f in impure if f.index > join][0].first_line} calls it again"
             )
+        if any(f.index > join for f in whole):
+            late = [f for f in whole if f.index > join][0]
+            raise NoBranch(f"line {late.first_line}: side work after the join point is not supported")
+        return join
+
+    def _side_hoists(self, join_fact: StatementFacts, impure: list[StatementFacts], taken: set[str]) -> list[Hoist]:
+        """The side calls hoisted out of the join statement into temporaries (none when it is no
+        seed statement)."""
+        is_seed, positions = self.is_seed, self.positions
+        hoists: list[Hoist] = []
+        every_branch = (
+            _every_branch_calls(join_fact.node, is_seed, self.func, self.facts, self.local_names)
+            if join_fact in impure and isinstance(join_fact.node, cst.If) else None
         )
-        outputs.extend(h.temp for h in hoists)
-    elif join_fact in impure:
-        for call in _seed_calls(join_fact.node, is_seed):
-            if id(call) in _conditional_calls(join_fact.node):
-                raise NoBranch(
-                    f"line {join_fact.first_line}: the side call is conditional inside the join (a conditional "
-                    "expression or `and`/`or`); hoisting it would run it unconditionally"
-                )
+        if join_fact in impure and not isinstance(join_fact.node, cst.SimpleStatementLine) and every_branch is None:
+            raise NoBranch(
+                f"line {join_fact.first_line}: the side call is conditional inside the join "
+                f"({type(join_fact.node).__name__}); hoisting it would run it unconditionally"
+            )
+        if every_branch is not None:
+            # the same call in every branch of an `if` runs on every path: hoisted once, before the `if`
+            call = every_branch[0]
             where = positions[call]
             hoists.append(
                 Hoist(
@@ -580,144 +741,202 @@ def _find_side_branch(
                     source=cst.Module(body=[]).code_for_node(call),
                     first_line=where.start.line,
                     last_line=where.end.line,
+                    also=tuple(every_branch[1:]),
                 )
             )
-        outputs.extend(h.temp for h in hoists)
-
-    # Inputs: names the side reads that it does not define itself first.
-    inputs: list[str] = []
-    defined: set[str] = set()
-    # a side `if` reads, as inputs, only what it does not store first itself (in order, per branch)
-    units: list[tuple[int, set[str], set[str]]] = [
-        (f.index, _read_first(f.node) if isinstance(f.node, cst.If) else f.loads, f.stores) for f in whole
-    ]
-    hoist_facts = [node_facts(h.call, scope) for h in hoists]
-    units += [(join, hf.loads, {h.temp}) for h, hf in zip(hoists, hoist_facts)]
-    for _, loads, stores in units:
-        for name in sorted((loads & local_names) - defined):  # globals, builtins and None are no inputs
-            if name not in inputs:
-                inputs.append(name)
-        defined |= stores
-
-    # Fork: the earliest point where every input already holds the value the side reads, and
-    # never before the docstring.
-    fork = 1 if is_docstring(body[0]) else 0
-    for index, loads, _ in units:
-        for name in loads & set(inputs):
-            d = reaching_def(name, index, side_idx)
-            if d is None:
-                continue
-            fork = max(fork, d + 1)  # after the input exists, even when the main path made it
-    # An early exit before the side work (`if x.shape[0] == 0: return x`): the original never
-    # runs the side work on that path, so the fork comes after it, never before.
-    first_side = min([*side_idx, *([join] if hoists else [])])
-    for f in facts[fork:first_side]:
-        if f.exits and f.index not in side_idx:
-            fork = f.index + 1
-    if guard is not None:
-        # the guarded fork evaluates the `if`'s condition: after every local it reads exists
-        for name in guard.locals_read:
-            d = reaching_def(name, guard.index, side_idx)
-            if d is not None:
-                fork = max(fork, d + 1)
-        # `shared = None` before the `if`: its default for when the condition is false; the
-        # side branch may only rebind it after it ran
-        for f in facts[fork : guard.index]:
-            if _binds_constant(f.node) and f.stores & set(side_stores):
-                fork = f.index + 1
-    # Storage each input may share (views, containers, attributes), from the bindings before the join.
-    storage = Storage(facts, params)
-    # The objects each side input names where the side reads it.
-    groups: dict[str, frozenset] = {}
-    for index, loads, _ in units:
-        for name in loads & set(inputs) & local_names:
-            groups[name] = groups.get(name, frozenset()) | storage.held(name, index)
-    # The side reads an input after every main-path write to it that came first in the original
-    # order (in place, through an alias, or by a callee msrewrite cannot see into): fork after those.
-    pushed_by: tuple[int, str, str] | None = None  # (statement, name written, the side input) that holds the fork back
-    for index, loads, _ in units:
-        for name in sorted(loads & set(groups)):
-            mine = storage.held(name, index)
-            for g in facts[:index]:
-                if g.index not in side_idx and _writes(storage, g, mine) and g.index + 1 > fork:
-                    fork = g.index + 1
-                    hit = storage.written(g, g.index, mine) + storage.maybe_written(g, g.index, mine)
-                    pushed_by = (g.index, sorted(hit, key=lambda n: (n != name, n))[0] if hit else name, name)
-    for anchor in anchors:
-        d = reaching_def(anchor, join, side_idx)
-        if d is None:
-            raise NoBranch(f"start anchor '{anchor}' is not assigned before the join")
-        fork = max(fork, d + 1)
-    for index, loads, _ in units:
-        for name in loads & set(inputs):
-            if reaching_def(name, index, side_idx) != reaching_def(name, fork, side_idx):
-                raise NoBranch(
-                    f"'{name}' is rebound between the fork and the side statement at line "
-                    f"{facts[index].first_line}"
+        elif join_fact in impure:
+            for call in _seed_calls(join_fact.node, is_seed):
+                if id(call) in _conditional_calls(join_fact.node):
+                    raise NoBranch(
+                        f"line {join_fact.first_line}: the side call is conditional inside the join (a conditional "
+                        "expression or `and`/`or`); hoisting it would run it unconditionally"
+                    )
+                where = positions[call]
+                hoists.append(
+                    Hoist(
+                        call=call,
+                        temp=_temp_name(dotted_name(call.func) or "side", taken),
+                        source=cst.Module(body=[]).code_for_node(call),
+                        first_line=where.start.line,
+                        last_line=where.end.line,
+                    )
                 )
+        return hoists
 
-    start = min([fork, *side_idx])
-    if hoists:
-        _check_join_statement(facts[join], hoists, hoist_facts, storage, is_seed, scope)
-    window = [f for f in facts[fork:join] if f.index not in side_idx]
-    main_hoists: list[Hoist] = []
-    main_hoist_facts: list[StatementFacts] = []
-    if join < len(facts) and not any(f.has_call and f.self_calls for f in window):
-        # the only main work is inside the join statement: hoisted out of it (flag on only) when
-        # that keeps Python's order of evaluation, else the reason why not
-        main_hoists = _join_main_hoists(
-            facts[join], set(side_stores), is_seed, positions, taken, local_names, phase_anchors is not None
-        )
-        main_hoist_facts = [
-            dataclasses.replace(node_facts(h.call, scope), index=join, first_line=h.first_line, last_line=h.last_line)
-            for h in main_hoists
+    def _side_inputs(
+        self, whole: list[StatementFacts], hoists: list[Hoist], join: int
+    ) -> tuple[list[_Unit], list[StatementFacts], list[str]]:
+        """(the side's units in order, the facts of each hoisted call, the inputs: names the side
+        reads that it does not define itself first)."""
+        inputs: list[str] = []
+        defined: set[str] = set()
+        # a side `if` reads, as inputs, only what it does not store first itself (in order, per branch)
+        units: list[_Unit] = [
+            (f.index, _read_first(f.node) if isinstance(f.node, cst.If) else f.loads, f.stores) for f in whole
         ]
-    protected: list[str] = []
-    unseen_hits: list[tuple[int, str, str]] = []  # (line, callee, name): writes msrewrite cannot rule out
-    for f in [*facts[start:join], *main_hoist_facts]:  # a main hoist runs right before the join
-        if f.index in side_idx:
-            continue
-        if f.exits:
-            leaves = "raise" if f.raises and not _returns(f.node) else "return"
-            raise NoBranch(f"line {f.first_line} can {leaves} before the join")
-        for name, group in groups.items():
-            first = lambda names: sorted(names, key=lambda n: (n != name, n))  # noqa: E731 - the input's own name first
-            known = first(storage.written(f, f.index, group))
-            unseen = first(storage.maybe_written(f, f.index, group))
-            if not known and not unseen:
-                continue
-            if protect and f.index >= fork:
-                # a write after the side's reads in the original order: a snapshot at the fork
-                # gives the side exactly what it read before
-                if name not in protected:
-                    protected.append(name)
-                continue
-            if known:
-                hint = "; pass --protect clone to snapshot it at the fork" if f.index >= fork else ""
-                via = _alias_origin(storage, facts, known[0], group, f.index, scope) if known[0] != name else ""
-                via = f" ('{known[0]}' {via.removeprefix(', which ').rstrip(',')})" if via else ""
-                raise NoBranch(
-                    f"line {f.first_line} writes '{known[0]}' in place while the side stream reads it{via}{hint}"
+        hoist_facts = [node_facts(h.call, self.scope) for h in hoists]
+        units += [(join, hf.loads, {h.temp}) for h, hf in zip(hoists, hoist_facts, strict=True)]
+        for _, loads, stores in units:
+            for name in sorted((loads & self.local_names) - defined):  # globals, builtins and None are no inputs
+                if name not in inputs:
+                    inputs.append(name)
+            defined |= stores
+        return units, hoist_facts, inputs
+
+    def _fork_after_inputs(
+        self, units: list[_Unit], inputs: list[str], side_idx: set[int], join: int, hoists: list[Hoist],
+        side_stores: list[str],
+    ) -> int:
+        """The earliest fork where every input already holds the value the side reads, never
+        before the docstring, an early exit or (guarded) what the `if`'s condition reads."""
+        facts, guard = self.facts, self.guard
+        fork = 1 if is_docstring(self.body[0]) else 0
+        for index, loads, _ in units:
+            for name in loads & set(inputs):
+                d = self.reaching_def(name, index, side_idx)
+                if d is None:
+                    continue
+                fork = max(fork, d + 1)  # after the input exists, even when the main path made it
+        # An early exit before the side work (`if x.shape[0] == 0: return x`): the original never
+        # runs the side work on that path, so the fork comes after it, never before.
+        first_side = min([*side_idx, *([join] if hoists else [])])
+        for f in facts[fork:first_side]:
+            if f.exits and f.index not in side_idx:
+                fork = f.index + 1
+        if guard is not None:
+            # the guarded fork evaluates the `if`'s condition: after every local it reads exists
+            for name in guard.locals_read:
+                d = self.reaching_def(name, guard.index, side_idx)
+                if d is not None:
+                    fork = max(fork, d + 1)
+            # `shared = None` before the `if`: its default for when the condition is false; the
+            # side branch may only rebind it after it ran
+            for f in facts[fork : guard.index]:
+                if _binds_constant(f.node) and f.stores & set(side_stores):
+                    fork = f.index + 1
+        return fork
+
+    def _fork_after_writes(
+        self, units: list[_Unit], groups: dict[str, frozenset], storage: Storage, side_idx: set[int], fork: int
+    ) -> tuple[int, tuple[int, str, str] | None]:
+        """The fork after every main-path write to a side input that came first in the original
+        order (in place, through an alias, or by a callee msrewrite cannot see into), with
+        (statement, name written, the side input) of the write that holds it back, if any."""
+        pushed_by: tuple[int, str, str] | None = None
+        for index, loads, _ in units:
+            for name in sorted(loads & set(groups)):
+                mine = storage.held(name, index)
+                for g in self.facts[:index]:
+                    if g.index not in side_idx and _writes(storage, g, mine) and g.index + 1 > fork:
+                        fork = g.index + 1
+                        hit = storage.written(g, g.index, mine) + storage.maybe_written(g, g.index, mine)
+                        pushed_by = (g.index, _own_first(hit, name)[0] if hit else name, name)
+        return fork, pushed_by
+
+    def _fork_after_anchors(self, fork: int, join: int, side_idx: set[int]) -> int:
+        """The fork after every start anchor's definition."""
+        for anchor in self.anchors:
+            d = self.reaching_def(anchor, join, side_idx)
+            if d is None:
+                raise NoBranch(f"start anchor '{anchor}' is not assigned before the join")
+            fork = max(fork, d + 1)
+        return fork
+
+    def _check_rebound_inputs(self, units: list[_Unit], inputs: list[str], side_idx: set[int], fork: int) -> None:
+        """Refuses when an input is rebound between the fork and the side statement reading it."""
+        for index, loads, _ in units:
+            for name in loads & set(inputs):
+                if self.reaching_def(name, index, side_idx) != self.reaching_def(name, fork, side_idx):
+                    raise NoBranch(
+                        f"'{name}' is rebound between the fork and the side statement at line "
+                        f"{self.facts[index].first_line}"
+                    )
+
+    def _main_hoists(
+        self, join: int, window: list[StatementFacts], side_stores: list[str], taken: set[str]
+    ) -> tuple[list[Hoist], list[StatementFacts]]:
+        """The main calls hoisted out of the join statement when the window has no main work of its
+        own (see _join_main_hoists), with their facts placed at the join."""
+        facts = self.facts
+        main_hoists: list[Hoist] = []
+        main_hoist_facts: list[StatementFacts] = []
+        if join < len(facts) and not any(f.has_call and f.self_calls for f in window):
+            # the only main work is inside the join statement: hoisted out of it (flag on only) when
+            # that keeps Python's order of evaluation, else the reason why not
+            main_hoists = _join_main_hoists(
+                facts[join], set(side_stores), self.is_seed, self.positions, taken, self.local_names,
+                self.phase_anchors is not None,
+            )
+            main_hoist_facts = [
+                dataclasses.replace(
+                    node_facts(h.call, self.scope), index=join, first_line=h.first_line, last_line=h.last_line
                 )
-            unseen_hits.append((f.first_line, f.may_write[unseen[0]], unseen[0]))
-        clash = (f.loads | f.stores) & (set(outputs) | set(side_stores))
-        if clash:
-            raise NoBranch(f"line {f.first_line} uses '{sorted(clash)[0]}' between the fork and the join")
-    if unseen_hits:
-        line, callee, name = unseen_hits[0]
-        others = "".join(f"; line {ln}: {c} may write '{n}' too" for ln, c, n in unseen_hits[1:])
-        names = " ".join(f"--assume-pure {v}" for v in dict.fromkeys(vouch_name(c) for _, c, _ in unseen_hits))
-        raise NoBranch(
-            f"line {line}: {callee} may write '{name}' which the side stream reads{others}; "
-            f"pass --protect clone or {names}"
-        )
-    rebound_by_side = [name for name in protected if name in side_stores]
-    if rebound_by_side:
-        raise NoBranch(f"'{rebound_by_side[0]}' is both read and rebound by the side branch; --protect clone cannot snapshot it")
-    window += main_hoist_facts
-    if not main_hoists and not any(f.has_call and f.self_calls for f in window):
+                for h in main_hoists
+            ]
+        return main_hoists, main_hoist_facts
+
+    def _check_window(
+        self, window: list[StatementFacts], side_idx: set[int], fork: int, groups: dict[str, frozenset],
+        storage: Storage, outputs: list[str], side_stores: list[str],
+    ) -> list[str]:
+        """Refuses a main statement of the window (from the side's start to the join, main hoists
+        included: they run right before the join) that leaves the function, writes a side input or
+        uses a side name; returns the inputs to snapshot at the fork (--protect clone)."""
+        protected: list[str] = []
+        unseen_hits: list[tuple[int, str, str]] = []  # (line, callee, name): writes msrewrite cannot rule out
+        for f in window:
+            if f.index in side_idx:
+                continue
+            if f.exits:
+                leaves = "raise" if f.raises and not _returns(f.node) else "return"
+                raise NoBranch(f"line {f.first_line} can {leaves} before the join")
+            for name, group in groups.items():
+                self._window_write(f, name, group, fork, storage, protected, unseen_hits)
+            clash = (f.loads | f.stores) & (set(outputs) | set(side_stores))
+            if clash:
+                raise NoBranch(f"line {f.first_line} uses '{sorted(clash)[0]}' between the fork and the join")
+        if unseen_hits:
+            line, callee, name = unseen_hits[0]
+            others = "".join(f"; line {ln}: {c} may write '{n}' too" for ln, c, n in unseen_hits[1:])
+            names = " ".join(f"--assume-pure {v}" for v in dict.fromkeys(vouch_name(c) for _, c, _ in unseen_hits))
+            raise NoBranch(
+                f"line {line}: {callee} may write '{name}' which the side stream reads{others}; "
+                f"pass --protect clone or {names}"
+            )
+        return protected
+
+    def _window_write(
+        self, f: StatementFacts, name: str, group: frozenset, fork: int, storage: Storage,
+        protected: list[str], unseen_hits: list[tuple[int, str, str]],
+    ) -> None:
+        """A main statement's write to the storage of side input `name`: protected (a snapshot at
+        the fork), noted when only an unseen callee may write it, or refused."""
+        known = _own_first(storage.written(f, f.index, group), name)
+        unseen = _own_first(storage.maybe_written(f, f.index, group), name)
+        if not known and not unseen:
+            return
+        if self.protect and f.index >= fork:
+            # a write after the side's reads in the original order: a snapshot at the fork
+            # gives the side exactly what it read before
+            if name not in protected:
+                protected.append(name)
+            return
+        if known:
+            hint = "; pass --protect clone to snapshot it at the fork" if f.index >= fork else ""
+            via = _alias_origin(storage, self.facts, known[0], group, f.index, self.scope) if known[0] != name else ""
+            via = f" ('{known[0]}' {via.removeprefix(', which ').rstrip(',')})" if via else ""
+            raise NoBranch(
+                f"line {f.first_line} writes '{known[0]}' in place while the side stream reads it{via}{hint}"
+            )
+        unseen_hits.append((f.first_line, f.may_write[unseen[0]], unseen[0]))
+
+    def _nothing_to_overlap(
+        self, join: int, fork: int, pushed_by: tuple[int, str, str] | None, storage: Storage
+    ) -> NoBranch:
+        """The refusal when no main work runs between the fork and the join, with why if known."""
+        facts = self.facts
         why = ""
-        in_join = ([f"self.{c}" for c in facts[join].self_calls if not is_seed(c)] + _super_calls(facts[join].node)
+        in_join = ([f"self.{c}" for c in facts[join].self_calls if not self.is_seed(c)] + _super_calls(facts[join].node)
                    if join < len(facts) else [])
         if in_join:
             why = (f" (the main work, {', '.join(dict.fromkeys(in_join))}, is in the join statement at line "
@@ -728,79 +947,48 @@ def _find_side_branch(
             if written == name:
                 why = f" (the fork waits for line {line}, which writes '{name}' before the side work reads it)"
             else:
-                via = _alias_origin(storage, facts, name, storage.held(written, at) - {("free", written)}, at, scope)
+                via = _alias_origin(storage, facts, name, storage.held(written, at) - {("free", written)}, at, self.scope)
                 why = (f" (the fork waits for line {line}, which writes '{written}' before the side work reads "
                        f"'{name}'{via.rstrip(',')})")
-        raise NoBranch(f"no main-path work between the fork and the join: nothing to overlap{why}")
-    every_input = frozenset().union(*groups.values()) if groups else frozenset()
+        return NoBranch(f"no main-path work between the fork and the join: nothing to overlap{why}")
 
-    def main_reader(name: str, at: int) -> StatementFacts | None:
-        """The first main statement between the fork and the join that reads the storage `name`
-        holds at `at`: a side write to it races with that read. A copy only the side reads
-        (`identity = h.clone()`) may be written there freely."""
-        written = storage._around(name, at) & every_input
-        main = [g for g in facts[start:join] if g.index not in side_idx] + main_hoist_facts
-        return next((g for g in main if any(storage._around(n, g.index) & written for n in g.loads)), None)
+    def _check_side_writes(
+        self, whole: list[StatementFacts], hoist_facts: list[StatementFacts], join: int, main: list[StatementFacts],
+        storage: Storage, every_input: frozenset,
+    ) -> None:
+        """Refuses a side write (in place, or by a callee msrewrite cannot see into) to an input
+        that a main statement of the window (`main`) still reads."""
+        facts = self.facts
 
-    for f, at in [*((f, f.index) for f in whole), *((hf, join) for hf in hoist_facts)]:
-        line = f.first_line or facts[join].first_line
-        bad = [n for n in storage.written(f, at, every_input) if main_reader(n, at) is not None]
-        if bad:
-            reader = main_reader(bad[0], at)
-            raise NoBranch(
-                f"line {line}: the side branch writes its input '{bad[0]}' in place, which line "
-                f"{reader.first_line} on the main path reads"
-            )
-        unseen = [n for n in storage.maybe_written(f, at, every_input) if main_reader(n, at) is not None]
-        if unseen:
-            callee = f.may_write[unseen[0]]
-            reader = main_reader(unseen[0], at)
-            others = sorted({vouch_name(u) for u in f.unknown_callees} - {vouch_name(callee)})
-            also = f" (also not seen into: {', '.join(others)})" if others else ""
-            raise NoBranch(
-                f"line {line}: {callee} may write its input '{unseen[0]}', which the main path still "
-                f"reads (line {reader.first_line}); a snapshot cannot help here; pass --assume-pure "
-                f"{vouch_name(callee)} if it does not{also}"
-            )
+        def main_reader(name: str, at: int) -> StatementFacts | None:
+            """The first main statement between the fork and the join that reads the storage `name`
+            holds at `at`: a side write to it races with that read. A copy only the side reads
+            (`identity = h.clone()`) may be written there freely."""
+            written = storage._around(name, at) & every_input
+            return next((g for g in main if any(storage._around(n, g.index) & written for n in g.loads)), None)
 
-    if guard is not None:
-        _check_guard(guard, facts, fork, join, side_idx, guard.size)
-    rebound = sorted({name for f in window for name in f.stores if name in inputs})
-    # bound only inside an `if` of the side branch, with no default bound before it on the side
-    maybe = [
-        name
-        for name in outputs
-        if any(name in f.stores for f in whole if not isinstance(f.node, cst.SimpleStatementLine))
-        and not any(name in f.stores and _binds_constant(f.node) for f in whole)
-    ]
-    phases: dict[int, int] = {}
-    inner_phases: dict[int, tuple[int, ...]] = {}
-    chosen_anchors: list[str] = []
-    if phase_anchors is not None:
-        chosen_anchors = list(phase_anchors) or derive_phase_anchors(facts, fork, join, side_idx)
-        phases, inner_phases = _assign_phases(func, facts, whole, chosen_anchors, fork, join, side_idx, reaching_def, set(inputs))
-    rng = _rng_reorder(facts, whole, hoists, start, join, side_idx, scope, bool(main_hoists))
-    return SideBranch(
-        rng_reorder=rng,
-        phases=phases,
-        inner_phases=inner_phases,
-        phase_anchors=chosen_anchors,
-        maybe_outputs=maybe,
-        protected_inputs=protected,
-        trust_boundary=sorted(
-            {u for f in [*whole, *hoist_facts, *window] for u in f.unknown_callees}
-        ),
-        main_hoists=main_hoists,
-        statements=whole,
-        hoists=hoists,
-        fork=fork,
-        join=join,
-        inputs=inputs,
-        outputs=outputs,
-        rebound_inputs=rebound,
-        facts=facts,
-        guard=guard,
-    )
+        for f, at in [*((f, f.index) for f in whole), *((hf, join) for hf in hoist_facts)]:
+            line = f.first_line or facts[join].first_line
+            bad = [n for n in storage.written(f, at, every_input) if main_reader(n, at) is not None]
+            if bad:
+                reader = main_reader(bad[0], at)
+                assert reader is not None  # found just above
+                raise NoBranch(
+                    f"line {line}: the side branch writes its input '{bad[0]}' in place, which line "
+                    f"{reader.first_line} on the main path reads"
+                )
+            unseen = [n for n in storage.maybe_written(f, at, every_input) if main_reader(n, at) is not None]
+            if unseen:
+                callee = f.may_write[unseen[0]]
+                reader = main_reader(unseen[0], at)
+                assert reader is not None  # found just above
+                others = sorted({vouch_name(u) for u in f.unknown_callees} - {vouch_name(callee)})
+                also = f" (also not seen into: {', '.join(others)})" if others else ""
+                raise NoBranch(
+                    f"line {line}: {callee} may write its input '{unseen[0]}', which the main path still "
+                    f"reads (line {reader.first_line}); a snapshot cannot help here; pass --assume-pure "
+                    f"{vouch_name(callee)} if it does not{also}"
+                )
 
 
 def _random_draws(node: cst.CSTNode, scope: Scope, skip: tuple[cst.Call, ...] = ()) -> tuple[list[str], list[str]]:
@@ -819,10 +1007,10 @@ def _random_draws(node: cst.CSTNode, scope: Scope, skip: tuple[cst.Call, ...] = 
             unseen.extend(u for u in effect.unknown if u not in unseen)
             return True
 
-        def visit_FunctionDef(self, n: cst.FunctionDef) -> bool:
+        def visit_FunctionDef(self, _n: cst.FunctionDef) -> bool:
             return False
 
-        def visit_Lambda(self, n: cst.Lambda) -> bool:
+        def visit_Lambda(self, _n: cst.Lambda) -> bool:
             return False
 
     node.visit(_Calls())
@@ -938,38 +1126,6 @@ def _check_guard(guard: Guard, facts, fork: int, join: int, side_idx: set[int], 
             raise NoBranch(f"line {facts[i].first_line}: the side branch rebinds '{sorted(changed)[0]}', which its `if` reads")
 
 
-def _conditional_calls(node: cst.CSTNode) -> set[int]:
-    """ids of the calls in `node` that run only on some paths: a conditional expression's branches,
-    the right side of `and`/`or`, lambdas and comprehensions."""
-    found: set[int] = set()
-
-    class _Calls(Visitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            found.add(id(call))
-
-    class _Conditional(Visitor):
-        def _all(self, *parts: cst.CSTNode) -> None:
-            for part in parts:
-                part.visit(_Calls())
-
-        def visit_IfExp(self, n: cst.IfExp) -> None:
-            self._all(n.body, n.orelse)
-
-        def visit_BooleanOperation(self, n: cst.BooleanOperation) -> None:
-            self._all(n.right)
-
-        def visit_Lambda(self, n: cst.Lambda) -> None:
-            self._all(n.body)
-
-        def visit_ListComp(self, n) -> None:
-            self._all(n)
-
-        visit_SetComp = visit_GeneratorExp = visit_DictComp = visit_ListComp
-
-    node.visit(_Conditional())
-    return found
-
-
 def _allocates(stmt: cst.BaseStatement) -> bool:
     """`name = <call>`: a buffer made for the side branch (torch.empty_like(x), x.new_empty(...))."""
     return (
@@ -1005,7 +1161,9 @@ def _outer_loads(node: cst.CSTNode, is_seed: SeedPredicate) -> set[str]:
         def leave_Call(self, original, updated):
             return cst.Name("_ms_side_call") if id(original) in seeds else updated
 
-    return node_facts(node.visit(_Strip())).loads - {"_ms_side_call"}
+    stripped = node.visit(_Strip())
+    assert isinstance(stripped, cst.CSTNode)  # leave_Call never removes a node
+    return node_facts(stripped).loads - {"_ms_side_call"}
 
 
 def derive_phase_anchors(facts: list[StatementFacts], fork: int, join: int, side_idx: set[int]) -> list[str]:
@@ -1028,27 +1186,8 @@ def _assign_phases(func, facts, whole, anchors, fork, join, side_idx, reaching_d
     Depth 0 reads only the fork's inputs, depth d reads a depth d-1 result: projections first,
     activations next, the rest last (the SGLang / cann-recipes three-phase split).
     """
-    anchor_defs = []
-    for anchor in anchors:
-        d = reaching_def(anchor, join, side_idx)
-        if d is None:
-            raise NoBranch(f"phase anchor '{anchor}' is not assigned before the join")
-        if d < fork:
-            raise NoBranch(f"phase anchor '{anchor}' is ready before the side branch starts (line {facts[d].first_line})")
-        if anchor_defs and d <= anchor_defs[-1]:
-            raise NoBranch(f"phase anchors must come in program order ('{anchor}' is out of order)")
-        anchor_defs.append(d)
-    # Units in program order: whole statements, and the statements inside a side `if` that can be
-    # split over phases (each phase issues the `if` again with its own statements only).
-    splittable = {f.index: lines for f in whole if (lines := _phase_split_lines(f, func, facts, fork, join))}
-    units: list[tuple[int, int, set[str], set[str], int]] = []  # (statement, k or -1, loads, stores, line)
-    for f in sorted(whole, key=lambda f: f.index):
-        if f.index in splittable:
-            for k, line in enumerate(splittable[f.index]):
-                inner = node_facts(line)
-                units.append((f.index, k, inner.loads | inner.mutates, inner.stores | inner.mutates, f.first_line))
-        else:
-            units.append((f.index, -1, f.loads | f.mutates, f.stores | f.mutates, f.first_line))
+    anchor_defs = _phase_anchor_defs(facts, anchors, fork, join, side_idx, reaching_def)
+    units = _phase_units(func, facts, whole, fork, join)
     depth: list[int] = []
     for u, (_, _, loads, _, _) in enumerate(units):
         # every earlier side definition may reach it (one inside an `if` may not have run)
@@ -1061,7 +1200,7 @@ def _assign_phases(func, facts, whole, anchors, fork, join, side_idx, reaching_d
         for v in range(u):
             if stores & (units[v][2] | units[v][3]):
                 phase[u] = max(phase[u], phase[v])
-    for u, (i, _, loads, _, line) in enumerate(units):
+    for u, (_, _, loads, _, line) in enumerate(units):
         if phase[u] == 0:
             continue
         at = anchor_defs[phase[u] - 1] + 1
@@ -1076,6 +1215,42 @@ def _assign_phases(func, facts, whole, anchors, fork, join, side_idx, reaching_d
             inner_phases[i] = (*inner_phases.get(i, ()), phase[u])
     inner_phases = {i: p for i, p in inner_phases.items() if len(set(p)) > 1}  # one phase: the whole `if`
     return phases, inner_phases
+
+
+def _phase_anchor_defs(
+    facts: list[StatementFacts], anchors: list[str], fork: int, join: int, side_idx: set[int],
+    reaching_def: Callable[[str, int, set[int]], int | None],
+) -> list[int]:
+    """The statement defining each phase anchor, checked: inside the window, in program order."""
+    anchor_defs: list[int] = []
+    for anchor in anchors:
+        d = reaching_def(anchor, join, side_idx)
+        if d is None:
+            raise NoBranch(f"phase anchor '{anchor}' is not assigned before the join")
+        if d < fork:
+            raise NoBranch(f"phase anchor '{anchor}' is ready before the side branch starts (line {facts[d].first_line})")
+        if anchor_defs and d <= anchor_defs[-1]:
+            raise NoBranch(f"phase anchors must come in program order ('{anchor}' is out of order)")
+        anchor_defs.append(d)
+    return anchor_defs
+
+
+def _phase_units(
+    func: cst.FunctionDef, facts: list[StatementFacts], whole: list[StatementFacts], fork: int, join: int
+) -> list[tuple[int, int, set[str], set[str], int]]:
+    """Units in program order: whole statements, and the statements inside a side `if` that can be
+    split over phases (each phase issues the `if` again with its own statements only), each as
+    (statement, k or -1, loads, stores, line)."""
+    splittable = {f.index: lines for f in whole if (lines := _phase_split_lines(f, func, facts, fork, join))}
+    units: list[tuple[int, int, set[str], set[str], int]] = []
+    for f in sorted(whole, key=lambda f: f.index):
+        if f.index in splittable:
+            for k, line in enumerate(splittable[f.index]):
+                inner = node_facts(line)
+                units.append((f.index, k, inner.loads | inner.mutates, inner.stores | inner.mutates, f.first_line))
+        else:
+            units.append((f.index, -1, f.loads | f.mutates, f.stores | f.mutates, f.first_line))
+    return units
 
 
 def _phase_split_lines(f: StatementFacts, func: cst.FunctionDef, facts: list[StatementFacts], fork: int, join: int):
@@ -1118,11 +1293,11 @@ def _returns(node: cst.CSTNode) -> bool:
     found = False
 
     class _Finder(Visitor):
-        def visit_Return(self, n: cst.Return) -> None:
+        def visit_Return(self, _n: cst.Return) -> None:
             nonlocal found
             found = True
 
-        def visit_FunctionDef(self, n: cst.FunctionDef) -> bool:
+        def visit_FunctionDef(self, _n: cst.FunctionDef) -> bool:
             return False
 
     node.visit(_Finder())
@@ -1184,51 +1359,78 @@ def _evaluation_order(expr: cst.BaseExpression, atomic: set[int]) -> list[cst.CS
         if id(n) in atomic or isinstance(n, _PURE_LEAVES) or isinstance(n, (*_CONDITIONAL_EXPRESSIONS, cst.NamedExpr)):
             order.append(n)
             return
-        if isinstance(n, cst.Attribute):
-            walk(n.value)
-        elif isinstance(n, cst.Subscript):
-            walk(n.value)
-            for element in n.slice:
-                part = element.slice
-                if isinstance(part, cst.Index):
-                    walk(part.value)
-                else:
-                    for bound in (part.lower, part.upper, part.step):
-                        if bound is not None:
-                            walk(bound)
-        elif isinstance(n, cst.Call):
-            walk(n.func)
-            for arg in n.args:
-                walk(arg.value)
-                if arg.star:
-                    order.append(arg)  # unpacking iterates the value
-        elif isinstance(n, cst.BinaryOperation):
-            walk(n.left)
-            walk(n.right)
-        elif isinstance(n, cst.UnaryOperation):
-            walk(n.expression)
-        elif isinstance(n, cst.Comparison) and len(n.comparisons) == 1:
-            walk(n.left)
-            walk(n.comparisons[0].comparator)
-        elif isinstance(n, (cst.Tuple, cst.List, cst.Set)):
-            for element in n.elements:
-                walk(element.value)
-                if isinstance(element, cst.StarredElement):
-                    order.append(element)
-        elif isinstance(n, cst.Dict):
-            for element in n.elements:
-                if isinstance(element, cst.DictElement):
-                    walk(element.key)
-                walk(element.value)
-                if isinstance(element, cst.StarredDictElement):
-                    order.append(element)
-        else:
+        steps = _operand_steps(n)
+        if steps is None:
             order.append(n)  # anything else (an f-string, await, yield): one step, not entered
             return
+        for part, enter in steps:
+            if enter:
+                walk(part)
+            else:
+                order.append(part)
         order.append(n)
 
     walk(expr)
     return order
+
+
+def _operand_steps(n: cst.CSTNode) -> list[tuple[cst.CSTNode, bool]] | None:
+    """What Python evaluates of `n` before `n` itself, in order: (part, True) for an operand to
+    walk into, (part, False) for a step of its own (unpacking iterates the value). None for a
+    node that is one step, not entered."""
+    if isinstance(n, cst.Attribute):
+        return [(n.value, True)]
+    if isinstance(n, cst.Subscript):
+        return [(n.value, True), *_slice_steps(n)]
+    if isinstance(n, cst.Call):
+        steps: list[tuple[cst.CSTNode, bool]] = [(n.func, True)]
+        for arg in n.args:
+            steps.append((arg.value, True))
+            if arg.star:
+                steps.append((arg, False))  # unpacking iterates the value
+        return steps
+    if isinstance(n, cst.BinaryOperation):
+        return [(n.left, True), (n.right, True)]
+    if isinstance(n, cst.UnaryOperation):
+        return [(n.expression, True)]
+    if isinstance(n, cst.Comparison) and len(n.comparisons) == 1:
+        return [(n.left, True), (n.comparisons[0].comparator, True)]
+    if isinstance(n, (cst.Tuple, cst.List, cst.Set)):
+        steps = []
+        for element in n.elements:
+            steps.append((element.value, True))
+            if isinstance(element, cst.StarredElement):
+                steps.append((element, False))
+        return steps
+    if isinstance(n, cst.Dict):
+        return _dict_steps(n)
+    return None
+
+
+def _slice_steps(n: cst.Subscript) -> list[tuple[cst.CSTNode, bool]]:
+    """The index expressions of a subscript (each slice's bounds in order)."""
+    steps: list[tuple[cst.CSTNode, bool]] = []
+    for element in n.slice:
+        part = element.slice
+        if isinstance(part, cst.Index):
+            steps.append((part.value, True))
+        elif isinstance(part, cst.Slice):
+            for bound in (part.lower, part.upper, part.step):
+                if bound is not None:
+                    steps.append((bound, True))
+    return steps
+
+
+def _dict_steps(n: cst.Dict) -> list[tuple[cst.CSTNode, bool]]:
+    """A dict display's keys and values in order, and each `**` unpacking as a step."""
+    steps: list[tuple[cst.CSTNode, bool]] = []
+    for element in n.elements:
+        if isinstance(element, cst.DictElement):
+            steps.append((element.key, True))
+        steps.append((element.value, True))
+        if isinstance(element, cst.StarredDictElement):
+            steps.append((element, False))
+    return steps
 
 
 def _statement_order(small: cst.BaseSmallStatement, atomic: set[int]) -> list[cst.CSTNode]:
@@ -1275,12 +1477,7 @@ def _join_main_hoists(
         )
 
     if not (isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1 and isinstance(node.body[0], _JOIN_STATEMENTS)):
-        if isinstance(node, cst.SimpleStatementLine):
-            kind = "several statements on one line" if len(node.body) > 1 else f"a {type(node.body[0]).__name__} statement"
-        else:
-            kind = {"If": "an `if`", "For": "a `for` loop", "While": "a `while` loop", "With": "a `with` block",
-                    "Try": "a `try`"}.get(type(node).__name__, f"a {type(node).__name__}")
-        raise refuse(f"it is {kind}; main calls are hoisted only out of one assignment, return or expression")
+        raise refuse(f"it is {_statement_kind(node)}; main calls are hoisted only out of one assignment, return or expression")
     if phased:
         raise refuse("a phased side branch needs main work between the fork and the join to anchor its phases")
     small = node.body[0]
@@ -1302,6 +1499,33 @@ def _join_main_hoists(
     twice = next((c for c in mains if texts.count(source(c)) > 1), None)
     if twice is not None:
         raise refuse(f"{source(twice)} appears more than once in it")
+    _check_steps_before(order, ids, mains, seeds, functions, side_names, local_names, refuse)
+    hoisted: list[Hoist] = []
+    for call in mains:
+        where = positions[call]
+        func = call.func
+        callee = dotted_name(func) or self_callee(func) or (
+            "super_" + func.attr.value if isinstance(func, cst.Attribute) and _is_super_call(call) else "main")
+        hoisted.append(Hoist(call=call, temp=_temp_name(callee, taken), source=cst.Module(body=[]).code_for_node(call),
+                             first_line=where.start.line, last_line=where.end.line))
+    return hoisted
+
+
+def _statement_kind(node: cst.BaseStatement) -> str:
+    """'an `if`', 'several statements on one line', 'a Raise statement': what a join statement is."""
+    if isinstance(node, cst.SimpleStatementLine):
+        return "several statements on one line" if len(node.body) > 1 else f"a {type(node.body[0]).__name__} statement"
+    return {"If": "an `if`", "For": "a `for` loop", "While": "a `while` loop", "With": "a `with` block",
+            "Try": "a `try`"}.get(type(node).__name__, f"a {type(node).__name__}")
+
+
+def _check_steps_before(
+    order: list[cst.CSTNode], ids: list[int], mains: list[cst.Call], seeds: set[int], functions: set[int],
+    side_names: set[str], local_names: set[str], refuse: Callable[[str], NoBranch],
+) -> None:
+    """Refuses when a step the join statement evaluates before its last main call (in `order`)
+    is anything but a name that is no side output, a literal, a module attribute looked up to be
+    called, or a hoisted call: hoisting the main calls ahead of it could change what either computes."""
     at = {id(call): ids.index(id(call)) for call in mains}
     last = max(at.values())
     skip = set(at) | seeds
@@ -1325,20 +1549,12 @@ def _join_main_hoists(
         what = f"{what} (`{shown}`)" if what else f"`{shown}`"
         raise refuse(f"{what} is evaluated before {source(later)}; hoisting the call ahead of it could change "
                      "what either computes")
-    hoisted: list[Hoist] = []
-    for call in mains:
-        where = positions[call]
-        callee = dotted_name(call.func) or self_callee(call.func) or (
-            "super_" + call.func.attr.value if _is_super_call(call) else "main")  # type: ignore[union-attr]
-        hoisted.append(Hoist(call=call, temp=_temp_name(callee, taken), source=cst.Module(body=[]).code_for_node(call),
-                             first_line=where.start.line, last_line=where.end.line))
-    return hoisted
 
 
 def _global_attribute(node: cst.CSTNode, local_names: set[str]) -> bool:
     """`torch.cat`, `F.silu`: an attribute chain on a name the function does not bind (a module's)."""
     name = dotted_name(node) if isinstance(node, cst.Attribute) else None
-    return bool(name) and name.split(".")[0] not in local_names and name.split(".")[0] != "self"
+    return name is not None and name != "" and name.split(".")[0] not in local_names and name.split(".")[0] != "self"
 
 
 def _check_join_statement(join_fact, hoists, hoist_facts, storage: Storage, is_seed, scope) -> None:
@@ -1346,7 +1562,7 @@ def _check_join_statement(join_fact, hoists, hoist_facts, storage: Storage, is_s
     with the flag off. Refuse when that changes what it reads: the statement writes (or binds with
     :=) one of the call's inputs before the call ran, or the call itself binds a name."""
     line = join_fact.first_line
-    for hoist, hf in zip(hoists, hoist_facts):
+    for hoist in hoists:
         if _has_walrus(hoist.call):
             raise NoBranch(f"line {line}: the side call binds a name with := inside its arguments; msrewrite does not hoist it")
     seeds = set(map(id, _seed_calls(join_fact.node, is_seed)))

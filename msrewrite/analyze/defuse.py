@@ -12,8 +12,9 @@ effects table (torch_effects.py) and, for same-file code, from summaries (summar
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Set
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any
 
 import libcst as cst
 from libcst.metadata import CodeRange
@@ -82,7 +83,7 @@ class Scope:
     loop variables (`for expert in self.experts`)."""
 
     resolver: CallResolver | None = None
-    closures: dict[str, "StatementFacts"] = field(default_factory=dict)  # nested def -> its effects
+    closures: dict[str, StatementFacts] = field(default_factory=dict)  # nested def -> its effects
     modules: dict[str, str] = field(default_factory=dict)  # local name -> "self.experts[]"
 
     def effect_of(self, call: cst.Call) -> CallEffect:
@@ -126,7 +127,7 @@ def alias_roots(node: cst.BaseExpression, scope: Scope) -> set[str]:
         return alias_roots(node.value, scope)
     if isinstance(node, (cst.ListComp, cst.SetComp, cst.GeneratorExp)):
         found = alias_roots(node.elt, scope)
-        comp = node.for_in
+        comp: cst.CompFor | None = node.for_in
         while comp is not None:
             found |= alias_roots(comp.iter, scope)
             comp = comp.inner_for_in
@@ -135,7 +136,7 @@ def alias_roots(node: cst.BaseExpression, scope: Scope) -> set[str]:
 
 
 class _Collector(Visitor):
-    def __init__(self, facts: StatementFacts, scope: Scope | None = None, after_calls: set[int] = frozenset()) -> None:
+    def __init__(self, facts: StatementFacts, scope: Scope | None = None, after_calls: Set[int] = frozenset()) -> None:
         self.facts = facts
         self.scope = scope or Scope()
         self.after_calls = after_calls  # calls whose own effect is left out (they run after the hoisted call)
@@ -245,7 +246,7 @@ class _Collector(Visitor):
 
     def _bind_comprehension(self, node) -> None:
         # the element is visited before its `for`: bind loop modules first
-        comp = node.for_in
+        comp: cst.CompFor | None = node.for_in
         while comp is not None:
             self._bind_module(comp.target, comp.iter)
             comp = comp.inner_for_in
@@ -299,21 +300,21 @@ class _Collector(Visitor):
         self.facts.rng |= effect.rng
         self.facts.stream |= effect.stream
 
-    def visit_Return(self, node: cst.Return) -> None:
+    def visit_Return(self, _node: cst.Return) -> None:
         self.facts.exits = True
 
-    def visit_Raise(self, node: cst.Raise) -> None:
+    def visit_Raise(self, _node: cst.Raise) -> None:
         self.facts.exits = True
         self.facts.raises = True
 
-    def visit_Yield(self, node: cst.Yield) -> None:
+    def visit_Yield(self, _node: cst.Yield) -> None:
         self.facts.exits = True
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         # A nested def's body runs later, when it is called: its writes to the enclosing
         # function's names count at the call site.
         self.facts.stores.add(node.name.value)
-        inner = StatementFacts(index=-1, node=node, first_line=0, last_line=0)  # type: ignore[arg-type]
+        inner = StatementFacts(index=-1, node=node, first_line=0, last_line=0)
         inner_scope = Scope(resolver=self.scope.resolver, closures=dict(self.scope.closures), modules=dict(self.scope.modules))
         node.body.visit(_Collector(inner, inner_scope))
         own = {p.name.value for p in (*node.params.params, *node.params.kwonly_params, *node.params.posonly_params)}
@@ -323,7 +324,7 @@ class _Collector(Visitor):
         self.scope.closures[node.name.value] = inner
         return False
 
-    def visit_Lambda(self, node: cst.Lambda) -> bool:
+    def visit_Lambda(self, _node: cst.Lambda) -> bool:
         return False
 
 
@@ -338,7 +339,7 @@ def statement_facts(
     remembered (suggest asks about the same body many times); callers get copies they own."""
     for seen, seen_positions, seen_scope, facts in _recent_facts:  # nodes are immutable
         if (seen_positions is positions and seen_scope is scope and len(seen) == len(body)
-                and all(a is b for a, b in zip(seen, body))):
+                and all(a is b for a, b in zip(seen, body, strict=True))):
             return [_copy_facts(f) for f in facts]
     facts = _statement_facts(body, positions, scope)
     _recent_facts[:] = [(list(body), positions, scope, facts), *_recent_facts[:3]]
@@ -347,10 +348,11 @@ def statement_facts(
 
 def _copy_facts(f: StatementFacts) -> StatementFacts:
     """A copy whose sets, lists and dicts are the copy's own."""
-    return dataclasses.replace(f, **{
+    copies: dict[str, Any] = {
         k.name: type(v)(v) for k in dataclasses.fields(f)
         if isinstance(v := getattr(f, k.name), (set, list, dict))
-    })
+    }
+    return dataclasses.replace(f, **copies)
 
 
 def _statement_facts(
@@ -377,7 +379,7 @@ def is_docstring(stmt: cst.BaseStatement) -> bool:
     )
 
 
-def node_facts(node: cst.CSTNode, scope: Scope | None = None, after_calls: set[int] = frozenset()) -> StatementFacts:
+def node_facts(node: cst.CSTNode, scope: Scope | None = None, after_calls: Set[int] = frozenset()) -> StatementFacts:
     """Loads, stores and mutations of any node, without source positions."""
     item = StatementFacts(index=-1, node=node, first_line=0, last_line=0)  # type: ignore[arg-type]
     node.visit(_Collector(item, scope, after_calls))
@@ -397,9 +399,9 @@ _recent_names: list[tuple[cst.CSTNode, frozenset[str]]] = []  # suggest asks the
 
 def function_names(node: cst.CSTNode) -> set[str]:
     """Every name a node mentions (a function's parameters included): new names must avoid them."""
-    for seen, names in _recent_names:  # nodes are immutable: the same node mentions the same names
+    for seen, known in _recent_names:  # nodes are immutable: the same node mentions the same names
         if seen is node:
-            return set(names)
+            return set(known)
     names = _function_names(node)
     _recent_names[:] = [(node, frozenset(names)), *_recent_names[:3]]
     return names

@@ -10,7 +10,8 @@ algorithms and also accept a networkx graph.
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
+from typing import Any
 
 
 class _Nodes:
@@ -29,7 +30,7 @@ class _Nodes:
     def __getitem__(self, node: Hashable) -> dict:
         return self._attrs[node]
 
-    def __call__(self) -> "_Nodes":
+    def __call__(self) -> _Nodes:
         return self
 
 

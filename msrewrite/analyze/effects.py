@@ -22,8 +22,8 @@ is refused, naming it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import libcst as cst
 from libcst.metadata import CodeRange
@@ -57,7 +57,7 @@ class _Buffers(Visitor):
     """The buffers (longest attribute paths) a statement reads and writes. `calls` (CallBuffers)
     adds what a callee does to the buffers it is given; True with it: the call is fully described."""
 
-    def __init__(self, calls: "CallBuffers | None" = None) -> None:
+    def __init__(self, calls: CallBuffers | None = None) -> None:
         self.use = BufferUse()
         self.calls = calls
 
@@ -126,7 +126,7 @@ class _Buffers(Visitor):
         self.use.reads.add(node.value)
 
 
-def buffer_use(node: cst.CSTNode, calls: "CallBuffers | None" = None) -> BufferUse:
+def buffer_use(node: cst.CSTNode, calls: CallBuffers | None = None) -> BufferUse:
     visitor = _Buffers(calls)
     node.visit(visitor)
     return visitor.use
@@ -148,7 +148,7 @@ def find_copy_branch(
     func: cst.FunctionDef,
     positions: dict[cst.CSTNode, CodeRange],
     is_copy: Callable[[cst.Call], bool],
-    calls: "CallBuffers | None" = None,
+    calls: CallBuffers | None = None,
     is_host: Callable[[str], bool] | None = None,
 ) -> SideBranch:
     """The copies of `func` and where they fork and join. With `calls` (and `is_host`, which
@@ -157,6 +157,42 @@ def find_copy_branch(
     body = list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else []
     facts = statement_facts(body, positions)
     uses = [buffer_use(f.node, calls) for f in facts]
+    side = _copy_statements(facts, is_copy, calls, is_host)
+    side_idx = {f.index for f in side}
+    side_reads = set().union(*(uses[f.index].reads for f in side)) - set().union(*(uses[f.index].writes for f in side))
+    side_writes = set().union(*(uses[f.index].writes for f in side))
+    fork = _copy_fork(body, facts, uses, side, side_reads)
+    join = _copy_join(facts, uses, side_idx, side_reads, side_writes)
+    for f in facts[fork:join]:
+        if f.index not in side_idx and f.exits:
+            raise NoBranch(f"line {f.first_line} can return before the copy is joined")
+    window = [f for f in facts[fork:join] if f.index not in side_idx]
+    if not any(f.self_calls for f in window):
+        raise NoBranch("no main-path work between the copy and its join: nothing to overlap")
+    inputs = sorted({name for f in side for name in f.loads})
+    # a local the copy reads (cache.offload(i, k, v)) and the main path rebinds before the join:
+    # its old tensor must outlive the copy (record_stream on the copy stream)
+    rebound = sorted({name for name in inputs for f in window if name in f.stores})
+    return SideBranch(
+        statements=side,
+        hoists=[],
+        fork=fork,
+        join=join,
+        inputs=inputs,
+        outputs=[],
+        rebound_inputs=rebound,
+        facts=facts,
+    )
+
+
+def _copy_statements(
+    facts: list[StatementFacts],
+    is_copy: Callable[[cst.Call], bool],
+    calls: CallBuffers | None,
+    is_host: Callable[[str], bool] | None,
+) -> list[StatementFacts]:
+    """The statements that copy (a copy call, or a call of a followed copy helper); NoBranch when
+    there are none or one also does other work."""
 
     def has_copy(f: StatementFacts) -> bool:
         found = []
@@ -180,11 +216,16 @@ def find_copy_branch(
             _check_copy_helper(f, helpers[f.index])
         elif f.exits or f.self_calls:
             raise NoBranch(f"line {f.first_line}: the copy statement also does other work")
-    side_idx = {f.index for f in side}
-    side_reads = set().union(*(uses[f.index].reads for f in side)) - set().union(*(uses[f.index].writes for f in side))
-    side_writes = set().union(*(uses[f.index].writes for f in side))
-    first = min(side_idx)
+    return side
 
+
+def _copy_fork(
+    body: list[cst.BaseStatement], facts: list[StatementFacts], uses: list[BufferUse], side: list[StatementFacts],
+    side_reads: set[str],
+) -> int:
+    """The body index the copies fork at: after every earlier main statement they depend on."""
+    side_idx = {f.index for f in side}
+    first = min(side_idx)
     # Fork: after the last main statement (before the first copy) that writes what the copies
     # read, or defines a name they read.
     fork = 1 if body and is_docstring(body[0]) else 0
@@ -213,10 +254,14 @@ def find_copy_branch(
                     or _overlap(uses[g.index].writes, uses[f.index].reads)
                 ):
                     raise NoBranch(f"line {g.first_line} sits between copies that must move together")
+    return fork
 
-    # Join: the first later statement that rewrites a buffer the copies read (write after read)
-    # or touches one they write; else before the function returns.
-    join = None
+
+def _copy_join(
+    facts: list[StatementFacts], uses: list[BufferUse], side_idx: set[int], side_reads: set[str], side_writes: set[str]
+) -> int:
+    """The body index the copies join at: the first later statement that rewrites a buffer the
+    copies read (write after read) or touches one they write; else before the function returns."""
     for f in facts[max(side_idx) + 1 :]:
         if f.index in side_idx:
             continue
@@ -225,30 +270,8 @@ def find_copy_branch(
             or _overlap(uses[f.index].reads | uses[f.index].writes, side_writes)
             or f.exits
         ):
-            join = f.index
-            break
-    if join is None:
-        join = len(facts)  # falls off the end: join at the very end
-    for f in facts[fork:join]:
-        if f.index not in side_idx and f.exits:
-            raise NoBranch(f"line {f.first_line} can return before the copy is joined")
-    window = [f for f in facts[fork:join] if f.index not in side_idx]
-    if not any(f.self_calls for f in window):
-        raise NoBranch("no main-path work between the copy and its join: nothing to overlap")
-    inputs = sorted({name for f in side for name in f.loads})
-    # a local the copy reads (cache.offload(i, k, v)) and the main path rebinds before the join:
-    # its old tensor must outlive the copy (record_stream on the copy stream)
-    rebound = sorted({name for name in inputs for f in window if name in f.stores})
-    return SideBranch(
-        statements=side,
-        hoists=[],
-        fork=fork,
-        join=join,
-        inputs=inputs,
-        outputs=[],
-        rebound_inputs=rebound,
-        facts=facts,
-    )
+            return f.index
+    return len(facts)  # falls off the end: join at the very end
 
 
 # Calls followed through the file's summaries ------------------------------------------------------
@@ -265,7 +288,7 @@ class CopyHelper:
     unseen: list[str] = field(default_factory=list)  # callees msrewrite could not see into
     other_work: str = ""  # "a collective", "RNG", "stream code"
 
-    def rebased(self, mapping: dict[str, set[str]]) -> "CopyHelper":
+    def rebased(self, mapping: dict[str, set[str]]) -> CopyHelper:
         move = lambda paths: _rebase(paths, mapping)  # noqa: E731
         return CopyHelper(self.label, move(self.reads), move(self.writes),
                           [(move(d), move(s)) for d, s in self.copies], list(self.blocking), list(self.unseen),
@@ -330,7 +353,7 @@ class CallBuffers:
         receiver = buffer_path(func.value)
         owner = self.receiver_class(receiver) if receiver else None
         found = owner[0].method_of(owner[1], func.attr.value) if owner is not None else None
-        if found is None:
+        if found is None or owner is None or receiver is None:  # no owner without a receiver
             return None
         summaries, cls = owner[0], owner[1]
         if receiver == "self" and self.summaries.attribute_values(cls).get(func.attr.value):
@@ -338,7 +361,7 @@ class CallBuffers:
         helper = self._helper(summaries, cls, found[1])
         self.followed[id(found[1])] = helper
         summary = summaries.function_summary(cls, found[1])
-        mapping = {"self": {receiver}}
+        mapping: dict[str, set[str]] = {"self": {receiver}}
         for param, exprs in bind_args(summary, call).items():
             mapping[param] = set().union(*(buffer_use(e).reads for e in exprs)) if exprs else set()
         return helper.rebased(mapping)
@@ -354,9 +377,9 @@ class CallBuffers:
         summary = summaries.function_summary(cls, method)
         inner = CallBuffers(summaries, cls, method, self.depth + 1)
         use = buffer_use(method.body, inner)
-        aliases = _local_aliases(method, inner)
+        aliases = _local_aliases(method)
         roots = {"self", *summary.params, *(n for n in (summary.vararg, summary.kwarg) if n)}
-        mapping = {name: set() for name in aliases}  # locals stand for what they were bound from
+        mapping: dict[str, set[str]] = {name: set() for name in aliases}  # locals stand for what they were bound from
         mapping.update({root: {root} for root in roots})
         for _ in range(len(aliases) + 1):  # a local bound from another local: follow the chain
             for name, paths in aliases.items():
@@ -459,7 +482,7 @@ def _refuse_unseen_copy_helper(facts: list[StatementFacts], calls: CallBuffers, 
 
 
 
-def _local_aliases(func: cst.FunctionDef, calls: CallBuffers) -> dict[str, set[str]]:
+def _local_aliases(func: cst.FunctionDef) -> dict[str, set[str]]:
     """Local name -> the buffers (paths, before rebasing) its value may share: every buffer its
     binding expression mentions (`dst = self.host_kv[i]` -> self.host_kv, i)."""
     aliases: dict[str, set[str]] = {}

@@ -23,8 +23,9 @@ reads is rebound or written in place between the fork and the `if`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any
 
 import libcst as cst
 
@@ -96,7 +97,7 @@ def guard_path(
         in_body = holds(current.body)
         orelse = current.orelse
         in_orelse = orelse is not None and holds(orelse)
-        if in_body and in_orelse:
+        if in_body and in_orelse and orelse is not None:  # in_orelse implies an orelse
             busy = [main_work(current.body), main_work(orelse)] if main_work is not None else [True, True]
             if busy[0] == busy[1]:
                 why = "and both also do main work" if busy[0] else "and neither does main work to overlap"
@@ -155,7 +156,7 @@ def follow_turns(node: cst.If, turns: tuple[bool, ...]) -> list[GuardStep]:
             current = current.orelse
         else:
             block = current.orelse.body if in_orelse else current.body  # type: ignore[union-attr]
-            current = block.body[0]  # type: ignore[union-attr,assignment]
+            current = block.body[0]  # type: ignore[assignment]
     return path
 
 
@@ -163,14 +164,14 @@ def block_of(path: list[GuardStep]) -> list[cst.BaseStatement]:
     """The statements of the guarded block at the end of `path`."""
     node, in_orelse = path[-1]
     block = node.orelse.body if in_orelse else node.body  # type: ignore[union-attr]
-    return list(block.body)  # type: ignore[union-attr]
+    return list(block.body)
 
 
 def _with_block(node: cst.If, in_orelse: bool, statements: list[cst.BaseStatement]) -> cst.If:
     if in_orelse:
         orelse = node.orelse
         return node.with_changes(orelse=orelse.with_changes(body=orelse.body.with_changes(body=statements)))  # type: ignore[union-attr]
-    return node.with_changes(body=node.body.with_changes(body=statements))  # type: ignore[union-attr]
+    return node.with_changes(body=node.body.with_changes(body=statements))
 
 
 def source(node: cst.CSTNode) -> str:
@@ -186,7 +187,7 @@ def negate(test: cst.BaseExpression) -> str:
         target = bare.comparisons[0]
         flipped = _NEGATED.get(type(target.operator))
         if flipped is not None:
-            op = target.operator
+            op: Any = target.operator  # every operator _NEGATED knows has whitespace_before/_after
             new_op = flipped(whitespace_before=op.whitespace_before, whitespace_after=op.whitespace_after) if flipped not in (
                 cst.IsNot,
                 cst.NotIn,

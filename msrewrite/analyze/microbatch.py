@@ -30,6 +30,7 @@ from msrewrite.analyze.walk import Visitor
 from msrewrite.errors import BadInput, NothingToDo
 from msrewrite.plan import FlagSpec, MicrobatchPlan, MicrobatchStage, SourceSpan, microbatch_flag_error
 
+
 class NotApplicable(NothingToDo):
     """No micro-batch fork to make here (no layer loop, no collective, a layer shape the fork does
     not handle), as opposed to a refusal: `suggest` lists only refusals."""
@@ -57,11 +58,16 @@ def _code(node: cst.CSTNode) -> str:
     return cst.Module(body=[]).code_for_node(node)
 
 
-def statement_source(stmt: cst.BaseStatement) -> str:
+def statement_source(stmt: cst.BaseStatement | cst.BaseSmallStatement) -> str:
     """A statement's text without its leading comments and blank lines (what a plan keeps)."""
     if isinstance(stmt, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
         stmt = stmt.with_changes(leading_lines=())
     return _code(stmt).strip()
+
+
+def _indented(func: cst.FunctionDef) -> list[cst.BaseStatement]:
+    """The statements of a function's indented body ([] for a one-line body)."""
+    return list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else []
 
 
 @dataclass
@@ -70,11 +76,12 @@ class Stage:
     statements: list[cst.BaseStatement]
 
 
-def stages_of(func: cst.FunctionDef, deep: "DeepCollectives | None" = None) -> list[Stage]:
+def stages_of(func: cst.FunctionDef, deep: DeepCollectives | None = None) -> list[Stage]:
     """The layer's statements grouped into alternating compute and comm stages. With `deep` (the
     file's summaries), a statement whose call holds a collective one module deeper (`self.moe(x)`)
     is a comm stage as a whole."""
-    body = list(func.body.body)  # type: ignore[union-attr]
+    # a one-line body holds no statement lines: refused below as any other body would be
+    body = _indented(func)
     if not body or not all(isinstance(s, cst.SimpleStatementLine) for s in body):
         error = NothingToDo if _has_collective(func) else NotApplicable
         raise error(f"{func.name.value}: micro-batching needs a straight-line layer forward")
@@ -167,7 +174,7 @@ class DeepCollectives:
         owner, owner_cls, method = found
         scope = owner.scope_for(owner_cls, method.name.value)
         label = f"{owner_cls}.{method.name.value}"
-        for stmt in method.body.body:  # type: ignore[union-attr]
+        for stmt in method.body.body:
             facts = node_facts(stmt, scope)
             if not facts.collective:
                 continue
@@ -187,13 +194,13 @@ _CONTROL_FLOW = {"If": "an `if`", "For": "a `for` loop", "While": "a `while` loo
                  "Try": "a `try`"}
 
 
-def shared_write(func: cst.FunctionDef, label: str, deep: "DeepCollectives | None" = None) -> None:
+def shared_write(func: cst.FunctionDef, label: str, deep: DeepCollectives | None = None) -> None:
     """NothingToDo when a statement of the layer's forward writes state both micro-batches share:
     an attribute (`self.cache[i] = x`, `self.buf.copy_(x)`, `self.last = x`), also inside a method
     or submodule it calls (seen through `deep`'s summaries, e.g. a MoE block's expert counter), or a
     name it does not bind itself (a global). Run per micro-batch, it would be written twice, and one
     micro-batch's write would run beside the other's comm stage."""
-    for stmt in func.body.body:  # type: ignore[union-attr]
+    for stmt in _indented(func):  # stages_of refused a one-line body before
         written = shared_writes(stmt, _locals(func))
         where = ""
         if not written and deep is not None:
@@ -231,7 +238,7 @@ def _attribute_stores(stmt: cst.CSTNode) -> set[tuple[str, str]]:
         elif isinstance(target, cst.StarredElement):
             add(target.value)
         elif isinstance(target, (cst.Attribute, cst.Subscript)):
-            root = target
+            root: cst.BaseExpression = target
             while isinstance(root, cst.Subscript):
                 root = root.value
             found.add((dotted_name(root) or _code(root).strip(), _code(target).strip()))
@@ -261,13 +268,13 @@ class LayerLoop:
 
 def find_layer_loop(func: cst.FunctionDef) -> LayerLoop | None:
     """`for layer in self.layers: hidden_states = layer(hidden_states)` at the top of `func`."""
-    for index, stmt in enumerate(func.body.body):  # type: ignore[union-attr]
+    for index, stmt in enumerate(func.body.body):
         if not (isinstance(stmt, cst.For) and isinstance(stmt.target, cst.Name)):
             continue
         iterated = dotted_name(stmt.iter) or ""
-        if not iterated.startswith("self.") or iterated.count(".") != 1 or len(stmt.body.body) != 1:  # type: ignore[union-attr]
+        if not iterated.startswith("self.") or iterated.count(".") != 1 or len(stmt.body.body) != 1:
             continue
-        line = stmt.body.body[0]  # type: ignore[union-attr]
+        line = stmt.body.body[0]
         if not (isinstance(line, cst.SimpleStatementLine) and isinstance(line.body[0], cst.Assign)):
             continue
         assign = line.body[0]
@@ -291,30 +298,35 @@ def find_layer_loop(func: cst.FunctionDef) -> LayerLoop | None:
 def layer_classes(model_cls: cst.ClassDef, attr: str, classes: dict[str, cst.ClassDef]) -> list[str]:
     """The file's classes whose instances fill self.<attr> (nn.ModuleList(Layer(...) for ...)):
     exactly one for an edit, since only that class gets a forward_microbatch."""
-    for stmt in model_cls.body.body:  # type: ignore[union-attr]
+    for stmt in model_cls.body.body:
         if isinstance(stmt, cst.FunctionDef) and stmt.name.value == "__init__":
-            found: list[str] = []
-
-            class _Assign(Visitor):
-                def visit_Assign(self, node: cst.Assign) -> None:
-                    target = node.targets[0].target
-                    if dotted_name(target) == f"self.{attr}":
-
-                        class _Calls(Visitor):
-                            def visit_Call(self, call: cst.Call) -> None:
-                                if isinstance(call.func, cst.Name) and call.func.value in classes:
-                                    found.append(call.func.value)
-
-                        node.value.visit(_Calls())
-
-            stmt.visit(_Assign())
-            return sorted(set(found))
+            return _classes_assigned(stmt, attr, classes)
     return []
+
+
+def _classes_assigned(init: cst.FunctionDef, attr: str, classes: dict[str, cst.ClassDef]) -> list[str]:
+    """The classes of `classes` called in the values `init` assigns to self.<attr>, sorted."""
+    found: list[str] = []
+
+    class _Assign(Visitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            target = node.targets[0].target
+            if dotted_name(target) == f"self.{attr}":
+
+                class _Calls(Visitor):
+                    def visit_Call(self, call: cst.Call) -> None:
+                        if isinstance(call.func, cst.Name) and call.func.value in classes:
+                            found.append(call.func.value)
+
+                node.value.visit(_Calls())
+
+    init.visit(_Assign())
+    return sorted(set(found))
 
 
 def forward_of(cls: cst.ClassDef) -> cst.FunctionDef | None:
     return next(
-        (s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "forward"),  # type: ignore[union-attr]
+        (s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "forward"),
         None,
     )
 
@@ -379,7 +391,7 @@ def locate_model(module: cst.Module, target: str | None) -> Located:
         names = ", ".join(f"{c[0]}.forward" for c in candidates)
         raise BadInput(f"ambiguous target: {len(candidates)} layer loops ({names}); pick one with --target")
     model_name, model_cls, forward, loop = candidates[0]
-    if any(isinstance(s, cst.FunctionDef) and s.name.value == "forward_microbatch" for s in model_cls.body.body):  # type: ignore[union-attr]
+    if any(isinstance(s, cst.FunctionDef) and s.name.value == "forward_microbatch" for s in model_cls.body.body):
         raise NotApplicable(f"{model_name}.forward: already applied, nothing to do")
     layers = layer_classes(model_cls, loop.attr, classes)
     if len(layers) > 1:
@@ -392,7 +404,7 @@ def locate_model(module: cst.Module, target: str | None) -> Located:
     return Located(model_name, model_cls, forward, loop, layer_name, classes[layer_name], layer_forward)  # type: ignore[arg-type]
 
 
-def _span(stmt: cst.BaseStatement, positions) -> SourceSpan:
+def _span(stmt: cst.BaseStatement | cst.BaseSmallStatement, positions) -> SourceSpan:
     where = positions[stmt]
     return SourceSpan(where.start.line, where.end.line, statement_source(stmt))
 
@@ -428,7 +440,7 @@ def microbatch_plan(
             f"forward: --second-comm-group moves micro-batch 1's collectives to self.{second_group}, "
             f"but those inside {deep.deep_calls[0]}() take their group from the submodule"
         )
-    last = found.layer_forward.body.body[-1]  # type: ignore[union-attr]
+    last = found.layer_forward.body.body[-1]
     ret = last.body[0] if isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1 else None
     if not isinstance(ret, cst.Return) or ret.value is None:
         raise NothingToDo(f"{layer_label}: micro-batching needs the layer to end with `return <tensor>`")
@@ -436,7 +448,7 @@ def microbatch_plan(
     source = text if text is not None else module.code
     layer_positions = positions_for(module, layer_label, found.layer_forward, source)
     model_positions = positions_for(module, f"{found.model}.forward", found.forward, source)
-    loop_stmt = found.forward.body.body[found.loop.index]  # type: ignore[union-attr]
+    loop_stmt = found.forward.body.body[found.loop.index]
     deep_note = f"; comm stages through {', '.join(dict.fromkeys(deep.deep_calls))}()" if deep.deep_calls else ""
     group_note = f"; micro-batch 1 over self.{second_group}" if second_group else ""
     return MicrobatchPlan(
@@ -504,12 +516,12 @@ def stale_plan(module: cst.Module, plan: MicrobatchPlan, text: str | None = None
                        f"{plan.layer.rpartition('.')[0]}")
     source = text if text is not None else module.code
     model_positions = positions_for(module, plan.function, found.forward, source)
-    loop = _span(found.forward.body.body[found.loop.index], model_positions)  # type: ignore[union-attr]
+    loop = _span(found.forward.body.body[found.loop.index], model_positions)
     if loop.source != plan.loop.source.strip() or loop.first_line != plan.loop.first_line:
         raise BadInput(f"stale plan for {plan.function}: line {plan.loop.first_line} is not its layer loop "
                        f"{plan.loop.source.splitlines()[0]!r}")
     positions = positions_for(module, plan.layer, found.layer_forward, source)
-    by_line = {positions[s].start.line: s for s in found.layer_forward.body.body}  # type: ignore[union-attr]
+    by_line = {positions[s].start.line: s for s in found.layer_forward.body.body}
     for st in plan.statements:
         stmt = by_line.get(st.first_line)
         if stmt is None:

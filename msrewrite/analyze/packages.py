@@ -31,7 +31,7 @@ NOT_READ = frozenset({"torch", "torch_npu", "torchair", "numpy", "triton", "jax"
 MAX_FILE_BYTES = 1_000_000  # a larger file (generated tables, kernel zoos) is not read
 
 _source_roots: tuple[Path, ...] = ()
-_parsed: dict[tuple[Path, int, int], "SourceIndex | None"] = {}
+_parsed: dict[tuple[Path, int, int], SourceIndex | None] = {}
 _found: dict[tuple[tuple[str, ...], str], Path | None] = {}
 _roots_for: dict[tuple, tuple[str, ...]] = {}
 
@@ -119,12 +119,12 @@ class SourceIndex:
 
     parsed: dict = field(default_factory=dict)  # name -> its libcst node (None: does not parse alone)
 
-    def definition(self, name: str) -> "cst.BaseStatement | None":
+    def definition(self, name: str) -> cst.BaseStatement | None:
         if name not in self.parsed:
             self.parsed[name] = self._parse(name)
         return self.parsed[name]
 
-    def _parse(self, name: str) -> "cst.BaseStatement | None":
+    def _parse(self, name: str) -> cst.BaseStatement | None:
         import textwrap
 
         import libcst as cst

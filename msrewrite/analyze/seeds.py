@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import libcst as cst
 
@@ -43,7 +43,7 @@ def _calls(node: cst.CSTNode) -> list[cst.Call]:
         def visit_Call(self, call: cst.Call) -> None:
             found.append(call)
 
-        def visit_FunctionDef(self, n: cst.FunctionDef) -> bool:
+        def visit_FunctionDef(self, _n: cst.FunctionDef) -> bool:
             return False  # a nested def runs elsewhere
 
     (node.body if isinstance(node, cst.FunctionDef) else node).visit(_Calls())
@@ -235,7 +235,7 @@ def _yields(func: cst.FunctionDef) -> bool:
     found = False
 
     class _Yield(Visitor):
-        def visit_Yield(self, n: cst.Yield) -> None:
+        def visit_Yield(self, _n: cst.Yield) -> None:
             nonlocal found
             found = True
 
@@ -272,7 +272,8 @@ def free_function_candidates(tree: ast.Module | None, is_seed: Callable[[str], b
         if isinstance(node, ast.FunctionDef) and node.args.args:
             first = node.args.args[0].arg
             for call in ast_calls(node):  # ast.walk's calls, without its generator per node
-                if _ast_callee(call.func, first) and is_seed(_ast_callee(call.func, first)):
+                callee = _ast_callee(call.func, first)
+                if callee and is_seed(callee):
                     names.add(node.name)
                     break
     return names

@@ -64,16 +64,8 @@ MAX_BYTES_READ = 3_000_000
 class _Reading:
     """Modules read for one analysis (shared by every ModuleSummaries it loads)."""
 
-    loaded: dict[Path, "ModuleSummaries | None"] = field(default_factory=dict)
+    loaded: dict[Path, ModuleSummaries | None] = field(default_factory=dict)
     bytes_read: int = 0
-
-
-@dataclass
-class _Binding:
-    """What `self.<attr>` holds, from `__init__`: constructor calls (or other expressions)."""
-
-    values: list[cst.BaseExpression]
-    cls: str
 
 
 class ModuleSummaries:
@@ -102,41 +94,46 @@ class ModuleSummaries:
                 self.functions[stmt.name.value] = stmt
             elif isinstance(stmt, cst.SimpleStatementLine):
                 for small in stmt.body:
-                    if isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar):
-                        source = dotted_name(small.module) if small.module is not None else ""
-                        self.star_imports.append((len(small.relative), source or ""))
-                    elif isinstance(small, cst.ImportFrom):
-                        source = dotted_name(small.module) if small.module is not None else ""
-                        for alias in small.names:
-                            local = alias.asname.name.value if alias.asname else alias.name.value
-                            self.imports[local] = (len(small.relative), source or "", dotted_name(alias.name) or "")
-                    elif isinstance(small, cst.Import):
-                        for alias in small.names:
-                            full = dotted_name(alias.name) or ""
-                            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-                                self.module_imports[alias.asname.name.value] = full
-                            elif full:
-                                head = full.split(".")[0]
-                                self.module_imports[head] = head
-                    elif isinstance(small, cst.Assign) and isinstance(small.value, cst.Name):
-                        for target in small.targets:
-                            name = dotted_name(target.target) or ""
-                            if name.count(".") == 1:
-                                self.patched[small.value.value] = name.split(".")[0]
+                    self._note_top_level(small)
         self._cache: dict[tuple[str, str, int], Summary] = {}
         self._attrs: dict[str, dict[str, list[cst.BaseExpression]]] = {}
 
+    def _note_top_level(self, small: cst.BaseSmallStatement) -> None:
+        """Records what a top-level small statement binds: imports, star imports, `Cls.forward = fn`."""
+        if isinstance(small, cst.ImportFrom):
+            source = dotted_name(small.module) if small.module is not None else ""
+            if isinstance(small.names, cst.ImportStar):
+                self.star_imports.append((len(small.relative), source or ""))
+                return
+            for alias in small.names:
+                bound = alias.asname.name if alias.asname else alias.name
+                local = bound.value if isinstance(bound, cst.Name) else dotted_name(bound) or ""  # always a Name here
+                self.imports[local] = (len(small.relative), source or "", dotted_name(alias.name) or "")
+        elif isinstance(small, cst.Import):
+            for alias in small.names:
+                full = dotted_name(alias.name) or ""
+                if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                    self.module_imports[alias.asname.name.value] = full
+                elif full:
+                    head = full.split(".")[0]
+                    self.module_imports[head] = head
+        elif isinstance(small, cst.Assign) and isinstance(small.value, cst.Name):
+            for target in small.targets:
+                name = dotted_name(target.target) or ""
+                if name.count(".") == 1:
+                    self.patched[small.value.value] = name.split(".")[0]
+
     # classes ----------------------------------------------------------------------------
-    def find_class(self, name: str) -> tuple["ModuleSummaries", str] | None:
+    def find_class(self, name: str) -> tuple[ModuleSummaries, str] | None:
         """A class defined in this file, or imported from a sibling module or an installed
         package whose source msrewrite can read (never imported)."""
         return self._find_def(name, "classes")
 
-    def find_function(self, name: str) -> tuple["ModuleSummaries", str] | None:
+    def find_function(self, name: str) -> tuple[ModuleSummaries, str] | None:
         """A free function defined in this file or imported (as `find_class`)."""
         return self._find_def(name, "functions")
 
-    def _find_def(self, name: str, kind: str, seen: frozenset = frozenset()) -> tuple["ModuleSummaries", str] | None:
+    def _find_def(self, name: str, kind: str, seen: frozenset = frozenset()) -> tuple[ModuleSummaries, str] | None:
         if name in getattr(self, kind):
             return self, name
         if self.path is None or (id(self), name) in seen:
@@ -168,7 +165,7 @@ class ModuleSummaries:
         other = self._module(dots, source)
         return other._find_def(original, kind, seen) if other is not None else None
 
-    def _module(self, dots: int, source: str) -> "ModuleSummaries | None":
+    def _module(self, dots: int, source: str) -> ModuleSummaries | None:
         """The module `from <dots><source> import ...` names: a sibling of this file, or a module
         of an installed package (analyze/packages.py). Read lazily, within the reading bounds."""
         if self.path is None or self.depth >= MAX_IMPORT_DEPTH:
@@ -179,7 +176,7 @@ class ModuleSummaries:
         file = packages.module_file(source)
         return self._read(file, package=True) if file is not None else None
 
-    def _sibling(self, dots: int, source: str) -> "ModuleSummaries | None":
+    def _sibling(self, dots: int, source: str) -> ModuleSummaries | None:
         """The parsed sibling module: `from .x import A`, `from x import A` next to this file (never imported)."""
         base = self.path.parent  # type: ignore[union-attr]
         for _ in range(max(dots - 1, 0)):
@@ -190,7 +187,7 @@ class ModuleSummaries:
                 return self._read(candidate, package=self.package)
         return None
 
-    def _read(self, file: Path, package: bool) -> "ModuleSummaries | None":
+    def _read(self, file: Path, package: bool) -> ModuleSummaries | None:
         file = file.resolve()
         loaded = self._reading.loaded
         if file in loaded:
@@ -207,8 +204,8 @@ class ModuleSummaries:
         if index is None:
             return None
         other = ModuleSummaries(cst.Module(body=[]), tuple(self.assume_pure), file, self._reading, self.depth + 1, package)
-        other.classes = _LazyDefinitions(index, index.classes, "class")  # type: ignore[assignment]
-        other.functions = _LazyDefinitions(index, index.functions, "def")  # type: ignore[assignment]
+        other.classes = _LazyDefinitions(index, index.classes, "class")
+        other.functions = _LazyDefinitions(index, index.functions, "def")
         other.imports, other.module_imports, other.patched = dict(index.imports), dict(index.module_imports), dict(index.patched)
         other.star_imports = list(index.star_imports)
         other.assumed = self.assumed  # names vouched for anywhere count as used
@@ -234,7 +231,7 @@ class ModuleSummaries:
                 return found
         return None
 
-    def _inherited(self, cls: str, name: str, seen: frozenset = frozenset()) -> tuple["ModuleSummaries", str, cst.FunctionDef] | None:
+    def _inherited(self, cls: str, name: str, seen: frozenset = frozenset()) -> tuple[ModuleSummaries, str, cst.FunctionDef] | None:
         """Method `name` of `cls` (or a base), also from a base class imported from another
         module: (the module that defines it, its class there, the method)."""
         if cls in seen or cls not in self.classes:
@@ -252,7 +249,7 @@ class ModuleSummaries:
                 return hit
         return None
 
-    def _overridden(self, cls: str, owner: "ModuleSummaries", base: str) -> str | None:
+    def _overridden(self, cls: str, owner: ModuleSummaries, base: str) -> str | None:
         """A `self.<name>` the base class (in another module) uses that `cls` reassigns or
         redefines: the base's method, summarized in its own module, would not see the subclass's."""
         mine = set(self.attribute_values(cls))
@@ -308,12 +305,15 @@ class ModuleSummaries:
         found = self._method(cls, "__init__")
         if found is not None and found[0] == cls:
             for node in _assignments(found[1]):
-                target = node.target if isinstance(node, cst.AnnAssign) else None
-                if target is not None and node.value is None:
-                    continue
-                for name in [dotted_name(target)] if target is not None else [dotted_name(t.target) for t in node.targets]:
+                if isinstance(node, cst.AnnAssign):
+                    if node.value is None:
+                        continue
+                    value, names = node.value, [dotted_name(node.target)]
+                else:
+                    value, names = node.value, [dotted_name(t.target) for t in node.targets]
+                for name in names:
                     if name and name.startswith("self.") and name.count(".") == 1:
-                        values.setdefault(name[5:], []).append(node.value)
+                        values.setdefault(name[5:], []).append(value)
         self._attrs[cls] = values
         return values
 
@@ -322,7 +322,7 @@ class ModuleSummaries:
         """Method `name` of class `cls` or of a same-file base: (the class defining it, its def)."""
         return self._method(cls, name)
 
-    def attribute_class(self, cls: str, attr: str) -> tuple["ModuleSummaries", str] | None:
+    def attribute_class(self, cls: str, attr: str) -> tuple[ModuleSummaries, str] | None:
         """The one class (this file or a sibling) whose instance `self.<attr>` holds, from `__init__`
         (`self.cache = OffloadCache(...)`, also through `self.a = self.b`); None when it is not
         assigned there, comes from elsewhere (an argument) or may be of several classes."""
@@ -342,12 +342,7 @@ class ModuleSummaries:
         key = (cls or "", func.name.value, id(func))
         if key in self._cache:
             return self._cache[key]
-        params = [p.name.value for p in (*func.params.posonly_params, *func.params.params)]
-        if cls is not None and params and params[0] in ("self", "cls"):
-            params = params[1:]
-        params += [p.name.value for p in func.params.kwonly_params]
-        vararg = func.params.star_arg.name.value if isinstance(func.params.star_arg, cst.Param) else None
-        kwarg = func.params.star_kwarg.name.value if func.params.star_kwarg is not None else None
+        params, vararg, kwarg = _signature(cls, func)
         summary = Summary(params=params, vararg=vararg, kwarg=kwarg)
         # A recursive call sees an unknown callee until the summary is done.
         self._cache[key] = Summary(params=params, vararg=vararg, kwarg=kwarg,
@@ -370,33 +365,7 @@ class ModuleSummaries:
                 return summary
         for index, item in enumerate(facts):
             item.index = index
-        returns: dict[int, set[str]] = {}  # statement -> names its return values may alias
-
-        class _Returns(Visitor):
-            def __init__(self, at: int) -> None:
-                self.at = at
-
-            def visit_Return(self, node: cst.Return) -> None:
-                if node.value is not None:
-                    returns.setdefault(self.at, set()).update(alias_roots(node.value, scope))
-
-            def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-                return False
-
-        for item in facts:
-            item.node.visit(_Returns(item.index))
-        names = [*params, *(n for n in (vararg, kwarg) if n)]
-        storage = Storage(facts, names)
-        for name in names:
-            mine = frozenset({("param", name)})
-            for f in facts:
-                if storage.written(f, f.index, mine):
-                    summary.writes.add(name)
-                hit = storage.maybe_written(f, f.index, mine)
-                if hit:
-                    summary.may_write.setdefault(name, f.may_write[hit[0]])
-                if returns.get(f.index) and any(storage._around(r, f.index) & mine for r in returns[f.index]):
-                    summary.returns.add(name)
+        _param_effects(summary, facts, [*params, *(n for n in (vararg, kwarg) if n)], scope)
         for f in facts:
             summary.unknown |= f.unknown_callees
             summary.collective |= f.collective
@@ -419,7 +388,7 @@ class ModuleSummaries:
         self.assumed.update(hit)
         return bool(hit)
 
-    def resolve(self, call: cst.Call, scope: Scope, owner: "tuple[ModuleSummaries, str] | None") -> CallEffect:
+    def resolve(self, call: cst.Call, scope: Scope, owner: tuple[ModuleSummaries, str] | None) -> CallEffect:
         func = call.func
         cls = owner[1] if owner is not None and owner[0] is self else None
         # self.helper(...) / self.sub(...) / self.experts[i](...)
@@ -438,35 +407,50 @@ class ModuleSummaries:
                 return CallEffect()  # constructing a module does not touch tensors
         named = dotted_name(func)
         if named and named.split(".")[0] in (*self.imports, *self.module_imports) and named not in scope.modules:
-            # an imported function or class, read from its module's source (never imported)
-            if self._vouched(named, named.split(".")[-1]):
-                return _vouched_effect(call)
-            found = self.find_function(named)
-            if found is not None:
-                owner_module, fname = found
-                return _apply(owner_module.function_summary(None, owner_module.functions[fname]), call, named,
-                              strict=owner_module.package)
-            found_cls = self.find_class(named)
-            if found_cls is not None:
-                return found_cls[0]._construct(call, found_cls[1], named)
+            imported = self._resolve_imported(call, named)
+            if imported is not None:
+                return imported
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call):
             if dotted_name(func.value.func) == "super" and cls is not None:
-                for base in self._bases(cls):
-                    found = self._method(base, func.attr.value)
-                    if found is not None:
-                        return _apply(self.function_summary(cls, found[1]), call, f"super().{func.attr.value}")
-                    if base not in self.classes and (where := self.find_class(base)) is not None:
-                        hit = where[0]._inherited(where[1], func.attr.value)
-                        if hit is not None:
-                            label = f"super().{func.attr.value}"
-                            clash = self._overridden(cls, hit[0], hit[1])
-                            if clash is not None:
-                                return _unknown(call, f"{label} ({hit[1]}.{func.attr.value} uses self.{clash}, which {cls} overrides; not visible to msrewrite)")
-                            return _apply(hit[0].function_summary(hit[1], hit[2]), call, f"{label} ({hit[1]})", strict=hit[0].package)
+                inherited = self._resolve_super(call, func.attr.value, cls)
+                if inherited is not None:
+                    return inherited
         callee = dotted_name(func) or _short(func)
         if self._vouched(callee, callee.split(".")[-1]):
             return _vouched_effect(call)
         return _unknown(call, f"{callee} (not visible to msrewrite)")
+
+    def _resolve_imported(self, call: cst.Call, named: str) -> CallEffect | None:
+        """An imported function or class, read from its module's source (never imported); None
+        when neither is found there."""
+        if self._vouched(named, named.split(".")[-1]):
+            return _vouched_effect(call)
+        found = self.find_function(named)
+        if found is not None:
+            owner_module, fname = found
+            return _apply(owner_module.function_summary(None, owner_module.functions[fname]), call, named,
+                          strict=owner_module.package)
+        found_cls = self.find_class(named)
+        if found_cls is not None:
+            return found_cls[0]._construct(call, found_cls[1], named)
+        return None
+
+    def _resolve_super(self, call: cst.Call, attr: str, cls: str) -> CallEffect | None:
+        """`super().<attr>(...)` inside class `cls`: the first base that defines it; None when
+        no base msrewrite can read does."""
+        for base in self._bases(cls):
+            found = self._method(base, attr)
+            if found is not None:
+                return _apply(self.function_summary(cls, found[1]), call, f"super().{attr}")
+            if base not in self.classes and (where := self.find_class(base)) is not None:
+                hit = where[0]._inherited(where[1], attr)
+                if hit is not None:
+                    label = f"super().{attr}"
+                    clash = self._overridden(cls, hit[0], hit[1])
+                    if clash is not None:
+                        return _unknown(call, f"{label} ({hit[1]}.{attr} uses self.{clash}, which {cls} overrides; not visible to msrewrite)")
+                    return _apply(hit[0].function_summary(hit[1], hit[2]), call, f"{label} ({hit[1]})", strict=hit[0].package)
+        return None
 
     def _construct(self, call: cst.Call, cls: str, label: str) -> CallEffect:
         """`Cls(args)` for an imported class: what its `__init__` does to the arguments (a
@@ -543,47 +527,101 @@ class ModuleSummaries:
             if known is not None:
                 return known
         if isinstance(value, cst.Call):
-            ctor = dotted_name(value.func) or ""
-            leaf = ctor.split(".")[-1]
-            if leaf in ACTIVATION_FACTORIES and leaf not in self.functions:
-                return CallEffect()  # transformers' get_activation("silu"): an ACT2FN entry
-            if leaf in ("ModuleList", "Sequential", "ModuleDict") and ctor.split(".")[0] in ("nn", "torch"):
-                items = _container_items(value)
-                if leaf == "Sequential" and not element and not rest:
-                    return _union([self._module_value(call, v, label, False, "") for v in items] or [CallEffect()])
-                if element and items:
-                    return _union([self._module_value(call, v, label, False, rest) for v in items])
-                return _unknown(call, f"{label} ({leaf} of unseen modules, not visible to msrewrite)")
-            if element:
-                return _unknown(call, f"{label} (indexed {leaf}, not visible to msrewrite)")
-            if rest and "." not in rest and _makes_tensor(ctor):
-                # self.weight.float(), self.bias.squeeze(0): a tensor method on module state
-                as_method = call.with_changes(func=cst.Attribute(value=cst.Name("_ms_state"), attr=cst.Name(rest)))
-                known = torch_call_effect(as_method)
-                if known is not None:
-                    known.writes = [w for w in known.writes if not _is_name(w, "_ms_state")]
-                    known.returns = [r for r in known.returns if not _is_name(r, "_ms_state")]
-                    return known
-            if self._vouched(leaf, ctor):
-                return _vouched_effect(call)
-            nn_effect = nn_module_effect(value)
-            if nn_effect is not None and not rest:
-                return _apply_template(nn_effect, call)
-            found = self.find_class(ctor)
-            if found is not None:
-                owner, name = found
-                if rest:  # self.experts.dispatcher.dispatch(...): follow into the submodule's class
-                    return owner._resolve_self(call, name, rest)
-                forward = owner._method(name, "forward")
-                if forward is None:
-                    inherited = owner._inherited_effect(call, name, "forward", f"{label} ({ctor})")
-                    if inherited is not None:
-                        return inherited
-                    base = (owner._external_bases(name) or ["no forward"])[0]
-                    return _unknown(call, f"{label} ({ctor} from {base}, not visible to msrewrite)")
-                return _apply(owner.function_summary(name, forward[1]), call, f"{label} ({ctor})", strict=owner.package)
-            return _unknown(call, f"{label} ({ctor or _short(value.func)}, not visible to msrewrite)")
+            return self._constructed_value(call, value, label, element, rest)
         return _unknown(call, f"{label} (set from {_short(value)}, not visible to msrewrite)")
+
+    def _constructed_value(self, call: cst.Call, value: cst.Call, label: str, element: bool, rest: str) -> CallEffect:
+        """Calling (or indexing, or a method of) `self.<attr>` set from a constructor call `value`."""
+        ctor = dotted_name(value.func) or ""
+        leaf = ctor.split(".")[-1]
+        if leaf in ACTIVATION_FACTORIES and leaf not in self.functions:
+            return CallEffect()  # transformers' get_activation("silu"): an ACT2FN entry
+        if leaf in ("ModuleList", "Sequential", "ModuleDict") and ctor.split(".")[0] in ("nn", "torch"):
+            items = _container_items(value)
+            if leaf == "Sequential" and not element and not rest:
+                parts = [self._module_value(call, v, label, False, "") for v in items]
+                return _union([p for p in parts if p is not None] or [CallEffect()])  # a None entry runs nothing
+            if element and items:
+                parts = [self._module_value(call, v, label, False, rest) for v in items]
+                return _union([p for p in parts if p is not None])
+            return _unknown(call, f"{label} ({leaf} of unseen modules, not visible to msrewrite)")
+        if element:
+            return _unknown(call, f"{label} (indexed {leaf}, not visible to msrewrite)")
+        if rest and "." not in rest and _makes_tensor(ctor):
+            # self.weight.float(), self.bias.squeeze(0): a tensor method on module state
+            as_method = call.with_changes(func=cst.Attribute(value=cst.Name("_ms_state"), attr=cst.Name(rest)))
+            known = torch_call_effect(as_method)
+            if known is not None:
+                known.writes = [w for w in known.writes if not _is_name(w, "_ms_state")]
+                known.returns = [r for r in known.returns if not _is_name(r, "_ms_state")]
+                return known
+        if self._vouched(leaf, ctor):
+            return _vouched_effect(call)
+        nn_effect = nn_module_effect(value)
+        if nn_effect is not None and not rest:
+            return _apply_template(nn_effect, call)
+        found = self.find_class(ctor)
+        if found is not None:
+            return self._instance_call(call, found, label, ctor, rest)
+        return _unknown(call, f"{label} ({ctor or _short(value.func)}, not visible to msrewrite)")
+
+    def _instance_call(
+        self, call: cst.Call, found: tuple[ModuleSummaries, str], label: str, ctor: str, rest: str
+    ) -> CallEffect:
+        """Calling an instance of a class msrewrite can read (`found`): its forward, or the
+        method `rest` names on it."""
+        owner, name = found
+        if rest:  # self.experts.dispatcher.dispatch(...): follow into the submodule's class
+            return owner._resolve_self(call, name, rest)
+        forward = owner._method(name, "forward")
+        if forward is None:
+            inherited = owner._inherited_effect(call, name, "forward", f"{label} ({ctor})")
+            if inherited is not None:
+                return inherited
+            base = (owner._external_bases(name) or ["no forward"])[0]
+            return _unknown(call, f"{label} ({ctor} from {base}, not visible to msrewrite)")
+        return _apply(owner.function_summary(name, forward[1]), call, f"{label} ({ctor})", strict=owner.package)
+
+
+def _signature(cls: str | None, func: cst.FunctionDef) -> tuple[list[str], str | None, str | None]:
+    """(named parameters, without `self`/`cls` for a method; *args name; **kwargs name)."""
+    params = [p.name.value for p in (*func.params.posonly_params, *func.params.params)]
+    if cls is not None and params and params[0] in ("self", "cls"):
+        params = params[1:]
+    params += [p.name.value for p in func.params.kwonly_params]
+    vararg = func.params.star_arg.name.value if isinstance(func.params.star_arg, cst.Param) else None
+    kwarg = func.params.star_kwarg.name.value if func.params.star_kwarg is not None else None
+    return params, vararg, kwarg
+
+
+def _param_effects(summary: Summary, facts: list[StatementFacts], names: list[str], scope: Scope) -> None:
+    """Fills in which parameters (`names`) the body writes, may write, and may return."""
+    returns: dict[int, set[str]] = {}  # statement -> names its return values may alias
+
+    class _Returns(Visitor):
+        def __init__(self, at: int) -> None:
+            self.at = at
+
+        def visit_Return(self, node: cst.Return) -> None:
+            if node.value is not None:
+                returns.setdefault(self.at, set()).update(alias_roots(node.value, scope))
+
+        def visit_FunctionDef(self, _node: cst.FunctionDef) -> bool:
+            return False
+
+    for item in facts:
+        item.node.visit(_Returns(item.index))
+    storage = Storage(facts, names)
+    for name in names:
+        mine = frozenset({("param", name)})
+        for f in facts:
+            if storage.written(f, f.index, mine):
+                summary.writes.add(name)
+            hit = storage.maybe_written(f, f.index, mine)
+            if hit:
+                summary.may_write.setdefault(name, f.may_write[hit[0]])
+            if returns.get(f.index) and any(storage._around(r, f.index) & mine for r in returns[f.index]):
+                summary.returns.add(name)
 
 
 class _LazyDefinitions(dict):
@@ -591,7 +629,7 @@ class _LazyDefinitions(dict):
     libcst on first use. One that does not parse on its own stands in as something msrewrite
     cannot see into (a class with an unseen base, a function calling an unseen callee)."""
 
-    def __init__(self, index: "packages.SourceIndex", names: set[str], kind: str) -> None:
+    def __init__(self, index: packages.SourceIndex, names: set[str], kind: str) -> None:
         super().__init__()
         self._index, self._names, self._kind = index, names, kind
 

@@ -111,7 +111,7 @@ class CallEffect:
     stream: bool = False
 
     @staticmethod
-    def pure() -> "CallEffect":
+    def pure() -> CallEffect:
         return CallEffect()
 
 
@@ -158,6 +158,11 @@ def _common_kwargs(call: cst.Call, effect: CallEffect, first: cst.BaseExpression
     return effect
 
 
+_TORCH_FUNCTION_MODULES = (
+    "torch", "F", "torch.nn.functional", "nn.functional", "torch.special", "torch.linalg", "torch.fft",
+)
+
+
 def torch_call_effect(call: cst.Call) -> CallEffect | None:
     """The effect of a call when the table knows it, else None.
 
@@ -172,52 +177,77 @@ def torch_call_effect(call: cst.Call) -> CallEffect | None:
         if name.startswith("_ms_"):
             return CallEffect(stream=True)  # msrewrite's own helpers: streams, events, record_stream
         if module in COLLECTIVE_MODULES:
-            effect = CallEffect(collective=leaf not in ("get_rank", "get_world_size", "is_initialized"))
-            if leaf in WRITES_FIRST_ARG and first is not None:
-                effect.writes.append(first)
-                if leaf in ("all_gather", "all_to_all", "gather", "scatter") and len(args) > 1:
-                    effect.writes.append(args[0])
+            return _collective_effect(leaf, args, first)
+        if module in _TORCH_FUNCTION_MODULES:
+            return _torch_function_effect(call, module, leaf, first)
+        effect = _other_module_effect(call, module, leaf)
+        if effect is not None:
             return effect
-        if module in ("torch", "F", "torch.nn.functional", "nn.functional", "torch.special", "torch.linalg",
-                      "torch.fft"):
-            known = _TORCH_FUNCTIONS if module == "torch" else _F_FUNCTIONS if "functional" in module or module == "F" else None
-            if known is not None and leaf not in known and not is_inplace_name(leaf):
-                return None
-            effect = CallEffect(rng=leaf in RNG_NAMES)
-            if is_inplace_name(leaf) and first is not None:  # torch.relu_(x), F.relu_(x)
-                effect.writes.append(first)
-                effect.returns.append(first)
-            elif leaf in ALIAS_FUNCTIONS and first is not None:
-                effect.returns.append(first)
-            return _common_kwargs(call, effect, first)
-        if module in ("torch.cuda", "torch.npu", "torch_npu.npu", "torchair.scope", "torchair.ops"):
-            return CallEffect(stream=True)
-        if module in PURE_MODULES or module.startswith(("math.", "torch.compiler", "einops")):
-            return CallEffect.pure()
-        if not module and leaf in PURE_BUILTINS:
-            return CallEffect.pure()
-        if not module and leaf in CONTAINER_BUILTINS:
-            return CallEffect(returns=list(tensor_args(call)))
     if isinstance(func, cst.Attribute):
-        method = func.attr.value
-        receiver = func.value
-        if method in ("wait_stream", "record_stream", "wait_event", "record_event", "wait", "record", "synchronize"):
-            return CallEffect(stream=True)  # stream and event order: no tensor data written
-        owner = dotted(receiver) or ""
-        if owner.startswith("self.") and owner.count(".") == 1 and is_inplace_name(method) and method in _TENSOR_METHODS:
-            return CallEffect(writes=[receiver], returns=[receiver])  # self.cache.copy_(x): module state
-        if owner.split(".")[0] in ("torch", "F", "nn", "dist", "torch_npu", "torchair", "self"):
-            return None  # a namespace or a submodule, not a tensor: torch.ops.x.y(...), self.experts.forward(...)
-        if method in _TENSOR_METHODS or method in ALIAS_METHODS:
-            effect = CallEffect(rng=method in RNG_NAMES, stream=method in STREAM_NAMES)
-            if is_inplace_name(method):
-                effect.writes.append(receiver)  # x.add_(y), x.view(-1).mul_(2), x.untyped_storage().resize_(0)
-                effect.returns.append(receiver)
-            elif method in ALIAS_METHODS:
-                effect.returns.append(receiver)
-            if method == "wait_stream" or method == "record_stream":
-                effect.stream = True
-            return _common_kwargs(call, effect, None)
+        return _method_effect(call, func)
+    return None
+
+
+def _collective_effect(leaf: str, args: list[cst.BaseExpression], first: cst.BaseExpression | None) -> CallEffect:
+    """A torch.distributed call: a collective (but for rank/size queries), writing its output buffer."""
+    effect = CallEffect(collective=leaf not in ("get_rank", "get_world_size", "is_initialized"))
+    if leaf in WRITES_FIRST_ARG and first is not None:
+        effect.writes.append(first)
+        if leaf in ("all_gather", "all_to_all", "gather", "scatter") and len(args) > 1:
+            effect.writes.append(args[0])
+    return effect
+
+
+def _torch_function_effect(
+    call: cst.Call, module: str, leaf: str, first: cst.BaseExpression | None
+) -> CallEffect | None:
+    """A torch.* / F.* function: its effect when the table knows it (or it is in place), else None."""
+    known = _TORCH_FUNCTIONS if module == "torch" else _F_FUNCTIONS if "functional" in module or module == "F" else None
+    if known is not None and leaf not in known and not is_inplace_name(leaf):
+        return None
+    effect = CallEffect(rng=leaf in RNG_NAMES)
+    if is_inplace_name(leaf) and first is not None:  # torch.relu_(x), F.relu_(x)
+        effect.writes.append(first)
+        effect.returns.append(first)
+    elif leaf in ALIAS_FUNCTIONS and first is not None:
+        effect.returns.append(first)
+    return _common_kwargs(call, effect, first)
+
+
+def _other_module_effect(call: cst.Call, module: str, leaf: str) -> CallEffect | None:
+    """Device stream modules, pure modules and builtins; None when the name is none of those."""
+    if module in ("torch.cuda", "torch.npu", "torch_npu.npu", "torchair.scope", "torchair.ops"):
+        return CallEffect(stream=True)
+    if module in PURE_MODULES or module.startswith(("math.", "torch.compiler", "einops")):
+        return CallEffect.pure()
+    if not module and leaf in PURE_BUILTINS:
+        return CallEffect.pure()
+    if not module and leaf in CONTAINER_BUILTINS:
+        return CallEffect(returns=list(tensor_args(call)))
+    return None
+
+
+def _method_effect(call: cst.Call, func: cst.Attribute) -> CallEffect | None:
+    """A method call `receiver.method(...)`: stream order, a known tensor method, else None."""
+    method = func.attr.value
+    receiver = func.value
+    if method in ("wait_stream", "record_stream", "wait_event", "record_event", "wait", "record", "synchronize"):
+        return CallEffect(stream=True)  # stream and event order: no tensor data written
+    owner = dotted(receiver) or ""
+    if owner.startswith("self.") and owner.count(".") == 1 and is_inplace_name(method) and method in _TENSOR_METHODS:
+        return CallEffect(writes=[receiver], returns=[receiver])  # self.cache.copy_(x): module state
+    if owner.split(".")[0] in ("torch", "F", "nn", "dist", "torch_npu", "torchair", "self"):
+        return None  # a namespace or a submodule, not a tensor: torch.ops.x.y(...), self.experts.forward(...)
+    if method in _TENSOR_METHODS or method in ALIAS_METHODS:
+        effect = CallEffect(rng=method in RNG_NAMES, stream=method in STREAM_NAMES)
+        if is_inplace_name(method):
+            effect.writes.append(receiver)  # x.add_(y), x.view(-1).mul_(2), x.untyped_storage().resize_(0)
+            effect.returns.append(receiver)
+        elif method in ALIAS_METHODS:
+            effect.returns.append(receiver)
+        if method == "wait_stream" or method == "record_stream":
+            effect.stream = True
+        return _common_kwargs(call, effect, None)
     return None
 
 

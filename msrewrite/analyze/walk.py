@@ -16,9 +16,9 @@ itself, unchanged.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from operator import attrgetter
 from types import FunctionType
-from typing import Callable
 
 from libcst import CSTNode, CSTVisitor, MaybeSentinel
 
@@ -34,13 +34,13 @@ class _Recorder(CSTVisitor):
         super().__init__()
         self.names: list[str] = []
 
-    def on_visit(self, node: CSTNode) -> bool:
+    def on_visit(self, _node: CSTNode) -> bool:
         return False
 
     def on_leave(self, original_node: CSTNode) -> None:
         pass
 
-    def on_visit_attribute(self, node: CSTNode, attribute: str) -> None:
+    def on_visit_attribute(self, _node: CSTNode, attribute: str) -> None:
         self.names.append(attribute)
 
     def on_leave_attribute(self, original_node: CSTNode, attribute: str) -> None:
@@ -81,7 +81,7 @@ def _values_getter(order: tuple[str, ...]) -> Callable:
     if order:
         get = attrgetter(order[0])
         return lambda node: (get(node),)
-    return lambda node: ()
+    return lambda _node: ()
 
 
 def _record_class(node: CSTNode) -> tuple[tuple[str, ...], tuple[str, ...], Callable]:
@@ -197,30 +197,41 @@ def _walker(visitor: CSTVisitor, plan: _Plan):
     for key in vars(visitor):
         if key.startswith(_PREFIXES):
             return None
+    if plan.kind == "hooks":
+        return _hooks_walker(visitor)
+    return _methods_walker(visitor, plan)
+
+
+def _hooks_walker(visitor: CSTVisitor):
+    """The walk for a visitor with its own on_visit / on_leave: every node goes through them."""
+    default = MaybeSentinel.DEFAULT
+    fields = _FIELDS
+    on_visit, on_leave = visitor.on_visit, visitor.on_leave
+
+    def walk_hooks(node: CSTNode, leave_it: bool = True) -> None:
+        if on_visit(node):
+            for value in _values_of(node, fields.get(type(node)) or _record_class(node)):
+                kind = type(value)
+                if kind is tuple or kind is list:
+                    for child in value:
+                        walk_hooks(child)
+                elif value is not None and value is not default:
+                    if kind in fields or _is_node(value):
+                        walk_hooks(value)
+                    else:  # another kind of sequence
+                        for child in value:
+                            walk_hooks(child)
+        if leave_it:
+            on_leave(node)
+
+    return walk_hooks
+
+
+def _methods_walker(visitor: CSTVisitor, plan: _Plan):
+    """The walk for a visitor with visit_/leave_ methods: each node class's pair looked up once."""
     default = MaybeSentinel.DEFAULT
     fields = _FIELDS
     skip = plan.skip
-    if plan.kind == "hooks":
-        on_visit, on_leave = visitor.on_visit, visitor.on_leave
-
-        def walk_hooks(node: CSTNode, leave_it: bool = True) -> None:
-            if on_visit(node):
-                for value in _values_of(node, fields.get(type(node)) or _record_class(node)):
-                    kind = type(value)
-                    if kind is tuple or kind is list:
-                        for child in value:
-                            walk_hooks(child)
-                    elif value is not None and value is not default:
-                        if kind in fields or _is_node(value):
-                            walk_hooks(value)
-                        else:  # another kind of sequence
-                            for child in value:
-                                walk_hooks(child)
-            if leave_it:
-                on_leave(node)
-
-        return walk_hooks
-
     if plan.plain:
         table, entry_for = plan.table, plan.entry
         this = visitor

@@ -366,8 +366,8 @@ class PhasedCase(SeedCase):
         issue it in phases."""
         from msrewrite.analyze.seeds import find_helpers
         from msrewrite.emit.engine import apply_plans
-        from msrewrite.emit.locate import locate
         from msrewrite.emit.inline import inline_and_flatten  # phased cases only
+        from msrewrite.emit.locate import locate
 
         self.check_mode(options.mode)
         whole = dataclasses.replace(options, start_gates=(), phase_anchors=(), core_limits=None)

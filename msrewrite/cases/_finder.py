@@ -14,6 +14,7 @@ import libcst as cst
 
 from msrewrite.analyze.branch import NoBranch, SideBranch, find_side_branch, has_seed
 from msrewrite.analyze.defuse import dotted_name
+from msrewrite.analyze.outline import already_applied, iter_functions
 from msrewrite.analyze.positions import parsed_tree, positions_for, self_calls
 from msrewrite.analyze.seeds import (
     Helpers,
@@ -28,7 +29,6 @@ from msrewrite.analyze.seeds import (
 )
 from msrewrite.analyze.summaries import ModuleSummaries
 from msrewrite.analyze.walk import Visitor
-from msrewrite.analyze.outline import already_applied, iter_functions
 from msrewrite.emit.templates import code_of, strip_leading
 from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement, StartGate
 

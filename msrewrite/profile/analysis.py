@@ -233,10 +233,10 @@ def regions(trace: Trace) -> list[Region]:
     steps = step_windows(trace)
     pairs: dict[tuple[str, str], dict[str, list[Span]]] = defaultdict(lambda: {"side": [], "main": []})
     for marker in trace.markers:
-        m = MARKER.match(marker.name)
-        if m is None:
+        parts = MARKER.match(marker.name)
+        if parts is None:
             raise BadInput(f"{trace.source}: range {marker.name!r} is not msrewrite:<case>:<tag>:side|main")
-        pairs[(m["case"], m["tag"])][m["role"]].append(marker)
+        pairs[(parts["case"], parts["tag"])][parts["role"]].append(marker)
     out = []
     index = KernelIndex(trace.kernels) if pairs else None
     step_of = _step_finder(steps)
@@ -246,7 +246,8 @@ def regions(trace: Trace) -> list[Region]:
             raise BadInput(f"{trace.source}: region {case}:{tag} has {len(side)} side and {len(main)} main "
                            f"windows on the device; they must pair up (a range cut off by the trace's end?)")
         occurrences = []
-        for s, m in zip(side, main):
+        assert index is not None  # built whenever there are pairs
+        for s, m in zip(side, main, strict=True):
             side_u, main_u = index.clipped(s.stream, s), index.clipped(m.stream, m)
             occurrences.append(Occurrence(
                 step=step_of(min(s.start, m.start)), side=s, main=m,

@@ -21,9 +21,9 @@ import shlex
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from msrewrite.errors import BadInput
 
@@ -78,7 +78,7 @@ def synchronizer(kind: str) -> Callable[[], None]:
     if kind == "cuda":
         return torch.cuda.synchronize
     if kind == "npu":
-        return torch.npu.synchronize
+        return torch.npu.synchronize  # type: ignore[attr-defined]  # torch_npu adds torch.npu on import
     return lambda: None
 
 
@@ -107,14 +107,14 @@ def edit_for(file: Path, text: str, case: str, mode: str, options: list[str]) ->
     text its last step was made on with that step's plans (verify's schedule source)."""
     from msrewrite import cores
     from msrewrite.cases import get_case
-    from msrewrite.commands.apply import parse_flag, case_steps
+    from msrewrite.commands.apply import case_steps, parse_flag
     from msrewrite.load import parse_source
 
     known = get_case(case)
     if known is None:
         raise BadInput(f"unknown case {case!r} (see `msrewrite cases`)")
-    opts = dict(zip(options[::2], options[1::2]))
-    anchors = tuple(v for k, v in zip(options[::2], options[1::2]) if k == "--anchor")
+    opts = dict(zip(options[::2], options[1::2], strict=False))  # a trailing option without a value drops
+    anchors = tuple(v for k, v in zip(options[::2], options[1::2], strict=False) if k == "--anchor")
     max_tokens = int(opts["--max-tokens"]) if "--max-tokens" in opts else None
     spec = parse_flag("", "on", max_tokens, known.flag_name)
     budget = cores.resolve(opts.get("--cores", "a3"), None).as_tuple() if known.core_limits else None
@@ -131,6 +131,7 @@ def variants(file: Path, text: str, case: str, mode: str, every: bool) -> list[V
     if not every:
         return out
     known = get_case(case)
+    assert known is not None  # edit_for refused an unknown case
     if plans:
         from msrewrite.emit.schedules import NoSchedule, ScheduleSource, variant
 
@@ -166,21 +167,23 @@ def variants(file: Path, text: str, case: str, mode: str, every: bool) -> list[V
 
 
 def run_variants(file: Path, harness: str, items: list[Variant], flag_name: str, kind: str, iters: int, warmup: int,
-                 dry_run: bool, phase: Callable[[str], None] = lambda name: None) -> Timing:
+                 dry_run: bool, phase: Callable[[str], None] = lambda _name: None) -> Timing:
     """Time each variant flag on (in place) and the first one flag off; returns the flag-off timing.
     Runs user code: `msrewrite bench` calls it in a child (harness.run_in_child), `phase` telling
     the parent where the user code is."""
     import contextlib
     import os
 
-    from msrewrite.harness import build_harness, load_module, package_of
-
     import torch
 
-    install = contextlib.nullcontext
+    from msrewrite.harness import build_harness, load_module, package_of
+
+    install: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     threads = torch.get_num_threads()
     if dry_run:
-        from msrewrite.runtime import install  # noqa: F811 - the stand-ins instead of a device
+        from msrewrite.runtime import install as stand_ins  # the stand-ins instead of a device
+
+        install = stand_ins
 
         torch.set_num_threads(1)  # CPU timings of a shared machine: no thread oversubscription
     sync = synchronizer(kind)

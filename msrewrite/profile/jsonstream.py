@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 CHUNK = 1 << 22  # 4 MiB
 
@@ -36,7 +36,7 @@ class TraceFormatError(ValueError):
     """The file is not a Chrome trace: said in one line."""
 
 
-def iter_events(path: Path, keep: Callable[[bytes], bool] | None = None, chunk: int = CHUNK) -> Iterator[dict]:
+def iter_events(path: Path, keep: Callable[[bytes], object] | None = None, chunk: int = CHUNK) -> Iterator[dict]:
     """Every event (a dict) of the trace's event array, in file order; with `keep`, only events
     whose raw text `keep` accepts are decoded and yielded."""
     done = 0
@@ -56,14 +56,14 @@ class _Miscut(Exception):
     """A separator matched inside an event (a string or a nested list of objects)."""
 
 
-def _split_events(path: Path, keep: Callable[[bytes], bool] | None, chunk: int) -> Iterator[dict]:
+def _split_events(path: Path, keep: Callable[[bytes], object] | None, chunk: int) -> Iterator[dict]:
     """The fast path: elements cut at `}` `,` `{` separators. A cut inside an element leaves both
     halves undecodable alone, and the half holding what `keep` looks for is decoded, so a miscut
     raises _Miscut instead of losing or inventing an event."""
     with open(path, "rb") as f:
         buf, eof, pos = _open_array(f, chunk)
         while True:
-            pos = _SPACE.match(buf, pos).end()
+            pos = _SPACE.match(buf, pos).end()  # type: ignore[union-attr]  # _SPACE matches the empty string
             ends = [m.start() + 1 for m in _SEPARATOR.finditer(buf, pos)]
             if eof:
                 close = buf.rfind(b"]")
@@ -76,7 +76,7 @@ def _split_events(path: Path, keep: Callable[[bytes], bool] | None, chunk: int) 
             for end in ends:
                 if keep is None or keep(buf[pos:end]):
                     kept.append(buf[pos:end])
-                pos = _SPACE.match(buf, end).end()
+                pos = _SPACE.match(buf, end).end()  # type: ignore[union-attr]  # _SPACE matches the empty string
             # One decode per chunk. Two halves of a miscut event, both kept, join back into one
             # element: the count then falls short, which is how that miscut is caught.
             try:
@@ -105,13 +105,13 @@ def _open_array(f, chunk: int) -> tuple[bytes, bool, int]:
     return buf, eof, start
 
 
-def _exact_events(path: Path, keep: Callable[[bytes], bool] | None, chunk: int) -> Iterator[dict]:
+def _exact_events(path: Path, keep: Callable[[bytes], object] | None, chunk: int) -> Iterator[dict]:
     """The exact path: each element matched by a string-aware regex, or decoded by raw_decode."""
     decoder = json.JSONDecoder()
     with open(path, "rb") as f:
         buf, eof, pos = _open_array(f, chunk)
         while True:
-            pos = _SPACE.match(buf, pos).end()
+            pos = _SPACE.match(buf, pos).end()  # type: ignore[union-attr]  # _SPACE matches the empty string
             if pos >= len(buf):
                 if eof:
                     raise TraceFormatError("the event array is not closed (file cut short?)")

@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from itertools import compress, repeat
 from operator import add, itemgetter
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import NamedTuple, cast
 
 from msrewrite.profile.jsonstream import CHUNK, TraceFormatError, _open_array
 
@@ -151,7 +152,7 @@ def _segment(buf: bytes, pos: int, cut: int) -> Segment:
     for group, got in groups.items():
         if not got:
             continue
-        _, names, pids, tids, tss, durs, opened, args, _ = zip(*got)
+        _, names, pids, tids, tss, durs, opened, args, _ = zip(*got, strict=True)
         if not all(opened):  # no args after "ph": one before it would be the event's args
             return Segment(events=_decode_run(buf[pos:cut]))
         counts = list(map(bytes.count, args, repeat(b'"correlation"')))
@@ -199,7 +200,8 @@ def _decode_tail(buf: bytes, pos: int) -> list[dict]:
     """The rest of the event array, decoded exactly, up to its `]`."""
     decoder = json.JSONDecoder()
     text = buf[pos:].decode(json.detect_encoding(buf[pos:]) if pos < len(buf) else "utf-8", "surrogatepass")
-    events, i, n = [], 0, len(text)
+    events: list[dict] = []
+    i, n = 0, len(text)
     while True:
         while i < n and text[i] in " \t\n\r":
             i += 1
@@ -234,7 +236,8 @@ class Values:
         """A string's text (between its quotes) decoded: UTF-8, as json reads bytes, and escapes."""
         cache = self.names
         for raw in set(raws).difference(cache):
-            cache[raw] = _decoded(b'"' + raw + b'"') if b"\\" in raw else raw.decode("utf-8", "surrogatepass")
+            # a JSON string literal decodes to a str
+            cache[raw] = cast(str, _decoded(b'"' + raw + b'"')) if b"\\" in raw else raw.decode("utf-8", "surrogatepass")
         return list(map(cache.__getitem__, raws))
 
     def value(self, raw: bytes) -> object:

@@ -52,6 +52,7 @@ import gc
 import json
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import attrgetter, itemgetter
@@ -238,49 +239,67 @@ class _TorchEvents:
     def rows(self, columns: dict[str, torchscan.Columns]) -> None:
         """One chunk's columns (torchscan.Segment.rows); raises torchscan.Decode before keeping
         anything when a raw field is not what the scan took it for."""
-        values, commit = self.values, []
+        commit = []
         device = columns.get("device")
         if device:
-            starts = torchscan.floats(device.ts, "ts", _num)
-            ends = torchscan.ends(starts, torchscan.floats(device.dur, "dur", _num))
-            pairs = list(zip(device.pids, device.tids))
-            new_streams = []
-            for pair in dict.fromkeys(pairs):
-                if pair not in self.stream_of:
-                    pid, tid = values.value(pair[0]), values.value(pair[1])
-                    first = json_object(device.args[pairs.index(pair)])
-                    new_streams.append((pair, _stream_key(pid, tid), f"stream {first.get('stream', tid)}"))
-            stream_of = dict(self.stream_of)
-            stream_of.update((pair, key) for pair, key, _ in new_streams)
-            spans = list(map(tuple.__new__, repeat(Span), zip(values.name_list(device.names), starts, ends,
-                                                               map(stream_of.__getitem__, pairs))))
-            correlated = list(zip(torchscan.ints(device.correlations, _correlation), compress(spans, device.has)))
-
-            def keep_device() -> None:
-                self.stream_of.update((pair, key) for pair, key, _ in new_streams)
-                for _, key, label in new_streams:
-                    self.trace.stream_names.setdefault(key, label)
-                self.trace.kernels.extend(spans)
-                self.kernel_of.update(correlated)
-            commit.append(keep_device)
+            commit.append(self._device_rows(device))
         runtime = columns.get("cuda_runtime")
         if runtime:
-            starts = torchscan.floats(runtime.ts, "ts", _num)
-            torchscan.floats(runtime.dur, "dur", _num)
-            tids = list(compress(runtime.tids, runtime.has))
-            tid_of = {t: _hashable(values.value(t), "tid") for t in dict.fromkeys(tids)}
-            calls = list(zip(map(tid_of.__getitem__, tids), compress(starts, runtime.has),
-                             torchscan.ints(runtime.correlations, _correlation)))
+            commit.append(self._runtime_rows(runtime))
+        keep_ranges = self._range_rows(columns)
+        if keep_ranges is not None:
+            commit.append(keep_ranges)
+        for keep in commit:
+            keep()
 
-            def keep_launches() -> None:
-                if len(tid_of) == 1:
-                    (tid,) = tid_of.values()
-                    self.launches[tid].extend(zip(map(itemgetter(1), calls), map(itemgetter(2), calls)))
-                    return
-                for tid, start, correlation in calls:
-                    self.launches[tid].append((start, correlation))
-            commit.append(keep_launches)
-        converted = []
+    def _device_rows(self, device: torchscan.Columns) -> Callable[[], None]:
+        """Decodes the kernels of a chunk; returns what keeps them."""
+        values = self.values
+        starts = torchscan.floats(device.ts, "ts", _num)
+        ends = torchscan.ends(starts, torchscan.floats(device.dur, "dur", _num))
+        pairs = list(zip(device.pids, device.tids, strict=False))
+        new_streams = []
+        for pair in dict.fromkeys(pairs):
+            if pair not in self.stream_of:
+                pid, tid = values.value(pair[0]), values.value(pair[1])
+                first = json_object(device.args[pairs.index(pair)])
+                new_streams.append((pair, _stream_key(pid, tid), f"stream {first.get('stream', tid)}"))
+        stream_of = dict(self.stream_of)
+        stream_of.update((pair, key) for pair, key, _ in new_streams)
+        spans = list(map(tuple.__new__, repeat(Span), zip(values.name_list(device.names), starts, ends,
+                                                           map(stream_of.__getitem__, pairs), strict=False)))
+        correlated = list(zip(torchscan.ints(device.correlations, _correlation), compress(spans, device.has), strict=False))
+
+        def keep_device() -> None:
+            self.stream_of.update((pair, key) for pair, key, _ in new_streams)
+            for _, key, label in new_streams:
+                self.trace.stream_names.setdefault(key, label)
+            self.trace.kernels.extend(spans)
+            self.kernel_of.update(correlated)
+        return keep_device
+
+    def _runtime_rows(self, runtime: torchscan.Columns) -> Callable[[], None]:
+        """Decodes the kernel launches (cuda_runtime) of a chunk; returns what keeps them."""
+        starts = torchscan.floats(runtime.ts, "ts", _num)
+        torchscan.floats(runtime.dur, "dur", _num)
+        tids = list(compress(runtime.tids, runtime.has))
+        tid_of = {t: _hashable(self.values.value(t), "tid") for t in dict.fromkeys(tids)}
+        calls = list(zip(map(tid_of.__getitem__, tids), compress(starts, runtime.has),
+                         torchscan.ints(runtime.correlations, _correlation), strict=False))
+
+        def keep_launches() -> None:
+            if len(tid_of) == 1:
+                (tid,) = tid_of.values()
+                self.launches[tid].extend(zip(map(itemgetter(1), calls), map(itemgetter(2), calls), strict=True))
+                return
+            for tid, start, correlation in calls:
+                self.launches[tid].append((start, correlation))
+        return keep_launches
+
+    def _range_rows(self, columns: dict[str, torchscan.Columns]) -> Callable[[], None] | None:
+        """Decodes the wanted host and device ranges of a chunk; returns what keeps them, or None."""
+        values = self.values
+        converted: list[tuple] = []  # (cat, name, start, end, tid) or (cat, name, start, end, stream, args)
         for cat in ("gpu_user_annotation", "user_annotation"):
             got = columns.get(cat)
             if not got:
@@ -296,18 +315,18 @@ class _TorchEvents:
                 else:
                     stream = _stream_key(values.value(got.pids[i]), tid)
                     converted.append((cat, name, starts[i], ends[i], stream, json_object(got.args[i])))
-        if converted:
-            def keep_ranges() -> None:
-                # the two kinds fill different tables, so their order between each other is free
-                for cat, name, start, end, *rest in converted:
-                    if cat == "user_annotation":
-                        self.host_ranges.append((name, start, end, rest[0]))
-                    else:
-                        stream, args = rest
-                        self.device_ranges[(name, self._range_id(args))].append(Span(name, start, end, stream))
-            commit.append(keep_ranges)
-        for keep in commit:
-            keep()
+        if not converted:
+            return None
+
+        def keep_ranges() -> None:
+            # the two kinds fill different tables, so their order between each other is free
+            for cat, name, start, end, *rest in converted:
+                if cat == "user_annotation":
+                    self.host_ranges.append((name, start, end, rest[0]))
+                else:
+                    stream, args = rest
+                    self.device_ranges[(name, self._range_id(args))].append(Span(name, start, end, stream))
+        return keep_ranges
 
     def finish(self) -> None:
         trace = self.trace
@@ -406,7 +425,8 @@ def _load_npu(path: Path, keep=_npu_keep) -> Trace:
                 trace.host_only_markers.append(name)
             continue
         window = name.startswith(MARKER_PREFIX) or STEP.match(name) is not None
-        if not window and "Task Type" not in (ev.get("args") if isinstance(ev.get("args"), dict) else {}):
+        args = ev.get("args")
+        if not window and "Task Type" not in (args if isinstance(args, dict) else {}):
             continue  # another tool's mstx range on the stream, a KFC turn, a step-trace range: not a task
         start = _num(ev.get("ts"), "ts")
         span_end = start + _num(ev.get("dur", 0), "dur")

@@ -6,13 +6,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from msrewrite.analyze.dataflow import FunctionInfo, ModuleInfo
 from msrewrite.analyze import digraph
+from msrewrite.analyze.dataflow import FunctionInfo, ModuleInfo, Statement
 from msrewrite.analyze.digraph import DiGraph
 from msrewrite.plan import OverlapPlan
 from msrewrite.suggest import graph as g
-from msrewrite.suggest.profiles import DeviceProfile
 from msrewrite.suggest.plans import SideChoice, apply_command, window_statements
+from msrewrite.suggest.profiles import DeviceProfile
 
 if TYPE_CHECKING:  # torch stays unimported on the static path
     from msrewrite.suggest.cost import BranchCost
@@ -73,7 +73,7 @@ class Candidate:
             "join_line": self.plan.join_line,
             "fork_line": self.plan.fork_line,
             "estimated_saving": self.estimated_saving,
-            "estimated_saving_us": round(self.estimated_saving * 1e6, 3) if self.cost else None,
+            "estimated_saving_us": round(self.cost.saving * 1e6, 3) if self.cost else None,
             "confidence": self.confidence,
             "tier": self.tier,
             "too_small": bool(self.cost and self.cost.too_small),
@@ -117,13 +117,13 @@ def rank(candidates: list[Candidate]) -> list[Candidate]:
 
 
 # Trace tier ---------------------------------------------------------------------------------------
-def select_ops(scope: g.Scope, info: FunctionInfo, plan: OverlapPlan, by_index: dict[int, OpRecord]) -> tuple[list, list]:
+def select_ops(scope: g.Scope, info: FunctionInfo, plan: OverlapPlan) -> tuple[list, list]:
     """(side ops, main window ops) of a plan inside one scope, by statement and hoisted submodule."""
     # by enclosing top-level statement: a guarded plan's side and join lines sit inside its `if`
     # (the estimate then counts that whole `if` as side work: coarse, on the safe side of a saving)
-    whole = {info.statement_at(s.first_line).index for s in plan.side if s.hoist is None}
+    whole = {_statement_at(info, s.first_line).index for s in plan.side if s.hoist is None}
     hoists = [s for s in plan.side if s.hoist is not None]
-    join = info.statement_at(plan.join_line).index
+    join = _statement_at(info, plan.join_line).index
     window = {s.index for s in window_statements(info, plan)}
     side, main = [], []
     for op in scope.ops:
@@ -164,7 +164,7 @@ def trace_candidates(
         ops_of_stmt: dict[int, set[int]] = {}
         for o, s in scope.stmt_of.items():
             ops_of_stmt.setdefault(s, set()).add(o)
-        seen: set[tuple] = set()
+        seen: set[SideChoice] = set()
         dag = g.op_dag(scope.ops)
         for pair in g.branch_pairs(scope, weight, limit=60):
             for side_ops, main_ops in ((pair.a_ops, pair.b_ops), (pair.b_ops, pair.a_ops)):
@@ -175,7 +175,7 @@ def trace_candidates(
                 candidate = _candidate(info, choice, file, "trace", memo, refused)
                 if candidate is None:
                     continue
-                side, main = select_ops(scope, info, candidate.plan, by_index)
+                side, main = select_ops(scope, info, candidate.plan)
                 if not side or not main or not _independent(side, main, dag):
                     continue
                 if reduced is None:
@@ -240,11 +240,14 @@ def _candidate(
     from msrewrite.plancheck import GENERIC, case_shapes, check_plan_in, classify, derive_plan, submodule_calls
 
     # the side calls, collected as apply --plan collects them from the plan's statements
+    assert info.node is not None  # a function of a parsed file: its node and statements' are kept
     calls = []
     for i in choice.statements:
         key = ("calls", info.qualname, i)
         if key not in memo:
-            memo[key] = submodule_calls(info.statements[i].node)
+            stmt_node = info.statements[i].node
+            assert stmt_node is not None
+            memo[key] = submodule_calls(stmt_node)
         calls += memo[key]
     if choice.hoist:
         calls.append(choice.hoist[1].node)
@@ -328,7 +331,7 @@ def _choice_of(info: FunctionInfo, plan: OverlapPlan) -> SideChoice:
     """The statements (and the hoisted call) of a derived plan, as dataflow indices."""
     index_at = {s.first_line: s.index for s in info.statements}
     # a guarded plan's side statements sit inside its `if`: they count as that statement
-    whole = tuple(sorted({info.statement_at(s.first_line).index for s in plan.side if s.hoist is None}))
+    whole = tuple(sorted({_statement_at(info, s.first_line).index for s in plan.side if s.hoist is None}))
     hoist = None
     hoisted = [s for s in plan.side if s.hoist is not None]
     if hoisted:
@@ -352,7 +355,7 @@ def fx_cross_check(candidate: Candidate, info: FunctionInfo, dag) -> None:
     main = [c.callee for s in window_statements(info, candidate.plan) for c in s.calls]
     if candidate.plan.main_hoists:  # main work hoisted out of the join statement
         hoisted = {h.source for h in candidate.plan.main_hoists}
-        main += [c.callee for c in info.statement_at(candidate.plan.join_line).calls if c.source in hoisted]
+        main += [c.callee for c in _statement_at(info, candidate.plan.join_line).calls if c.source in hoisted]
     candidate.fx_check = independence(dag, side, main)
     level = _LEVELS.index(candidate.confidence)
     if candidate.fx_check == "independent":
@@ -419,7 +422,7 @@ def _static_choices(info: FunctionInfo) -> list[SideChoice]:
 def _static_choice(info: FunctionInfo, dag: DiGraph, side: set, main: set, join) -> SideChoice | None:
     # The main branch needs a statement of its own with a call: calls inside the join statement
     # run after the join, so they leave the side nothing to overlap with.
-    if not side or not main or not any(isinstance(n, int) and _heavy(info, n, dag) for n in main):
+    if not side or not main or not any(isinstance(n, int) and _heavy(info, n) for n in main):
         return None
     # Cheap roots (aliases, shapes) stay on the main stream: they only feed the side.
     side = set(side)
@@ -432,7 +435,7 @@ def _static_choice(info: FunctionInfo, dag: DiGraph, side: set, main: set, join)
                 changed = True
     calls = [n for n in side if isinstance(n, tuple)]
     whole = [n for n in side if isinstance(n, int)]
-    if len(calls) > 1 or not any(_heavy(info, n, dag) for n in side):
+    if len(calls) > 1 or not any(_heavy(info, n) for n in side):
         return None
     hoist = None
     if calls:
@@ -443,7 +446,14 @@ def _static_choice(info: FunctionInfo, dag: DiGraph, side: set, main: set, join)
     return SideChoice(statements=tuple(sorted(whole)), hoist=hoist)
 
 
-def _heavy(info: FunctionInfo, node, dag: DiGraph) -> bool:
+def _statement_at(info: FunctionInfo, line: int) -> Statement:
+    """The top-level statement of `info` spanning `line` (a plan's lines always lie in one)."""
+    stmt = info.statement_at(line)
+    assert stmt is not None, f"no statement of {info.qualname} spans line {line}"
+    return stmt
+
+
+def _heavy(info: FunctionInfo, node) -> bool:
     if isinstance(node, tuple):
         return True
     return bool(info.statements[node].calls)
@@ -460,8 +470,8 @@ def _static_syncs(info: FunctionInfo, candidate: Candidate) -> dict[str, int]:
     """Sync points on the statement DAG (a hoisted call counts as its own statement, before its join)."""
     dag = info.graph(renaming=True)
     side_lines = {s.first_line for s in candidate.plan.side if s.hoist is None}
-    side = {s.index for s in info.statements if s.first_line in side_lines}
-    position = {s.index: float(s.index) for s in info.statements}
+    side: set[int | tuple[str, int]] = {s.index for s in info.statements if s.first_line in side_lines}
+    position: dict[int | str | tuple[str, int], float] = {s.index: float(s.index) for s in info.statements}
     if candidate.choice.hoist:
         join_index, call = candidate.choice.hoist
         node = ("hoist", join_index)

@@ -17,7 +17,6 @@ import torch
 from msrewrite.suggest.profiles import PROFILES, DeviceProfile, profile  # noqa: F401  (re-exported)
 from msrewrite.suggest.trace import OpRecord
 
-
 # FLOPs and bytes ---------------------------------------------------------------------------------
 _MATMUL = {"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.matmul", "aten.linear"}
 _COLLECTIVE_HINTS = ("c10d", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast_")
@@ -57,9 +56,9 @@ def op_flops(op: OpRecord) -> float:
         n = _shape(b)[-1] if _shape(b) else 0
         return 2.0 * rows * k * n
     if "scaled_dot_product" in packet or "flash_attention" in packet:
-        q, k = tensors[0], tensors[1]
-        *batch, lq, d = _shape(q)
-        lk = _shape(k)[-2]
+        query, key = tensors[0], tensors[1]
+        *batch, lq, d = _shape(query)
+        lk = _shape(key)[-2]
         return 4.0 * math.prod(batch) * lq * lk * d
     if op.is_view or is_collective(op):
         return 0.0

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import inspect
 import types
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -98,7 +99,8 @@ def _stub_expert_loop(module: torch.nn.Module, estimates: dict) -> str:
     per_expert = sum(w[0].numel() for w in weights)  # elements of one expert's matrices
     itemsize = weights[0].element_size()
 
-    def forward(hidden_states, top_k_index, top_k_weights, *args, **kwargs):
+    # the expert loop's own signature: the stub ignores the weights and any further arguments
+    def forward(hidden_states, top_k_index, top_k_weights, *args, **kwargs):  # noqa: ARG001
         tokens, k = top_k_index.shape[0], top_k_index.shape[-1]
         rows = tokens * k * real / total  # expected selections of experts that compute
         touched = real * (1.0 - (1.0 - 1.0 / real) ** rows)
@@ -120,7 +122,7 @@ def _fake_layer_kwargs(harness: Harness, model_module: types.ModuleType, config,
     )
     position_ids = torch.arange(hidden.shape[1]).unsqueeze(0)
     cos, sin = rotary_cls(config=config)(hidden, position_ids)
-    kwargs = {"position_embeddings": (cos, sin), "attention_mask": None}
+    kwargs: dict[str, object] = {"position_embeddings": (cos, sin), "attention_mask": None}
     if "position_ids" in harness.kwargs:
         kwargs["position_ids"] = position_ids
     return kwargs

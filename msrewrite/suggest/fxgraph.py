@@ -22,17 +22,16 @@ from __future__ import annotations
 import inspect
 import re
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import networkx as nx
 import torch
 import torch.fx
 from torch.fx.experimental.meta_tracer import MetaTracer
 from torch.utils._pytree import tree_map
-
-from msrewrite.analyze.dataflow import FunctionInfo
 
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict)
 
@@ -109,7 +108,7 @@ def capture(root: torch.nn.Module, args: tuple, kwargs: dict, paths: list[str]) 
         return hook
 
     try:
-        for path, cap in captures.items():
+        for path in captures:
             module = modules[path]
             handles.append(module.register_forward_pre_hook(pre(path), with_kwargs=True))
             for leaf in leaf_names(module):
@@ -128,7 +127,7 @@ class LeafTracer(torch.fx.Tracer):
         self.leaves = leaves
         self.record_stack_traces = True
 
-    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+    def is_leaf_module(self, _m: torch.nn.Module, module_qualified_name: str) -> bool:
         return module_qualified_name in self.leaves
 
 
@@ -139,7 +138,7 @@ class MetaLeafTracer(MetaTracer):
         self.oracle = oracle
         self.record_stack_traces = True
 
-    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+    def is_leaf_module(self, _m: torch.nn.Module, module_qualified_name: str) -> bool:
         return module_qualified_name in self.leaves
 
     def create_proxy(self, kind, target, args, kwargs, name=None, type_expr=None, proxy_factory_fn=None):
@@ -295,18 +294,18 @@ def module_dag(graph: torch.fx.Graph, file: str | None = None) -> nx.DiGraph:
         for arg in node.all_input_nodes:
             hop = _hop(node, arg, kept)
             paths = {arg.name: (2, frozenset())} if arg in kept else reach.get(arg, {})
-            for src, (kind, via) in paths.items():
-                via = via if arg in kept else via | {arg.name}
-                kind = min(kind, hop)
+            for src, (path_kind, path_via) in paths.items():
+                via = path_via if arg in kept else path_via | {arg.name}
+                strength = min(path_kind, hop)
                 old = found.get(src)
-                if old is None or kind > old[0]:
-                    found[src] = (kind, via)
-                elif kind == old[0]:
-                    found[src] = (kind, old[1] | via)
+                if old is None or strength > old[0]:
+                    found[src] = (strength, via)
+                elif strength == old[0]:
+                    found[src] = (strength, old[1] | via)
         reach[node] = found
         if node in kept:
-            for src, (kind, via) in found.items():
-                dag.add_edge(src, node.name, kind=_KINDS[kind], via=sorted(via))
+            for src, (strength, via) in found.items():
+                dag.add_edge(src, node.name, kind=_KINDS[strength], via=sorted(via))
     return dag
 
 
@@ -334,7 +333,3 @@ def independence(dag: nx.DiGraph, side_callees: list[str], main_callees: list[st
             if a in nx.descendants(dag, b):
                 return f"dependent ({dag.nodes[b]['target']} -> {dag.nodes[a]['target']})"
     return "independent"
-
-
-def statement_callees(info: FunctionInfo, statement_indices) -> list[str]:
-    return [c.callee for i in statement_indices for c in info.statements[i].calls]

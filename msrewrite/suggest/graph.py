@@ -129,19 +129,6 @@ def statements_of(scope: Scope, ops: frozenset[int]) -> set[int]:
     return {scope.stmt_of[o] for o in ops if o in scope.stmt_of}
 
 
-def statement_dag(scope: Scope, info: FunctionInfo) -> DiGraph:
-    """Statements of one forward, with an edge where an op of one feeds an op of the other."""
-    dag = DiGraph()
-    dag.add_nodes_from(sorted(set(scope.stmt_of.values())))
-    for op in scope.ops:
-        v = scope.stmt_of[op.index]
-        for dep in op.deps:
-            u = scope.stmt_of.get(dep)
-            if u is not None and u != v:
-                dag.add_edge(u, v, kind="data")
-    return dag
-
-
 def submodule_of_ops(scope: Scope, ops: frozenset[int], by_index: dict[int, OpRecord]) -> set[str]:
     """First module path component below the scope for each op (`shared_experts`, `self_attn.1`)."""
     prefix = f"{scope.path}." if scope.path else ""
@@ -178,7 +165,7 @@ def reduced_dag(ops: list[OpRecord]) -> tuple[DiGraph, dict]:
         if op.deps - present:
             dag.add_edge(ENTRY, op.index)
     reduced = transitive_reduction(dag)
-    position = {op.index: i for i, op in enumerate(ops)}
+    position: dict[int | str, int] = {op.index: i for i, op in enumerate(ops)}
     position[ENTRY] = -1
     return reduced, position
 
@@ -200,7 +187,7 @@ def sync_points(reduced: DiGraph, position: dict, side: set) -> dict[str, int]:
         for u, v in edges:
             need[v] = max(need.get(v, -2), position[u])
         syncs, covered = 0, -2
-        for v in sorted(need, key=position.get):
+        for v in sorted(need, key=position.__getitem__):  # every node has a position
             if need[v] > covered:
                 syncs, covered = syncs + 1, need[v]
         return syncs

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from msrewrite.analyze.dataflow import analyze_file, analyze_static
 from msrewrite.errors import BadInput
@@ -131,12 +131,11 @@ def _full_size_costs(candidates: list[Candidate], built, file: Path, module, dev
     notes = "".join(f"; {n}" for n in full.notes)
     analysis.tiers["full-size"] = f"ok ({phase}, T={TOKENS.get(phase, 1)}, default config, bf16{notes})"
     scopes = {s.qualname: s for s in g.scopes(full, module.functions)}
-    by_index = {op.index: op for op in full.ops}
     for c in candidates:
         scope = scopes.get(c.plan.function)
         if scope is None:
             continue
-        side, main = select_ops(scope, module.functions[c.plan.function], c.plan, by_index)
+        side, main = select_ops(scope, module.functions[c.plan.function], c.plan)
         if side and main:
             c.cost = branch_cost(side, main, scope.ops, device, syncs=c.min_syncs)
             c.cost_shapes = f"full-size {phase} T={TOKENS.get(phase, 1)}"

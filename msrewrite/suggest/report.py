@@ -101,7 +101,7 @@ def _modules(analysis: FileAnalysis, info: FunctionInfo, best: Candidate | None)
             side_effect=_side_effect(s),
             ops=ops_by_stmt.get(s.index, []),
         )
-        if hoists and s.first_line == plan.join_line:
+        if plan is not None and hoists and s.first_line == plan.join_line:  # hoists come from the plan
             call = next(c for c in s.calls if c.source == hoists[0].source)
             hoist_node = ModuleNode(
                 id=node_id(f"m{call.first_line}_{call.attr}_side"),
@@ -110,7 +110,7 @@ def _modules(analysis: FileAnalysis, info: FunctionInfo, best: Candidate | None)
                 lines=f"L{call.first_line}",
                 side=True,
                 inputs=sorted(call.uses),
-                outputs=[hoists[0].hoist],
+                outputs=[hoists[0].hoist or ""],  # hoists are the side entries with a hoist
                 side_effect="none",
             )
             sub_ops = [op for op in node.ops if g.submodule_of_ops(scope, frozenset([op.index]), {op.index: op}) == {call.callee.replace("[", ".").rstrip("]")}] if scope else []
@@ -140,7 +140,9 @@ def _modules(analysis: FileAnalysis, info: FunctionInfo, best: Candidate | None)
 
 
 def _first_line(node: ModuleNode) -> int:
-    return int(re.match(r"L(\d+)", node.lines).group(1))
+    match = re.match(r"L(\d+)", node.lines)
+    assert match is not None, node.lines  # lines are always written as L<first>[-L<last>]
+    return int(match.group(1))
 
 
 def _side_effect(s) -> str:
@@ -162,7 +164,7 @@ def _resource(node: ModuleNode, device: DeviceProfile) -> str:
     kinds: dict[str, int] = {}
     for op in node.ops:
         kinds[kind_of(op)] = kinds.get(kind_of(op), 0) + 1
-    heavy = max(kinds, key=kinds.get)
+    heavy = max(kinds, key=kinds.__getitem__)
     us = sum(op_time(op, device) for op in node.ops) * 1e6
     return f"{heavy}-heavy, {len(node.ops)} ops, ~{us:.2f} µs model (tiny shapes)"
 
@@ -186,11 +188,12 @@ def _mermaid(nodes: list[ModuleNode], edges: list[tuple]) -> str:
 # Rendering ----------------------------------------------------------------------------------------
 def render(analysis: FileAnalysis) -> str:
     best = analysis.candidates[0] if analysis.candidates else None
-    info = analysis.module.functions.get(best.plan.function) if best else None
+    assert best is None or analysis.module is not None  # candidates come from the module's analysis
+    info = analysis.module.functions.get(best.plan.function) if best and analysis.module else None
     title = report_name(analysis.file, analysis.phase)[:-3]
     out: list[str] = [f"# {title} 多流优化报告", ""]
     out += _section1(analysis, best)
-    out += _section2(analysis, best)
+    out += _section2(best)
     nodes, edges = _modules(analysis, info, best) if info else ([], [])
     out += ["## 3. 整网模块清单", ""]
     out += ["| module_id | module_name | module_type | inputs | outputs | side_effect | resource_hint |", "|---|---|---|---|---|---|---|"]
@@ -209,7 +212,7 @@ def render(analysis: FileAnalysis) -> str:
             via = f" via {', '.join(data['via'][:6])}" if data["via"] else ""
             out.append(f"| fx_{u} | fx_{v} | {data['kind']} | torch.fx module graph{via} |")
     out += ["", "## 5. 整网模块 DAG", "", "```mermaid", _mermaid(nodes, edges) if nodes else _empty_mermaid(), "```", ""]
-    if fx is not None:
+    if fx is not None and info is not None:  # fx is only looked up for an info
         out += _fx_section(fx, info, best)
     out += _section6(analysis, nodes, best)
     out += _section7(analysis, best)
@@ -272,7 +275,7 @@ def _fmt_us(seconds: float | None) -> str:
     return "N/A" if seconds is None else f"{seconds * 1e6:.2f} µs"
 
 
-def _section2(analysis: FileAnalysis, best: Candidate | None) -> list[str]:
+def _section2(best: Candidate | None) -> list[str]:
     if not best:
         return ["## 2. 目标优化点", "", "- 希望获得的 overlap: none found", "- 预期并行对象: N/A", "- 预期收益: N/A", "- 本轮不处理的范围: N/A", ""]
     side = "; ".join(s.source for s in best.plan.side)

@@ -10,6 +10,7 @@ recording, so storage and object ids are never reused.
 from __future__ import annotations
 
 import sys
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,12 +75,12 @@ class _Recorder(TorchDispatchMode):
         self._file_cache: dict[str, bool] = {}
 
     # module path ---------------------------------------------------------------------------
-    def pre_hook(self, module: torch.nn.Module, args: Any) -> None:
+    def pre_hook(self, module: torch.nn.Module, _args: Any) -> None:
         name = self.module_names.get(id(module))
         if name is not None:
             self.stack.append(name)
 
-    def post_hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+    def post_hook(self, module: torch.nn.Module, _args: Any, _output: Any) -> None:
         name = self.module_names.get(id(module))
         if name is not None and self.stack and self.stack[-1] == name:
             self.stack.pop()
@@ -138,7 +139,7 @@ class _Recorder(TorchDispatchMode):
 
     def _frames(self) -> tuple[tuple[str, int], ...]:
         frames = []
-        frame = sys._getframe(2)
+        frame: types.FrameType | None = sys._getframe(2)
         while frame is not None:
             code = frame.f_code
             if self._in_model_file(code.co_filename):
