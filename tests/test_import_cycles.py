@@ -12,10 +12,8 @@ Two graphs are checked:
   `if`/`try`/`with`/class body): no cycle at all. Such a cycle is the kind that breaks at import
   time, depending on which module is imported first.
 - Every import, function-level (lazy) ones included: a lazy import keeps a cycle from breaking
-  at import time, but the two modules still depend on each other. The known cycles of this kind
-  are listed in KNOWN_LAZY_CYCLES by the edge that closes each one; the test fails on any other
-  cycle, and on a listed edge that is gone or no longer closes a cycle, so the list can only
-  shrink.
+  at import time, but the two modules still depend on each other: no cycle either (the last
+  ones went with #15's case objects and emitter split).
 
 The rule is recursive over folders (msrewrite/cases/ and msrewrite/codemods/ are packages like the
 others). The case registry (msrewrite/cases/__init__.py) imports its case modules by name with
@@ -34,10 +32,6 @@ from helpers import ROOT
 
 PACKAGE = ROOT / "msrewrite"
 
-# Edges (importer, imported) that close a known cycle through lazy imports. Each is to be removed
-# by the work named beside it (#15); remove an entry when its cycle is gone.
-KNOWN_LAZY_CYCLES = {
-}
 
 
 def _modules() -> dict[str, Path]:
@@ -185,21 +179,11 @@ def test_no_module_level_import_cycle():
     assert not found, "module-level import cycles in msrewrite/:\n" + _describe(found)
 
 
-def test_no_lazy_import_cycle_but_the_known_ones():
-    graph = import_graph(lazy=True)
-    for importer, imported in sorted(KNOWN_LAZY_CYCLES):
-        assert imported in graph.get(importer, set()), (
-            f"KNOWN_LAZY_CYCLES: {importer} no longer imports {imported}; remove the entry"
-        )
-    without = {name: targets - {b for a, b in KNOWN_LAZY_CYCLES if a == name} for name, targets in graph.items()}
-    found = cycles(without)
+def test_no_import_cycle_through_lazy_imports_either():
+    """Imports inside functions count too: the last known cycles went with #15's case objects and
+    emitter split, and none may come back."""
+    found = cycles(import_graph(lazy=True))
     assert not found, "import cycles in msrewrite/ (lazy imports included):\n" + _describe(found)
-    for edge in sorted(KNOWN_LAZY_CYCLES):
-        others = KNOWN_LAZY_CYCLES - {edge}
-        alone = {name: targets - {b for a, b in others if a == name} for name, targets in graph.items()}
-        assert any(edge[0] in c and edge[1] in c for c in cycles(alone)), (
-            f"KNOWN_LAZY_CYCLES: {edge[0]} -> {edge[1]} closes no cycle any more; remove the entry"
-        )
 
 
 def test_tests_import_helpers_not_conftest():
