@@ -347,6 +347,7 @@ def outcomes(tmp_path_factory):
         result = run_cli(*[_fill(a, folder) for a in row.args], cwd=folder)
         return result, before, snapshot(folder)
 
+    tmp_path_factory.getbasetemp()  # made on first use: not by several threads at once (under xdist it is not there yet)
     with ThreadPoolExecutor(max_workers=max(2, min(8, 2 * (os.cpu_count() or 1)))) as pool:
         return dict(zip((r.id for r in ROWS), pool.map(run, ROWS)))
 
