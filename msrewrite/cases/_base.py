@@ -211,7 +211,7 @@ def _has_function(module: cst.Module, target: str) -> bool:
     return any(match_target(name, target) for name, _f, _c in iter_functions(module))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)  # a case is one object: compared and hashed by identity
 class Case:
     """What every case has: its name and words, modes, seed matcher, stream tag and flag, the
     per-case options it takes, and its declared examples. `find()` gives a module's targets,
@@ -318,12 +318,12 @@ class Case:
         return [plan_step(plans[0], text, apply_plans(module, plans, text).code)]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)  # identity, as Case
 class SeedCase(Case):
     """The seed calls (submodule calls the matcher names) moved onto one side stream."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)  # identity, as Case
 class CoreLimitCase(SeedCase):
     """A seed call on a side stream, with AI cores split between the side and the main work."""
 
@@ -340,7 +340,7 @@ class CoreLimitCase(SeedCase):
         return dataclasses.replace(options, core_limits=cores.resolve("a3", None).as_tuple())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)  # identity, as Case
 class AsyncCommCase(SeedCase):
     """Point-to-point transfers issued early and received late (isend/irecv): no side stream."""
 
@@ -350,7 +350,7 @@ class AsyncCommCase(SeedCase):
         return (START_AFTER, PROTECT, STREAM_TAG)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)  # identity, as Case
 class PhasedCase(SeedCase):
     """The seed calls inlined and flattened (a refactor), then issued in phases between anchors."""
 
@@ -395,7 +395,7 @@ class PhasedCase(SeedCase):
         return steps
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)  # identity, as Case
 class BranchesCase(SeedCase):
     """Several side streams: each branch is planned on the code the previous one produced, so it
     sees (and may re-enter) the streams already added. One step, and one patch, per branch."""
@@ -448,7 +448,7 @@ class BranchesCase(SeedCase):
         return steps
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)  # identity, as Case
 class CopyCase(Case):
     """Buffer copies (is_copy) moved onto a copy stream, joined where the buffers are reused."""
 
@@ -460,7 +460,7 @@ class CopyCase(Case):
         return (START_AFTER, STREAM_TAG)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)  # identity, as Case
 class MicrobatchCase(Case):
     """A model-level fork: the layer loop runs two micro-batches (analyze/microbatch.py)."""
 
