@@ -145,3 +145,24 @@ def test_apply_parses_the_per_case_options_the_cases_declare():
     assert ANCHOR not in get_case("moe-shared-expert").add_args()
     assert CORES in get_case("attn-moe-limit-core").add_args()
     assert SECOND_COMM_GROUP in get_case("prefill-microbatch").add_args()
+
+
+def test_case_records_are_frozen_keyword_only_and_checked():
+    """Cases are records (cheaper to import than dataclasses): the same guarantees still hold."""
+    import dataclasses
+
+    from msrewrite.cases._base import CoreLimitCase, SeedCase
+
+    fields = dict(name="t", summary="s", modes=("eager",), is_seed=lambda c: False, stream_tag="t", flag_name="F")
+    case = CoreLimitCase(**fields)
+    assert case.core_limits is True and case.sync == "wait_stream"  # a kind's default, then the base's
+    assert "describe" in case.__dict__  # a function default lives on the instance: not bound as a method
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        case.name = "other"  # type: ignore[misc]
+    with pytest.raises(TypeError, match="unexpected field.*nosuch"):
+        SeedCase(**fields, nosuch=1)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="missing field.*flag_name"):
+        SeedCase(**{k: v for k, v in fields.items() if k != "flag_name"})  # type: ignore[call-arg]
+    changed = case.replace(phased=True)
+    assert type(changed) is CoreLimitCase and changed.phased and not case.phased and changed.name == "t"
+    assert case != CoreLimitCase(**fields)  # identity, not field equality

@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, dataclass_transform
 
 from msrewrite.cliargs import Option
 from msrewrite.errors import BadInput, NothingToDo
@@ -211,8 +211,44 @@ def _has_function(module: cst.Module, target: str) -> bool:
     return any(match_target(name, target) for name, _f, _c in iter_functions(module))
 
 
-@dataclass(frozen=True, eq=False, repr=False)  # a case is one object: compared and hashed by identity
-class Case:
+@dataclass_transform(kw_only_default=True, frozen_default=True)
+class _Record:
+    """A frozen, keyword-only record whose fields are the class annotations and whose defaults are
+    class attributes, so a subclass changes a default by assigning it. Cases are records, not
+    dataclasses: each dataclass kind would generate and compile its own 25-argument __init__ and
+    __setattr__ when imported, which every `apply` pays at start-up. Compared and hashed by
+    identity: a case is one object."""
+
+    _fields: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = [name for name in cls.__dict__.get("__annotations__", {}) if not name.startswith("_")]
+        cls._fields = (*cls._fields, *(name for name in own if name not in cls._fields))
+
+    def __init__(self, **values: Any) -> None:
+        cls = type(self)
+        unknown = [name for name in values if name not in cls._fields]
+        if unknown:
+            raise TypeError(f"{cls.__name__}() got unexpected field(s): {', '.join(unknown)}")
+        missing = [name for name in cls._fields if name not in values and not hasattr(cls, name)]
+        if missing:
+            raise TypeError(f"{cls.__name__}() missing field(s): {', '.join(missing)}")
+        for name in cls._fields:  # on the instance, so a function default is not bound as a method
+            object.__setattr__(self, name, values[name] if name in values else getattr(cls, name))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def replace(self, **changes: Any) -> Any:
+        """A copy with some fields changed (dataclasses.replace for records)."""
+        return type(self)(**{**{name: getattr(self, name) for name in self._fields}, **changes})
+
+
+class Case(_Record):
     """What every case has: its name and words, modes, seed matcher, stream tag and flag, the
     per-case options it takes, and its declared examples. `find()` gives a module's targets,
     `plans()` the one plan to carry out, `steps()` the edit as reviewable steps.
@@ -318,12 +354,10 @@ class Case:
         return [plan_step(plans[0], text, apply_plans(module, plans, text).code)]
 
 
-@dataclass(frozen=True, eq=False, repr=False)  # identity, as Case
 class SeedCase(Case):
     """The seed calls (submodule calls the matcher names) moved onto one side stream."""
 
 
-@dataclass(frozen=True, eq=False, repr=False)  # identity, as Case
 class CoreLimitCase(SeedCase):
     """A seed call on a side stream, with AI cores split between the side and the main work."""
 
@@ -340,7 +374,6 @@ class CoreLimitCase(SeedCase):
         return dataclasses.replace(options, core_limits=cores.resolve("a3", None).as_tuple())
 
 
-@dataclass(frozen=True, eq=False, repr=False)  # identity, as Case
 class AsyncCommCase(SeedCase):
     """Point-to-point transfers issued early and received late (isend/irecv): no side stream."""
 
@@ -350,7 +383,6 @@ class AsyncCommCase(SeedCase):
         return (START_AFTER, PROTECT, STREAM_TAG)
 
 
-@dataclass(frozen=True, eq=False, repr=False)  # identity, as Case
 class PhasedCase(SeedCase):
     """The seed calls inlined and flattened (a refactor), then issued in phases between anchors."""
 
@@ -371,7 +403,7 @@ class PhasedCase(SeedCase):
 
         self.check_mode(options.mode)
         whole = dataclasses.replace(options, start_gates=(), phase_anchors=(), core_limits=None)
-        function = SeedCase.plans(dataclasses.replace(self, phased=False), path, module, whole, target, text)[0].function
+        function = SeedCase.plans(self.replace(phased=False), path, module, whole, target, text)[0].function
         located = locate(module, function)
         # helpers that do only side work (`self._forward_shared_experts(h)`) are inlined too
         is_seed = find_helpers(module, located.cls, self.is_seed, functions=False).seed_predicate(self.is_seed)
@@ -395,7 +427,6 @@ class PhasedCase(SeedCase):
         return steps
 
 
-@dataclass(frozen=True, eq=False, repr=False)  # identity, as Case
 class BranchesCase(SeedCase):
     """Several side streams: each branch is planned on the code the previous one produced, so it
     sees (and may re-enter) the streams already added. One step, and one patch, per branch."""
@@ -448,7 +479,6 @@ class BranchesCase(SeedCase):
         return steps
 
 
-@dataclass(frozen=True, eq=False, repr=False)  # identity, as Case
 class CopyCase(Case):
     """Buffer copies (is_copy) moved onto a copy stream, joined where the buffers are reused."""
 
@@ -460,7 +490,6 @@ class CopyCase(Case):
         return (START_AFTER, STREAM_TAG)
 
 
-@dataclass(frozen=True, eq=False, repr=False)  # identity, as Case
 class MicrobatchCase(Case):
     """A model-level fork: the layer loop runs two micro-batches (analyze/microbatch.py)."""
 
