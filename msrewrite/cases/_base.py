@@ -15,12 +15,14 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, dataclass_transform
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from msrewrite.cliargs import Option
 from msrewrite.errors import BadInput, NothingToDo
 
 if TYPE_CHECKING:
+    from typing import dataclass_transform  # Python 3.11+; only type checkers read it
+
     import libcst as cst
 
     from msrewrite.analyze.branch import SideBranch
@@ -209,6 +211,12 @@ def _has_function(module: cst.Module, target: str) -> bool:
     from msrewrite.analyze.outline import iter_functions
 
     return any(match_target(name, target) for name, _f, _c in iter_functions(module))
+
+
+if not TYPE_CHECKING:
+
+    def dataclass_transform(**_kwargs: Any) -> Callable[[type], type]:
+        return lambda cls: cls
 
 
 @dataclass_transform(kw_only_default=True, frozen_default=True)
