@@ -362,7 +362,7 @@ def test_sync_points_merge_dominated_waits() -> None:
 @pytest.mark.slow
 def test_pruned_parse_matches_the_full_parse(analyses) -> None:
     """The traced tier parses only the classes the trace ran; what it keeps is analyzed identically."""
-    from msrewrite.analyze.dataflow import analyze_file
+    from msrewrite.analyze.stmtgraph import analyze_file
 
     full = analyze_file(DEEPSEEK)
     pruned = analyses["deepseek"].module
@@ -377,7 +377,7 @@ def test_pruned_parse_matches_the_full_parse(analyses) -> None:
 # Static tier speed-ups: an ast pre-scan, forwards parsed alone, lines of one function --------------
 def _same_static_analysis(path: Path) -> None:
     """analyze_static keeps exactly what analyze_file finds for every forward that can hold a candidate."""
-    from msrewrite.analyze.dataflow import analyze_file, analyze_static
+    from msrewrite.analyze.stmtgraph import analyze_file, analyze_static
 
     full, fast = analyze_file(path), analyze_static(path)
     assert fast.module_names == full.module_names and fast.classes == full.classes
@@ -396,9 +396,9 @@ def test_static_tier_analyzes_forwards_like_the_full_parse(path: Path) -> None:
     _same_static_analysis(path)
 
 
-def test_static_tier_falls_back_to_the_whole_parse(tmp_path: Path) -> None:
+def test_static_tier_analyzes_odd_layouts_like_the_full_parse(tmp_path: Path) -> None:
     """Indents other than the file's first, CRLF line ends, two-space files: same analysis, same candidates."""
-    from msrewrite.analyze import dataflow
+    from msrewrite.analyze import stmtgraph
 
     base = (Path(__file__).resolve().parent.parent / "examples" / "deepseek_moe.py").read_text()
     variants = {
@@ -410,10 +410,7 @@ def test_static_tier_falls_back_to_the_whole_parse(tmp_path: Path) -> None:
         path = tmp_path / name
         path.write_bytes(text.encode())
         tree = __import__("ast").parse(text)
-        wanted = dataflow._ast_outline(tree)[2]
-        assert wanted, name
-        if name != "two_spaces.py":  # these two must not be cut out (rendering could differ)
-            assert dataflow._parse_cut_out(text, tree, wanted) is None, name
+        assert stmtgraph._ast_outline(tree)[2], name
         _same_static_analysis(path)
         fast = [c.to_dict() for c in analyze(path, device=profile("a3"), static=True).candidates]
         assert fast, name
@@ -422,7 +419,7 @@ def test_static_tier_falls_back_to_the_whole_parse(tmp_path: Path) -> None:
 def test_static_tier_skips_libcst_without_a_forward_to_analyze(tmp_path: Path, monkeypatch) -> None:
     import libcst
 
-    from msrewrite.analyze.dataflow import analyze_static
+    from msrewrite.analyze.stmtgraph import analyze_static
 
     calls = []
     real = libcst.parse_module

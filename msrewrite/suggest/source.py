@@ -12,7 +12,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from msrewrite.analyze.dataflow import ModuleInfo, analyze_file, analyze_source
+import libcst as cst
+
+from msrewrite.analyze.stmtgraph import ModuleInfo, analyze_file, analyze_source
 from msrewrite.errors import BadInput
 
 
@@ -23,7 +25,14 @@ def analyze_kept(path: Path, keep: set[str]) -> ModuleInfo:
         tree = ast.parse(text)
     except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
         return analyze_file(path)  # let the full analysis raise its own error
-    return analyze_source(prune(text, tree, keep), Path(path))
+    pruned = prune(text, tree, keep)
+    if pruned == text:
+        return analyze_source(text, Path(path))
+    try:  # calls resolve through the whole file's summaries, as they do for apply
+        whole = cst.parse_module(text)
+    except cst.ParserSyntaxError:
+        return analyze_file(path)
+    return analyze_source(pruned, Path(path), whole)
 
 
 def prune(text: str, tree: ast.Module, keep: set[str]) -> str:
