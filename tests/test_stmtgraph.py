@@ -19,7 +19,7 @@ import pytest
 
 from msrewrite.analyze.defuse import statement_facts
 from msrewrite.analyze.positions import positions_for
-from msrewrite.analyze.stmtgraph import FunctionInfo, analyze_file, analyze_static
+from msrewrite.analyze.stmtgraph import FunctionInfo, analyze_file, analyze_static, may_hold_a_branch
 from msrewrite.plancheck import summaries_scope
 from test_serving_rules import edits_and_verifies, model_source, refusal, write
 
@@ -148,3 +148,16 @@ def test_candidates_are_derived_under_the_scope_the_dag_came_from():
     assert [f.node for f in again][-len(info.statements):] == [s.facts.node for s in info.statements]
     assert [tuple(getattr(f, k) for k in _FIELDS) for f in again][-len(info.statements):] == [
         tuple(getattr(s.facts, k) for k in _FIELDS) for s in info.statements]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.py")) + sorted((ROOT / "tests" / "fixtures").glob("*.py")),
+                         ids=lambda p: p.name)
+def test_the_static_tier_leaves_out_only_forwards_without_a_branch(path):
+    """analyze_static decides on torch-table facts which forwards can hold a branch (resolving calls
+    costs package reads); the summaries' facts must agree wherever it left one out."""
+    full, fast = analyze_file(path), analyze_static(path)
+    for qualname, info in full.functions.items():
+        if qualname in fast.functions:
+            assert fast.functions[qualname] == info, qualname
+        elif qualname.endswith(".forward") and sum(len(s.calls) for s in info.statements) >= 2:
+            assert not may_hold_a_branch(info), qualname

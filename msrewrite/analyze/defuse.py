@@ -7,6 +7,9 @@ what callees it cannot see into may write, and the `self.<attr>` submodules it c
 enough to decide whether a group of statements can move: dataflow by name, plus in-place writes
 and aliasing, which are what make moving tensor code unsafe. What a call does comes from the torch
 effects table (torch_effects.py) and, for same-file code, from summaries (summaries.py).
+
+These facts are the one statement IR of msrewrite: `apply`'s branch finder reads them, and
+`suggest` builds its statement DAG from them (stmtgraph.py, which apply never imports).
 """
 
 from __future__ import annotations

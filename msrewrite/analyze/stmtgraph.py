@@ -32,6 +32,7 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from msrewrite.analyze import digraph
 from msrewrite.analyze.defuse import Scope, StatementFacts, expression_loads, is_docstring, statement_facts
 from msrewrite.analyze.digraph import DiGraph
 from msrewrite.analyze.positions import function_positions
@@ -296,8 +297,42 @@ def analyze_static(path: Path) -> ModuleInfo:
         module, parsed = _parse_whole(text, path, wanted)
         summaries = _Summaries(module, path)
         for qualname, (func, def_line) in parsed.items():
-            functions[qualname] = _function_info(qualname, func, function_positions(func, def_line), summaries, def_line)
+            positions = function_positions(func, def_line)
+            if not may_hold_a_branch(_function_info(qualname, func, positions, _TORCH_ONLY, def_line)):
+                continue  # resolving its calls (reading packages) could only add edges
+            functions[qualname] = _function_info(qualname, func, positions, summaries, def_line)
     return ModuleInfo(path=path, functions=functions, classes=classes, module_names=frozenset(module_names))
+
+
+def may_hold_a_branch(info: FunctionInfo) -> bool:
+    """False when no two statements holding `self.<sub>(...)` calls are independent in the DAG and
+    no statement holds a call the static tier splits out of it (suggest/candidates.py
+    `_static_choices`): then no side branch exists. Asked of facts computed with the torch table
+    only, it answers for the summaries' facts too: what resolving a call adds (writes, aliases,
+    collective/RNG/stream work) only adds ways to reach one statement from another, so
+    statements ordered without it stay ordered."""
+    for stmt in info.statements:
+        if not stmt.compound and (len(stmt.calls) >= 2 or any(not c.whole for c in stmt.calls)):
+            return True
+    heavy = [s.index for s in info.statements if s.calls]
+    dag = info.graph(renaming=True)
+    for k, later in enumerate(heavy[1:], 1):
+        before = digraph.ancestors(dag, later)
+        if any(earlier not in before for earlier in heavy[:k]):
+            return True
+    return False
+
+
+class _TorchOnly:
+    """Scopes that know only the torch effects table: every other call counts as pure."""
+
+    module = None
+
+    def scope_for(self, _qualname: str) -> Scope:
+        return Scope()
+
+
+_TORCH_ONLY = _TorchOnly()
 
 
 def _ast_outline(tree: ast.Module):
@@ -391,7 +426,7 @@ def _target_names(target: cst.BaseExpression) -> set[str]:
 
 
 def _function_info(
-    qualname: str, func: cst.FunctionDef, positions, summaries: _Summaries, first_line: int | None = None
+    qualname: str, func: cst.FunctionDef, positions, summaries: _Summaries | _TorchOnly, first_line: int | None = None
 ) -> FunctionInfo:
     """`positions` covers `func`'s nodes; without `first_line` it must also cover `func` itself."""
     params = tuple(p.name.value for p in _all_params(func.params))

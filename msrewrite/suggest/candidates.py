@@ -389,7 +389,8 @@ def static_candidates(module: ModuleInfo, file: str, refused: list[dict] | None 
             if candidate is not None:
                 candidate.syncs = _static_syncs(info, candidate)
                 candidate.cost_shapes = "static (no cost model)"
-                candidate.notes.append("static tier: independence by names only; run without --static to check storages")
+                candidate.notes.append("static tier: independence from the source's facts (names, in-place writes, "
+                                       "aliases); run without --static to check the traced op graph")
                 found.append(candidate)
     return found
 
