@@ -19,7 +19,7 @@ import pytest
 
 from msrewrite.analyze.defuse import statement_facts
 from msrewrite.analyze.positions import positions_for
-from msrewrite.analyze.stmtgraph import FunctionInfo, analyze_file, analyze_static, may_hold_a_branch
+from msrewrite.analyze.stmtgraph import FunctionInfo, analyze_file, analyze_source, analyze_static, may_hold_a_branch
 from msrewrite.plancheck import summaries_scope
 from test_serving_rules import edits_and_verifies, model_source, refusal, write
 
@@ -161,3 +161,36 @@ def test_the_static_tier_leaves_out_only_forwards_without_a_branch(path):
             assert fast.functions[qualname] == info, qualname
         elif qualname.endswith(".forward") and sum(len(s.calls) for s in info.statements) >= 2:
             assert not may_hold_a_branch(info), qualname
+
+
+RAISES = """
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def forward(self, x):
+        y = self.f(x)
+        if x.shape[0] == 0:
+            raise ValueError("empty batch")
+        z = self.g(x)
+        return y + z
+"""
+
+
+def test_a_raise_is_an_exit_kept_before_the_return():
+    """`raise` leaves the function as `return` does: the old facts did not count it, so the check
+    could float past the return."""
+    info = analyze_source(RAISES).functions["Block.forward"]
+    check = next(s for s in info.statements if s.source.startswith("if x.shape[0] == 0"))
+    assert check.exits
+    assert _edge(info, "if x.shape[0] == 0", "return y + z") == {"kind": "state", "name": "self"}
+
+
+def test_stream_work_stays_in_order():
+    """The hand-written overlap's stream calls (a wait, the stream context, the join's wait) keep
+    their order in the DAG; the old facts saw no effect in them."""
+    info = analyze_file(ROOT / "tests" / "fixtures" / "handwritten_moe.py").functions["HandWrittenMoE.forward"]
+    assert _edge(info, "side = torch.npu.Stream()", "main = torch.npu.current_stream()") is not None
+    assert _edge(info, "side.wait_stream(main)", "with torch.npu.stream(side)") is not None
+    assert _edge(info, "if JOIN:", "return routed + shared") is not None
