@@ -276,12 +276,15 @@ class _Summaries:
 # file once: the summaries that resolve calls need it (the branch finder reads the same parse for
 # every candidate), and line numbers come from rendering each wanted forward alone
 # (analyze/positions.py `function_positions`), never from a whole-file PositionProvider pass.
+# A forward whose self-calls form one chain even on the torch table's facts is left out before
+# its calls are resolved (`may_hold_a_branch`): resolving them can read whole packages.
 STATIC_FUNCTION = "forward"
 
 
 def analyze_static(path: Path) -> ModuleInfo:
     """ModuleInfo for the static tier: the same as `analyze_file` for every `Class.forward` that can
-    hold a candidate (two or more `self.<...>(...)` call sites); other functions are left out."""
+    hold a candidate (two or more `self.<...>(...)` call sites, not all in one chain); other
+    functions are left out."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
