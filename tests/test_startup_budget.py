@@ -123,7 +123,7 @@ def test_apply_reads_the_whole_file_a_fixed_number_of_times(example):
 # imports json, tokenize, subprocess, signal and inspect, so those are not listed).
 NOT_FOR_APPLY = (
     "msrewrite.verify", "msrewrite.harness", "msrewrite.suggest", "msrewrite.sanitizer", "msrewrite.profile",
-    "msrewrite.plancheck", "msrewrite.cores", "msrewrite.analyze.effects", "msrewrite.analyze.dataflow",
+    "msrewrite.plancheck", "msrewrite.cores", "msrewrite.analyze.effects", "msrewrite.analyze.stmtgraph",
     "msrewrite.emit.microbatch", "msrewrite.emit.inline", "msrewrite.emit.markers", "msrewrite.emit.schedules",
     "msrewrite.cases.kvcache_offload", "msrewrite.cases.prefill_microbatch", "msrewrite.codemods",
     "msrewrite.output.inplace", "msrewrite.output.patch",

@@ -7,6 +7,9 @@ what callees it cannot see into may write, and the `self.<attr>` submodules it c
 enough to decide whether a group of statements can move: dataflow by name, plus in-place writes
 and aliasing, which are what make moving tensor code unsafe. What a call does comes from the torch
 effects table (torch_effects.py) and, for same-file code, from summaries (summaries.py).
+
+These facts are the one statement IR of msrewrite: `apply`'s branch finder reads them, and
+`suggest` builds its statement DAG from them (stmtgraph.py, which apply never imports).
 """
 
 from __future__ import annotations
@@ -35,12 +38,14 @@ class StatementFacts:
     stores: set[str] = field(default_factory=set)
     mutates: set[str] = field(default_factory=set)
     self_calls: list[str] = field(default_factory=list)  # dotted callee after "self.", e.g. "shared_expert.down_proj"
+    calls: list[cst.Call] = field(default_factory=list)  # the calls behind self_calls, in source order
     has_call: bool = False
     exits: bool = False  # contains return / yield / raise: leaving the function early
     raises: bool = False
     # effects beyond names: storage shared through bindings, writes by callees msrewrite cannot
     # see into (name -> the callee), and what kind of work the statement holds
     links: set[tuple[str, str]] = field(default_factory=set)
+    self_stores: set[str] = field(default_factory=set)  # `self.x = v`: "self.x" (its old value is replaced)
     may_write: dict[str, str] = field(default_factory=dict)
     unknown_callees: set[str] = field(default_factory=set)
     collective: bool = False
@@ -181,6 +186,7 @@ class _Collector(Visitor):
             # and lst[0] = x make the attribute or container hold x.
             name = dotted_name(target) if isinstance(target, cst.Attribute) else None
             if name is not None and name.startswith("self.") and name.count(".") == 1:
+                self.facts.self_stores.add(name)
                 self._link({name}, value)
             else:
                 roots = self._roots(target.value)
@@ -279,6 +285,7 @@ class _Collector(Visitor):
         callee = self_callee(node.func)
         if callee:
             self.facts.self_calls.append(callee)
+            self.facts.calls.append(node)
         if isinstance(node.func, cst.Name) and node.func.value in self.scope.closures:
             closure = self.scope.closures[node.func.value]
             self.facts.mutates |= closure.mutates

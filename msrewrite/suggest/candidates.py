@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from msrewrite.analyze import digraph
-from msrewrite.analyze.dataflow import FunctionInfo, ModuleInfo, Statement
 from msrewrite.analyze.digraph import DiGraph
+from msrewrite.analyze.stmtgraph import FunctionInfo, ModuleInfo, Statement
 from msrewrite.plan import OverlapPlan
 from msrewrite.suggest import graph as g
 from msrewrite.suggest.plans import SideChoice, apply_command, window_statements
@@ -301,12 +301,17 @@ def _fullgraph(info: FunctionInfo, file: str, memo: dict) -> str | None:
 
 
 def _scope_of(info: FunctionInfo, file: str, memo: dict):
-    """The function's scope from the file's summaries, as `apply --plan` re-derives it (one
-    whole-file parse per file, only once a candidate is being derived); None if unreadable."""
+    """The function's scope from the file's summaries, as `apply --plan` re-derives it: the one its
+    statement facts were computed under (analyze/stmtgraph.py), else from one whole-file parse
+    per file; None if unreadable."""
     import libcst as cst
 
     from msrewrite.plancheck import summaries_scope
 
+    if "module" not in memo and info.syntax is not None:
+        memo["module"] = info.syntax  # the parse the facts came from
+    if info.scope is not None:
+        return info.scope
     if "module" not in memo:
         try:
             memo["module"] = cst.parse_module(Path(file).read_text(encoding="utf-8"))
@@ -384,7 +389,8 @@ def static_candidates(module: ModuleInfo, file: str, refused: list[dict] | None 
             if candidate is not None:
                 candidate.syncs = _static_syncs(info, candidate)
                 candidate.cost_shapes = "static (no cost model)"
-                candidate.notes.append("static tier: independence by names only; run without --static to check storages")
+                candidate.notes.append("static tier: independence from the source's facts (names, in-place writes, "
+                                       "aliases); run without --static to check the traced op graph")
                 found.append(candidate)
     return found
 

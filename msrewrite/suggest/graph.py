@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from msrewrite.analyze.dataflow import FunctionInfo, Statement
 from msrewrite.analyze.digraph import DiGraph, transitive_reduction
+from msrewrite.analyze.stmtgraph import FunctionInfo, Statement
 
 if TYPE_CHECKING:
     from msrewrite.suggest.trace import OpRecord, Trace

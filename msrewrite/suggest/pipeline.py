@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from msrewrite.analyze.dataflow import analyze_file, analyze_static
+from msrewrite.analyze.stmtgraph import analyze_file, analyze_static
 from msrewrite.errors import BadInput
 from msrewrite.suggest import graph as g
 from msrewrite.suggest.candidates import Candidate, rank, select_ops, static_candidates, trace_candidates
@@ -33,7 +33,7 @@ def analyze(
     file = Path(file)
     display = str(file)
     if static:
-        module = analyze_static(file)  # only the forwards that can hold a candidate (see dataflow.py)
+        module = analyze_static(file)  # only the forwards that can hold a candidate (see analyze/stmtgraph.py)
         analysis = FileAnalysis(file=file, module=module, candidates=[], tiers={}, device=device, phase=phase, target=target)
         analysis.tiers = {"trace": "skipped (--static)", "static": "ok"}
         analysis.candidates = rank(static_candidates(module, display, analysis.refused))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from msrewrite.analyze.dataflow import CallSite, FunctionInfo, Statement
+from msrewrite.analyze.stmtgraph import CallSite, FunctionInfo, Statement
 from msrewrite.plan import OverlapPlan
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from msrewrite.analyze.dataflow import FunctionInfo, ModuleInfo
+from msrewrite.analyze.stmtgraph import FunctionInfo, ModuleInfo
 from msrewrite.suggest import graph as g
 from msrewrite.suggest.candidates import Candidate
 from msrewrite.suggest.mermaid import label, node_id
