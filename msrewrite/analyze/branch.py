@@ -424,6 +424,37 @@ def _find_side_branch(
     return _Search(func, body, facts, positions, is_seed, anchors, phase_anchors, guard, scope, protect).run()
 
 
+def _exit_line(node: cst.CSTNode, positions: dict[cst.CSTNode, CodeRange]) -> int | None:
+    """The line of the first `return` or `raise` in `node` (nested functions aside)."""
+    found: list[cst.CSTNode] = []
+
+    class _Exits(Visitor):
+        def visit_Return(self, n: cst.Return) -> None:
+            found.append(n)
+
+        def visit_Raise(self, n: cst.Raise) -> None:
+            found.append(n)
+
+        def visit_FunctionDef(self, _n: cst.FunctionDef) -> bool:
+            return False
+
+    node.visit(_Exits())
+    lines = [positions[n].start.line for n in found if n in positions]
+    return min(lines) if lines else None
+
+
+def _past_early_exits(seeds: list[StatementFacts]) -> list[StatementFacts]:
+    """The seed statements that make the side branch: an `if` that may leave the function before
+    the rest of the side work (`if not self.tp: return self.shared_experts(x)`) is left where it
+    is, its side calls on the main stream as they were. The fork comes after it (an early exit
+    before the side work, _fork_after_inputs), so a path that leaves there never forks, and one
+    that falls through has run the `if` exactly as the original did."""
+    early = 0
+    while early < len(seeds) - 1 and isinstance(seeds[early].node, cst.If) and seeds[early].exits:
+        early += 1
+    return seeds[early:]
+
+
 def _own_first(names: list[str], name: str) -> list[str]:
     """`names` sorted, `name` (the side input's own name) first."""
     return sorted(names, key=lambda n: (n != name, n))
@@ -468,6 +499,7 @@ class _Search:
         seeds = [f for f in facts if has_seed(f.node, self.is_seed)]
         if not seeds:
             raise NoBranch("no side-branch call in this function")
+        seeds = _past_early_exits(seeds)
         self._check_seed_statements(seeds)
         depends_on_main = self._main_dependence(seeds)
         pure = self._side_statements(seeds, depends_on_main)
@@ -572,9 +604,13 @@ class _Search:
             # as long as everything it calls is side work and it cannot leave the function.
             if isinstance(f.node, cst.If) and f.exits:
                 leaves = "raises" if f.raises and not _returns(f.node) else "returns"
+                at = _exit_line(f.node, self.positions)
+                started = (f" after the side work at line {seeds[0].first_line} has started: that path would leave "
+                           "without joining the side stream" if f is not seeds[0] else "")
                 raise NoBranch(
                     f"line {f.first_line}: the side-branch call sits inside `if {source(f.node.test)}`, which "
-                    f"{leaves} from the function; msrewrite does not split an `if` that leaves the function"
+                    f"{leaves} from the function{f' at line {at}' if at else ''}{started}; msrewrite does not "
+                    "split an `if` that leaves the function"
                 )
             if not isinstance(f.node, cst.If) or f.exits or not (
                 all(self.is_seed(c) for c in f.self_calls) or _side_only_if(f, self.func, self.facts)
@@ -1567,6 +1603,7 @@ def _join_main_hoists(
     names = ", ".join(dict.fromkeys(source(c.func) for c in mains))
 
     def refuse(why: str) -> NoBranch:
+        why = " ".join(why.split()).replace("( ", "(").replace(" )", ")")  # a call written over several lines: one line
         return NoBranch(
             f"no main-path work between the fork and the join: nothing to overlap (the main work, {names}, is in "
             f"the join statement at line {line} itself; msrewrite does not hoist it out of that statement: {why})"
