@@ -181,3 +181,26 @@ def test_a_layer_further_out_that_is_named_covers_the_chains_through_it():
     ]
     assert vouch_names(callees) == ["FusedMoE", "UnquantizedLinearMethod"]
     assert _named(callees, 4).count("FusedMoE") == 1  # one chain per layer described, then how many more
+
+
+def test_a_chain_of_functions_is_vouched_for_by_the_function_that_makes_the_unseen_call():
+    """Not each call inside a package's fused_moe (a build step, a kernel launch): fused_moe itself,
+    whose source a reviewer reads; the analyzed class's own helper is not vouched for whole."""
+    callees = [
+        "fused_moe -> BuildSpec (not visible to msrewrite)",
+        "fused_moe -> PlatformInfo.detect (not visible to msrewrite)",
+        "self._route -> router_gemv -> triton.cdiv (not visible to msrewrite)",
+        "self._route -> topk_output._replace (not visible to msrewrite)",
+        "self.experts (get_moe_impl_class(quant_config), not visible to msrewrite)",
+    ]
+    assert vouch_names(callees) == ["fused_moe", "router_gemv", "topk_output._replace", "experts"]
+
+
+def test_only_names_assume_pure_takes_are_printed():
+    """A Triton launch has no name to vouch for: the function that launches it does; called
+    directly, the refusal says that no name vouches for it."""
+    inside = ["fused_moe -> invoke_kernel -> fused_moe_kernel[grid] (not visible to msrewrite)"]
+    assert vouch_names(inside) == ["invoke_kernel"]
+    direct = ["fused_moe_kernel[grid] (not visible to msrewrite)", "self.experts (FusedMoE, not visible to msrewrite)"]
+    text = _vouch_options(direct)
+    assert text.startswith("--assume-pure FusedMoE (no name --assume-pure takes vouches for fused_moe_kernel[grid]"), text

@@ -529,7 +529,7 @@ class _Search:
         main = [g for g in facts[start:join] if g.index not in side_idx] + main_hoist_facts
         protected = self._check_window(
             [*facts[start:join], *main_hoist_facts], side_idx, fork, groups, storage, outputs, side_stores,
-            self._side_writes(whole, hoist_facts, join, main, storage, every_input)[1],
+            lambda: self._side_writes(whole, hoist_facts, join, main, storage, every_input)[1],
         )
         rebound_by_side = [name for name in protected if name in side_stores]
         if rebound_by_side:
@@ -914,12 +914,12 @@ class _Search:
 
     def _check_window(
         self, window: list[StatementFacts], side_idx: set[int], fork: int, groups: dict[str, frozenset],
-        storage: Storage, outputs: list[str], side_stores: list[str], side_unseen: list[_SideUnseen],
+        storage: Storage, outputs: list[str], side_stores: list[str], side_unseen: Callable[[], list[_SideUnseen]],
     ) -> list[str]:
         """Refuses a main statement of the window (from the side's start to the join, main hoists
         included: they run right before the join) that leaves the function, writes a side input or
         uses a side name; returns the inputs to snapshot at the fork (--protect clone). A refusal
-        for unseen callees names every one, the side branch's (`side_unseen`) too."""
+        for unseen callees names every one, the side branch's (`side_unseen()`) too."""
         protected: list[str] = []
         unseen_hits: list[_Unseen] = []  # writes msrewrite cannot rule out
         for f in window:
@@ -934,7 +934,7 @@ class _Search:
             if clash:
                 raise NoBranch(f"line {f.first_line} uses '{sorted(clash)[0]}' between the fork and the join")
         if unseen_hits:
-            raise NoBranch(_unseen_refusal(unseen_hits, side_unseen))
+            raise NoBranch(_unseen_refusal(unseen_hits, side_unseen()))
         return protected
 
     def _window_write(
@@ -1362,7 +1362,7 @@ _SideUnseen = tuple[int, list[str], str, int]
 # A refusal for unseen callees describes at most MAX_DESCRIBED of them (each is a chain through
 # the layers read, often 100+ characters) and lists at most MAX_VOUCHED --assume-pure names: the
 # line stays readable, and past a dozen callees vouching one by one is no review (SGLang's
-# granitemoe, the most in the serving sweep, needs six). Past either it says how many more.
+# granitemoe needs six). Past either it says how many more.
 MAX_DESCRIBED = 4
 MAX_VOUCHED = 12
 
@@ -1380,10 +1380,16 @@ def _named(callees: list[str], room: int) -> str:
 
 def _vouch_options(callees: list[str]) -> str:
     """The exact --assume-pure options that vouch for every callee (at most MAX_VOUCHED named)."""
-    names = vouch_names(callees)
+    every = vouch_names(callees)
+    names = [n for n in every if n]
     text = " ".join(f"--assume-pure {n}" for n in names[:MAX_VOUCHED])
     rest = len(names) - MAX_VOUCHED
-    return f"{text} (and {rest} more, not named here)" if rest > 0 else text
+    if rest > 0:
+        text += f" (and {rest} more, not named here)"
+    if len(names) < len(every):
+        own = [_own_name(c) for c in callees]
+        text += f" (no name --assume-pure takes vouches for {_named([c for c in callees if not _cover(c, own)], 1)})"
+    return text
 
 
 def _unseen_refusal(hits: list[_Unseen], side: list[_SideUnseen]) -> str:
@@ -1408,22 +1414,53 @@ def _unseen_refusal(hits: list[_Unseen], side: list[_SideUnseen]) -> str:
 
 def vouch_names(callees: list[str]) -> list[str]:
     """The --assume-pure names that vouch for every callee, in order, each once: a chain's own
-    name (vouch_name), unless a layer further out in it is named for another chain already
-    (`self.experts (FusedMoE) -> self.dispatcher.dispatch (...)` is covered by FusedMoE)."""
-    own = list(dict.fromkeys(vouch_name(c) for c in callees))
+    name (`_own_name`), unless a layer further out in it is named for another chain already
+    (`self.experts (FusedMoE) -> self.dispatcher.dispatch (...)` is covered by FusedMoE). A
+    callee with no name --assume-pure takes (a Triton launch `kernel[grid]` called directly) gives ''."""
+    own = list(dict.fromkeys(_own_name(c) for c in callees))
     return list(dict.fromkeys(_cover(c, own) for c in callees))
 
 
+def _nameable(name: str) -> bool:
+    """A name --assume-pure takes: a class, function or attribute, dotted (apply checks the same)."""
+    return bool(name) and all(part.isidentifier() for part in name.split("."))
+
+
+def _own_name(callee: str) -> str:
+    """The name that vouches for one chain: the deepest layer class it names (vouch_name); in a
+    chain of functions only that ends in a plain call, the function that makes it (`fused_moe ->
+    BuildSpec (not visible ...)`: fused_moe, whose source a reviewer can read, not each call in it)."""
+    parts = callee.split(" -> ")
+    bare = parts[-1].endswith(" (not visible to msrewrite)") and " (" not in parts[-1][: -len(" (not visible to msrewrite)")]
+    own_method = len(parts) == 2 and parts[0].startswith("self.")  # the analyzed class's helper: its call, not it
+    if len(parts) > 1 and bare and not own_method and not any(_part_class(p) for p in parts):
+        name = _link_name(parts[-2])
+    else:
+        name = vouch_name(callee)
+    if not _nameable(name):  # `"".join`, `kernel[grid]`: the nearest link further out that has a name
+        name = next((n for p in reversed(parts[:-1]) for n in (_part_class(p), _link_name(p)) if _nameable(n)), "")
+    return name
+
+
+def _link_name(part: str) -> str:
+    """'shared_experts' for 'self.shared_experts (MLP)', 'fused_moe' for 'fused_moe'."""
+    return part.partition(" (")[0].removeprefix("self.")
+
+
 def _cover(callee: str, own: list[str]) -> str:
-    """The name that vouches for `callee` among chains whose own names are `own`: its outermost layer named there."""
-    outer = [_part_class(p) for p in callee.split(" -> ")[:-1]]
-    return next((o for o in outer if o in own), vouch_name(callee))
+    """The name that vouches for `callee` among chains whose own names are `own`: its outermost
+    link named there (by its class or its own name), else its own name."""
+    for part in callee.split(" -> ")[:-1]:
+        for name in (_part_class(part), _link_name(part)):
+            if name and name in own:
+                return name
+    return _own_name(callee)
 
 
 def _by_layer(callees: list[str]) -> list[str]:
     """The first chain of each name that vouches for `callees` (vouch_names): a refusal describes
     one chain per layer a reviewer must look at."""
-    own = list(dict.fromkeys(vouch_name(c) for c in callees))
+    own = list(dict.fromkeys(_own_name(c) for c in callees))
     first: dict[str, str] = {}
     for callee in callees:
         first.setdefault(_cover(callee, own), callee)

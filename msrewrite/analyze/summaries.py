@@ -61,8 +61,9 @@ MAX_IMPORT_DEPTH = 6
 MAX_BYTES_READ = 3_000_000
 # Unseen callees kept per parameter of a summary: any one of them makes the parameter "may be
 # written" (soundness needs only that); the list is for naming them all in one refusal. Past
-# this many a summary keeps the first (sorted) ones and `unseen_count` says how many there were.
-MAX_WRITERS = 32
+# this many a summary keeps the first (sorted) ones, and a refusal names those (far more than
+# it lists: analyze/branch.py's MAX_VOUCHED; SGLang xllm's MoE forward has 184 for its input).
+MAX_WRITERS = 1024
 
 
 @dataclass
@@ -868,7 +869,10 @@ def _apply(summary: Summary, call: cst.Call, label: str, strict: bool = False) -
                 may_write.setdefault(name, unseen)
     for name, whys in may_write.items():
         for why in whys:  # one entry per unseen callee: unseen_writers names them all
-            chain = f"{label} -> {why}" if not why.startswith(label) else why
+            # `why` may name this very call already (a recursive call's placeholder); `fused_moe`
+            # calling `fused_moe_kernel[grid]` is another callee
+            named = why == label or why.startswith((f"{label} (", f"{label} -> "))
+            chain = why if named else f"{label} -> {why}"
             effect.may_writes += [(expr, chain) for expr in bound.get(name, [])]
     for name in summary.returns:
         effect.returns += bound.get(name, [])
