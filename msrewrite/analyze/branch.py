@@ -43,7 +43,7 @@ from msrewrite.analyze.guards import (
     source,
 )
 from msrewrite.analyze.outline import unique_name
-from msrewrite.analyze.summaries import Storage
+from msrewrite.analyze.summaries import Storage, unseen_writers
 from msrewrite.analyze.walk import Visitor, walk
 
 
@@ -424,6 +424,37 @@ def _find_side_branch(
     return _Search(func, body, facts, positions, is_seed, anchors, phase_anchors, guard, scope, protect).run()
 
 
+def _exit_line(node: cst.CSTNode, positions: dict[cst.CSTNode, CodeRange]) -> int | None:
+    """The line of the first `return` or `raise` in `node` (nested functions aside)."""
+    found: list[cst.CSTNode] = []
+
+    class _Exits(Visitor):
+        def visit_Return(self, n: cst.Return) -> None:
+            found.append(n)
+
+        def visit_Raise(self, n: cst.Raise) -> None:
+            found.append(n)
+
+        def visit_FunctionDef(self, _n: cst.FunctionDef) -> bool:
+            return False
+
+    node.visit(_Exits())
+    lines = [positions[n].start.line for n in found if n in positions]
+    return min(lines) if lines else None
+
+
+def _past_early_exits(seeds: list[StatementFacts]) -> list[StatementFacts]:
+    """The seed statements that make the side branch: an `if` that may leave the function before
+    the rest of the side work (`if not self.tp: return self.shared_experts(x)`) is left where it
+    is, its side calls on the main stream as they were. The fork comes after it (an early exit
+    before the side work, _fork_after_inputs), so a path that leaves there never forks, and one
+    that falls through has run the `if` exactly as the original did."""
+    early = 0
+    while early < len(seeds) - 1 and isinstance(seeds[early].node, cst.If) and seeds[early].exits:
+        early += 1
+    return seeds[early:]
+
+
 def _own_first(names: list[str], name: str) -> list[str]:
     """`names` sorted, `name` (the side input's own name) first."""
     return sorted(names, key=lambda n: (n != name, n))
@@ -468,6 +499,7 @@ class _Search:
         seeds = [f for f in facts if has_seed(f.node, self.is_seed)]
         if not seeds:
             raise NoBranch("no side-branch call in this function")
+        seeds = _past_early_exits(seeds)
         self._check_seed_statements(seeds)
         depends_on_main = self._main_dependence(seeds)
         pure = self._side_statements(seeds, depends_on_main)
@@ -493,8 +525,11 @@ class _Search:
             _check_join_statement(facts[join], hoists, hoist_facts, storage, self.is_seed, self.scope)
         window = [f for f in facts[fork:join] if f.index not in side_idx]
         main_hoists, main_hoist_facts = self._main_hoists(join, window, side_stores, taken)
+        every_input = frozenset().union(*groups.values()) if groups else frozenset()
+        main = [g for g in facts[start:join] if g.index not in side_idx] + main_hoist_facts
         protected = self._check_window(
-            [*facts[start:join], *main_hoist_facts], side_idx, fork, groups, storage, outputs, side_stores
+            [*facts[start:join], *main_hoist_facts], side_idx, fork, groups, storage, outputs, side_stores,
+            lambda: self._side_writes(whole, hoist_facts, join, main, storage, every_input)[1],
         )
         rebound_by_side = [name for name in protected if name in side_stores]
         if rebound_by_side:
@@ -502,8 +537,6 @@ class _Search:
         window += main_hoist_facts
         if not main_hoists and not any(f.has_call and f.self_calls for f in window):
             raise self._nothing_to_overlap(join, fork, pushed_by, storage)
-        every_input = frozenset().union(*groups.values()) if groups else frozenset()
-        main = [g for g in facts[start:join] if g.index not in side_idx] + main_hoist_facts
         self._check_side_writes(whole, hoist_facts, join, main, storage, every_input)
 
         if guard is not None:
@@ -571,9 +604,13 @@ class _Search:
             # as long as everything it calls is side work and it cannot leave the function.
             if isinstance(f.node, cst.If) and f.exits:
                 leaves = "raises" if f.raises and not _returns(f.node) else "returns"
+                at = _exit_line(f.node, self.positions)
+                started = (f" after the side work at line {seeds[0].first_line} has started: that path would leave "
+                           "without joining the side stream" if f is not seeds[0] else "")
                 raise NoBranch(
                     f"line {f.first_line}: the side-branch call sits inside `if {source(f.node.test)}`, which "
-                    f"{leaves} from the function; msrewrite does not split an `if` that leaves the function"
+                    f"{leaves} from the function{f' at line {at}' if at else ''}{started}; msrewrite does not "
+                    "split an `if` that leaves the function"
                 )
             if not isinstance(f.node, cst.If) or f.exits or not (
                 all(self.is_seed(c) for c in f.self_calls) or _side_only_if(f, self.func, self.facts)
@@ -877,13 +914,14 @@ class _Search:
 
     def _check_window(
         self, window: list[StatementFacts], side_idx: set[int], fork: int, groups: dict[str, frozenset],
-        storage: Storage, outputs: list[str], side_stores: list[str],
+        storage: Storage, outputs: list[str], side_stores: list[str], side_unseen: Callable[[], list[_SideUnseen]],
     ) -> list[str]:
         """Refuses a main statement of the window (from the side's start to the join, main hoists
         included: they run right before the join) that leaves the function, writes a side input or
-        uses a side name; returns the inputs to snapshot at the fork (--protect clone)."""
+        uses a side name; returns the inputs to snapshot at the fork (--protect clone). A refusal
+        for unseen callees names every one, the side branch's (`side_unseen()`) too."""
         protected: list[str] = []
-        unseen_hits: list[tuple[int, str, str]] = []  # (line, callee, name): writes msrewrite cannot rule out
+        unseen_hits: list[_Unseen] = []  # writes msrewrite cannot rule out
         for f in window:
             if f.index in side_idx:
                 continue
@@ -896,18 +934,12 @@ class _Search:
             if clash:
                 raise NoBranch(f"line {f.first_line} uses '{sorted(clash)[0]}' between the fork and the join")
         if unseen_hits:
-            line, callee, name = unseen_hits[0]
-            others = "".join(f"; line {ln}: {c} may write '{n}' too" for ln, c, n in unseen_hits[1:])
-            names = " ".join(f"--assume-pure {v}" for v in dict.fromkeys(vouch_name(c) for _, c, _ in unseen_hits))
-            raise NoBranch(
-                f"line {line}: {callee} may write '{name}' which the side stream reads{others}; "
-                f"pass --protect clone or {names}"
-            )
+            raise NoBranch(_unseen_refusal(unseen_hits, side_unseen()))
         return protected
 
     def _window_write(
         self, f: StatementFacts, name: str, group: frozenset, fork: int, storage: Storage,
-        protected: list[str], unseen_hits: list[tuple[int, str, str]],
+        protected: list[str], unseen_hits: list[_Unseen],
     ) -> None:
         """A main statement's write to the storage of side input `name`: protected (a snapshot at
         the fork), noted when only an unseen callee may write it, or refused."""
@@ -928,7 +960,7 @@ class _Search:
             raise NoBranch(
                 f"line {f.first_line} writes '{known[0]}' in place while the side stream reads it{via}{hint}"
             )
-        unseen_hits.append((f.first_line, f.may_write[unseen[0]], unseen[0]))
+        unseen_hits.append((f.first_line, unseen_writers(f, [unseen[0]], self.scope), unseen[0]))
 
     def _nothing_to_overlap(
         self, join: int, fork: int, pushed_by: tuple[int, str, str] | None, storage: Storage
@@ -958,6 +990,32 @@ class _Search:
     ) -> None:
         """Refuses a side write (in place, or by a callee msrewrite cannot see into) to an input
         that a main statement of the window (`main`) still reads."""
+        known, unseen = self._side_writes(whole, hoist_facts, join, main, storage, every_input)
+        if known is not None and not unseen:  # the statements with unseen callees come before it
+            line, name, reader = known
+            raise NoBranch(
+                f"line {line}: the side branch writes its input '{name}' in place, which line "
+                f"{reader} on the main path reads"
+            )
+        if unseen:
+            # every side statement's: vouching for the first one's callees alone would only
+            # move the refusal to the next
+            line, callees, name, reader = unseen[0]
+            every = [c for _, cs, *_ in unseen for c in cs]
+            others = "".join(f"; line {ln}: {_named(cs, 1)} may write '{n}' too" for ln, cs, n, _ in unseen[1:])
+            raise NoBranch(
+                f"line {line}: {_named(callees, MAX_DESCRIBED)} may write its input '{name}', which the main path still "
+                f"reads (line {reader}){others}; a snapshot cannot help here; pass {_vouch_options(every)} if "
+                f"{'it does' if len(every) == 1 else 'they do'} not"
+            )
+
+    def _side_writes(
+        self, whole: list[StatementFacts], hoist_facts: list[StatementFacts], join: int, main: list[StatementFacts],
+        storage: Storage, every_input: frozenset,
+    ) -> tuple[tuple[int, str, int] | None, list[_SideUnseen]]:
+        """Side writes to an input a main statement of the window (`main`) still reads: the first
+        in-place one (line, name, the reader's line), and before it, each side statement's unseen
+        callees that may write such an input (line, callees, name, the reader's line)."""
         facts = self.facts
 
         def main_reader(name: str, at: int) -> StatementFacts | None:
@@ -967,28 +1025,20 @@ class _Search:
             written = storage._around(name, at) & every_input
             return next((g for g in main if any(storage._around(n, g.index) & written for n in g.loads)), None)
 
+        unseen_hits: list[_SideUnseen] = []
         for f, at in [*((f, f.index) for f in whole), *((hf, join) for hf in hoist_facts)]:
             line = f.first_line or facts[join].first_line
             bad = [n for n in storage.written(f, at, every_input) if main_reader(n, at) is not None]
             if bad:
                 reader = main_reader(bad[0], at)
                 assert reader is not None  # found just above
-                raise NoBranch(
-                    f"line {line}: the side branch writes its input '{bad[0]}' in place, which line "
-                    f"{reader.first_line} on the main path reads"
-                )
+                return (line, bad[0], reader.first_line), unseen_hits
             unseen = [n for n in storage.maybe_written(f, at, every_input) if main_reader(n, at) is not None]
             if unseen:
-                callee = f.may_write[unseen[0]]
                 reader = main_reader(unseen[0], at)
                 assert reader is not None  # found just above
-                others = sorted({vouch_name(u) for u in f.unknown_callees} - {vouch_name(callee)})
-                also = f" (also not seen into: {', '.join(others)})" if others else ""
-                raise NoBranch(
-                    f"line {line}: {callee} may write its input '{unseen[0]}', which the main path still "
-                    f"reads (line {reader.first_line}); a snapshot cannot help here; pass --assume-pure "
-                    f"{vouch_name(callee)} if it does not{also}"
-                )
+                unseen_hits.append((line, unseen_writers(f, [unseen[0]], self.scope), unseen[0], reader.first_line))
+        return None, unseen_hits
 
 
 def _random_draws(node: cst.CSTNode, scope: Scope, skip: tuple[cst.Call, ...] = ()) -> tuple[list[str], list[str]]:
@@ -1304,6 +1354,119 @@ def _returns(node: cst.CSTNode) -> bool:
     return found
 
 
+# An unseen write on the main path: (line, the callees that may make it, the side input's name);
+# on the side branch: also the line of the main statement that reads it.
+_Unseen = tuple[int, list[str], str]
+_SideUnseen = tuple[int, list[str], str, int]
+
+# A refusal for unseen callees describes at most MAX_DESCRIBED of them (each is a chain through
+# the layers read, often 100+ characters) and lists at most MAX_VOUCHED --assume-pure names: the
+# line stays readable, and past a dozen callees vouching one by one is no review (SGLang's
+# granitemoe needs six). Past either it says how many more.
+MAX_DESCRIBED = 4
+MAX_VOUCHED = 12
+
+
+def _named(callees: list[str], room: int) -> str:
+    """'A', 'A and B', 'A, B and 3 more unseen callees': one chain per layer that vouches for
+    them (`_by_layer`), at most `room` (at least one) described."""
+    lead = _by_layer(callees)
+    shown = lead[:max(room, 1)]
+    rest = len(callees) - len(shown)
+    if rest:
+        return f"{', '.join(shown)} and {rest} more unseen {'callee' if rest == 1 else 'callees'}"
+    return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} and {shown[-1]}"
+
+
+def _vouch_options(callees: list[str]) -> str:
+    """The exact --assume-pure options that vouch for every callee (at most MAX_VOUCHED named)."""
+    every = vouch_names(callees)
+    names = [n for n in every if n]
+    text = " ".join(f"--assume-pure {n}" for n in names[:MAX_VOUCHED])
+    rest = len(names) - MAX_VOUCHED
+    if rest > 0:
+        text += f" (and {rest} more, not named here)"
+    if len(names) < len(every):
+        own = [_own_name(c) for c in callees]
+        text += f" (no name --assume-pure takes vouches for {_named([c for c in callees if not _cover(c, own)], 1)})"
+    return text
+
+
+def _unseen_refusal(hits: list[_Unseen], side: list[_SideUnseen]) -> str:
+    """One refusal naming every unseen callee that may write a side input on the main path, and
+    those of the side branch that may write an input the main path reads (a snapshot cannot help
+    those), with the exact options that let the edit through."""
+    clauses, room = [], MAX_DESCRIBED
+    for i, (line, callees, name) in enumerate(hits):
+        clauses.append(f"line {line}: {_named(callees, room)} may write '{name}'"
+                       + (" which the side stream reads" if i == 0 else " too"))
+        room -= len(_by_layer(callees))
+    main_callees = [c for _, callees, _ in hits for c in callees]
+    if not side:
+        return "; ".join(clauses) + f"; pass --protect clone or {_vouch_options(main_callees)}"
+    side_callees = [c for _, callees, *_ in side for c in callees]
+    line, callees, name, reader = side[0]
+    clauses.append(f"on the side branch, line {line}: {_named(callees, room)} may write its input '{name}', "
+                   f"which the main path reads (line {reader})")
+    return ("; ".join(clauses) + f"; pass {_vouch_options(main_callees + side_callees)}, or --protect clone "
+            f"{_vouch_options(side_callees)}")
+
+
+def vouch_names(callees: list[str]) -> list[str]:
+    """The --assume-pure names that vouch for every callee, in order, each once: a chain's own
+    name (`_own_name`), unless a layer further out in it is named for another chain already
+    (`self.experts (FusedMoE) -> self.dispatcher.dispatch (...)` is covered by FusedMoE). A
+    callee with no name --assume-pure takes (a Triton launch `kernel[grid]` called directly) gives ''."""
+    own = list(dict.fromkeys(_own_name(c) for c in callees))
+    return list(dict.fromkeys(_cover(c, own) for c in callees))
+
+
+def _nameable(name: str) -> bool:
+    """A name --assume-pure takes: a class, function or attribute, dotted (apply checks the same)."""
+    return bool(name) and all(part.isidentifier() for part in name.split("."))
+
+
+def _own_name(callee: str) -> str:
+    """The name that vouches for one chain: the deepest layer class it names (vouch_name); in a
+    chain of functions only that ends in a plain call, the function that makes it (`fused_moe ->
+    BuildSpec (not visible ...)`: fused_moe, whose source a reviewer can read, not each call in it)."""
+    parts = callee.split(" -> ")
+    bare = parts[-1].endswith(" (not visible to msrewrite)") and " (" not in parts[-1][: -len(" (not visible to msrewrite)")]
+    own_method = len(parts) == 2 and parts[0].startswith("self.")  # the analyzed class's helper: its call, not it
+    if len(parts) > 1 and bare and not own_method and not any(_part_class(p) for p in parts):
+        name = _link_name(parts[-2])
+    else:
+        name = vouch_name(callee)
+    if not _nameable(name):  # `"".join`, `kernel[grid]`: the nearest link further out that has a name
+        name = next((n for p in reversed(parts[:-1]) for n in (_part_class(p), _link_name(p)) if _nameable(n)), "")
+    return name
+
+
+def _link_name(part: str) -> str:
+    """'shared_experts' for 'self.shared_experts (MLP)', 'fused_moe' for 'fused_moe'."""
+    return part.partition(" (")[0].removeprefix("self.")
+
+
+def _cover(callee: str, own: list[str]) -> str:
+    """The name that vouches for `callee` among chains whose own names are `own`: its outermost
+    link named there (by its class or its own name), else its own name."""
+    for part in callee.split(" -> ")[:-1]:
+        for name in (_part_class(part), _link_name(part)):
+            if name and name in own:
+                return name
+    return _own_name(callee)
+
+
+def _by_layer(callees: list[str]) -> list[str]:
+    """The first chain of each name that vouches for `callees` (vouch_names): a refusal describes
+    one chain per layer a reviewer must look at."""
+    own = list(dict.fromkeys(_own_name(c) for c in callees))
+    first: dict[str, str] = {}
+    for callee in callees:
+        first.setdefault(_cover(callee, own), callee)
+    return list(first.values())
+
+
 def vouch_name(callee: str) -> str:
     """The name a reviewer passes to --assume-pure for a callee description:
     'FusedMoE' for 'self.experts (FusedMoE, not visible to msrewrite)', else the callee itself.
@@ -1311,10 +1474,16 @@ def vouch_name(callee: str) -> str:
     (not visible ...)') the deepest layer class named, which a reviewer can vouch for as a whole."""
     parts = callee.split(" -> ")
     for part in reversed(parts):
-        cls = part.partition(" (")[2].split(",")[0].split(" ")[0].rstrip(")")
-        if cls.isidentifier() and cls not in ("not", "set", "indexed", "a"):
+        cls = _part_class(part)
+        if cls:
             return cls
     return parts[-1].partition(" (")[0].removeprefix("self.")
+
+
+def _part_class(part: str) -> str:
+    """'ReplicatedLinear' for one link of a callee chain, 'self.gate (ReplicatedLinear)'; '' when it names none."""
+    cls = part.partition(" (")[2].split(",")[0].split(" ")[0].rstrip(")")
+    return cls if cls.isidentifier() and cls not in ("not", "set", "indexed", "a") else ""
 
 
 # Main work inside the join statement -------------------------------------------------------
@@ -1471,6 +1640,7 @@ def _join_main_hoists(
     names = ", ".join(dict.fromkeys(source(c.func) for c in mains))
 
     def refuse(why: str) -> NoBranch:
+        why = " ".join(why.split()).replace("( ", "(").replace(" )", ")")  # a call written over several lines: one line
         return NoBranch(
             f"no main-path work between the fork and the join: nothing to overlap (the main work, {names}, is in "
             f"the join statement at line {line} itself; msrewrite does not hoist it out of that statement: {why})"

@@ -44,7 +44,8 @@ class Summary:
 
     params: list[str]
     writes: set[str] = field(default_factory=set)  # parameters written in place
-    may_write: dict[str, str] = field(default_factory=dict)  # parameter -> the unseen callee that may write it
+    # parameter -> every unseen callee that may write it (sorted, no repeats; at most MAX_WRITERS)
+    may_write: dict[str, list[str]] = field(default_factory=dict)
     returns: set[str] = field(default_factory=set)  # parameters the result may alias
     unknown: set[str] = field(default_factory=set)  # callees not seen into
     collective: bool = False
@@ -58,6 +59,11 @@ class Summary:
 # and bytes read (a lookup past either stays an unknown callee).
 MAX_IMPORT_DEPTH = 6
 MAX_BYTES_READ = 3_000_000
+# Unseen callees kept per parameter of a summary: any one of them makes the parameter "may be
+# written" (soundness needs only that); the list is for naming them all in one refusal. Past
+# this many a summary keeps the first (sorted) ones, and a refusal names those (far more than
+# it lists: analyze/branch.py's MAX_VOUCHED; SGLang xllm's MoE forward has 184 for its input).
+MAX_WRITERS = 1024
 
 
 @dataclass
@@ -346,23 +352,21 @@ class ModuleSummaries:
         summary = Summary(params=params, vararg=vararg, kwarg=kwarg)
         # A recursive call sees an unknown callee until the summary is done.
         self._cache[key] = Summary(params=params, vararg=vararg, kwarg=kwarg,
-                                   may_write={p: f"{func.name.value} (recursive)" for p in params},
+                                   may_write={p: [f"{func.name.value} (recursive)"] for p in params},
                                    unknown={f"{func.name.value} (recursive)"})
         body = list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else [func.body]
         scope = self.scope_for(cls)
-        facts = []
-        for stmt in body:
-            facts.append(node_facts(stmt, scope))
-            if self.package and facts[-1].unknown_callees:
-                # a package's function with an unseen call may write every argument (_apply,
-                # strict): the rest of it would change nothing, so it is not read
-                unseen = sorted(facts[-1].unknown_callees)[0]
-                every = [*params, *(n for n in (vararg, kwarg) if n)]
-                summary.may_write = {p: unseen for p in every}
-                summary.returns = set(every)
-                summary.unknown = {unseen}
-                self._cache[key] = summary
-                return summary
+        facts = [node_facts(stmt, scope) for stmt in body]
+        if self.package and any(f.unknown_callees for f in facts):
+            # a package's function with an unseen call may write every argument (_apply, strict);
+            # every unseen call of it is named, so that one refusal lists all a reviewer must vouch for
+            unseen = sorted(set().union(*(f.unknown_callees for f in facts)))
+            every = [*params, *(n for n in (vararg, kwarg) if n)]
+            summary.may_write = {p: unseen[:MAX_WRITERS] for p in every}
+            summary.returns = set(every)
+            summary.unknown = set(unseen)
+            self._cache[key] = summary
+            return summary
         for index, item in enumerate(facts):
             item.index = index
         _param_effects(summary, facts, [*params, *(n for n in (vararg, kwarg) if n)], scope)
@@ -619,9 +623,40 @@ def _param_effects(summary: Summary, facts: list[StatementFacts], names: list[st
                 summary.writes.add(name)
             hit = storage.maybe_written(f, f.index, mine)
             if hit:
-                summary.may_write.setdefault(name, f.may_write[hit[0]])
+                writers = unseen_writers(f, hit, scope)
+                summary.may_write[name] = _merged(summary.may_write.get(name, []), writers)
             if returns.get(f.index) and any(storage._around(r, f.index) & mine for r in returns[f.index]):
                 summary.returns.add(name)
+
+
+def unseen_writers(f: StatementFacts, names: list[str], scope: Scope) -> list[str]:
+    """Every unseen callee in statement `f` that may write one of `names` (names `f.may_write`
+    holds), sorted, no repeats. `f.may_write` keeps one callee per name; the calls are looked at
+    again here so that a refusal can name all of them at once."""
+    wanted = set(names)
+    found = {f.may_write[n] for n in names if n in f.may_write}
+
+    class _Calls(Visitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            if isinstance(call.func, cst.Name) and call.func.value in scope.closures:
+                found.update(why for n, why in scope.closures[call.func.value].may_write.items() if n in wanted)
+            for written, why in scope.effect_of(call).may_writes:
+                if alias_roots(written, scope) & wanted:
+                    found.add(why)
+
+        def visit_FunctionDef(self, _node: cst.FunctionDef) -> bool:
+            return False
+
+        def visit_Lambda(self, _node: cst.Lambda) -> bool:
+            return False
+
+    f.node.visit(_Calls())
+    return sorted(found)
+
+
+def _merged(old: list[str], new: list[str]) -> list[str]:
+    """Two sorted lists of unseen callees as one (sorted, no repeats, at most MAX_WRITERS)."""
+    return sorted(set(old) | set(new))[:MAX_WRITERS]
 
 
 class _LazyDefinitions(dict):
@@ -828,12 +863,17 @@ def _apply(summary: Summary, call: cst.Call, label: str, strict: bool = False) -
         effect.writes += bound.get(name, [])
     may_write = dict(summary.may_write)
     if strict and summary.unknown:
-        unseen = sorted(summary.unknown)[0]
+        unseen = sorted(summary.unknown)[:MAX_WRITERS]
         for name in bound:
             if name not in summary.writes:
                 may_write.setdefault(name, unseen)
-    for name, why in may_write.items():
-        effect.may_writes += [(expr, f"{label} -> {why}" if not why.startswith(label) else why) for expr in bound.get(name, [])]
+    for name, whys in may_write.items():
+        for why in whys:  # one entry per unseen callee: unseen_writers names them all
+            # `why` may name this very call already (a recursive call's placeholder); `fused_moe`
+            # calling `fused_moe_kernel[grid]` is another callee
+            named = why == label or why.startswith((f"{label} (", f"{label} -> "))
+            chain = why if named else f"{label} -> {why}"
+            effect.may_writes += [(expr, chain) for expr in bound.get(name, [])]
     for name in summary.returns:
         effect.returns += bound.get(name, [])
     return effect
