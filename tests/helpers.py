@@ -8,6 +8,7 @@ is not a package); fixtures stay in conftest.py.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import importlib.util
 import io
@@ -266,3 +267,43 @@ class GitRepo(type(Path())):  # type: ignore[misc]  # Path's concrete class is c
 
     def git(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", *args], cwd=self, capture_output=True, text=True, check=True)
+
+
+class UnitLayerViolation(BaseException):
+    """A test outside the `slow` layer started a process or ran a model through verify.
+    (BaseException: an `except Exception` in the code under test must not swallow it.)"""
+
+
+@contextlib.contextmanager
+def unit_layer_guard(found: list[str]):
+    """While active, starting a process (subprocess, multiprocessing, os.fork / posix_spawn /
+    system, a fork-server request) or running a model through verify (msrewrite.verify's
+    reference build, which every verify_files run reaches, and its as-written check) raises
+    UnitLayerViolation and is recorded in `found`: the unit layer (`-m "not slow"`) must stay
+    a few seconds of in-process analysis and editing. conftest.py wraps every test without the
+    `slow` marker in it."""
+    import _posixsubprocess
+
+    import msrewrite.verify
+
+    def refuse(what: str):
+        def refused(*_args, **_kwargs):
+            found.append(what)
+            raise UnitLayerViolation(f"{what} in a test of the unit layer: mark the test `slow` (README, Tests)")
+
+        return refused
+
+    patches = [(subprocess, "_fork_exec", "a subprocess"), (_posixsubprocess, "fork_exec", "a subprocess"),
+               (os, "fork", "os.fork"), (os, "forkpty", "os.forkpty"),
+               (os, "posix_spawn", "os.posix_spawn"), (os, "posix_spawnp", "os.posix_spawnp"),
+               (os, "system", "os.system"), (_FORK_SERVER, "run", "a fork-server run"),
+               (msrewrite.verify, "_build_reference", "a verify run of the model"),
+               (msrewrite.verify, "_verify_as_written", "a verify run of the model")]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    for owner, name, what in patches:
+        setattr(owner, name, refuse(what))
+    try:
+        yield
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
