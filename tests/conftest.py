@@ -1,10 +1,10 @@
-"""Fixtures only; what tests share otherwise is in helpers.py."""
+"""Fixtures, and the rule that keeps the unit layer fast; what tests share otherwise is in helpers.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from helpers import GitRepo
+from helpers import GitRepo, UnitLayerViolation, unit_layer_guard
 
 
 @pytest.fixture
@@ -17,3 +17,35 @@ def git_repo(tmp_path):
     repo.git("config", "user.name", "Test")
     repo.git("config", "commit.gpgsign", "false")
     return repo
+
+
+def _guarded(item):
+    """Run a phase of a test without the `slow` marker under helpers.unit_layer_guard, in every
+    run (so CI fails too when a unit test starts a process or runs verify), and fail the test if
+    it tried, even where the code under test caught the exception."""
+    if item.get_closest_marker("slow") is not None:
+        outcome = yield
+        return
+    found: list[str] = []
+    with unit_layer_guard(found):
+        outcome = yield
+    if found:
+        excinfo = outcome.excinfo
+        if excinfo is None or not isinstance(excinfo[1], UnitLayerViolation):
+            outcome.force_exception(UnitLayerViolation(
+                f"{found[0]} in a test of the unit layer: mark the test `slow` (README, Tests)"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    yield from _guarded(item)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    yield from _guarded(item)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    yield from _guarded(item)

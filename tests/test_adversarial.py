@@ -101,6 +101,7 @@ def test_the_suite_is_large_and_mixed():
     assert sum(e == "clean" for e in expects) >= 15 and sum(e != "clean" for e in expects) >= 25
 
 
+@pytest.mark.slow  # runs the model through verify
 @pytest.mark.parametrize("name", PARAMS)
 def test_adversarial_model(tmp_path, name):
     expect = load_file(MODELS / f"{name}.py", f"_adv_{name}").EXPECT
@@ -127,6 +128,7 @@ def test_unsafe_models_fail_in_every_mode(tmp_path, name, mode):
     assert not result.ok, result.problems
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_late_schedule_names_the_leaking_statement(tmp_path):
     result, how = verify_model(tmp_path, "inplace_method")
     assert how == "forced"  # apply --case refuses it: the plan is forced, as apply --plan would
@@ -137,17 +139,20 @@ def test_late_schedule_names_the_leaking_statement(tmp_path):
     )
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_outlier_write_is_seen_only_on_random_draws(tmp_path):
     result, _ = verify_model(tmp_path, "outlier_clamp")
     assert any(p.startswith("draw ") or "draw " in p for p in result.problems), result.problems
     assert not any(re.match(r"flag on(,| )", p) for p in result.problems), result.problems  # make()'s inputs: clean
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_train_only_write_is_seen_in_train(tmp_path):
     result, _ = verify_model(tmp_path, "train_only_jitter")
     assert any(p.startswith("train: ") for p in result.problems), result.problems
 
 
+@pytest.mark.slow  # the CLI with verify
 def test_forced_plan_through_the_cli(tmp_path):
     """apply --plan re-derives a hand-written unsafe plan and refuses it; the same plan forced
     through the emitter is caught by verify --plan: exit 1 with the race named."""
@@ -168,6 +173,7 @@ def test_forced_plan_through_the_cli(tmp_path):
     assert any("late schedule" in p and "x.mul_(2)" in p for p in report["problems"]), report["problems"]
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_inference_only_model_skips_train_and_says_so(tmp_path):
     """A model that refuses train mode is not bad input: the train runs are skipped, by name."""
     model = tmp_path / "inference_only.py"
@@ -185,6 +191,7 @@ def test_inference_only_model_skips_train_and_says_so(tmp_path):
     assert any(s.startswith("train (the original raises RuntimeError: inference only") for s in result.skipped)
 
 
+@pytest.mark.slow  # the CLI with verify
 def test_rng_model_refused_without_the_option_and_caught_when_forced(tmp_path):
     """Dropout on both branches: apply (--case and --plan) refuses the move naming both draws;
     with --allow-rng-reorder apply --plan carries it out, and verify --plan catches the reordered

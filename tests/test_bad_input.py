@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import EXAMPLES, ROOT, main_in_process, snapshot
+from helpers import EXAMPLES, ROOT, main_in_process, runs_user_code, snapshot
 
 CASE = ("--case", "moe-shared-expert")
 
@@ -378,6 +378,9 @@ def run_row(row: Row, folder: Path, monkeypatch) -> tuple[Outcome, dict, dict]:
 
 def _param(row: Row):
     marks = [pytest.mark.xfail(strict=True, reason=row.xfail)] if row.xfail else []
+    if row.proc or runs_user_code(row.args) or "-o" in row.args:
+        # a subprocess, a fork for user code, or git (format-patch series): the slow layer
+        marks.append(pytest.mark.slow)
     return pytest.param(row, id=row.id, marks=marks)
 
 

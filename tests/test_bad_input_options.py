@@ -352,6 +352,7 @@ def outcomes(tmp_path_factory):
         return dict(zip((r.id for r in ROWS), pool.map(run, ROWS)))
 
 
+@pytest.mark.slow  # the CLI in subprocesses
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
 def test_bad_option_or_plan(outcomes, row):
     result, before, after = outcomes[row.id]

@@ -34,6 +34,7 @@ def test_every_case_declares_examples():
         assert all(item.reason for item in case.invalid), case.name
 
 
+@pytest.mark.slow  # runs the model through verify
 @pytest.mark.parametrize("case,index", VALID, ids=[f"{c.name}-{i}" for c, i in VALID])
 def test_valid_snippet_is_edited_and_the_edit_verifies(case, index, tmp_path):
     from msrewrite.verify import verify_files

@@ -80,6 +80,7 @@ def _cli(*argv: str) -> tuple[int, str, str]:
     return 0, out.getvalue(), err.getvalue()
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_a_case_in_one_new_file_is_listed_applied_golden_and_mutant_tested(toy, tmp_path):
     from msrewrite.cases import all_cases
 

@@ -19,6 +19,7 @@ from helpers import EXAMPLES, run_cli, run_main
 CASE = ["--case", "moe-shared-expert"]
 
 
+@pytest.mark.slow  # starts a process
 def test_cases_lists_every_case_with_modes():
     result = run_cli("cases")
     assert result.returncode == 0
@@ -26,6 +27,7 @@ def test_cases_lists_every_case_with_modes():
     assert "eager, npugraph-ex, ge-graph, cuda" in result.stdout
 
 
+@pytest.mark.slow  # starts a process (git)
 def test_diff_applies_with_git_apply_and_patch(git_repo):
     shutil.copy(EXAMPLES / "deepseek_moe.py", git_repo / "model.py")
     git_repo.git("add", ".")
@@ -40,6 +42,7 @@ def test_diff_applies_with_git_apply_and_patch(git_repo):
     assert (git_repo / "model.py").read_text() == (EXAMPLES / "deepseek_moe.py").read_text(), "diff mode wrote"
 
 
+@pytest.mark.slow  # starts a process (git)
 def test_diff_paths_are_relative_to_git_root(git_repo):
     sub = git_repo / "pkg" / "models"
     sub.mkdir(parents=True)
@@ -49,6 +52,7 @@ def test_diff_paths_are_relative_to_git_root(git_repo):
     assert "--- a/pkg/models/moe.py" in result.stdout
 
 
+@pytest.mark.slow  # starts a process (git)
 def test_patch_series_applies_with_git_am(git_repo, tmp_path):
     shutil.copy(EXAMPLES / "qwen_gated_moe.py", git_repo / "moe.py")
     git_repo.git("add", ".")
@@ -157,6 +161,7 @@ BAD_INPUTS = {
 }
 
 
+@pytest.mark.slow  # starts a process
 @pytest.mark.parametrize("kind", sorted(BAD_INPUTS))
 def test_bad_input_gives_one_line_and_writes_nothing(tmp_path, kind):
     content, code, message = BAD_INPUTS[kind]
@@ -229,6 +234,7 @@ def test_mode_auto_detection(tmp_path):
         assert f"mode {mode} (auto:" in result.stderr
 
 
+@pytest.mark.slow  # starts a process (git)
 def test_phased_patch_series_applies_stage_by_stage(git_repo, tmp_path):
     """-o patches/stage1/ writes the inline refactor and the phases as two patches plus an
     apply_patches.sh that applies every stage with git am on a pristine checkout."""
@@ -269,6 +275,7 @@ def test_anchor_option(tmp_path):
     assert late.returncode == 1 and "program order" in late.stderr
 
 
+@pytest.mark.slow  # starts a process (git)
 def test_several_streams_one_patch_each(git_repo, tmp_path):
     """indexer-prolog writes one patch per side stream (q, weights, q quantization re-entering q)."""
     shutil.copy(EXAMPLES / "indexer_prolog.py", git_repo / "indexer.py")
@@ -305,6 +312,7 @@ def test_core_budgets_are_checked_against_the_device():
     assert bad.returncode == 2 and "SIDE_AIC/SIDE_AIV" in bad.stderr
 
 
+@pytest.mark.slow  # the CLI with verify
 def test_verify_hand_written_multi_stream_code(tmp_path):
     """verify also checks multi-stream code nobody generated: no flag, run as written."""
     fixture = Path(__file__).resolve().parent / "fixtures" / "handwritten_moe.py"

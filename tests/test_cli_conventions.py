@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from helpers import EXAMPLES, ROOT, run_cli
+from helpers import EXAMPLES, ROOT, run_cli, run_main
 from msrewrite import __version__
 from msrewrite.cliargs import COMMANDS, params
 
@@ -24,6 +24,7 @@ def _one_error_line(result) -> str:
     return lines[0]
 
 
+@pytest.mark.slow  # starts a process
 @pytest.mark.parametrize("args, message", [
     (["apply", "--bogus", "x.py"], "unrecognized arguments: --bogus"),
     (["apply"], "the following arguments are required: FILE"),
@@ -97,11 +98,13 @@ def test_plain_command_lines_parse_as_argparse_parses_them():
     assert _plain_parse(COMMANDS["suggest"], argv) == _argparse_result("suggest", COMMANDS["suggest"], argv) != "usage error"
 
 
+@pytest.mark.slow  # starts a process
 def test_version():
     result = run_cli("--version")
     assert result.returncode == 0 and result.stdout == f"msrewrite {__version__}\n"
 
 
+@pytest.mark.slow  # starts a process
 def test_help_stays_rich_and_lists_everything():
     top = run_cli("--help")
     assert top.returncode == 0
@@ -152,12 +155,14 @@ def test_readme_names_no_option_that_does_not_exist():
 
 
 # Tables fit 80 columns ------------------------------------------------------------------------
+@pytest.mark.slow  # starts a process
 def test_cases_fits_80_columns():
     result = run_cli("cases")
     assert result.returncode == 0
     assert max(len(line) for line in result.stdout.splitlines()) <= 80
 
 
+@pytest.mark.slow  # starts a process
 def test_suggest_table_fits_80_columns():
     files = [str(p) for p in sorted(EXAMPLES.glob("*.py"))]
     result = run_cli("suggest", "--static", *files)
@@ -209,13 +214,14 @@ class Block(torch.nn.Module):
 """
 
 
+@pytest.mark.slow  # the CLI with a traced suggest (fork server)
 def test_traced_suggest_says_it_fell_back_to_static(tmp_path):
     model = tmp_path / "block.py"
     model.write_text(UNTRACEABLE)
-    result = run_cli("suggest", str(model))  # no config class, no harness: the trace cannot start
+    result = run_main("suggest", str(model))  # no config class, no harness: the trace cannot start
     assert result.returncode == 0, result.stderr
     assert "trace failed" in result.stderr and "fell back to the static tier" in result.stderr
-    quiet = run_cli("suggest", "--quiet", "--json", str(model))
+    quiet = run_main("suggest", "--quiet", "--json", str(model))
     assert quiet.returncode == 0 and quiet.stderr == ""
     assert json.loads(quiet.stdout)["candidates"]
 
@@ -224,6 +230,7 @@ def test_traced_suggest_says_it_fell_back_to_static(tmp_path):
 HEAVY = ("typer", "rich", "pydantic", "torch", "networkx", "multiprocessing", "email")
 
 
+@pytest.mark.slow  # starts a process
 @pytest.mark.parametrize("args", [
     ["cases"],
     ["apply", "--case", "moe-shared-expert", str(EXAMPLES / "deepseek_moe.py")],

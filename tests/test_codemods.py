@@ -52,6 +52,7 @@ def _examples_folder(tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow  # starts a process
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_codemod_over_a_folder_equals_apply_file_by_file(tmp_path, case):
     folder = _examples_folder(tmp_path)
@@ -73,6 +74,7 @@ def test_codemod_over_a_folder_equals_apply_file_by_file(tmp_path, case):
     assert edited >= len(case.golden_examples)
 
 
+@pytest.mark.slow  # starts a process or runs verify
 def test_the_repo_config_resolves_the_short_command_and_any_case_takes_case_options(tmp_path):
     """In this checkout (.libcst.codemod.yaml lists msrewrite.codemods) `module.Class` is enough;
     AnyCase runs the case --case names, with that case's options, and a case refuses an option it

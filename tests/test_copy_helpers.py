@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 import libcst as cst
+import pytest
 
 from helpers import EXAMPLES, load_regen
 from msrewrite.cases import get_case
@@ -141,6 +142,7 @@ def join_after_reuse(text: str) -> str:
     return "".join(lines[:start] + lines[start + 5:reuse + 1] + block + lines[reuse + 1:])
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_the_golden_edit_verifies_and_a_join_after_the_reuse_races(tmp_path):
     golden, _ = regen.golden_paths("kvcache-offload", "eager", "offload_cache_decoder")
     text = golden.read_text()
@@ -169,6 +171,7 @@ def test_a_later_cache_method_calling_something_unseen_is_a_join_point():
     assert found["Layer.forward"].plan.join_line == line_of(lines, "cache.refresh()")
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_a_cache_held_by_the_layer_copying_the_layers_own_tensors(tmp_path):
     """self.cache.offload(i, k, v): the copy reads the layer's k and v, and the layer rebinds k
     before the join, so the old k is kept alive for the copy stream. Without that guard, verify

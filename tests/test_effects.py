@@ -219,6 +219,7 @@ def test_main_path_write_of_a_side_input_is_refused(tmp_path, name):
     assert "--protect clone" in reason
 
 
+@pytest.mark.slow  # runs the model through verify
 @pytest.mark.parametrize("name", ["torch_relu_", "view_then_inplace", "setitem_through_view", "self_attribute_alias",
                                   "closure", "out_kwarg"])
 def test_protect_clone_snapshots_the_input_and_verifies(tmp_path, name):
@@ -238,6 +239,7 @@ SAFE_WRITES = {
 }
 
 
+@pytest.mark.slow  # runs the model through verify
 @pytest.mark.parametrize("name", sorted(SAFE_WRITES))
 def test_functional_counterparts_are_edited_and_verify(tmp_path, name):
     plan, text = verified(tmp_path, model(window(SAFE_WRITES[name])))
@@ -246,6 +248,7 @@ def test_functional_counterparts_are_edited_and_verify(tmp_path, name):
 
 # --- summaries: submodules, helpers, unknown callees -------------------------------------
 
+@pytest.mark.slow  # starts a process or runs verify
 def test_inplace_relu_in_the_shared_expert_is_refused_and_plain_relu_is_edited(tmp_path):
     body = window("pass")
     reason = refusal(tmp_path, model(body, shared="InplaceReluFirstMLP(d)"))
@@ -253,6 +256,7 @@ def test_inplace_relu_in_the_shared_expert_is_refused_and_plain_relu_is_edited(t
     verified(tmp_path, model(body, shared="ReluFirstMLP(d)"))
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_router_that_clamps_its_input_is_refused_or_protected(tmp_path):
     body = window("pass")
     reason = refusal(tmp_path, model(body, router="ClampRouter"))
@@ -261,6 +265,7 @@ def test_router_that_clamps_its_input_is_refused_or_protected(tmp_path):
     assert plan.protect_inputs == ("x",)
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_a_write_before_the_side_read_moves_the_fork_after_it(tmp_path):
     body = """
     w = self.gate(x)
@@ -287,22 +292,26 @@ def test_unknown_fused_experts_are_named_and_refused(tmp_path):
     assert "--protect clone or --assume-pure FusedMoE" in reason
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_protect_clone_makes_the_in_place_fused_experts_safe(tmp_path):
     plan, text = verified(tmp_path, model(SGLANG_SHAPE, experts="FusedMoE", fused_inplace=True), protect="clone")
     assert plan.protect_inputs == ("x",)
     assert any("FusedMoE" in t for t in plan.trust_boundary), plan.trust_boundary
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_assume_pure_vouches_for_a_callee(tmp_path):
     plan, _ = verified(tmp_path, model(SGLANG_SHAPE, experts="FusedMoE", fused_inplace=False), assume_pure=("FusedMoE",))
     assert plan.assume_pure == ("FusedMoE",) and plan.protect_inputs == ()
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_experts_picked_by_index_are_followed(tmp_path):
     plan, _ = verified(tmp_path, model(SGLANG_SHAPE, experts="IndexedExperts"))
     assert plan.trust_boundary == ()
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_a_helper_method_is_followed(tmp_path):
     source = model("""
     s = self.shared_experts(x)
@@ -341,6 +350,7 @@ def test_join_statement_that_writes_the_side_input_first_is_refused(tmp_path):
     assert "before the side call in the same statement reads it" in refusal(tmp_path, model(body))
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_join_statement_writing_after_the_call_is_edited(tmp_path):
     body = """
     w = self.gate(x)
@@ -351,6 +361,7 @@ def test_join_statement_writing_after_the_call_is_edited(tmp_path):
     verified(tmp_path, model(body))
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_tuple_returning_hoisted_call_gets_its_outputs_guarded(tmp_path):
     body = """
     w = self.gate(x)
@@ -362,6 +373,7 @@ def test_tuple_returning_hoisted_call_gets_its_outputs_guarded(tmp_path):
     assert "elif isinstance(value, (tuple, list))" in text  # the guard reaches into tuples
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_del_is_a_rebinding(tmp_path):
     body = """
     s = self.shared_experts(x)
@@ -465,6 +477,7 @@ def test_a_sibling_module_is_read_not_imported(tmp_path, write, edited):
         assert "writes 'x' in place" in refusal(tmp_path, source)
 
 
+@pytest.mark.slow  # starts a process
 def test_torch_name_table_matches_the_installed_torch():
     """The analysis reads torch's names from a generated table (no torch import at start-up)."""
     import subprocess

@@ -1,11 +1,14 @@
 """Every bundled example traces with `msrewrite suggest` and proves its case with `apply --verify`,
-from the command line as a new user runs them (afd and microbatch start their own gloo group)."""
+from the command line as a new user runs them (afd and microbatch start their own gloo group).
+Both commands run user code, so helpers.run_main forks them from the fork server: the same
+`python -m msrewrite` run without a Python start-up and an `import torch` per call
+(tests/test_forkserver.py compares the two)."""
 
 from __future__ import annotations
 
 import pytest
 
-from helpers import EXAMPLES, load_regen, run_cli
+from helpers import EXAMPLES, load_regen, run_main
 
 pytestmark = pytest.mark.slow
 
@@ -22,10 +25,10 @@ def test_every_example_has_a_case():
 @pytest.mark.parametrize("example", sorted(CASE_OF))
 def test_example_traces_and_verifies(example, tmp_path):
     path = EXAMPLES / f"{example}.py"
-    traced = run_cli("suggest", str(path), cwd=tmp_path)
+    traced = run_main("suggest", str(path), cwd=tmp_path)
     assert traced.returncode in (0, 1), traced.stderr
     assert "error" not in traced.stderr and "static" not in traced.stderr, traced.stderr
-    proved = run_cli("apply", "--case", CASE_OF[example], "--verify", str(path), cwd=tmp_path)
+    proved = run_main("apply", "--case", CASE_OF[example], "--verify", str(path), cwd=tmp_path)
     assert proved.returncode == 0, proved.stderr
     assert "OK: outputs equal exactly" in proved.stderr
     assert proved.stdout.startswith("--- a/")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_cli
+from helpers import run_cli, run_main
 from msrewrite.plan import FlagSpec, load_plans
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -34,6 +34,7 @@ def _apply(path: Path, *options: str, env: dict | None = None):
     return run_cli("apply", *CASE, str(path), *options, env=env or _env())
 
 
+@pytest.mark.slow  # starts a process
 def test_sglang_flag_and_capture_gate_read_like_sglang_code():
     done = _apply(SGLANG_MOE, "--mode", "eager", "--flag", "sglang:SGLANG_NPU_USE_MULTI_STREAM",
                   "--flag-default", "off", "--gate", "capture")
@@ -48,6 +49,7 @@ def test_sglang_flag_and_capture_gate_read_like_sglang_code():
     assert "_ms_env_flag" not in done.stdout and "os.environ" not in done.stdout
 
 
+@pytest.mark.slow  # starts a process
 @pytest.mark.parametrize("gate, predicate", [
     ("prefill", "forward_batch is not None and forward_batch.forward_mode.is_extend()"),
     ("decode", "forward_batch is not None and forward_batch.forward_mode.is_decode()"),
@@ -58,6 +60,7 @@ def test_phase_gate_reads_the_forward_batch(gate, predicate):
     assert f"self.enable_sglang_npu_use_multi_stream and {predicate})" in done.stdout
 
 
+@pytest.mark.slow  # starts a process
 def test_vllm_ascend_flag_reads_the_ascend_config_and_with_prefill():
     done = _apply(VLLM_ASCEND_MOE, "--mode", "npugraph-ex", "--flag", "vllm-ascend:multistream_overlap_shared_expert",
                   "--flag-default", "off", "--gate", "decode")
@@ -100,6 +103,7 @@ def test_vllm_ascend_edit_verifies_with_its_config_switched():
     assert "ops on side" in done.stderr and "OK:" in done.stderr
 
 
+@pytest.mark.slow  # starts a process
 @pytest.mark.parametrize("path, options, message", [
     (PLAIN_MOE, ("--flag", "sglang:SGLANG_NPU_USE_MULTI_STREAM"),
      "--flag sglang:SGLANG_NPU_USE_MULTI_STREAM needs a sglang model file"),
@@ -123,6 +127,7 @@ def test_refusals_are_one_line_and_write_nothing(path, options, message):
     assert len(errors) == 1 and message in errors[0], done.stderr
 
 
+@pytest.mark.slow  # starts a process
 def test_gate_reading_a_rebound_parameter_is_refused(tmp_path):
     model = tmp_path / "rebound.py"
     text = SGLANG_MOE.read_text().replace(
@@ -133,6 +138,7 @@ def test_gate_reading_a_rebound_parameter_is_refused(tmp_path):
     assert "assigns its parameter 'forward_batch'" in done.stderr
 
 
+@pytest.mark.slow  # starts a process
 def test_tokens_gate_is_max_tokens():
     via_gate = _apply(PLAIN_MOE, "--gate", "tokens<=64")
     via_option = _apply(PLAIN_MOE, "--max-tokens", "64")
@@ -140,6 +146,7 @@ def test_tokens_gate_is_max_tokens():
     assert "_ms_num_tokens(residuals) <= 64" in via_gate.stdout
 
 
+@pytest.mark.slow  # starts a process
 def test_plan_files_carry_flag_kind_and_gate():
     done = run_cli("suggest", "--static", "--json", str(SGLANG_MOE), env=_env())
     assert done.returncode == 0, done.stderr
@@ -159,6 +166,7 @@ def test_plan_files_carry_flag_kind_and_gate():
 FULLGRAPH_MOE = FIXTURES / "fullgraph_moe.py"
 
 
+@pytest.mark.slow  # starts a process
 @pytest.mark.parametrize("compiled, reason", [
     ("@support_torch_compile\nclass Model", "vLLM's @support_torch_compile on Model, which builds MoE"),
     ("@torch.compile(fullgraph=True)\nclass Model", "@torch.compile(fullgraph=True) on Model, which builds MoE"),
@@ -183,11 +191,12 @@ def test_outside_a_fullgraph_region_the_same_model_is_edited_and_verified(tmp_pa
     for name, extra in (("eager", ""), ("npugraph_ex", '\n\ndef compiled():\n    return torch.compile(Model(), backend="npugraph_ex", fullgraph=True)\n')):
         model = tmp_path / f"{name}_moe.py"
         model.write_text(FULLGRAPH_MOE.read_text().replace("@support_torch_compile\n", "") + extra)
-        done = run_cli("apply", *CASE, str(model), "--verify")
+        done = run_main("apply", *CASE, str(model), "--verify")  # the fork server: no PYTHONPATH needed
         assert done.returncode == 0, done.stderr
         assert "OK:" in done.stderr and "ops on side" in done.stderr
 
 
+@pytest.mark.slow  # starts a process
 def test_a_stream_made_by_the_model_reads_the_framework_flag_too(tmp_path):
     """moe-shared-mlp-init: the outermost model makes the stream; it reads the same SGLang switch."""
     model = tmp_path / "hunyuan_moe.py"
@@ -200,6 +209,7 @@ def test_a_stream_made_by_the_model_reads_the_framework_flag_too(tmp_path):
     assert "getattr(config" not in done.stdout
 
 
+@pytest.mark.slow  # starts a process
 @pytest.mark.parametrize("options, message", [
     (("--flag", "sglang:SGLANG_NPU_USE_MULTI_STREAM"), "needs a sglang model file, and this file imports nothing"),
     (("--flag", "vllm-ascend:multistream_overlap_shared_expert"), "needs a vllm-ascend model file"),
@@ -219,6 +229,7 @@ def test_prefill_microbatch_refuses_a_flag_or_gate_it_cannot_honour(options, mes
     assert len(errors) == 1 and message in errors[0], done.stderr
 
 
+@pytest.mark.slow  # starts a process
 @pytest.mark.parametrize("binding, message", [
     ("def get_is_capture_mode():\n    return True\n", "the file defines its own get_is_capture_mode()"),
     ("from mylib import get_is_capture_mode\n", "the file binds get_is_capture_mode by another import"),

@@ -41,6 +41,7 @@ def test_golden_is_idempotent(case, mode, example):
         case_steps(expected_py, src.text, src.module, case, mode, None, FlagSpec(name=get_case(case).flag_name), None)
 
 
+@pytest.mark.slow  # starts a process or runs verify
 @pytest.mark.parametrize("case,mode,example", PARAMS, ids=["-".join(p) for p in PARAMS])
 def test_golden_diff_applies_to_a_pristine_copy(tmp_path, case, mode, example):
     """The expected diff is what users get from `apply`; it must apply with git apply and patch."""

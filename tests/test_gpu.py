@@ -30,6 +30,7 @@ def test_cuda_sanitizer_agrees_with_msrewrite():
     assert "lifetime" in verdicts["lifetime-guard-removed"][0].split(","), verdicts
 
 
+@pytest.mark.slow  # starts a process
 @pytest.mark.skipif(_has_cuda(), reason="checks the no-GPU exit")
 @pytest.mark.parametrize("script", ["gpu_overlap.py", "gpu_sanitizer.py"])
 def test_gpu_benches_exit_cleanly_without_a_gpu(script):

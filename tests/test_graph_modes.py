@@ -52,6 +52,7 @@ def test_stand_in_models_a_torchair_that_fails_to_initialise_lazily():
         assert new["torchair"] is not None  # a working torchair is kept
 
 
+@pytest.mark.slow  # runs the golden models
 @pytest.mark.parametrize("example", regen.golden_examples()["moe-shared-expert"])
 def test_ge_golden_falls_back_when_torchair_fails_to_initialise(tmp_path, example):
     """The old import lets the error surface inside forward; the emitted one runs the original path."""
@@ -102,6 +103,7 @@ def test_eager_core_limits_restore_the_main_stream_limit_and_set_the_side_once(t
         assert rt.core_limits[main.stream_id] == {"cube_core_num": 20, "vector_core_num": 40}
 
 
+@pytest.mark.slow  # runs the golden models
 @pytest.mark.parametrize("mode", regen.golden_modes("attn-moe-limit-core"))
 def test_every_core_limit_golden_leaves_a_pre_set_main_limit_as_it_was(tmp_path, mode):
     """issue 13's done-when, for each core-limit golden run eagerly under the stand-ins: eager saves
@@ -213,6 +215,7 @@ def test_stand_in_backend_follows_the_compiler_config_mode():
     }
 
 
+@pytest.mark.slow  # runs the golden models under torch.compile
 @pytest.mark.parametrize("compile_mode", COMPILE_MODES)
 @pytest.mark.parametrize("case,example", GE_GOLDENS)
 def test_ge_golden_raises_nothing_under_each_compile_mode(tmp_path, case, example, compile_mode):
@@ -225,6 +228,7 @@ def test_ge_golden_raises_nothing_under_each_compile_mode(tmp_path, case, exampl
     assert bool(side) == (compile_mode == "max-autotune"), streams
 
 
+@pytest.mark.slow  # runs the compiled models
 @pytest.mark.parametrize("compile_mode", ["reduce-overhead", "npugraph_ex", "run_eagerly"])
 @pytest.mark.parametrize("example", regen.golden_examples()["moe-shared-expert-phased"])
 def test_old_wait_tensor_gate_is_caught(tmp_path, example, compile_mode):
@@ -295,6 +299,7 @@ def test_mode_that_cannot_be_told_asks_for_mode(tmp_path, body, match):
     assert given.returncode == 0, given.stderr
 
 
+@pytest.mark.slow  # starts a process or runs verify
 def test_vllm_ascend_style_reduce_overhead_file_gets_npugraph_ex_and_verifies(tmp_path):
     """config.mode = "reduce-overhead" gets native streams and events, proven by verify, and exact and
     clean when run through the stand-in backend with reduce-overhead semantics."""
@@ -371,6 +376,7 @@ def _npugraph_ex_compiled_run(tmp_path, example, torch_npu_version, replace=None
     return expected, out, sanitizer.findings, {op.stream for op in ops}
 
 
+@pytest.mark.slow  # runs the compiled models
 @pytest.mark.parametrize("version", ["2.14", "2.10"])
 @pytest.mark.parametrize("example", regen.golden_examples()["moe-shared-expert"])
 def test_npugraph_ex_side_stream_only_where_record_stream_reaches_it(tmp_path, example, version):

@@ -339,6 +339,7 @@ def edit(path: Path, mode: str = "eager", case: str = "moe-shared-expert") -> Pa
     return edited
 
 
+@pytest.mark.slow  # runs the model through verify
 @pytest.mark.parametrize("name", sorted(SAFE))
 def test_guarded_shape_is_edited_and_verifies(tmp_path, name):
     forward, kwargs = SAFE[name]
@@ -350,6 +351,7 @@ def test_guarded_shape_is_edited_and_verifies(tmp_path, name):
     assert on.name == "flag on" and any(stream != "main" for stream in on.streams), on.streams
 
 
+@pytest.mark.slow  # starts a process or runs verify
 def test_a_split_if_whose_other_branch_writes_verifies_with_that_branch_taken(tmp_path):
     """use_shared=False: no fork, the original else (relu_ on x included) runs on the main stream."""
     forward, _ = SAFE["other_branch_writes_its_input"]
@@ -361,6 +363,7 @@ def test_a_split_if_whose_other_branch_writes_verifies_with_that_branch_taken(tm
     assert result.problems == ["flag on: no op ran on a side stream (is the flag wired?)"], result.problems
 
 
+@pytest.mark.slow  # runs the model through verify
 @pytest.mark.parametrize("mode", ["npugraph-ex", "ge-graph", "cuda"])
 def test_guarded_split_verifies_in_every_mode(tmp_path, mode):
     forward, kwargs = SAFE["if_not_none_with_consumer"]

@@ -77,6 +77,7 @@ def join_block(text: str) -> str:
     return forward[forward.index("with the flag on,"):]
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_granite_shape_hoists_the_routed_experts_on_the_flag_on_path_only(tmp_path):
     step = edits_and_verifies(tmp_path, "granite", model_source(GRANITE))
     (plan,) = step.plans
@@ -108,6 +109,7 @@ def test_the_late_schedule_runs_the_side_work_after_the_hoisted_main_call(tmp_pa
     assert "interleaved schedule" in block_forward(variant(source, "interleaved"))
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_ernie_shape_hoists_super_forward_and_keeps_the_return(tmp_path):
     path = write(tmp_path, "ernie", ERNIE)
     step = edit(path)
@@ -126,6 +128,7 @@ def test_ernie_shape_hoists_super_forward_and_keeps_the_return(tmp_path):
     assert any(stream != "main" for stream in result.runs[2].streams)
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_assignment_form_without_a_guard_and_with_the_side_call_in_the_join(tmp_path):
     plain = edits_and_verifies(tmp_path, "plain", model_source(
         "shared = self.shared_expert(x)\nh = self.experts(x, *self.route(x)) + shared\nreturn h"))
@@ -143,6 +146,7 @@ def test_assignment_form_without_a_guard_and_with_the_side_call_in_the_join(tmp_
     assert "return torch.relu(experts_output) + shared" in block_forward(wrapped.new)
 
 
+@pytest.mark.slow  # runs the model through verify
 @pytest.mark.parametrize("mode", ["cuda", "npugraph-ex", "ge-graph"])
 def test_every_mode_edits_and_verifies(tmp_path, mode):
     path = write(tmp_path, f"granite_{mode.replace('-', '_')}", model_source(GRANITE))
@@ -194,6 +198,7 @@ def test_unsafe_join_statements_are_refused_with_the_reason(tmp_path, name):
     assert "\n" not in why
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_a_ternary_hoist_forced_through_a_plan_is_caught(tmp_path):
     """`(self.bump(x * 0, x) if c else x * 1) + shared` with c false never runs bump; hoisted, it
     runs anyway and doubles x in place: the edit the rule refuses, carried out, changes the result."""
@@ -208,6 +213,7 @@ def test_a_ternary_hoist_forced_through_a_plan_is_caught(tmp_path):
     assert any("differs" in p for p in problems), problems
 
 
+@pytest.mark.slow  # starts a process or runs verify
 def test_a_call_hoisted_past_an_earlier_operand_forced_through_a_plan_is_caught(tmp_path):
     path = write(tmp_path, "before", model_source(REFUSED["evaluated_before"][0]))
     src = load(path)
@@ -226,6 +232,7 @@ def test_a_call_hoisted_past_an_earlier_operand_forced_through_a_plan_is_caught(
 WRITES_INPUT = "shared = self.shared_expert(x)\nreturn self.bump(x * 1, x) + shared"
 
 
+@pytest.mark.slow  # starts a process or runs verify
 def test_a_hoisted_main_call_that_writes_the_side_input_is_refused_protected_or_caught(tmp_path):
     """bump doubles x in place; the shared expert reads x. Refused (naming the write), edited with
     --protect clone (the side stream reads a copy made at the fork), and forced without the copy,
@@ -268,6 +275,7 @@ def unseen_source(inplace: bool) -> str:
     return source.replace("INPLACE = False", f"INPLACE = {inplace}")
 
 
+@pytest.mark.slow  # starts a process or runs verify
 def test_an_unseen_routed_experts_call_is_refused_naming_it_and_edited_when_vouched_or_protected(tmp_path):
     """SGLang's granitemoe block_sparse_moe is a FusedMoE msrewrite cannot see into: it may write
     hidden_states, which the shared MLP reads. The refusal names it; --assume-pure and

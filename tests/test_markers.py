@@ -129,6 +129,7 @@ def test_markers_refusals_are_one_line(tmp_path, args, message):
     assert out.stdout == ""
 
 
+@pytest.mark.slow  # the CLI with verify
 @pytest.mark.parametrize("mode", ["cuda", "eager"])
 def test_verify_passes_with_markers_on(mode):
     out = run_main("apply", "--case", "moe-shared-expert", "--mode", mode, "--markers", "--verify",
@@ -137,6 +138,7 @@ def test_verify_passes_with_markers_on(mode):
     assert "schedules: early, late, interleaved" in out.stderr and "sanitizer clean" in out.stderr
 
 
+@pytest.mark.slow  # runs the marked models
 @pytest.mark.parametrize("example, case, mode, flag, expected", [
     ("indexer_prolog", "indexer-prolog", "eager", "ENABLE_INDEXER_PROLOG_STREAMS",
      ["start:weights:side", "end", "start:weights:main", "start:q:side", "end", "start:q:main",
@@ -194,6 +196,7 @@ def test_a_plan_whose_stream_cannot_be_found_is_refused():
         markers.add(cut, plans)
 
 
+@pytest.mark.slow  # starts a process or runs verify
 @pytest.mark.parametrize("case, example, mode", [
     ("indexer-prolog", "indexer_prolog", "eager"),
     ("moe-shared-mlp-init", "hunyuan_moe", "cuda"),

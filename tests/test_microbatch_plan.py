@@ -103,6 +103,7 @@ VLLM_ASCEND = _changed(("from torch import nn\n",
                         "from torch import nn\n\nfrom vllm_ascend.ascend_config import get_ascend_config  # noqa: F401\n"))
 
 
+@pytest.mark.slow  # starts a process
 def test_sglang_and_vllm_ascend_flags_read_like_the_framework(tmp_path):
     done = run_cli("apply", "--case", CASE, str(_write(tmp_path, SGLANG)), "--flag", "sglang:SGLANG_ENABLE_TBO",
                    "--flag-default", "off", env=_env())
@@ -303,6 +304,7 @@ COUNTER = _changed(
 )
 
 
+@pytest.mark.slow  # starts a process or runs verify
 def test_a_layer_writing_shared_state_is_refused_and_verify_catches_the_forced_edit(tmp_path):
     with pytest.raises(NothingToDo, match=r"MoEDecoderLayer.forward: `self.seen.add_\(routed.mean\(\)\)` writes "
                                           r"self.seen, which both micro-batches share"):

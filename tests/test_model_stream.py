@@ -30,6 +30,7 @@ def edit(tmp_path: Path, source: str, mode: str = "cuda") -> tuple[Path, Path, s
     return original, edited, steps[-1].new
 
 
+@pytest.mark.slow  # runs the model through verify
 @pytest.mark.parametrize("source, side_streams", [(MODEL, 1), (MADE_IN_INIT, 2)], ids=["handed-in", "made-in-init"])
 def test_the_model_stream_is_reused_and_verifies(tmp_path, source, side_streams):
     original, edited, new = edit(tmp_path, source)

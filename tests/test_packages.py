@@ -49,6 +49,7 @@ def refusal(tmp_path: Path, source: str) -> str:
     return str(err.value)
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_a_package_class_is_read_through_reexports_and_the_edit_verifies(tmp_path, source_path):
     plan, edited, original = edit(tmp_path, MODEL)
     assert plan.trust_boundary == ()
@@ -106,7 +107,7 @@ def test_reading_is_bounded(tmp_path, monkeypatch):
                                        "    def forward(self, x, w):\n        return x * w.sum()\n")
     model = tmp_path / "model"
     model.mkdir()
-    packages.set_source_path([root])
+    packages.set_source_path([SOURCES, root])  # fakeserve too: MODEL's gate (RowLinear) comes from it
     try:
         why = refusal(model, MODEL.replace("from fakeserve.layers import RoutedExperts", "from chain.m0 import Experts")
                       .replace("RoutedExperts(d, n)", "Experts()"))
@@ -142,6 +143,7 @@ def test_a_missing_source_path_is_a_one_line_error(tmp_path):
 SIDE_WORK = (FIXTURES / "pkg_side_work.py").read_text()
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_an_inherited_package_method_and_a_package_function_are_read(tmp_path, source_path):
     """vLLM's minicpmv (`self._repeat(...)` from BaseResampler) and idefics2 (`async_tensor_h2d`):
     both are pure in their source, so the edit goes through and verifies."""

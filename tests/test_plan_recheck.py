@@ -142,6 +142,7 @@ def test_every_suggested_candidate_on_the_examples_passes_apply_plan(tmp_path: P
     assert seen >= 8
 
 
+@pytest.mark.slow  # the CLI with verify
 def test_generic_plan_through_apply_plan_verifies(tmp_path: Path) -> None:
     """The edit a plan makes is proven like a case's: original = flag off = flag on, sanitizer clean."""
     analysis = analyze(FIXTURE, device=profile("a3"), static=True)
@@ -152,6 +153,7 @@ def test_generic_plan_through_apply_plan_verifies(tmp_path: Path) -> None:
     assert "+            with torch.npu.stream(" in result.stdout
 
 
+@pytest.mark.slow  # traces the model (runs it)
 def test_traced_candidates_pass_apply_plan_too(tmp_path: Path, capsys) -> None:
     """The traced tier builds its plans through the same finder and the same check."""
     model = EXAMPLES / "deepseek_moe.py"

@@ -116,6 +116,7 @@ def verify(tmp_path: Path, path: Path, text: str):
     return verify_files(edited, original=path, inputs=0)
 
 
+@pytest.mark.slow  # starts a process or runs verify
 @pytest.mark.parametrize("name", list(REFUSED))
 def test_reordered_draws_are_refused_and_verify_catches_them_when_forced(tmp_path, name):
     body, named = REFUSED[name]
@@ -133,6 +134,7 @@ def test_reordered_draws_are_refused_and_verify_catches_them_when_forced(tmp_pat
         assert any("rng-order" in p for p in result.problems), result.problems
 
 
+@pytest.mark.slow  # runs the model through verify
 @pytest.mark.parametrize("name", list(ACCEPTED))
 def test_draws_in_the_same_order_are_edited_and_verify_clean(tmp_path, name):
     path = model(tmp_path, name, ACCEPTED[name])
@@ -143,6 +145,7 @@ def test_draws_in_the_same_order_are_edited_and_verify_clean(tmp_path, name):
     assert "train" in result.scenarios and result.schedules == ["early", "late", "interleaved"]
 
 
+@pytest.mark.slow  # the CLI with verify
 def test_plan_file_is_rechecked_and_the_option_is_recorded(tmp_path):
     """apply --plan refuses a plan whose move reorders random draws; with --allow-rng-reorder it
     carries it out, says so with the edit, and verify --plan catches the reordering (exit 1)."""

@@ -50,6 +50,7 @@ def edit_and_verify(tmp_path: Path, source: Path, case: str, mode: str) -> str:
     return text
 
 
+@pytest.mark.slow  # runs the model through verify
 @pytest.mark.parametrize("mode", ["eager", "npugraph-ex", "ge-graph", "cuda"])
 def test_deepep_helper_gets_the_shared_expert_edit(tmp_path, mode):
     text = edit_and_verify(tmp_path, FIXTURES / "deepep_helper_moe.py", "moe-shared-expert", mode)
@@ -59,6 +60,7 @@ def test_deepep_helper_gets_the_shared_expert_edit(tmp_path, mode):
     assert "shared_output = self._forward_shared_experts(hidden_states)" in deepep
 
 
+@pytest.mark.slow  # runs the model through verify
 @pytest.mark.parametrize("mode", ["eager", "ge-graph", "cuda"])
 def test_deepep_helper_gets_the_phased_edit(tmp_path, mode):
     text = edit_and_verify(tmp_path, FIXTURES / "deepep_helper_moe.py", "moe-shared-expert-phased", mode)
@@ -119,6 +121,7 @@ def forward(self, x):
 """
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_free_function_helper_is_a_seed(tmp_path):
     path = block_file(tmp_path, """
     def forward(self, x):
@@ -237,6 +240,7 @@ def test_auto_mode_follows_a_file_that_drives_cuda_streams():
     assert detect_mode("ok = torch.cuda.is_available()\n")[0] == "eager"
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_phased_inliner_keeps_a_multi_line_conditional_expression(tmp_path):
     """SGLang ernie4: `shared = (\\n self.shared_experts(h)\\n if ... \\n else None\\n)` used to lose
     its parentheses and be reported as the user's syntax error."""
@@ -276,6 +280,7 @@ def test_inliner_failure_is_an_internal_error_not_the_users_syntax_error(tmp_pat
     assert str(path) not in message
 
 
+@pytest.mark.slow  # starts a process or runs verify
 def test_deepep_helper_with_sglangs_flag_and_capture_gate_reuses_the_models_stream(tmp_path):
     """Issue 13's done-when on SGLang 0.5.6's shape: `--flag sglang:SGLANG_NPU_USE_MULTI_STREAM --gate
     capture` reads like the file's own dual-stream code: self.alt_stream, SGLang's flag reader and
@@ -303,6 +308,7 @@ def test_deepep_helper_with_sglangs_flag_and_capture_gate_reuses_the_models_stre
     assert "flag on, gate false" in runs
 
 
+@pytest.mark.slow  # runs the model through verify
 @pytest.mark.parametrize("mode", ["ge-graph", "cuda"])
 def test_deepep_helper_without_a_shared_expert_runs_the_phased_edit(tmp_path, mode):
     """shared_expert_intermediate_size=0: the side `if`s are false in every phase; nothing reads a

@@ -159,6 +159,7 @@ return out + shared
 """
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_an_early_exit_before_the_side_work_moves_the_fork_after_it(tmp_path):
     step = edits_and_verifies(tmp_path, "early_exit", model_source(EARLY_EXIT))
     plan = step.plans[0]
@@ -168,6 +169,7 @@ def test_an_early_exit_before_the_side_work_moves_the_fork_after_it(tmp_path):
     assert plan.fork_line > plan.side[0].first_line - 3
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_an_exit_inside_the_window_is_refused_and_forcing_it_is_caught(tmp_path):
     why = refusal(write(tmp_path, "exit_in_window", model_source(EXIT_IN_WINDOW)))
     assert "can return before the join" in why
@@ -204,6 +206,7 @@ return h + 1
 """
 
 
+@pytest.mark.slow  # runs the model through verify
 @pytest.mark.parametrize("has_experts", [True, False])
 def test_side_work_in_both_branches_forks_in_the_one_with_main_work(tmp_path, has_experts):
     source = model_source(ONE_BRANCH_BUSY, f"has_experts={has_experts}")
@@ -226,6 +229,7 @@ def test_side_work_in_two_busy_branches_is_refused(tmp_path):
     assert "both branches of `if self.has_experts` call the side branch and both also do main work" in why
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_the_branch_with_main_work_needs_an_invariant_condition(tmp_path):
     """The same split on a condition the router computes: refused; forced, the fork reads the
     router's result before it exists."""
@@ -253,12 +257,14 @@ return out
 """
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_a_copy_made_under_the_guards_condition_is_not_an_alias(tmp_path):
     step = edits_and_verifies(tmp_path, "guarded_copy", model_source(GUARDED_COPY))
     assert step.plans[0].guard == "self.shared_expert is not None"
     assert step.plans[0].protect_inputs == ()
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_a_copy_made_under_another_condition_may_alias(tmp_path):
     """`x.clone() if not self.has_experts else x` picks `x` itself when the side work runs."""
     unsafe = GUARDED_COPY.replace("if self.shared_expert is not None else x", "if not self.has_experts else x")
@@ -280,11 +286,13 @@ return out + self.shared_experts(identity)
 """
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_the_side_may_write_an_input_only_it_reads(tmp_path):
     step = edits_and_verifies(tmp_path, "private_input", model_source(PRIVATE_INPUT))
     assert step.plans[0].side_inputs == ("identity",)
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_the_side_may_not_write_an_input_the_main_path_reads(tmp_path):
     unsafe = PRIVATE_INPUT.replace("self.route(x)", "self.route(identity)")
     why = refusal(write(tmp_path, "shared_input", model_source(unsafe)))
@@ -320,6 +328,7 @@ return h
 """
 
 
+@pytest.mark.slow  # runs the model through verify
 @pytest.mark.parametrize("has_experts", [True, False])
 def test_the_same_side_call_in_every_branch_is_hoisted_once(tmp_path, has_experts):
     step = edits_and_verifies(tmp_path, "every_branch", model_source(EVERY_BRANCH, f"has_experts={has_experts}"))
@@ -329,6 +338,7 @@ def test_the_same_side_call_in_every_branch_is_hoisted_once(tmp_path, has_expert
     assert "h = out + shared_expert_output" in forward
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_a_branch_that_changes_the_side_input_first_is_refused(tmp_path):
     """`x.mul_(2) + self.shared_expert(x)` reads x after the write: hoisting the call changes it."""
     unsafe = EVERY_BRANCH.replace("h = out + self.shared_expert(x)", "h = x.mul_(2) + self.shared_expert(x)")
@@ -340,6 +350,7 @@ def test_a_branch_that_changes_the_side_input_first_is_refused(tmp_path):
     assert any("differs" in p for p in problems), problems
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_every_side_call_of_a_join_statement_is_replaced(tmp_path):
     """Two side calls hoisted out of one statement: both read their results on the main path (the
     second one once stayed in place, and ran again on the main stream)."""
@@ -363,11 +374,13 @@ return self.shared_expert(x) + self.bump(out, x)
 """
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_a_write_after_the_side_call_in_its_statement_is_not_in_the_way(tmp_path):
     step = edits_and_verifies(tmp_path, "after_in_join", model_source(AFTER_IN_JOIN))
     assert "return shared_expert_output + self.bump(out, x)" in block_forward(step.new)
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_a_write_before_the_side_call_in_its_statement_is_refused(tmp_path):
     unsafe = AFTER_IN_JOIN.replace("self.shared_expert(x) + self.bump(out, x)", "self.bump(out, x) + self.shared_expert(x)")
     why = refusal(write(tmp_path, "before_in_join", model_source(unsafe)))
@@ -463,12 +476,14 @@ return out + self.shared_expert(x)
 """
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_a_function_reexported_with_a_star_import_is_read(tmp_path, star_package):
     source = model_source(STAR).replace("from torch import nn\n", f"from torch import nn\nimport sys\nsys.path.insert(0, {str(star_package)!r})\nfrom starpkg import scaled, scale_\n")
     step = edits_and_verifies(tmp_path, "star_pure", source)
     assert step.plans[0].trust_boundary == ()
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_a_star_exported_function_that_writes_its_input_is_refused(tmp_path, star_package):
     source = model_source(STAR.replace("scaled(x, weights) + out", "scale_(x, weights) + out")).replace(
         "from torch import nn\n", f"from torch import nn\nimport sys\nsys.path.insert(0, {str(star_package)!r})\nfrom starpkg import scaled, scale_\n")
@@ -509,6 +524,7 @@ def phased_source(body: str) -> str:
     return source[:start] + textwrap.dedent(body).strip("\n").replace("\n", "\n    ").join(["    ", "\n"]) + source[start + len("    def forward(self, x):\n        return x\n"):]
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_a_helper_with_an_if_is_inlined_and_split_over_the_phases(tmp_path):
     path = write(tmp_path, "phased_helper", phased_source(PHASED_HELPER))
     steps = phased(path)
@@ -526,6 +542,7 @@ def test_a_helper_with_an_if_is_inlined_and_split_over_the_phases(tmp_path):
     assert result.ok, result.problems
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_an_if_whose_test_changes_before_a_later_phase_is_not_split(tmp_path):
     """`on` rebound before the phase-1 re-entry: each phase would test it again and skip the rest,
     so the `if` runs whole, in one phase; the split, forced anyway, is caught by verify."""
@@ -555,6 +572,7 @@ REBIND_IN_SIDE = """
 """
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_a_rebinding_side_statement_keeps_its_order_across_phases(tmp_path):
     path = write(tmp_path, "rebind_in_side", phased_source(REBIND_IN_SIDE))
     steps = phased(path, phase_anchors=("w", "out"))

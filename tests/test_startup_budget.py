@@ -103,6 +103,7 @@ APPLY_BUDGET = {
 }
 
 
+@pytest.mark.slow  # starts a process
 @pytest.mark.parametrize("example", ["deepseek_moe", "guarded_moe"])
 def test_apply_reads_the_whole_file_a_fixed_number_of_times(example):
     done = subprocess.run(
@@ -131,6 +132,7 @@ NOT_FOR_APPLY = (
 )
 
 
+@pytest.mark.slow  # starts a process
 def test_apply_imports_only_what_it_uses():
     code = (
         "import io, sys, contextlib\n"

@@ -319,6 +319,7 @@ def test_fx_module_dag_and_cross_check(analyses) -> None:
         assert "fx module graph: side and main submodules are independent" in top.notes
 
 
+@pytest.mark.slow  # traces the model (runs it)
 def test_fx_failure_keeps_the_top_candidate(monkeypatch) -> None:
     from msrewrite.suggest import fxgraph
 
@@ -440,6 +441,7 @@ def test_static_tier_skips_libcst_without_a_forward_to_analyze(tmp_path: Path, m
     assert analyze_static(chain).functions == {}
 
 
+@pytest.mark.slow  # starts a process
 def test_indexer_prolog_is_classified_and_make_is_used_as_the_harness():
     """A file with make() is traced through it; the indexer's q/weights overlap is named."""
     import json
