@@ -106,6 +106,7 @@ def edit(path: Path) -> tuple[Path, str]:
     return edited, steps[-1].new
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_an_early_returning_if_stays_and_the_rest_is_edited(tmp_path):
     original = model(tmp_path, EARLY_RETURN_THEN_OVERLAP)
     edited, text = edit(original)

@@ -75,6 +75,7 @@ def test_a_main_path_write_of_a_side_input_orders_the_dag_as_apply_refuses(tmp_p
     assert "x" in refusal(path)  # apply: the main path writes the side input x
 
 
+@pytest.mark.slow  # runs the model through verify
 @pytest.mark.parametrize("kind", WRITES)
 def test_the_same_write_to_a_fresh_copy_has_no_edge_and_apply_edits_it(tmp_path, kind):
     write_g = WRITES[kind].format(t="g")

@@ -121,6 +121,7 @@ def test_one_refusal_names_all_three_unseen_callees(tmp_path):
     assert f"may write 'x' which the side stream reads; pass --protect clone or {options(*THREE)}" in why, why
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_the_options_the_refusal_names_let_the_edit_through_and_it_verifies(tmp_path):
     """`apply --verify` with exactly the options the refusal printed."""
     path = model(tmp_path)
@@ -141,6 +142,7 @@ def test_vouching_for_two_names_the_one_left(tmp_path, left):
     assert all(f"({n}," not in why for n in THREE if n != left), why
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_protect_clone_lists_every_callee_in_the_trust_boundary_and_verifies(tmp_path):
     path = model(tmp_path)
     result = run_main("apply", "--case", "moe-shared-expert", str(path), "--protect", "clone", "--verify")
@@ -150,6 +152,7 @@ def test_protect_clone_lists_every_callee_in_the_trust_boundary_and_verifies(tmp
         assert f"({name}, not visible to msrewrite)" in boundary, boundary
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_unseen_callees_of_the_side_branch_are_named_in_the_same_refusal(tmp_path):
     """SideAct (in the shared expert) may write what the main path reads: a snapshot cannot help
     there, so the refusal gives both ways through, each complete."""
