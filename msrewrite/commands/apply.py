@@ -123,12 +123,14 @@ def case_steps(
     stream_tag: str | None, start_gates: tuple[StartGate, ...] = (), phase_anchors: tuple[str, ...] = (),
     core_limits: tuple[int, int, int, int] | None = None, second_group: str | None = None,
     protect: str = "", assume_pure: tuple[str, ...] = (), allow_rng_reorder: bool = False,
+    extra: dict | None = None,
 ) -> list[EditStep]:
-    """The edit the case named makes, as steps (Case.steps): apply's, golden/regen.py's and verify's."""
+    """The edit the case named makes, as steps (Case.steps): apply's, golden/regen.py's and verify's.
+    `extra`: the case's own options, already checked (Case.own_settings)."""
     options = Options(
         mode=mode, flag=flag, stream_tag=stream_tag, start_gates=start_gates, phase_anchors=phase_anchors,
         core_limits=core_limits, protect=protect, assume_pure=assume_pure, allow_rng_reorder=allow_rng_reorder,
-        second_group=second_group,
+        second_group=second_group, extra=dict(extra or {}),
     )
     return get_known_case(case_name).steps(file, text, module, options, target)
 
@@ -453,8 +455,11 @@ def _case_edit(args: ApplyArgs, src, chosen_mode: str, why: str) -> list[EditSte
     parse_flag(args.flag, args.flag_default, args.max_tokens, known.flag_name if known else "ENABLE_SIDE_STREAM",
                args.gate)
     _note(f"mode {chosen_mode} ({'auto: ' if args.mode == 'auto' else ''}{why})")
-    case, options = case_request(args, chosen_mode)
-    return case.steps(args.file, src.text, src.module, options, args.target)  # as case_steps, own options too
+    _case, options = case_request(args, chosen_mode)  # every field of options is passed on: settled already
+    return case_steps(args.file, src.text, src.module, args.case or "", chosen_mode, args.target, options.flag,
+                      options.stream_tag, options.start_gates, options.phase_anchors, options.core_limits,
+                      options.second_group, protect=options.protect, assume_pure=options.assume_pure,
+                      allow_rng_reorder=options.allow_rng_reorder, extra=options.extra)
 
 
 def _read_plan_file(args: ApplyArgs, src) -> list:
