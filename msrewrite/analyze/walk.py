@@ -109,14 +109,22 @@ def _values_of(node: CSTNode, entry: tuple) -> tuple:
 
 def _trivia() -> frozenset[type]:
     """Whitespace, comments, operators and brackets: nodes that hold nothing but each other
-    (tests/test_walk.py checks that on libcst's field types and on real trees)."""
+    (tests/test_walk.py checks that on libcst's field types and on real trees). Named through
+    libcst's public classes: the operator and whitespace bases, and the punctuation nodes that
+    have no base of their own. A class libcst adds later is simply walked (slower, never wrong)."""
     import libcst
 
-    modules = ("libcst._nodes.whitespace", "libcst._nodes.op")
-    brackets = ("LeftParen", "RightParen", "LeftSquareBracket", "RightSquareBracket", "LeftCurlyBrace", "RightCurlyBrace")
-    return frozenset(
+    bases = tuple(getattr(libcst, name) for name in (
+        "BaseBinaryOp", "BaseUnaryOp", "BaseBooleanOp", "BaseCompOp", "BaseAugOp", "BaseParenthesizableWhitespace",
+    ))
+    names = {
+        "AssignEqual", "Colon", "Comma", "Dot", "ImportStar", "Semicolon",  # punctuation
+        "Comment", "EmptyLine", "Newline", "TrailingWhitespace",  # lines and comments
+        "LeftParen", "RightParen", "LeftSquareBracket", "RightSquareBracket", "LeftCurlyBrace", "RightCurlyBrace",
+    }
+    return frozenset(  # __mro__, not issubclass: an ABC's subclass check walks all its subclasses
         c for name, c in vars(libcst).items()
-        if isinstance(c, type) and CSTNode in c.__mro__ and (c.__module__ in modules or name in brackets)
+        if isinstance(c, type) and CSTNode in c.__mro__ and (name in names or any(b in c.__mro__ for b in bases))
     )
 
 
