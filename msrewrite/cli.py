@@ -22,10 +22,10 @@ from msrewrite.errors import EXIT_BAD_INPUT, MsrewriteError
 SUMMARY = "Insert multi-stream overlaps into PyTorch model code (Ascend NPU and CUDA)."
 
 
-def _case_option_params() -> list:
+def _case_option_params(argv: list[str] | None) -> list:
     from msrewrite.cases._base import cli_params
 
-    return cli_params()
+    return cli_params(argv)  # built-in ones and the own options of the case --case names (all: None)
 
 
 @command
@@ -44,7 +44,8 @@ def apply(
     ),
     stream_tag: Optional[str] = Option(None, "--stream-tag", help="Side stream tag (shared by every layer)."),
     # --start-after, --anchor, --cores, --core-limit, --second-comm-group, --protect, --assume-pure,
-    # --allow-rng-reorder: declared by the cases that take them (msrewrite/cases/_base.py)
+    # --allow-rng-reorder: declared by the cases that take them (msrewrite/cases/_base.py); then the
+    # options a case declares in its own file (Case.options), which reach run_apply in per_case
     case_options: Any = Declared(_case_option_params),
     source_path: Optional[List[Path]] = Option(
         None, "--source-path", help="A folder of package sources (an unpacked wheel) to read callees from, never imported (repeat)."

@@ -8,7 +8,11 @@ costs about 0.25 s per process, more than parsing a 700-line model file.
 
 A parameter whose default is `Declared(provider)` stands for options declared elsewhere (apply's
 per-case options, by the cases): `params()` lists the provider's in its place, and the command
-takes them as keyword arguments.
+takes them as keyword arguments. The provider gets the command line being parsed (None for
+--help), so it can declare only what that command line needs (apply: the options of the case
+`--case` names); a command line it fails on is parsed again with every declaration (provider(None)),
+so an option only some other declaration knows reaches the command, which refuses it in its own
+words.
 
 A plain command line (known options spelled out, values that do not start with "-", the
 positionals a command takes) is read without argparse, which costs more than the rest of the
@@ -46,7 +50,7 @@ class Param:
     help: str
     argument: bool = False
     # declared elsewhere: the (name, type, Param) triples this placeholder stands for, in its place
-    expand: Callable[[], list[tuple[str, Any, Param]]] | None = None
+    expand: Callable[[list[str] | None], list[tuple[str, Any, Param]]] | None = None
 
     @property
     def required(self) -> bool:
@@ -61,9 +65,10 @@ def Argument(default: Any, help: str = "") -> Any:  # noqa: N802
     return Param(default, (), help, argument=True)
 
 
-def Declared(provider: Callable[[], list[tuple[str, Any, Param]]]) -> Any:  # noqa: N802
+def Declared(provider: Callable[[list[str] | None], list[tuple[str, Any, Param]]]) -> Any:  # noqa: N802
     """Options declared elsewhere (apply's per-case options, by the cases), listed in this
-    parameter's place; the command takes them as keyword arguments (**kwargs)."""
+    parameter's place; the command takes them as keyword arguments (**kwargs). provider(argv):
+    those the command line argv needs; provider(None): every one (help)."""
     return Param(None, (), "", expand=provider)
 
 
@@ -73,14 +78,15 @@ def command(func: Callable[..., int]) -> Callable[..., int]:
     return func
 
 
-def params(func: Callable[..., int]) -> list[tuple[str, Any, Param]]:
-    """(name, type, declaration) of each parameter, types resolved from the annotations."""
+def params(func: Callable[..., int], argv: list[str] | None = None) -> list[tuple[str, Any, Param]]:
+    """(name, type, declaration) of each parameter, types resolved from the annotations; a
+    Declared parameter's for the command line argv (every one when None)."""
     hints = typing.get_type_hints(func)
     defaults = func.__defaults__ or ()
     names = func.__code__.co_varnames[: func.__code__.co_argcount]
     found: list[tuple[str, Any, Param]] = []
     for name, spec in zip(names[len(names) - len(defaults):], defaults, strict=True):
-        found += spec.expand() if spec.expand is not None else [(name, hints[name], spec)]
+        found += spec.expand(argv) if spec.expand is not None else [(name, hints[name], spec)]
     return found
 
 
@@ -115,14 +121,14 @@ def _parser_class() -> type:
 _PARSER: type | None = None
 
 
-def parser_for(name: str, func: Callable[..., int]) -> argparse.ArgumentParser:
+def parser_for(name: str, func: Callable[..., int], argv: list[str] | None = None) -> argparse.ArgumentParser:
     import argparse
 
     # a usage line of our own: parse_intermixed_args would otherwise format argparse's (every
     # option, through textwrap and a few regexes) for error messages that _Parser.error never shows
     parser = _parser_class()(prog=f"msrewrite {name}", usage=f"msrewrite {name} [OPTIONS]", add_help=False,
                              allow_abbrev=False)
-    for pname, kind, spec in params(func):
+    for pname, kind, spec in params(func, argv):
         element, many = _unwrap(kind)
         if element not in (bool, int, float, str, Path):  # our bug: a new option of a type not parsed here
             raise TypeError(f"msrewrite {name} {pname}: options are bool, int, float, str or Path, not {kind}")
@@ -150,7 +156,7 @@ def _plain_parse(func: Callable[..., int], argv: list[str]) -> dict[str, Any] | 
     (`--name` or `-n`, no `--name=value`, no bundled short options, no `--`), or the value of
     the option before it, which does not start with "-" either and converts to the option's type.
     None for anything else, and for anything argparse would refuse: it parses those itself."""
-    specs = _plain_specs(func)
+    specs = _plain_specs(func, argv)
     if specs is None:
         return None
     values, options, positionals = specs
@@ -163,12 +169,12 @@ def _plain_parse(func: Callable[..., int], argv: list[str]) -> dict[str, Any] | 
 _PlainOptions = dict[str, tuple[str, str, Any]]  # option string -> (dest, action, type or constant)
 
 
-def _plain_specs(func: Callable[..., int]) -> tuple[dict[str, Any], _PlainOptions, list[tuple[str, bool, Any]]] | None:
+def _plain_specs(func: Callable[..., int], argv: list[str]) -> tuple[dict[str, Any], _PlainOptions, list[tuple[str, bool, Any]]] | None:
     """The defaults, options and positionals _plain_parse reads, or None when one is not plain."""
     values: dict[str, Any] = {}
     options: _PlainOptions = {}
     positionals: list[tuple[str, bool, Any]] = []  # (dest, takes several, type)
-    for pname, kind, spec in params(func):
+    for pname, kind, spec in params(func, argv):
         element, many = _unwrap(kind)
         if element not in (bool, int, float, str, Path):
             return None
@@ -249,8 +255,16 @@ def parse(name: str, argv: list[str]) -> dict[str, Any]:
     plain = _plain_parse(func, argv)
     if plain is not None:
         return plain
-    namespace = parser_for(name, func).parse_intermixed_args(argv)
-    return vars(namespace)
+    try:
+        return vars(parser_for(name, func, argv).parse_intermixed_args(argv))
+    except UsageError as exc:
+        if not any(spec.expand is not None for spec in func.__defaults__ or ()):
+            raise
+        first = exc
+    try:  # an option that only another declaration knows (another case's own): the command refuses it
+        return vars(parser_for(name, func, None).parse_intermixed_args(argv))
+    except UsageError:
+        raise first from None
 
 
 def wants_help(argv: list[str]) -> bool:

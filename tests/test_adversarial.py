@@ -19,9 +19,9 @@ import pytest
 from helpers import ROOT, load_file, run_main
 from msrewrite.analyze.defuse import node_facts
 from msrewrite.emit.engine import apply_plans
-from msrewrite.load import load
 from msrewrite.emit.schedules import ScheduleSource
 from msrewrite.errors import MsrewriteError
+from msrewrite.load import load
 from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement
 from msrewrite.verify import verify_files
 
@@ -134,7 +134,7 @@ def test_late_schedule_names_the_leaking_statement(tmp_path):
     assert how == "forced"  # apply --case refuses it: the plan is forced, as apply --plan would
     text = (MODELS / "inplace_method.py").read_text()
     leak = marked_lines(text, "leak")[0]
-    assert any(f"late schedule" in p and f"main statement at line {leak}: x.mul_(2)" in p for p in result.problems), (
+    assert any("late schedule" in p and f"main statement at line {leak}: x.mul_(2)" in p for p in result.problems), (
         result.problems
     )
 

@@ -349,7 +349,7 @@ def outcomes(tmp_path_factory):
 
     tmp_path_factory.getbasetemp()  # made on first use: not by several threads at once (under xdist it is not there yet)
     with ThreadPoolExecutor(max_workers=max(2, min(8, 2 * (os.cpu_count() or 1)))) as pool:
-        return dict(zip((r.id for r in ROWS), pool.map(run, ROWS)))
+        return dict(zip((r.id for r in ROWS), pool.map(run, ROWS), strict=True))
 
 
 @pytest.mark.slow  # the CLI in subprocesses
@@ -613,7 +613,7 @@ def _hand_quoted(tree: ast.AST) -> list[int]:
         if not isinstance(node, ast.JoinedStr):
             continue
         parts = node.values
-        for before, value, after in zip(parts, parts[1:], parts[2:]):
+        for before, value, after in zip(parts, parts[1:], parts[2:], strict=False):  # overlapping triples
             if (isinstance(value, ast.FormattedValue) and isinstance(before, ast.Constant)
                     and isinstance(after, ast.Constant) and str(before.value)[-1:] in "\"'"
                     and str(after.value)[:1] in "\"'"):

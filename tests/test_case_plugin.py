@@ -6,17 +6,31 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import shutil
+import subprocess
 import sys
 
 import pytest
 
 import msrewrite.cases
-from helpers import load_regen
+from helpers import EXAMPLES, load_regen
 
 TOY_CASE = '''"""toy-side: a side projection on a side stream (a test's case, one file)."""
 
-from msrewrite.cases._base import Invalid, SeedCase
+import dataclasses
+
+from msrewrite import validate
+from msrewrite.cases._base import CaseOption, SeedCase
+from msrewrite.cliargs import Option
+
+# the toy's own option, declared here alone: its side stream's lane (the stream tag toy_LANE)
+LANE = CaseOption(
+    "--toy-lane", "--toy-lane is for toy-side; {case} has no toy lanes",
+    (("toy_lane", str | None, Option(None, "--toy-lane", help="toy-side: the side stream's lane (tag toy_LANE).")),),
+    check=validate.identifier,
+    settle=lambda options: dataclasses.replace(options, stream_tag=f"toy_{options.extra['toy_lane']}"),
+)
 
 CASE = SeedCase(
     name="toy-side",
@@ -29,6 +43,7 @@ CASE = SeedCase(
     golden_examples=("toy_block",),
     mutant_modes=("eager",),
     mutant_examples=("toy_block",),
+    options=(LANE,),
 )
 '''
 
@@ -80,6 +95,11 @@ def _cli(*argv: str) -> tuple[int, str, str]:
     return 0, out.getvalue(), err.getvalue()
 
 
+def _errors(err: str) -> list[str]:
+    """The error lines of stderr (the rest are notes such as the mode chosen)."""
+    return [line for line in err.splitlines() if "error" in line]
+
+
 @pytest.mark.slow  # runs the model through verify
 def test_a_case_in_one_new_file_is_listed_applied_golden_and_mutant_tested(toy, tmp_path):
     from msrewrite.cases import all_cases
@@ -120,6 +140,75 @@ def test_a_case_in_one_new_file_is_listed_applied_golden_and_mutant_tested(toy, 
         assert mutant.kind in {f.kind for f in result.findings}, (mutant.name, result.problems)
 
 
+def test_the_toy_case_s_own_option_is_parsed_for_it_alone_listed_and_refused_elsewhere(toy):
+    """An option declared in the case's file alone: `apply --case toy-side` parses it, its value
+    passes its validator and changes the edit (and the edit verifies); --help lists it; a built-in
+    case refuses it in one line, as does a plan file."""
+    from msrewrite.cases._base import cli_params
+
+    assert "toy_lane" in [name for name, _kind, _spec in cli_params(["--case", "toy-side"])]
+    assert "toy_lane" not in [name for name, _kind, _spec in cli_params(["--case", "moe-shared-expert"])]
+    model = toy / "examples" / "toy_block.py"
+    code, diff, err = _cli("apply", "--case", "toy-side", "--mode", "eager", "--toy-lane", "fast", "--verify",
+                           "-q", str(model))
+    assert code == 0, err
+    assert "toy_fast_stream.wait_stream(current_stream)" in diff and "toy_side_stream.wait_stream" not in diff
+    code, _out, err = _cli("apply", "--case", "toy-side", "--mode", "eager", "--toy-lane", "fa st", str(model))
+    assert code == 2 and _errors(err) == ["msrewrite: error: --toy-lane 'fa st' is not a valid identifier"], err
+    code, _out, err = _cli("apply", "--case", "moe-shared-expert", "--mode", "eager", "--toy-lane", "fast",
+                           str(EXAMPLES / "deepseek_moe.py"))
+    assert code == 2 and _errors(err) == ["msrewrite: error: --toy-lane is for toy-side; moe-shared-expert has no toy lanes"]
+    code, plans, err = _cli("suggest", "--static", "--json", str(EXAMPLES / "deepseek_moe.py"))
+    assert code == 0 and '"case": "moe-shared-expert"' in plans, err
+    plan = toy / "plan.json"
+    plan.write_text(plans)
+    code, _out, err = _cli("apply", "--plan", str(plan), "--toy-lane", "fast", str(EXAMPLES / "deepseek_moe.py"))
+    assert code == 2 and len(_errors(err)) == 1 and "--toy-lane is an option of the case" in err, err
+    code, out, _err = _cli("apply", "--help")
+    assert code == 0 and "--toy-lane" in out and "--start-after" in out
+
+
+def _toy_codemod(toy, folder, *options: str) -> subprocess.CompletedProcess:
+    """libcst's codemod runner in a fresh process, the toy case's folder on msrewrite.cases' path
+    (a sitecustomize on PYTHONPATH: its worker processes get it too)."""
+    site = toy / "site"
+    site.mkdir(exist_ok=True)
+    plugins = [p for p in msrewrite.cases.__path__ if p.endswith("plugins")]
+    (site / "sitecustomize.py").write_text(f"import msrewrite.cases\nmsrewrite.cases.__path__.extend({plugins!r})\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, "-m", "libcst.tool", "codemod", "--no-format", "--hide-progress", "-x",
+         "msrewrite.codemods.any_case.AnyCase", "-j", "2", *options, str(folder)],
+        capture_output=True, text=True, cwd=toy, env=env, timeout=300,
+    )
+
+
+@pytest.mark.parametrize("lane", [(), ("--toy-lane", "fast")], ids=["default", "own-option"])
+def test_the_toy_case_runs_as_a_libcst_codemod_with_its_own_option(toy, lane):
+    """`python -m libcst.tool codemod ... AnyCase --case toy-side FOLDER` edits the folder as
+    `msrewrite apply` does (its own option included), and skips a file with nothing to do; a
+    built-in case refuses the toy's option there too."""
+    folder = toy / "models"
+    folder.mkdir()
+    model = toy / "examples" / "toy_block.py"
+    shutil.copy(model, folder)
+    shutil.copy(EXAMPLES / "deepseek_moe.py", folder)  # no side projection: skipped
+    done = _toy_codemod(toy, folder, "--case", "toy-side", "--mode", "eager", *lane)
+    assert done.returncode == 0, done.stderr
+    applied = toy / "applied.py"
+    shutil.copy(model, applied)
+    code, _out, err = _cli("apply", "--case", "toy-side", "--mode", "eager", *lane, "-i", str(applied))
+    assert code == 0, err
+    assert (folder / "toy_block.py").read_text() == applied.read_text() != model.read_text()
+    assert ("toy_fast_stream" in applied.read_text()) == bool(lane)
+    assert (folder / "deepseek_moe.py").read_text() == (EXAMPLES / "deepseek_moe.py").read_text()
+    assert f"Skipped codemodding {folder / 'deepseek_moe.py'}" in done.stderr
+    if lane:
+        refused = _toy_codemod(toy, folder, "--case", "moe-shared-expert", *lane)
+        assert "--toy-lane is for toy-side; moe-shared-expert has no toy lanes" in refused.stderr
+        assert (folder / "deepseek_moe.py").read_text() == (EXAMPLES / "deepseek_moe.py").read_text()
+
+
 def test_the_real_cases_are_untouched_by_the_toy(toy):
     from msrewrite.cases import get_case
 
@@ -154,7 +243,7 @@ def test_case_records_are_frozen_keyword_only_and_checked():
 
     from msrewrite.cases._base import CoreLimitCase, SeedCase
 
-    fields = dict(name="t", summary="s", modes=("eager",), is_seed=lambda c: False, stream_tag="t", flag_name="F")
+    fields = dict(name="t", summary="s", modes=("eager",), is_seed=lambda _callee: False, stream_tag="t", flag_name="F")
     case = CoreLimitCase(**fields)
     assert case.core_limits is True and case.sync == "wait_stream"  # a kind's default, then the base's
     assert "describe" in case.__dict__  # a function default lives on the instance: not bound as a method

@@ -114,7 +114,7 @@ def test_suggest_style_plan_file_round_trips(tmp_path):
     assert by_plan.stdout == by_case.stdout
 
 
-def test_flag_attr_and_options_reach_the_code(tmp_path):
+def test_flag_attr_and_options_reach_the_code():
     result = run_main(
         "apply", *CASE, str(EXAMPLES / "deepseek_moe.py"), "--flag", "attr:enable_multi_stream",
         "--flag-default", "off", "--max-tokens", "64", "--stream-tag", "11",
@@ -262,7 +262,7 @@ def test_phased_patch_series_applies_stage_by_stage(git_repo, tmp_path):
     assert (git_repo / "moe.py").read_text().count("re-enters the side stream") == 2
 
 
-def test_anchor_option(tmp_path):
+def test_anchor_option():
     result = run_main("apply", "--case", "moe-shared-expert-phased", str(EXAMPLES / "deepep_moe.py"),
                      "--anchor", "dispatch_output")
     assert result.returncode == 0, result.stderr

@@ -11,11 +11,10 @@ import sys
 
 import pytest
 
+import msrewrite.cli  # noqa: F401  (registers the commands)
 from helpers import EXAMPLES, ROOT, run_cli, run_main
 from msrewrite import __version__
 from msrewrite.cliargs import COMMANDS, params
-
-import msrewrite.cli  # noqa: F401  (registers the commands)
 
 
 def _one_error_line(result) -> str:

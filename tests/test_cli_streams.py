@@ -226,7 +226,7 @@ def test_in_place_keeps_hard_links(tmp_path):
     assert b"_ms_side_stream" in path.read_bytes()
 
 
-def test_in_place_hard_link_changed_since_read_is_refused(tmp_path, monkeypatch):
+def test_in_place_hard_link_changed_since_read_is_refused(tmp_path):
     """The content check runs before the in-place write too: a save in between wins."""
     from msrewrite.errors import BadInput
     from msrewrite.load import file_digest
@@ -251,7 +251,7 @@ def test_in_place_hard_link_write_failure_restores_the_file(tmp_path, monkeypatc
     path.write_bytes(b"x = 1\n")
     os.link(path, tmp_path / "link.py")
 
-    def full(fd, offset, length):
+    def full(_fd, _offset, _length):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(inplace.os, "posix_fallocate", full)

@@ -119,7 +119,7 @@ def test_every_core_limit_golden_leaves_a_pre_set_main_limit_as_it_was(tmp_path,
         assert torch.npu.get_stream_limit(main) == {"cube_core_num": 20, "vector_core_num": 40}
 
 
-def test_core_limit_caveats_are_printed_once_when_applying(tmp_path):
+def test_core_limit_caveats_are_printed_once_when_applying():
     from helpers import run_main
 
     result = run_main("apply", str(regen.ROOT / "examples" / "longcat_layer.py"), "--case", "attn-moe-limit-core",

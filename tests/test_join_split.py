@@ -30,7 +30,15 @@ from msrewrite.load import load
 from msrewrite.plan import OverlapPlan, SideStatement, load_plans
 from msrewrite.plancheck import check_plan
 from test_serving_rules import (
-    FLAG, PRELUDE, block_forward, edit, edits_and_verifies, forced_fails_verify, model_source, refusal, verified,
+    FLAG,
+    PRELUDE,
+    block_forward,
+    edit,
+    edits_and_verifies,
+    forced_fails_verify,
+    model_source,
+    refusal,
+    verified,
     write,
 )
 

@@ -39,7 +39,7 @@ def test_markers_then_no_markers_is_the_plain_edit_byte_for_byte(tmp_path, examp
     if case == "indexer-prolog":  # in file order; each window its branch's name
         assert [line.split(":")[2] for line in marked.splitlines() if ':side", ' in line] == ["weights", "q", "q_quant"]
     assert marked.count("_ms_range_start(\"msrewrite:") == 2 * windows
-    assert marked.count(f":side\", ") == windows and marked.count(f":main\", ") == windows
+    assert marked.count(":side\", ") == windows and marked.count(":main\", ") == windows
     assert marked.count("_ms_range_end(") == 2 * windows + 1  # and the helper's docstring
     api = "torch.profiler.record_function" if mode == "cuda" else "torch.npu.mstx.range_start"
     assert api in marked
@@ -67,7 +67,7 @@ def test_every_range_line_sits_under_the_flag(tmp_path):
         def visit_If(self, node):
             self.conditions.append(module.code_for_node(node.test))
 
-        def leave_If(self, node):
+        def leave_If(self, _node):
             self.conditions.pop()
 
         def visit_Call(self, node):
@@ -90,8 +90,9 @@ def test_ranges_run_balanced_with_the_flag_on_and_not_at_all_off(tmp_path, monke
         calls = []
         with install():
             module = load_module(tmp_path / "m" / "deepseek_moe.py", name=f"marked_{flag}")
-            monkeypatch.setattr(module, "_ms_range_start", lambda name, stream: calls.append("start:" + name.rsplit(":", 1)[1]) or 7)
-            monkeypatch.setattr(module, "_ms_range_end", lambda handle: calls.append("end"))
+            monkeypatch.setattr(module, "_ms_range_start",
+                                lambda name, _stream, calls=calls: calls.append("start:" + name.rsplit(":", 1)[1]) or 7)
+            monkeypatch.setattr(module, "_ms_range_end", lambda _handle, calls=calls: calls.append("end"))
             model, inputs = module.make()
             model(*inputs) if isinstance(inputs, tuple) else model(inputs)
         assert calls == expected
@@ -161,11 +162,11 @@ def test_every_window_opens_and_closes_its_ranges(tmp_path, monkeypatch, example
         with install():
             module = load_module(tmp_path / "m" / f"{example}.py", name=f"marked_{example}_{value}")
 
-            def start(name, stream):
+            def start(name, _stream, calls=calls, handles=handles):
                 calls.append("start:" + name.split(":", 2)[2])
                 return next(handles)
             monkeypatch.setattr(module, "_ms_range_start", start)
-            monkeypatch.setattr(module, "_ms_range_end", lambda handle: calls.append("end"))
+            monkeypatch.setattr(module, "_ms_range_end", lambda _handle, calls=calls: calls.append("end"))
             model, inputs = module.make()
             model(*inputs) if isinstance(inputs, tuple) else model(inputs)
         if want and len(calls) != len(want):  # a model of several layers runs the windows once per layer

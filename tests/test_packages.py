@@ -50,7 +50,8 @@ def refusal(tmp_path: Path, source: str) -> str:
 
 
 @pytest.mark.slow  # runs the model through verify
-def test_a_package_class_is_read_through_reexports_and_the_edit_verifies(tmp_path, source_path):
+@pytest.mark.usefixtures("source_path")
+def test_a_package_class_is_read_through_reexports_and_the_edit_verifies(tmp_path):
     plan, edited, original = edit(tmp_path, MODEL)
     assert plan.trust_boundary == ()
     assert "fakeserve" not in sys.modules  # read, never imported
@@ -64,20 +65,23 @@ def test_without_the_source_path_the_package_stays_unknown(tmp_path, monkeypatch
     assert "self.experts (RoutedExperts, not visible to msrewrite)" in why
 
 
-def test_a_package_function_that_writes_its_input_is_seen(tmp_path, source_path):
+@pytest.mark.usefixtures("source_path")
+def test_a_package_function_that_writes_its_input_is_seen(tmp_path):
     """InplaceExperts.forward calls combine_into(x, out), which copies into x (kernels.py)."""
     why = refusal(tmp_path, MODEL.replace("import RoutedExperts", "import InplaceExperts").replace(
         "RoutedExperts(d, n)", "InplaceExperts(d, n)"))
     assert "writes 'x' in place" in why
 
 
-def test_dynamic_dispatch_in_a_package_is_unknown_and_named(tmp_path, source_path):
+@pytest.mark.usefixtures("source_path")
+def test_dynamic_dispatch_in_a_package_is_unknown_and_named(tmp_path):
     why = refusal(tmp_path, MODEL.replace("import RoutedExperts", "import DispatchExperts").replace(
         "RoutedExperts(d, n)", "DispatchExperts(d, n)"))
     assert "self.experts (DispatchExperts) -> self.method" in why and "may write 'x'" in why
 
 
-def test_a_subclass_of_a_package_class_uses_its_forward(tmp_path, source_path):
+@pytest.mark.usefixtures("source_path")
+def test_a_subclass_of_a_package_class_uses_its_forward(tmp_path):
     """`class LocalExperts(RoutedExperts)` without a forward of its own runs the package's."""
     subclass = "\n\nclass LocalExperts(RoutedExperts):\n    pass\n"
     source = MODEL.replace("\n\nclass SharedMLP", subclass + "\n\nclass SharedMLP").replace(
@@ -144,7 +148,8 @@ SIDE_WORK = (FIXTURES / "pkg_side_work.py").read_text()
 
 
 @pytest.mark.slow  # runs the model through verify
-def test_an_inherited_package_method_and_a_package_function_are_read(tmp_path, source_path):
+@pytest.mark.usefixtures("source_path")
+def test_an_inherited_package_method_and_a_package_function_are_read(tmp_path):
     """vLLM's minicpmv (`self._repeat(...)` from BaseResampler) and idefics2 (`async_tensor_h2d`):
     both are pure in their source, so the edit goes through and verifies."""
     original = tmp_path / "pkg_side_work.py"

@@ -114,7 +114,7 @@ def test_plan_differing_from_the_finder_is_refused_and_lifetimes_come_from_the_a
     assert "_ms_record_stream(current_stream, shared)" in capsys.readouterr().out
 
 
-def test_suggest_never_proposes_what_apply_refuses(tmp_path: Path) -> None:
+def test_suggest_never_proposes_what_apply_refuses() -> None:
     analysis = analyze(FIXTURE, device=profile("a3"), static=True)
     functions = {c.plan.function for c in analysis.candidates}
     assert functions == {"Safe.forward"}  # every unsafe shape above is refused, with a reason

@@ -228,6 +228,22 @@ def test_numbers_written_as_strings(tmp_path: Path, seed: int) -> None:
     assert_reads_as_json_does(path)
 
 
+def _odd_text(edit: str, evs: list, r: dict) -> str | None:
+    """The trace's text for the edits made on the text; None for those made on the events."""
+    if edit == "correlation twice":
+        return wrap(evs).replace(f'"correlation": {r["args"]["correlation"]}}}',
+                                 f'"correlation": {r["args"]["correlation"]}, "correlation": 4242}}', 1)
+    if edit == "keys repeated before ph":
+        return wrap(evs).replace('{"ph": "X", "cat": "kernel"', '{"ts": -5, "cat": "cpu_op", "ph": "X", "cat": "kernel"', 3)
+    if edit == "key repeated after args":
+        return wrap(evs).replace('"est. achieved occupancy %": 8}}', '"est. achieved occupancy %": 8}, "ts": 7.5}', 2)
+    if edit == "exponent numbers":
+        return wrap(evs).replace('"dur": 3.25', '"dur": 3.25e0').replace('"ts": 1', '"ts": 1e0*', 0)
+    if edit == "ph before a needed cat later":
+        return wrap(evs).replace('{"ph": "X", "cat": "kernel"', '{"ph": "i", "ph": "X", "cat": "kernel"', 2)
+    return None
+
+
 @pytest.mark.parametrize("edit", [
     "args absent", "args empty", "nested args", "correlation twice", "correlation as a key name's tail",
     "correlation a float", "ph as a value", "ph inside args", "ph not first", "keys repeated before ph", "args only before ph",
@@ -238,16 +254,13 @@ def test_single_odd_events(tmp_path: Path, edit: str) -> None:
     kernels = [i for i, e in enumerate(evs) if e.get("cat") == "kernel"]
     runtime = [i for i, e in enumerate(evs) if e.get("cat") == "cuda_runtime"]
     k, r = evs[kernels[3]], evs[runtime[5]]
-    text = None
+    text = _odd_text(edit, evs, r)
     if edit == "args absent":
         del k["args"]
     elif edit == "args empty":
         k["args"] = {}
     elif edit == "nested args":
         k["args"]["annotation"] = {"correlation": 5, "inner": {"stream": 99, "x": [{"ph": "X"}]}}
-    elif edit == "correlation twice":
-        text = wrap(evs).replace(f'"correlation": {r["args"]["correlation"]}}}',
-                                 f'"correlation": {r["args"]["correlation"]}, "correlation": 4242}}', 1)
     elif edit == "correlation as a key name's tail":
         r["args"]['x"correlation'] = 5
     elif edit == "correlation a float":
@@ -260,19 +273,11 @@ def test_single_odd_events(tmp_path: Path, edit: str) -> None:
         k["args"]["ph"] = 1
     elif edit == "ph not first":
         evs[kernels[4]] = {"name": evs[kernels[4]]["name"], **{x: y for x, y in evs[kernels[4]].items() if x != "name"}}
-    elif edit == "keys repeated before ph":
-        text = wrap(evs).replace('{"ph": "X", "cat": "kernel"', '{"ts": -5, "cat": "cpu_op", "ph": "X", "cat": "kernel"', 3)
     elif edit == "args only before ph":  # json reads it as the event's args: the stream's name comes from it
         at = next(i for i, e in enumerate(evs) if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
         first = evs[at]
         first["args"]["stream"] = 99
         evs[at] = {"args": first.pop("args"), **first}
-    elif edit == "key repeated after args":
-        text = wrap(evs).replace('"est. achieved occupancy %": 8}}', '"est. achieved occupancy %": 8}, "ts": 7.5}', 2)
-    elif edit == "exponent numbers":
-        text = wrap(evs).replace('"dur": 3.25', '"dur": 3.25e0').replace('"ts": 1', '"ts": 1e0*', 0)
-    elif edit == "ph before a needed cat later":
-        text = wrap(evs).replace('{"ph": "X", "cat": "kernel"', '{"ph": "i", "ph": "X", "cat": "kernel"', 2)
     path = tmp_path / "t.json"
     path.write_text(text if text is not None else wrap(evs))
     if text is not None:

@@ -45,7 +45,7 @@ def test_install_restores_after_an_exception():
     before = _snapshot()
     with pytest.raises(ZeroDivisionError):
         with install():
-            1 / 0
+            _ = 1 / 0
     assert _snapshot() == before
 
 
@@ -240,6 +240,7 @@ def test_record_ops_attributes_ops_to_streams_lines_and_modules():
                 z = y * 2  # line_side
         line_main = _line_of("y = model(x)  # line_main")
         line_side = _line_of("z = y * 2  # line_side")
+    assert z.shape == y.shape
     assert all(isinstance(op, OpRecord) for op in ops)
     assert [op.stream for op in ops if op.line == line_side] == ["side:1"]
     assert ops[-1].name == "aten.mul.Tensor" and ops[-1].file == __file__ and ops[-1].module_path is None

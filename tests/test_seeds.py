@@ -266,7 +266,7 @@ def test_inliner_failure_is_an_internal_error_not_the_users_syntax_error(tmp_pat
 
     path = block_file(tmp_path, FORWARD_THROUGH_HELPER.replace("self._shared(x)", "self.shared_experts(x)"))
 
-    def broken(module, cls, func, is_seed):  # what the old inliner made of a multi-line expression
+    def broken(_module, _cls, func, _is_seed):  # what the old inliner made of a multi-line expression
         bad = cst.parse_statement("y = (1\n    if x\n    else 2)\n")
         value = bad.body[0].value.with_changes(lpar=[], rpar=[])
         stmt = bad.with_changes(body=[bad.body[0].with_changes(value=value)])

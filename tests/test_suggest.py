@@ -138,7 +138,7 @@ def test_static_flag_matches_the_trace_plan(analyses) -> None:
         )
 
 
-def test_json_output_is_only_candidates(tmp_path: Path, capsys) -> None:
+def test_json_output_is_only_candidates(capsys) -> None:
     code = run_suggest(files=[DEEPSEEK], static=True, json_out=True)
     out = capsys.readouterr().out
     data = json.loads(out)
@@ -182,7 +182,7 @@ def test_report_has_every_section_and_valid_mermaid(analyses, tmp_path: Path, na
     assert "subgraph Side[Side Path]" in blocks[0] and "-.->" in blocks[0]
 
 
-def test_static_report_is_complete(tmp_path: Path) -> None:
+def test_static_report_is_complete() -> None:
     text = render(analyze(DEEPSEEK, device=profile("a3"), static=True))
     for heading in SECTIONS[:12] + SECTIONS[20:]:
         assert heading in text
@@ -323,7 +323,7 @@ def test_fx_module_dag_and_cross_check(analyses) -> None:
 def test_fx_failure_keeps_the_top_candidate(monkeypatch) -> None:
     from msrewrite.suggest import fxgraph
 
-    def broken(qualname, path, module, cap):
+    def broken(qualname, path, _module, _cap):
         return fxgraph.FxResult(qualname, path, None, "TraceError: forced")
 
     monkeypatch.setattr(fxgraph, "trace_module", broken)
@@ -335,7 +335,7 @@ def test_fx_failure_keeps_the_top_candidate(monkeypatch) -> None:
 
 
 @pytest.mark.slow
-def test_minimum_syncs_in_json_and_report(analyses, tmp_path: Path) -> None:
+def test_minimum_syncs_in_json_and_report(analyses) -> None:
     for name in EXPECTED:
         top = analyses[name].candidates[0]
         assert (top.syncs["fork"], top.syncs["join"]) == (1, 1), name

@@ -206,7 +206,7 @@ def test_instance_methods_and_fallbacks_are_honoured():
             super().__init__()
             self.names: list[str] = []
 
-        def visit_Arg(self, node):
+        def visit_Arg(self, _node):
             return False
 
         def visit_Name(self, node):

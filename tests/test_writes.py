@@ -175,7 +175,7 @@ def test_in_place_verify_failure_writes_nothing(tmp_path, monkeypatch):
     path = _model(tmp_path)
     from msrewrite.commands import verify as verify_command
 
-    monkeypatch.setattr(verify_command, "verify_edit", lambda *a, **k: 1)
+    monkeypatch.setattr(verify_command, "verify_edit", lambda *_a, **_k: 1)
     result = run_in_process([*CASE, "-i", "--verify", str(path)], tmp_path)
     assert result.returncode == 1
     assert path.read_text() == GOOD
@@ -273,7 +273,7 @@ def test_a_signal_while_writing_patches_leaves_nothing(tmp_path, monkeypatch):
     path = _model(tmp_path / "src")
     from msrewrite.output import patch
 
-    monkeypatch.setattr(patch.os, "fsync", lambda fd: os.kill(os.getpid(), signal.SIGTERM))
+    monkeypatch.setattr(patch.os, "fsync", lambda _fd: os.kill(os.getpid(), signal.SIGTERM))
     result = run_in_process([*CASE, "-o", str(tmp_path / "out" / "patches"), str(path)], tmp_path)
     assert result.returncode == 2
     assert "interrupted by SIGTERM" in _one_error(result.stderr)

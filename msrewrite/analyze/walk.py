@@ -1,14 +1,14 @@
 """Read-only traversal of a libcst tree that does not rebuild it.
 
 libcst's `node.visit(visitor)` rebuilds every node it passes, even for a `CSTVisitor` that
-cannot change anything: each node's `_visit_and_replace_children` constructs (and validates) a
-copy that is thrown away. For the analysis, which only reads trees, that copy was most of the
+cannot change anything: each node's children are visited into a new node, constructed (and
+validated) and thrown away. For the analysis, which only reads trees, that copy was most of the
 cost of a visit. `walk(node, visitor)` makes the same calls on the visitor, in the same order,
 on the same (original) nodes, without the copies; a `Visitor` does that under `node.visit`.
 
-The order of a node's children is libcst's own: recorded, once per node class, from the class's
-`_visit_and_replace_children` run with a visitor that descends nowhere, so it follows the
-installed libcst. Visitors whose hooks could observe more than visit_/leave_ calls (attribute
+The order of a node's children is libcst's own: recorded, once per node class, by libcst's
+public `node.visit` with a visitor that enters the node and none of its children (its
+on_visit_attribute hook names each attribute visited), so it follows the installed libcst. Visitors whose hooks could observe more than visit_/leave_ calls (attribute
 hooks such as `visit_Call_func`, an overridden `on_visit_attribute`) are walked by libcst
 itself, unchanged.
 """
@@ -28,14 +28,18 @@ _HOOKS = ("on_visit", "on_leave", "on_visit_attribute", "on_leave_attribute")
 
 
 class _Recorder(CSTVisitor):
-    """Records the attributes a node's `_visit_and_replace_children` visits, in order."""
+    """Records the attributes libcst visits on one node, in order: `node.visit(recorder)` enters
+    the node itself (libcst then visits its attributes, calling on_visit_attribute for each) and
+    none of its children."""
 
     def __init__(self) -> None:
         super().__init__()
         self.names: list[str] = []
+        self.entered = False
 
     def on_visit(self, _node: CSTNode) -> bool:
-        return False
+        entered, self.entered = self.entered, True
+        return not entered  # the root's attributes, no child's
 
     def on_leave(self, original_node: CSTNode) -> None:
         pass
@@ -49,7 +53,7 @@ class _Recorder(CSTVisitor):
 
 def _recorded(node: CSTNode) -> tuple[str, ...]:
     recorder = _Recorder()
-    node._visit_and_replace_children(recorder)
+    node.visit(recorder)
     return tuple(recorder.names)
 
 
@@ -105,14 +109,22 @@ def _values_of(node: CSTNode, entry: tuple) -> tuple:
 
 def _trivia() -> frozenset[type]:
     """Whitespace, comments, operators and brackets: nodes that hold nothing but each other
-    (tests/test_walk.py checks that on libcst's field types and on real trees)."""
+    (tests/test_walk.py checks that on libcst's field types and on real trees). Named through
+    libcst's public classes: the operator and whitespace bases, and the punctuation nodes that
+    have no base of their own. A class libcst adds later is simply walked (slower, never wrong)."""
     import libcst
 
-    modules = ("libcst._nodes.whitespace", "libcst._nodes.op")
-    brackets = ("LeftParen", "RightParen", "LeftSquareBracket", "RightSquareBracket", "LeftCurlyBrace", "RightCurlyBrace")
-    return frozenset(
+    bases = tuple(getattr(libcst, name) for name in (
+        "BaseBinaryOp", "BaseUnaryOp", "BaseBooleanOp", "BaseCompOp", "BaseAugOp", "BaseParenthesizableWhitespace",
+    ))
+    names = {
+        "AssignEqual", "Colon", "Comma", "Dot", "ImportStar", "Semicolon",  # punctuation
+        "Comment", "EmptyLine", "Newline", "TrailingWhitespace",  # lines and comments
+        "LeftParen", "RightParen", "LeftSquareBracket", "RightSquareBracket", "LeftCurlyBrace", "RightCurlyBrace",
+    }
+    return frozenset(  # __mro__, not issubclass: an ABC's subclass check walks all its subclasses
         c for name, c in vars(libcst).items()
-        if isinstance(c, type) and CSTNode in c.__mro__ and (c.__module__ in modules or name in brackets)
+        if isinstance(c, type) and CSTNode in c.__mro__ and (name in names or any(b in c.__mro__ for b in bases))
     )
 
 

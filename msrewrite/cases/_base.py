@@ -63,11 +63,20 @@ class CaseOption:
     """An apply option only some cases take: its name, the one line that refuses it elsewhere
     (`{case}` is the case's name), and its command-line parameters as cli.py declares options:
     (parameter, type, Option(...)). apply's parser (msrewrite/cliargs.py) and the libcst codemods'
-    (add_to) are built from them."""
+    (add_to) are built from them.
+
+    The built-in options below are fields of Options. A case module may declare an option of its
+    own (Case.options): it needs `check`, the validator (msrewrite/validate.py) every value but a
+    bool passes before the case sees it; the checked values land in Options.extra, keyed by
+    parameter name, and `settle`, when given, turns them into the case's settings (e.g. a stream
+    tag). apply parses a case's own options only for that case (`apply --case X` loads X alone);
+    any other case refuses them with `refusal`."""
 
     name: str
     refusal: str
     cli: tuple[tuple[str, Any, Any], ...] = ()
+    check: Callable[[Any, str], Any] | None = None  # a case's own option: each given value's validator
+    settle: Callable[[Options], Options] | None = None  # a case's own option: Options.extra into settings
 
     def add_to(self, parser) -> None:
         """Add this option's parameters to an argparse parser (as CodemodCommand.add_args does)."""
@@ -81,6 +90,31 @@ class CaseOption:
                 parser.add_argument(*spec.decls, dest=pname, action="append", help=spec.help)
             else:
                 parser.add_argument(*spec.decls, dest=pname, default=spec.default, help=spec.help)
+
+    def given(self, values: dict[str, Any]) -> bool:
+        """Whether the command line gave this option (a parameter away from its default)."""
+        return any(values.get(pname, spec.default) not in (None, False, [], (), spec.default)
+                   for pname, _kind, spec in self.cli)
+
+    def checked(self, values: dict[str, Any]) -> dict[str, Any]:
+        """This option's given values, each through `check` (a one-line BadInput when one is bad).
+        A value other than a bool needs a validator: without one it never reaches the case."""
+        out: dict[str, Any] = {}
+        for pname, _kind, spec in self.cli:
+            value = values.get(pname, spec.default)
+            if value in (None, False, [], (), spec.default):
+                continue
+            if isinstance(value, bool):
+                out[pname] = value
+                continue
+            if self.check is None:  # the case's bug, never the user's: refuse rather than pass it on
+                raise BadInput(f"internal error: {self.name} declares no validator; its value is not used")
+            try:
+                out[pname] = tuple(self.check(v, self.name) for v in value) if isinstance(value, list) \
+                    else self.check(value, self.name)
+            except ValueError as exc:
+                raise BadInput(str(exc)) from None
+        return out
 
 
 START_AFTER = CaseOption(
@@ -131,9 +165,38 @@ ASSUME_PURE = CaseOption(
 CLI_OPTIONS = (START_AFTER, ANCHOR, CORES, SECOND_COMM_GROUP, PROTECT, ASSUME_PURE, ALLOW_RNG_REORDER)
 
 
-def cli_params() -> list[tuple[str, Any, Any]]:
-    """apply's per-case parameters, as cli.apply lists them (cliargs.Declared)."""
-    return [param for option in CLI_OPTIONS for param in option.cli]
+def cli_params(argv: list[str] | None = None) -> list[tuple[str, Any, Any]]:
+    """apply's per-case parameters, as cli.apply lists them (cliargs.Declared): the built-in ones,
+    then the own options (Case.options) of the case `--case` names in argv, which is loaded alone;
+    with argv None (--help, or a command line that names an option of some other case) every
+    case's own options."""
+    own = own_options(_named_case(argv) if argv is not None else None)
+    return [param for option in (*CLI_OPTIONS, *own) for param in option.cli]
+
+
+def _named_case(argv: list[str]) -> str:
+    """The case `--case NAME` / `--case=NAME` names in argv ("" for none)."""
+    for k, token in enumerate(argv):
+        if token == "--case" and k + 1 < len(argv):
+            return argv[k + 1]
+        if token.startswith("--case="):
+            return token.partition("=")[2]
+    return ""
+
+
+def own_options(case: str | None = None) -> tuple[CaseOption, ...]:
+    """The options cases declare in their own files (Case.options): the named case's (none for
+    "" or an unknown name), or with None every case's, each parameter once."""
+    from msrewrite.cases import all_cases, get_case
+
+    if case is not None:
+        found = get_case(case) if case else None
+        return found.options if found is not None else ()
+    seen: dict[str, CaseOption] = {}
+    for item in all_cases():
+        for option in item.options:
+            seen.setdefault(option.name, option)
+    return tuple(seen.values())
 
 
 # in the order apply checks them (and lists them in --help)
@@ -162,6 +225,8 @@ class Options:
     assume_pure: tuple[str, ...] = ()  # callees a reviewer vouched for (class, function or attribute names)
     allow_rng_reorder: bool = False  # move side work even when the order of random draws changes
     second_group: str | None = None  # prefill-microbatch: micro-batch 1's process group (self.NAME)
+    # a case's own options (Case.options), checked by their validators: parameter name -> value
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -292,21 +357,40 @@ class Case(_Record):
     mutant_examples: tuple[str, ...] = ()
     valid: tuple[str, ...] = ()
     invalid: tuple[Invalid, ...] = ()
+    # apply options declared in the case's own file (CaseOption with check, and settle or a kind
+    # that reads Options.extra); every other case refuses them in their own words
+    options: tuple[CaseOption, ...] = ()
 
     # -- options ---------------------------------------------------------------------------
     def add_args(self) -> tuple[CaseOption, ...]:
-        """The per-case apply options this case takes (as libcst's CodemodCommand.add_args)."""
+        """The per-case apply options this case takes (as libcst's CodemodCommand.add_args): its
+        kind's and its own."""
+        return (*self.kind_args(), *self.options)
+
+    def kind_args(self) -> tuple[CaseOption, ...]:
+        """The built-in per-case options this kind of case takes."""
         return (START_AFTER, PROTECT, ALLOW_RNG_REORDER, STREAM_TAG)
 
     def refusal(self, option: CaseOption) -> str:
         return option.refusal.format(case=self.name)
 
     def check_options(self, given: dict[CaseOption, bool]) -> None:
-        """Refuse, in one line, a per-case option this case does not take (never ignore it)."""
+        """Refuse, in one line, a per-case option this case does not take (never ignore it): a
+        built-in one (in CASE_OPTIONS' order) or another case's own."""
         taken = self.add_args()
-        for option in CASE_OPTIONS:
-            if given.get(option) and option not in taken:
+        for option, present in given.items():
+            if present and option not in taken:
                 raise BadInput(self.refusal(option))
+
+    def own_settings(self, options: Options, values: dict[str, Any]) -> Options:
+        """Options with this case's own options' values (parsed, keyed by parameter name) checked
+        into Options.extra, then settled (CaseOption.settle) into the case's settings."""
+        for option in self.options:
+            if option.given(values):
+                options = dataclasses.replace(options, extra={**options.extra, **option.checked(values)})
+                if option.settle is not None:
+                    options = option.settle(options)
+        return options
 
     def check_mode(self, mode: str) -> None:
         if mode not in self.modes:
@@ -371,8 +455,8 @@ class CoreLimitCase(SeedCase):
 
     core_limits: bool = True
 
-    def add_args(self) -> tuple[CaseOption, ...]:
-        return (*super().add_args(), CORES)
+    def kind_args(self) -> tuple[CaseOption, ...]:
+        return (*super().kind_args(), CORES)
 
     def with_defaults(self, options: Options) -> Options:
         if options.core_limits is not None:
@@ -387,7 +471,7 @@ class AsyncCommCase(SeedCase):
 
     sync: str = "async-comm"
 
-    def add_args(self) -> tuple[CaseOption, ...]:
+    def kind_args(self) -> tuple[CaseOption, ...]:
         return (START_AFTER, PROTECT, STREAM_TAG)
 
 
@@ -396,8 +480,8 @@ class PhasedCase(SeedCase):
 
     phased: bool = True
 
-    def add_args(self) -> tuple[CaseOption, ...]:
-        return (*super().add_args(), ANCHOR)
+    def kind_args(self) -> tuple[CaseOption, ...]:
+        return (*super().kind_args(), ANCHOR)
 
     def steps(
         self, path: Path, text: str, module: cst.Module, options: Options, target: str | None,
@@ -439,7 +523,7 @@ class BranchesCase(SeedCase):
     """Several side streams: each branch is planned on the code the previous one produced, so it
     sees (and may re-enter) the streams already added. One step, and one patch, per branch."""
 
-    def add_args(self) -> tuple[CaseOption, ...]:
+    def kind_args(self) -> tuple[CaseOption, ...]:
         return (PROTECT, ALLOW_RNG_REORDER)
 
     def _branch_plans(
@@ -463,7 +547,8 @@ class BranchesCase(SeedCase):
 
         self.check_mode(options.mode)
         options = Options(mode=options.mode, flag=options.flag, protect=options.protect,
-                          assume_pure=options.assume_pure, allow_rng_reorder=options.allow_rng_reorder)
+                          assume_pure=options.assume_pure, allow_rng_reorder=options.allow_rng_reorder,
+                          extra=options.extra)
         steps: list[EditStep] = []
         reasons: list[str] = []
         applied = 0
@@ -494,7 +579,7 @@ class CopyCase(Case):
     sync: str = "events"
     non_blocking: bool = True
 
-    def add_args(self) -> tuple[CaseOption, ...]:
+    def kind_args(self) -> tuple[CaseOption, ...]:
         return (START_AFTER, STREAM_TAG)
 
 
@@ -503,7 +588,7 @@ class MicrobatchCase(Case):
 
     analysis: str = "microbatch"
 
-    def add_args(self) -> tuple[CaseOption, ...]:
+    def kind_args(self) -> tuple[CaseOption, ...]:
         return (SECOND_COMM_GROUP, STREAM_TAG)
 
     def refusal(self, option: CaseOption) -> str:
@@ -527,8 +612,7 @@ class MicrobatchCase(Case):
         plan = microbatch_plan(module, case=self.name, path=path, mode=options.mode, flag=flag,
                                target=target, stream_tag=options.stream_tag or self.stream_tag,
                                second_group=options.second_group, assume_pure=options.assume_pure, text=text)
-        # apply_plans carries a micro-batch plan out too (emit/microbatch.py); its annotation says OverlapPlan
-        return [microbatch_step(plan, text, apply_plans(module, [plan], text).code)]  # type: ignore[list-item]
+        return [microbatch_step(plan, text, apply_plans(module, [plan], text).code)]  # emit/microbatch.py
 
 
 def microbatch_step(plan: MicrobatchPlan, old: str, new: str) -> EditStep:

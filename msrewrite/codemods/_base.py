@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import libcst as cst
 from libcst.codemod import CodemodCommand, CodemodContext, SkipFile
@@ -20,7 +20,7 @@ class CaseCodemod(CodemodCommand):
     @classmethod
     def add_args(cls, arg_parser: argparse.ArgumentParser) -> None:  # type: ignore[override]  # libcst's is a staticmethod; a classmethod is called the same way
         from msrewrite.cases import require_case
-        from msrewrite.cases._base import CASE_OPTIONS
+        from msrewrite.cases._base import CASE_OPTIONS, own_options
 
         if not cls.CASE:
             arg_parser.add_argument("--case", dest="case", required=True, help="the case to apply")
@@ -32,8 +32,9 @@ class CaseCodemod(CodemodCommand):
         arg_parser.add_argument("--gate", default=None, help="capture, prefill, decode or tokens<=N")
         arg_parser.add_argument("--stream-tag", dest="stream_tag", default=None)
         arg_parser.add_argument("--assume-pure", dest="assume_pure", action="append", default=[])
-        # the case's own options (every case's for AnyCase: the case named refuses the others)
-        for option in require_case(cls.CASE).add_args() if cls.CASE else CASE_OPTIONS:
+        # the case's per-case options (for AnyCase every case's, the cases' own options too: the
+        # case named refuses the others)
+        for option in require_case(cls.CASE).add_args() if cls.CASE else (*CASE_OPTIONS, *own_options()):
             option.add_to(arg_parser)
 
     def __init__(self, context: CodemodContext, case: str = "", **options: object) -> None:
@@ -48,11 +49,11 @@ class CaseCodemod(CodemodCommand):
 
         text = tree.code
         path = Path(self.context.filename or "stdin.py")
-        options = dict(self.options)
-        options["anchors"] = tuple(options.pop("anchor", None) or ())  # type: ignore[arg-type]  # argparse's list
-        options["assume_pure"] = tuple(options.get("assume_pure") or ())  # type: ignore[arg-type]
-        args = ApplyArgs(file=path, case=self.case_name, plan_path=None, candidate=None, in_place=False,
-                         output=None, verify=False, harness=None, **options)  # type: ignore[arg-type]  # names checked by ApplyArgs
+        options: dict[str, Any] = dict(self.options)  # argparse's values, by ApplyArgs' names
+        options["anchors"] = tuple(options.pop("anchor", None) or ())  # argparse's list
+        options["assume_pure"] = tuple(options.get("assume_pure") or ())
+        args = ApplyArgs.of(file=path, case=self.case_name, plan_path=None, candidate=None, in_place=False,
+                            output=None, verify=False, harness=None, **options)  # the cases' own: ApplyArgs.extra
         try:
             chosen_mode, _why = resolve_mode(args.mode, text)
             case, case_options = case_request(args, chosen_mode)

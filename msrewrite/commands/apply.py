@@ -14,6 +14,7 @@ from msrewrite.analyze.walk import Visitor
 from msrewrite.cases._base import (
     ALLOW_RNG_REORDER,
     ANCHOR,
+    CASE_OPTIONS,
     CORES,
     PROTECT,
     SECOND_COMM_GROUP,
@@ -122,12 +123,14 @@ def case_steps(
     stream_tag: str | None, start_gates: tuple[StartGate, ...] = (), phase_anchors: tuple[str, ...] = (),
     core_limits: tuple[int, int, int, int] | None = None, second_group: str | None = None,
     protect: str = "", assume_pure: tuple[str, ...] = (), allow_rng_reorder: bool = False,
+    extra: dict | None = None,
 ) -> list[EditStep]:
-    """The edit the case named makes, as steps (Case.steps): apply's, golden/regen.py's and verify's."""
+    """The edit the case named makes, as steps (Case.steps): apply's, golden/regen.py's and verify's.
+    `extra`: the case's own options, already checked (Case.own_settings)."""
     options = Options(
         mode=mode, flag=flag, stream_tag=stream_tag, start_gates=start_gates, phase_anchors=phase_anchors,
         core_limits=core_limits, protect=protect, assume_pure=assume_pure, allow_rng_reorder=allow_rng_reorder,
-        second_group=second_group,
+        second_group=second_group, extra=dict(extra or {}),
     )
     return get_known_case(case_name).steps(file, text, module, options, target)
 
@@ -308,20 +311,38 @@ class ApplyArgs:
     quiet: bool = False
     markers: bool = False
     no_markers: bool = False
+    # the options cases declare in their own files (Case.options), as parsed: parameter -> value
+    extra: dict = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, **kwargs) -> ApplyArgs:
+        """ApplyArgs from apply's parsed options: those that are not its fields are a case's own."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        extra = {name: kwargs.pop(name) for name in list(kwargs) if name not in names}
+        return cls(**kwargs, extra={**kwargs.pop("extra", {}), **extra})
 
     def case_options(self) -> dict:
-        """The per-case options given (each is refused by a case that does not take it)."""
-        return {
+        """The per-case options given (each is refused by a case that does not take it): the
+        built-in ones, then the cases' own (those of --case when only they were parsed, else all)."""
+        given = {
             START_AFTER: self.start_after is not None, ANCHOR: bool(self.anchors),
             CORES: self.core_limit is not None or self.core_preset != "a3",
             SECOND_COMM_GROUP: self.second_comm_group is not None, ALLOW_RNG_REORDER: self.allow_rng_reorder,
             PROTECT: bool(self.protect), STREAM_TAG: self.stream_tag is not None,
         }
+        if self.extra:
+            from msrewrite.cases._base import own_options
+
+            mine = own_options(self.case or "")
+            if not set(self.extra) <= {pname for option in mine for pname, _kind, _spec in option.cli}:
+                mine = own_options()
+            given.update((option, option.given(self.extra)) for option in mine)
+        return given
 
 
 def run_apply(**kwargs) -> int:
-    """`msrewrite apply` (cli.apply's options, as ApplyArgs' fields)."""
-    args = ApplyArgs(**kwargs)
+    """`msrewrite apply` (cli.apply's options, as ApplyArgs' fields, and the cases' own)."""
+    args = ApplyArgs.of(**kwargs)
     if args.no_markers:
         if args.case is not None or args.plan_path is not None or args.markers or args.verify or args.output is not None:
             raise BadInput("--no-markers takes only the edited file (and -i): it removes the profiler ranges")
@@ -413,11 +434,11 @@ def case_request(args: ApplyArgs, chosen_mode: str) -> tuple[Case, Options]:
         from msrewrite import cores
 
         budget = cores.resolve(args.core_preset, args.core_limit).as_tuple()
-    return case, Options(
+    return case, case.own_settings(Options(
         mode=chosen_mode, flag=spec, stream_tag=args.stream_tag, start_gates=gates, phase_anchors=tuple(args.anchors),
         core_limits=budget, protect=args.protect, assume_pure=args.assume_pure,
         allow_rng_reorder=args.allow_rng_reorder, second_group=args.second_comm_group,
-    )
+    ), args.extra)
 
 
 def _case_edit(args: ApplyArgs, src, chosen_mode: str, why: str) -> list[EditStep]:
@@ -434,11 +455,11 @@ def _case_edit(args: ApplyArgs, src, chosen_mode: str, why: str) -> list[EditSte
     parse_flag(args.flag, args.flag_default, args.max_tokens, known.flag_name if known else "ENABLE_SIDE_STREAM",
                args.gate)
     _note(f"mode {chosen_mode} ({'auto: ' if args.mode == 'auto' else ''}{why})")
-    _case, options = case_request(args, chosen_mode)
+    _case, options = case_request(args, chosen_mode)  # every field of options is passed on: settled already
     return case_steps(args.file, src.text, src.module, args.case or "", chosen_mode, args.target, options.flag,
                       options.stream_tag, options.start_gates, options.phase_anchors, options.core_limits,
                       options.second_group, protect=options.protect, assume_pure=options.assume_pure,
-                      allow_rng_reorder=options.allow_rng_reorder)
+                      allow_rng_reorder=options.allow_rng_reorder, extra=options.extra)
 
 
 def _read_plan_file(args: ApplyArgs, src) -> list:
@@ -480,12 +501,21 @@ _PLAN_DECIDES = {
 }
 
 
-def _plan_overrides(args: ApplyArgs, plans: list, chosen_mode: str) -> dict:
-    """What the command line changes in the plans of --plan."""
+def _refuse_case_decisions(args: ApplyArgs) -> None:
+    """With --plan: refuse a per-case option the plan file decides itself, and a case's own option."""
     given = args.case_options()
     for option, refusal in _PLAN_DECIDES.items():
         if given[option]:
             raise BadInput(refusal)
+    for option, present in given.items():
+        if present and option not in CASE_OPTIONS:  # a case's own option (Case.options)
+            raise BadInput(f"{option.name} is an option of the case that declares it; give it with --case "
+                           "(a plan file carries its plans' own settings)")
+
+
+def _plan_overrides(args: ApplyArgs, plans: list, chosen_mode: str) -> dict:
+    """What the command line changes in the plans of --plan."""
+    _refuse_case_decisions(args)
     if any(isinstance(p, MicrobatchPlan) for p in plans):
         if len(plans) > 1:
             raise BadInput(f"{args.plan_path}: a prefill-microbatch plan forks the whole model: carry it out alone "

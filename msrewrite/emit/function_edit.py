@@ -53,7 +53,6 @@ from msrewrite.emit.templates import (
     parse_block,
     returns,
     rewritten,
-    splice,
     strip_leading,
     with_block,
     with_leading,
@@ -497,7 +496,7 @@ def _wrap(with_line: str, nodes: list[cst.BaseStatement], label: str) -> list[cs
         return nodes
     lead = list(leading_lines(nodes[0]))
     inner = [strip_leading(nodes[0]), *nodes[1:]]
-    block = splice(parse_block([with_line, "    __ms_main__"]), {"__ms_main__": inner})
+    block = with_block(with_line, inner)
     note = f"msrewrite({label}): the main branch gets its own core budget while the side stream runs."
     return with_leading(block, lead + [comment(note)])
 

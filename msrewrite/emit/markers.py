@@ -104,7 +104,7 @@ def _tests_stream(node: cst.If, stream: str) -> bool:
 
 
 def _line(code: str) -> cst.SimpleStatementLine:
-    return cst.parse_statement(code + "\n")  # type: ignore[return-value]
+    return cst.ensure_type(cst.parse_statement(code + "\n"), cst.SimpleStatementLine)
 
 
 class _Mark(cst.CSTTransformer):
@@ -169,7 +169,7 @@ class _Mark(cst.CSTTransformer):
         new = func.visit(Blocks())
         if not (state["fork"] and state["join"]):
             raise BadInput(f"--markers: {qualname}: could not find the fork and join of side stream {plan.stream_tag!r}")
-        return new  # type: ignore[return-value]
+        return cst.ensure_type(new, cst.FunctionDef)
 
 
 def _hoisted_main(body: list[cst.BaseStatement], plan: OverlapPlan) -> int:

@@ -1,11 +1,13 @@
 """Statements the emitter writes, built from text, and the small rewrites it makes on statements.
 
-The blocks it writes (`if <on>:` / `else:`, `with <stream>:`) hold statements that must stay the
-very nodes they were (emit/schedules.py and PlannedEdit find them again by identity), so a block
-is parsed from a template whose placeholder lines are then replaced by those nodes (`splice`).
-libcst's `parse_template_statement` cannot do that: it deep-clones every replacement, and a
-statement list is no valid replacement for a line. Where no identity is kept (one statement
-around a given expression) the libcst helper builds it.
+The blocks it writes (`if <on>:` / `else:`, `with <stream>:`) are libcst templates
+(`parse_template_statement`: `if {cond}:` with the condition as an expression node) whose
+`pass` bodies are then replaced, with `with_changes`, by the statements they hold. Those must
+stay the very nodes they were (emit/schedules.py and PlannedEdit find them again by identity),
+and a template deep-clones every replacement (a suite too), so the bodies are not template
+replacements. The statements the strategies write as text (emit/strategies.py: the stream
+set-up, waits, records, joins; values through msrewrite/validate.py) are parsed as they are
+(`parse_block`): turning each into a template is a rewrite of the strategies, not done.
 """
 
 from __future__ import annotations
@@ -53,29 +55,6 @@ def rewritten(stmt: cst.BaseStatement, transformer: cst.CSTTransformer) -> cst.B
     return new
 
 
-class _Splice(cst.CSTTransformer):
-    """Replace placeholder statements `__ms_x__` with real statement lists."""
-
-    def __init__(self, mapping: dict[str, list[cst.BaseStatement]]) -> None:
-        self.mapping = mapping
-
-    def leave_SimpleStatementLine(
-        self, _original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
-    ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
-        body = updated_node.body
-        if len(body) == 1 and isinstance(body[0], cst.Expr) and isinstance(body[0].value, cst.Name):
-            key = body[0].value.value
-            if key in self.mapping:
-                return cst.FlattenSentinel(self.mapping[key])
-        return updated_node
-
-
-def splice(stmts: list[cst.BaseStatement], mapping: dict[str, list[cst.BaseStatement]]) -> list[cst.BaseStatement]:
-    block = cst.IndentedBlock(body=stmts).visit(_Splice(mapping))
-    assert isinstance(block, cst.IndentedBlock)
-    return list(block.body)
-
-
 def comment(text: str) -> cst.EmptyLine:
     return cst.EmptyLine(comment=cst.Comment("# " + comment_text(text, "comment")))
 
@@ -87,22 +66,44 @@ def with_leading(stmts: list[cst.BaseStatement], leading: Sequence[cst.EmptyLine
     return [first.with_changes(leading_lines=tuple(leading) + tuple(leading_lines(first))), *stmts[1:]]
 
 
+_BLOCK = "\n    pass\n"  # a template's body, replaced by the statements the block holds
+_IF, _IF_ELSE = "if {cond}:" + _BLOCK, "if {cond}:" + _BLOCK + "else:" + _BLOCK
+
+
+def _holding(block: cst.BaseSuite, body: list[cst.BaseStatement]) -> cst.IndentedBlock:
+    """A template's `pass` block holding `body`: the very nodes (a replacement would be cloned)."""
+    assert isinstance(block, cst.IndentedBlock)
+    return block.with_changes(body=body)
+
+
+def _if(cond: str, on: list[cst.BaseStatement], off: list[cst.BaseStatement] | None = None) -> cst.If:
+    stmt = parse_template_statement(_IF_ELSE if off else _IF, cond=cst.parse_expression(cond))
+    assert isinstance(stmt, cst.If)
+    stmt = stmt.with_changes(body=_holding(stmt.body, on))
+    if off:
+        assert isinstance(stmt.orelse, cst.Else)
+        stmt = stmt.with_changes(orelse=stmt.orelse.with_changes(body=_holding(stmt.orelse.body, off)))
+    return stmt
+
+
 def if_block(
     cond: str, on: list[cst.BaseStatement], off_cond: str | None, off: list[cst.BaseStatement]
 ) -> list[cst.BaseStatement]:
     """`if cond: on [else: off]`; when `on` is empty, `if off_cond: off`."""
     if not on:
-        text = [f"if {off_cond}:", "    __ms_off__"]
-        return splice(parse_block(text), {"__ms_off__": off})
-    text = [f"if {cond}:", "    __ms_on__"]
-    if off:
-        text += ["else:", "    __ms_off__"]
-    return splice(parse_block(text), {"__ms_on__": on, "__ms_off__": off})
+        assert off_cond is not None
+        return [_if(off_cond, off)]
+    return [_if(cond, on, off)]
 
 
 def with_block(with_open: str, inner: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
-    """`<with_open>` (a `with ...:` line) around `inner`; `inner` itself without one."""
-    return splice(parse_block([with_open, "    __ms_side__"]), {"__ms_side__": inner}) if with_open else inner
+    """`<with_open>` (a `with ...:` line the strategies wrote) around `inner`; `inner` itself
+    without one."""
+    if not with_open:
+        return inner
+    stmt = parse_template_statement(with_open + _BLOCK)
+    assert isinstance(stmt, cst.With)
+    return [stmt.with_changes(body=_holding(stmt.body, inner))]
 
 
 def assign(name: str, value: cst.BaseExpression) -> cst.SimpleStatementLine:

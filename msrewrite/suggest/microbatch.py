@@ -87,7 +87,7 @@ def microbatch_candidates(file: Path, text: str, display: str, refused: list[dic
             if mode not in case.modes:  # a fork to make, in a file of a mode the case does not emit
                 raise MsrewriteError(f"the file is {mode} code; {CASE} supports {', '.join(case.modes)}")
             # what the emitter refuses is not proposed; apply_plans takes a MicrobatchPlan too (alone)
-            apply_plans(module, [plan], text)  # type: ignore[list-item]  # its annotation names OverlapPlan only
+            apply_plans(module, [plan], text)
         except NotApplicable:  # nothing to fork here: not a refusal
             continue
         except MsrewriteError as exc:
