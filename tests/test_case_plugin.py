@@ -140,6 +140,7 @@ def test_a_case_in_one_new_file_is_listed_applied_golden_and_mutant_tested(toy, 
         assert mutant.kind in {f.kind for f in result.findings}, (mutant.name, result.problems)
 
 
+@pytest.mark.slow  # runs the model through verify
 def test_the_toy_case_s_own_option_is_parsed_for_it_alone_listed_and_refused_elsewhere(toy):
     """An option declared in the case's file alone: `apply --case toy-side` parses it, its value
     passes its validator and changes the edit (and the edit verifies); --help lists it; a built-in
@@ -183,6 +184,7 @@ def _toy_codemod(toy, folder, *options: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # runs libcst's codemod runner in a subprocess
 @pytest.mark.parametrize("lane", [(), ("--toy-lane", "fast")], ids=["default", "own-option"])
 def test_the_toy_case_runs_as_a_libcst_codemod_with_its_own_option(toy, lane):
     """`python -m libcst.tool codemod ... AnyCase --case toy-side FOLDER` edits the folder as
