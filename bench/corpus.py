@@ -286,7 +286,9 @@ def sweep(files: list[Path], jobs: int = 1, progress: bool = False, all_modes: b
     results: list[FileResult] = []
     if jobs > 1 and len(names) > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for i, res in enumerate(pool.map(sweep_file, names, [all_modes] * len(names), chunksize=1 if len(names) < 50 else 4), 1):
+            for i, res in enumerate(
+                pool.map(sweep_file, names, [all_modes] * len(names), chunksize=1 if len(names) < 50 else 4), 1
+            ):
                 results.append(res)
                 if progress and i % 100 == 0:
                     print(f"  {i}/{len(names)}", file=sys.stderr, flush=True)
@@ -309,10 +311,14 @@ def summarize(results: list[FileResult]) -> dict:
         "failures": sum(len(r.failures) for r in results),
         "roundtrip_checked": sum(r.roundtrip is not None for r in results),
         "roundtrip_identical": sum(r.roundtrip is True for r in results),
-        "suggest_files_with_candidates": sum(r.suggest.endswith("candidates") and not r.suggest.startswith("0 ") for r in results),
+        "suggest_files_with_candidates": sum(
+            r.suggest.endswith("candidates") and not r.suggest.startswith("0 ") for r in results
+        ),
         "suggest_refused": sum(r.suggest.startswith(("bad-input", "nothing")) for r in results),
         # suggest's best plan, carried out on the unchanged file, refused by apply (a suggest/apply mismatch)
-        "suggest_plans_refused": sum(c.what.startswith("suggest-plan/eager") and c.outcome == "bad-input" for c in checks),
+        "suggest_plans_refused": sum(
+            c.what.startswith("suggest-plan/eager") and c.outcome == "bad-input" for c in checks
+        ),
         "edits": len(edits),
         "edits_by_kind": dict(Counter(c.what for c in edits)),
         "edits_compile": sum(c.compiles is True for c in edits),
@@ -330,11 +336,15 @@ def print_summary(summary: dict, results: list[FileResult], seconds: float, jobs
     print(f"  crashes (non-MsrewriteError exceptions): {s['crashes']}")
     print(f"  failed checks:                           {s['failures']}")
     print(f"  libcst round trip byte-identical:        {s['roundtrip_identical']}/{s['roundtrip_checked']}")
-    print(f"  static suggest: files with candidates    {s['suggest_files_with_candidates']} (refused cleanly: {s['suggest_refused']})")
+    print(
+        f"  static suggest: files with candidates    {s['suggest_files_with_candidates']} (refused cleanly: {s['suggest_refused']})"
+    )
     print(f"  suggest's best plan refused by apply on the unchanged file: {s['suggest_plans_refused']}")
-    print(f"  edits made: {s['edits']}  compile {s['edits_compile']}/{s['edits']}  "
-          f"git apply --check + exact {s['edits_git_apply']}/{s['edits']}  "
-          f"idempotent second apply {s['case_edits_idempotent']}/{s['case_edits']} (case edits)")
+    print(
+        f"  edits made: {s['edits']}  compile {s['edits_compile']}/{s['edits']}  "
+        f"git apply --check + exact {s['edits_git_apply']}/{s['edits']}  "
+        f"idempotent second apply {s['case_edits_idempotent']}/{s['case_edits']} (case edits)"
+    )
     print(f"  edits by kind: {s['edits_by_kind']}")
     print(f"  outcomes: {s['outcomes']}")
     print(f"  slowest files: {s['slowest']}")
@@ -370,7 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     print_summary(summary, results, seconds, args.jobs)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"summary": summary, "seconds": seconds, "files": [asdict(r) for r in results]}, indent=1))
+        args.json.write_text(
+            json.dumps({"summary": summary, "seconds": seconds, "files": [asdict(r) for r in results]}, indent=1)
+        )
     return 1 if summary["crashes"] or summary["failures"] else 0
 
 

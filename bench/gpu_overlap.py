@@ -74,12 +74,32 @@ def _qwen_routed(block, x):
 
 
 MODELS = [
-    Model("deepseek_v3", "deepseek_v3/modeling_deepseek_v3.py", "DeepseekV3Config", "DeepseekV3MoE",
-          _deepseek_shared, _deepseek_routed,
-          dict(hidden_size=64, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1)),
-    Model("qwen3_next", "qwen3_next/modeling_qwen3_next.py", "Qwen3NextConfig", "Qwen3NextSparseMoeBlock",
-          _qwen_shared, _qwen_routed,
-          dict(hidden_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=8, num_experts_per_tok=2)),
+    Model(
+        "deepseek_v3",
+        "deepseek_v3/modeling_deepseek_v3.py",
+        "DeepseekV3Config",
+        "DeepseekV3MoE",
+        _deepseek_shared,
+        _deepseek_routed,
+        dict(
+            hidden_size=64, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1
+        ),
+    ),
+    Model(
+        "qwen3_next",
+        "qwen3_next/modeling_qwen3_next.py",
+        "Qwen3NextConfig",
+        "Qwen3NextSparseMoeBlock",
+        _qwen_shared,
+        _qwen_routed,
+        dict(
+            hidden_size=64,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            num_experts=8,
+            num_experts_per_tok=2,
+        ),
+    ),
 ]
 
 
@@ -231,7 +251,9 @@ def rewrite(model: Model, mode: str, folder: Path) -> tuple[Path, str]:
 
     path = models_dir() / model.file
     src = load(path)
-    plans = plans_for_case(path, src.module, "moe-shared-expert", mode, model.block, FlagSpec(kind="attr", name=FLAG), None)
+    plans = plans_for_case(
+        path, src.module, "moe-shared-expert", mode, model.block, FlagSpec(kind="attr", name=FLAG), None
+    )
     text = apply_plans(src.module, plans).code
     out = folder / mode.replace("-", "_") / Path(model.file).name
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -280,8 +302,9 @@ def experts_impls() -> list[str]:
 
 
 # Measuring ---------------------------------------------------------------------------------------
-def measure(model: Model, original, edited, hidden: int, tokens: int, backend: Backend, iters: int, warmup: int,
-            graphs: bool) -> dict:
+def measure(
+    model: Model, original, edited, hidden: int, tokens: int, backend: Backend, iters: int, warmup: int, graphs: bool
+) -> dict:
     import torch
 
     x = torch.randn(1, tokens, hidden, device=backend.device, dtype=torch.bfloat16)
@@ -290,6 +313,7 @@ def measure(model: Model, original, edited, hidden: int, tokens: int, backend: B
         def run():
             setattr(edited, FLAG, value)
             return edited(x)
+
         return run
 
     fns = {
@@ -331,8 +355,18 @@ def measure(model: Model, original, edited, hidden: int, tokens: int, backend: B
 def sanitizer_run(model: Model, mode: str, experts_impl: str, tokens: int, tiny: bool, timeout: int) -> str:
     """One flag-on forward of the edited block under PyTorch's CUDA sanitizer, in a fresh process."""
     env = dict(os.environ, TORCH_CUDA_SANITIZER="1")
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--sanitizer-child", model.key, "--mode-child", mode,
-           "--experts-child", experts_impl, "--tokens-child", str(tokens)] + (["--cpu-smoke"] if tiny else [])
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--sanitizer-child",
+        model.key,
+        "--mode-child",
+        mode,
+        "--experts-child",
+        experts_impl,
+        "--tokens-child",
+        str(tokens),
+    ] + (["--cpu-smoke"] if tiny else [])
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -393,8 +427,10 @@ def main(argv: list[str] | None = None) -> int:
 
     backend = Backend() if args.cpu_smoke else detect_backend()
     if backend is None:
-        print("gpu_overlap: no CUDA GPU and no Ascend NPU (torch_npu) here; nothing to measure. "
-              "Run on a machine with a device, or pass --cpu-smoke to check the plumbing.")
+        print(
+            "gpu_overlap: no CUDA GPU and no Ascend NPU (torch_npu) here; nothing to measure. "
+            "Run on a machine with a device, or pass --cpu-smoke to check the plumbing."
+        )
         return 0
     tokens = args.tokens or ([1, 64, 4096] if args.quick else [1, 8, 64, 4096])
     if args.cpu_smoke:
@@ -412,14 +448,28 @@ def main(argv: list[str] | None = None) -> int:
                         original, edited, hidden = build_blocks(model, path, backend, impl, args.cpu_smoke)
                         for t in tokens:
                             start = time.perf_counter()
-                            row = measure(model, original, edited, hidden, t, backend, iters, warmup,
-                                          graphs=not args.no_graphs and mode != "eager")
+                            row = measure(
+                                model,
+                                original,
+                                edited,
+                                hidden,
+                                t,
+                                backend,
+                                iters,
+                                warmup,
+                                graphs=not args.no_graphs and mode != "eager",
+                            )
                             row.update(model=model.key, mode=mode, experts=impl, seconds=time.perf_counter() - start)
                             rows.append(row)
                             _print_row(row)
                     except Exception as exc:  # one configuration failing must not hide the others
-                        print(f"{model.key:<12}{mode:<12}{impl:<11} FAILED: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-                        rows.append({"model": model.key, "mode": mode, "experts": impl, "error": f"{type(exc).__name__}: {exc}"})
+                        print(
+                            f"{model.key:<12}{mode:<12}{impl:<11} FAILED: {type(exc).__name__}: {str(exc)[:200]}",
+                            flush=True,
+                        )
+                        rows.append(
+                            {"model": model.key, "mode": mode, "experts": impl, "error": f"{type(exc).__name__}: {exc}"}
+                        )
                     original = edited = None
                     _free(backend)
             if backend.name == "cuda" and not args.no_sanitizer:
@@ -437,15 +487,23 @@ _HEADER_DONE = False
 def _print_row(row: dict) -> None:
     global _HEADER_DONE
     if not _HEADER_DONE:
-        print(f"{'model':<12}{'mode':<12}{'experts':<11}{'tokens':>6} |{'shared':>8}{'routed':>8}{'serial':>8}{'off':>8}{'on':>8}"
-              f"{'saving':>8} | graphs:{'serial':>8}{'off':>8}{'on':>8}{'saving':>8} | max|on-serial|  (ms; saving = (off-on)/min(shared, routed))")
+        print(
+            f"{'model':<12}{'mode':<12}{'experts':<11}{'tokens':>6} |{'shared':>8}{'routed':>8}{'serial':>8}{'off':>8}{'on':>8}"
+            f"{'saving':>8} | graphs:{'serial':>8}{'off':>8}{'on':>8}{'saving':>8} | max|on-serial|  (ms; saving = (off-on)/min(shared, routed))"
+        )
         _HEADER_DONE = True
     g = row.get("graphs") or {}
-    graphs = (f"{fmt(g.get('serial'))}{fmt(g.get('off'))}{fmt(g.get('on'))}{fmt(g.get('saving'), digits=2)}"
-              if g and "error" not in g else f"  {g.get('error', 'off')[:30]:<30}")
-    print(f"{row['model']:<12}{row['mode']:<12}{row['experts']:<11}{row['tokens']:>6} |{fmt(row['shared'])}{fmt(row['routed'])}"
-          f"{fmt(row['serial'])}{fmt(row['off'])}{fmt(row['on'])}{fmt(row['saving'], digits=2)} |       {graphs} | "
-          f"{row['max_diff_on_vs_serial']:.3g}", flush=True)
+    graphs = (
+        f"{fmt(g.get('serial'))}{fmt(g.get('off'))}{fmt(g.get('on'))}{fmt(g.get('saving'), digits=2)}"
+        if g and "error" not in g
+        else f"  {g.get('error', 'off')[:30]:<30}"
+    )
+    print(
+        f"{row['model']:<12}{row['mode']:<12}{row['experts']:<11}{row['tokens']:>6} |{fmt(row['shared'])}{fmt(row['routed'])}"
+        f"{fmt(row['serial'])}{fmt(row['off'])}{fmt(row['on'])}{fmt(row['saving'], digits=2)} |       {graphs} | "
+        f"{row['max_diff_on_vs_serial']:.3g}",
+        flush=True,
+    )
 
 
 def _free(backend: Backend) -> None:

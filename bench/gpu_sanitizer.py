@@ -38,6 +38,7 @@ def drop_line(pattern: str):
             raise ValueError(f"mutant pattern {pattern!r} matches {len(hits)} lines")
         del lines[hits[0]]
         return "".join(lines)
+
     return mutate
 
 
@@ -48,8 +49,18 @@ MUTANTS = {
     "lifetime-guard-removed": drop_line(r"_ms_record_stream\(current_stream, "),
 }
 # What each verdict should be (None: no expectation, reported only).
-EXPECT_PYTORCH = {"golden": "clean", "fork-wait-removed": "race", "join-removed": "race", "lifetime-guard-removed": None}
-EXPECT_MSREWRITE = {"golden": "clean", "fork-wait-removed": "race", "join-removed": "race", "lifetime-guard-removed": "lifetime"}
+EXPECT_PYTORCH = {
+    "golden": "clean",
+    "fork-wait-removed": "race",
+    "join-removed": "race",
+    "lifetime-guard-removed": None,
+}
+EXPECT_MSREWRITE = {
+    "golden": "clean",
+    "fork-wait-removed": "race",
+    "join-removed": "race",
+    "lifetime-guard-removed": "lifetime",
+}
 
 CHILD = r"""
 import importlib.util, os, sys, torch
@@ -123,8 +134,12 @@ def compare(example_names: list[str], mutant_names: list[str], gpu: bool) -> lis
                 edited = Path(folder) / name / f"{example}.py"
                 edited.parent.mkdir(parents=True, exist_ok=True)
                 edited.write_text(text, encoding="utf-8")
-                row: dict[str, Any] = {"example": example, "mutant": name, "msrewrite": msrewrite_verdict(edited, example),
-                       "pytorch": pytorch_verdict(edited) if gpu else "skipped (no GPU)"}
+                row: dict[str, Any] = {
+                    "example": example,
+                    "mutant": name,
+                    "msrewrite": msrewrite_verdict(edited, example),
+                    "pytorch": pytorch_verdict(edited) if gpu else "skipped (no GPU)",
+                }
                 row["agree_expected"] = _expected(row)
                 rows.append(row)
     return rows
@@ -146,13 +161,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     gpu = has_cuda()
     if not gpu and not args.msrewrite_only:
-        print("gpu_sanitizer: no CUDA GPU here; skipped (PyTorch's CUDA sanitizer needs one). "
-              "--msrewrite-only prints msrewrite's verdicts alone.")
+        print(
+            "gpu_sanitizer: no CUDA GPU here; skipped (PyTorch's CUDA sanitizer needs one). "
+            "--msrewrite-only prints msrewrite's verdicts alone."
+        )
         return 0
     rows = compare(args.examples or examples(), args.mutants, gpu and not args.msrewrite_only)
     print(f"{'example':<16}{'edit':<24}{'msrewrite verify':<28}{'PyTorch CSAN':<28}as expected")
     for r in rows:
-        print(f"{r['example']:<16}{r['mutant']:<24}{r['msrewrite']:<28}{r['pytorch']:<28}{'yes' if r.get('agree_expected') else 'NO'}")
+        print(
+            f"{r['example']:<16}{r['mutant']:<24}{r['msrewrite']:<28}{r['pytorch']:<28}{'yes' if r.get('agree_expected') else 'NO'}"
+        )
     return 0 if all(r.get("agree_expected") for r in rows) else 1
 
 

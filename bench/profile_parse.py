@@ -34,25 +34,85 @@ def write_trace(path: Path, megabytes: float) -> int:
         ts, step, corr, first = 1000.0, 0, 0, True
         while f.tell() < target:
             step += 1
-            events = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1,
-                       "ts": ts, "dur": 900.0, "args": {"External id": corr}}]
+            events = [
+                {
+                    "ph": "X",
+                    "cat": "user_annotation",
+                    "name": f"ProfilerStep#{step}",
+                    "pid": 1,
+                    "tid": 1,
+                    "ts": ts,
+                    "dur": 900.0,
+                    "args": {"External id": corr},
+                }
+            ]
             for layer in range(40):
                 for which, stream in (("main", 7), ("side", 20)):
                     corr += 1
                     t = ts + layer * 20 + (0 if which == "main" else 2)
                     events += [
-                        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": t, "dur": 3.0,
-                         "args": {"External id": corr, "Record function id": 0, "Ev Idx": corr,
-                                  "Input Dims": [[64, 2048], [64, 2048], []], "Input type": ["float", "float", "Scalar"],
-                                  "Input Strides": [[2048, 1], [2048, 1], []], "Concrete Inputs": ["", "", "1"]}},
-                        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": t + 1,
-                         "dur": 1.5, "args": {"External id": corr, "cbid": 211, "correlation": corr}},
-                        {"ph": "f", "id": corr, "pid": 1, "tid": 1, "ts": t + 1, "cat": "ac2g", "name": "ac2g", "bp": "e"},
-                        {"ph": "X", "cat": "kernel", "name": kernel, "pid": 0, "tid": stream, "ts": t + 5, "dur": 6.0,
-                         "args": {"External id": corr, "queued": 0, "device": 0, "context": 1, "stream": stream,
-                                  "correlation": corr, "registers per thread": 16, "shared memory": 0,
-                                  "blocks per SM": 1.2, "warps per SM": 4.8, "grid": [128, 1, 1], "block": [128, 1, 1],
-                                  "est. achieved occupancy %": 8}},
+                        {
+                            "ph": "X",
+                            "cat": "cpu_op",
+                            "name": "aten::add",
+                            "pid": 1,
+                            "tid": 1,
+                            "ts": t,
+                            "dur": 3.0,
+                            "args": {
+                                "External id": corr,
+                                "Record function id": 0,
+                                "Ev Idx": corr,
+                                "Input Dims": [[64, 2048], [64, 2048], []],
+                                "Input type": ["float", "float", "Scalar"],
+                                "Input Strides": [[2048, 1], [2048, 1], []],
+                                "Concrete Inputs": ["", "", "1"],
+                            },
+                        },
+                        {
+                            "ph": "X",
+                            "cat": "cuda_runtime",
+                            "name": "cudaLaunchKernel",
+                            "pid": 1,
+                            "tid": 1,
+                            "ts": t + 1,
+                            "dur": 1.5,
+                            "args": {"External id": corr, "cbid": 211, "correlation": corr},
+                        },
+                        {
+                            "ph": "f",
+                            "id": corr,
+                            "pid": 1,
+                            "tid": 1,
+                            "ts": t + 1,
+                            "cat": "ac2g",
+                            "name": "ac2g",
+                            "bp": "e",
+                        },
+                        {
+                            "ph": "X",
+                            "cat": "kernel",
+                            "name": kernel,
+                            "pid": 0,
+                            "tid": stream,
+                            "ts": t + 5,
+                            "dur": 6.0,
+                            "args": {
+                                "External id": corr,
+                                "queued": 0,
+                                "device": 0,
+                                "context": 1,
+                                "stream": stream,
+                                "correlation": corr,
+                                "registers per thread": 16,
+                                "shared memory": 0,
+                                "blocks per SM": 1.2,
+                                "warps per SM": 4.8,
+                                "grid": [128, 1, 1],
+                                "block": [128, 1, 1],
+                                "est. achieved occupancy %": 8,
+                            },
+                        },
                     ]
             for event in events:
                 f.write(("" if first else ",\n") + "  " + json.dumps(event))

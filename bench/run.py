@@ -104,8 +104,9 @@ def worker_apply(args) -> dict:
         t0 = time.perf_counter()
         src = load(path)
         t1 = time.perf_counter()
-        plans = plans_for_case(path, src.module, "moe-shared-expert", "eager", None, FlagSpec(name="X"), None,
-                               text=src.text)
+        plans = plans_for_case(
+            path, src.module, "moe-shared-expert", "eager", None, FlagSpec(name="X"), None, text=src.text
+        )
         t2 = time.perf_counter()
         new = apply_plans(src.module, plans, src.text).code
         t3 = time.perf_counter()
@@ -113,8 +114,12 @@ def worker_apply(args) -> dict:
         t4 = time.perf_counter()
         assert diff.startswith("---")
         if record:
-            for name, dt in (("load (read + libcst parse)", t1 - t0), ("find targets (plans_for_case)", t2 - t1),
-                             ("emit (apply_plans + codegen)", t3 - t2), ("unified diff", t4 - t3)):
+            for name, dt in (
+                ("load (read + libcst parse)", t1 - t0),
+                ("find targets (plans_for_case)", t2 - t1),
+                ("emit (apply_plans + codegen)", t3 - t2),
+                ("unified diff", t4 - t3),
+            ):
                 phases[name] = min(phases.get(name, float("inf")), dt)
 
     bare(), full()  # warm up imports and caches
@@ -143,7 +148,9 @@ def worker_apply(args) -> dict:
         prof = cProfile.Profile()
         prof.runcall(full)
         buf = io.StringIO()
-        pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(r"msrewrite|libcst/metadata|_codegen|parse_module", 25)
+        pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(
+            r"msrewrite|libcst/metadata|_codegen|parse_module", 25
+        )
         out["profile"] = buf.getvalue()
     return out
 
@@ -205,6 +212,7 @@ def worker_static(args) -> dict:
         def run():
             with contextlib.redirect_stdout(io.StringIO()):
                 run_suggest(files=list(files), static=True, json_out=True, jobs=jobs)
+
         return run
 
     largest = sorted(files, key=lambda f: len(texts[f]))[-3:]
@@ -236,7 +244,9 @@ def worker_static(args) -> dict:
         "ast_prescan_false_negatives": missed,
         "msrewrite_with_prescan_s": with_prescan,
         "pipeline_has_prescan": _pipeline_skips_libcst(device),
-        "slowest": sorted(((round(t, 3), f.relative_to(models_dir()).as_posix()) for f, t in per_file.items()), reverse=True)[:5],
+        "slowest": sorted(
+            ((round(t, 3), f.relative_to(models_dir()).as_posix()) for f, t in per_file.items()), reverse=True
+        )[:5],
         # Peak memory is per file (nothing is kept between files): measured on the 3 largest.
         "peak_files": [f.name for f in largest],
         "baseline_peak_bytes": peak_alloc(lambda: [cst.parse_module(texts[f]) for f in largest]),
@@ -284,7 +294,12 @@ def worker_traced(args) -> dict:
     with contextlib.redirect_stdout(io.StringIO()) as out:
         code = run_suggest(files=[models_dir() / args.file], target=args.target, json_out=True)
     candidates = len(json.loads(out.getvalue())["candidates"])
-    return {"in_process_s": time.perf_counter() - start, "exit": code, "candidates": candidates, "max_rss_mib": max_rss_mib()}
+    return {
+        "in_process_s": time.perf_counter() - start,
+        "exit": code,
+        "candidates": candidates,
+        "max_rss_mib": max_rss_mib(),
+    }
 
 
 def verify_figure(repeat: int) -> dict:
@@ -302,8 +317,12 @@ def verify_figure(repeat: int) -> dict:
             if proc.returncode != 0:
                 raise SystemExit(f"verify failed:\n{proc.stdout}{proc.stderr}")
     best = {k: min(v) for k, v in walls.items()}
-    return {"file": edited, "msrewrite_s": best["default"], "baseline_s": best["before"],
-            "ratio": best["default"] / best["before"]}
+    return {
+        "file": edited,
+        "msrewrite_s": best["default"],
+        "baseline_s": best["before"],
+        "ratio": best["default"] / best["before"],
+    }
 
 
 WORKERS = {"apply": worker_apply, "static": worker_static, "run-once": worker_run_once, "traced": worker_traced}
@@ -343,8 +362,10 @@ def main(argv: list[str] | None = None) -> int:
         return _only_apply(common)
     if args.only == "verify":
         row = verify_figure(args.repeat)
-        print(f"verify {row['file']}: {row['msrewrite_s']:.2f}s vs {row['baseline_s']:.2f}s before issue 11's runs "
-              f"= {row['ratio']:.2f}x (target {TARGETS['verify']:.1f}x) {verdict(row['ratio'], TARGETS['verify'])}")
+        print(
+            f"verify {row['file']}: {row['msrewrite_s']:.2f}s vs {row['baseline_s']:.2f}s before issue 11's runs "
+            f"= {row['ratio']:.2f}x (target {TARGETS['verify']:.1f}x) {verdict(row['ratio'], TARGETS['verify'])}"
+        )
         return 0
     results: dict = {
         "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -377,7 +398,9 @@ def main(argv: list[str] | None = None) -> int:
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fixed 30-file sample, one traced model, fewer repeats")
-    parser.add_argument("--sample", type=int, default=None, help="static: number of modeling files (default all; 30 with --quick)")
+    parser.add_argument(
+        "--sample", type=int, default=None, help="static: number of modeling files (default all; 30 with --quick)"
+    )
     parser.add_argument("--jobs", "-j", type=int, default=min(os.cpu_count() or 1, 8), help="workers for the -j figure")
     parser.add_argument("--repeat", type=int, default=None)
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the apply path")
@@ -407,12 +430,17 @@ def _traced_rows(quick: bool) -> list[dict]:
                 res, wall = spawn(kind, "--file", file, "--target", target)
                 walls[kind].append(wall)
                 info[kind] = res
-        rows.append({
-            "file": file, "target": target,
-            "baseline_s": min(walls["run-once"]), "msrewrite_s": min(walls["traced"]),
-            "candidates": info["traced"]["candidates"],
-            "baseline_rss_mib": info["run-once"]["max_rss_mib"], "msrewrite_rss_mib": info["traced"]["max_rss_mib"],
-        })
+        rows.append(
+            {
+                "file": file,
+                "target": target,
+                "baseline_s": min(walls["run-once"]),
+                "msrewrite_s": min(walls["traced"]),
+                "candidates": info["traced"]["candidates"],
+                "baseline_rss_mib": info["run-once"]["max_rss_mib"],
+                "msrewrite_rss_mib": info["traced"]["max_rss_mib"],
+            }
+        )
     return rows
 
 
@@ -432,30 +460,95 @@ _Row = tuple[str, str, float, float, str, float, float, str]
 
 def _print_table(applied: dict, static: dict, traced_rows: list[dict], verified: dict) -> None:
     rows: list[_Row] = [
-        ("apply moe-shared-expert", f"{APPLY_FILE} ({applied['lines']} lines)", applied["msrewrite_s"], applied["baseline_s"],
-         "libcst parse+codegen", applied["ratio"], TARGETS["apply"],
-         f"{mib(applied['msrewrite_peak_bytes'])} vs {mib(applied['baseline_peak_bytes'])}"),
-        ("suggest --static", f"{static['files']} modeling files", static["msrewrite_s"], static["baseline_s"],
-         "libcst parse", static["ratio"], TARGETS["static"],
-         f"{mib(static['msrewrite_peak_bytes'])} vs {mib(static['baseline_peak_bytes'])}"),
-        ("  CLI, 1 process", "", static["cli_serial_s"], static["baseline_s"], "libcst parse", static["ratio_cli_serial"], TARGETS["static"], ""),
-        (f"  CLI, -j {static['cli_jobs']}", "", static["cli_jobs_s"], static["baseline_s"], "libcst parse (1 proc)",
-         static["ratio_cli_jobs"], TARGETS["static"], ""),
-        ("  with an ast pre-scan*", "", static["msrewrite_with_prescan_s"], static["baseline_s"], "libcst parse",
-         static["ratio_with_prescan"], TARGETS["static"], ""),
+        (
+            "apply moe-shared-expert",
+            f"{APPLY_FILE} ({applied['lines']} lines)",
+            applied["msrewrite_s"],
+            applied["baseline_s"],
+            "libcst parse+codegen",
+            applied["ratio"],
+            TARGETS["apply"],
+            f"{mib(applied['msrewrite_peak_bytes'])} vs {mib(applied['baseline_peak_bytes'])}",
+        ),
+        (
+            "suggest --static",
+            f"{static['files']} modeling files",
+            static["msrewrite_s"],
+            static["baseline_s"],
+            "libcst parse",
+            static["ratio"],
+            TARGETS["static"],
+            f"{mib(static['msrewrite_peak_bytes'])} vs {mib(static['baseline_peak_bytes'])}",
+        ),
+        (
+            "  CLI, 1 process",
+            "",
+            static["cli_serial_s"],
+            static["baseline_s"],
+            "libcst parse",
+            static["ratio_cli_serial"],
+            TARGETS["static"],
+            "",
+        ),
+        (
+            f"  CLI, -j {static['cli_jobs']}",
+            "",
+            static["cli_jobs_s"],
+            static["baseline_s"],
+            "libcst parse (1 proc)",
+            static["ratio_cli_jobs"],
+            TARGETS["static"],
+            "",
+        ),
+        (
+            "  with an ast pre-scan*",
+            "",
+            static["msrewrite_with_prescan_s"],
+            static["baseline_s"],
+            "libcst parse",
+            static["ratio_with_prescan"],
+            TARGETS["static"],
+            "",
+        ),
     ]
     for row in traced_rows:
-        rows.append(("suggest (traced)", row["target"], row["msrewrite_s"], row["baseline_s"], "import+run once, fresh proc",
-                     row["ratio"], TARGETS["traced"], f"RSS {row['msrewrite_rss_mib']:.0f} vs {row['baseline_rss_mib']:.0f} MiB"))
-    rows.append(("verify (golden edit)", verified["file"], verified["msrewrite_s"], verified["baseline_s"],
-                 "early/eval only, fresh proc", verified["ratio"], TARGETS["verify"], ""))
-    print(f"\n{'figure':<26}{'input':<50}{'msrewrite':>10}{'baseline':>10}  {'baseline is':<28}{'ratio':>7}{'target':>8}  {'':<5}peak memory (msrewrite vs baseline)")
+        rows.append(
+            (
+                "suggest (traced)",
+                row["target"],
+                row["msrewrite_s"],
+                row["baseline_s"],
+                "import+run once, fresh proc",
+                row["ratio"],
+                TARGETS["traced"],
+                f"RSS {row['msrewrite_rss_mib']:.0f} vs {row['baseline_rss_mib']:.0f} MiB",
+            )
+        )
+    rows.append(
+        (
+            "verify (golden edit)",
+            verified["file"],
+            verified["msrewrite_s"],
+            verified["baseline_s"],
+            "early/eval only, fresh proc",
+            verified["ratio"],
+            TARGETS["verify"],
+            "",
+        )
+    )
+    print(
+        f"\n{'figure':<26}{'input':<50}{'msrewrite':>10}{'baseline':>10}  {'baseline is':<28}{'ratio':>7}{'target':>8}  {'':<5}peak memory (msrewrite vs baseline)"
+    )
     for name, what, tool, base, base_name, ratio, target, mem in rows:
-        print(f"{name:<26}{what:<50}{tool:>9.3f}s{base:>9.3f}s  {base_name:<28}{ratio:>6.2f}x{target:>7.1f}x  {verdict(ratio, target):<5}{mem}")
+        print(
+            f"{name:<26}{what:<50}{tool:>9.3f}s{base:>9.3f}s  {base_name:<28}{ratio:>6.2f}x{target:>7.1f}x  {verdict(ratio, target):<5}{mem}"
+        )
 
 
 def _print_notes(applied: dict, static: dict) -> None:
-    print("\napply phases (best of runs): " + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in applied["phases_s"].items()))
+    print(
+        "\napply phases (best of runs): " + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in applied["phases_s"].items())
+    )
     print(
         f"static tier: {static['files_with_candidates']}/{static['files']} files have candidates; "
         f"{static['time_on_files_without_candidates_s']:.2f}s of {static['msrewrite_s']:.2f}s is spent on files without any. "
@@ -470,13 +563,15 @@ def _only_static(args, common: list[str]) -> int:
     """`--only static`: the static figure alone, for iterating on the static tier."""
     static, _ = spawn("static", *common, *(["--sample", str(args.sample)] if args.sample else []))
     ratio = static["msrewrite_s"] / static["baseline_s"]
-    print(f"suggest --static over {static['files']} modeling files: {static['msrewrite_s']:.3f}s vs libcst parse "
-          f"{static['baseline_s']:.3f}s = {ratio:.2f}x (target {TARGETS['static']:.1f}x, {verdict(ratio, TARGETS['static'])}); "
-          f"CLI 1 process {static['cli_serial_s'] / static['baseline_s']:.2f}x, -j {static['cli_jobs']} "
-          f"{static['cli_jobs_s'] / static['baseline_s']:.2f}x; skips libcst on a file with nothing to do: "
-          f"{'yes' if static['pipeline_has_prescan'] else 'NO'}; "
-          f"{static['files_with_candidates']}/{static['files']} files have candidates; "
-          f"peak {mib(static['msrewrite_peak_bytes'])} vs {mib(static['baseline_peak_bytes'])}")
+    print(
+        f"suggest --static over {static['files']} modeling files: {static['msrewrite_s']:.3f}s vs libcst parse "
+        f"{static['baseline_s']:.3f}s = {ratio:.2f}x (target {TARGETS['static']:.1f}x, {verdict(ratio, TARGETS['static'])}); "
+        f"CLI 1 process {static['cli_serial_s'] / static['baseline_s']:.2f}x, -j {static['cli_jobs']} "
+        f"{static['cli_jobs_s'] / static['baseline_s']:.2f}x; skips libcst on a file with nothing to do: "
+        f"{'yes' if static['pipeline_has_prescan'] else 'NO'}; "
+        f"{static['files_with_candidates']}/{static['files']} files have candidates; "
+        f"peak {mib(static['msrewrite_peak_bytes'])} vs {mib(static['baseline_peak_bytes'])}"
+    )
     print("slowest: " + ", ".join(f"{f} {t}s" for t, f in static["slowest"]))
     return 0
 
@@ -485,14 +580,18 @@ def _only_apply(common: list[str]) -> int:
     """`--only apply`: the apply figure alone, for iterating on the emitter."""
     applied, _ = spawn("apply", *common)
     ratio = applied["msrewrite_s"] / applied["baseline_s"]
-    print(f"apply --case moe-shared-expert: {applied['msrewrite_s']:.3f}s vs libcst parse + codegen "
-          f"{applied['baseline_s']:.3f}s = {ratio:.2f}x (target {TARGETS['apply']:.1f}x, {verdict(ratio, TARGETS['apply'])})")
+    print(
+        f"apply --case moe-shared-expert: {applied['msrewrite_s']:.3f}s vs libcst parse + codegen "
+        f"{applied['baseline_s']:.3f}s = {ratio:.2f}x (target {TARGETS['apply']:.1f}x, {verdict(ratio, TARGETS['apply'])})"
+    )
     return 0
 
 
 def _git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+        )
         return out.stdout.strip() or None
     except OSError:
         return None

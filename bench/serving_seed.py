@@ -38,16 +38,30 @@ TARGET = "Qwen2MoeSparseMoeBlock._forward_deepep"
 # own copy of hidden_states, which the routed experts (DeepEP, not seen into) may write, as SGLang
 # does itself (`hidden_states.clone()` in forward_normal_dual_stream).
 REVIEWER = (
-    "--protect", "clone",
-    "--assume-pure", "MergedColumnParallelLinear", "--assume-pure", "RowParallelLinear",
-    "--assume-pure", "SiluAndMul", "--assume-pure", "ReplicatedLinear",
+    "--protect",
+    "clone",
+    "--assume-pure",
+    "MergedColumnParallelLinear",
+    "--assume-pure",
+    "RowParallelLinear",
+    "--assume-pure",
+    "SiluAndMul",
+    "--assume-pure",
+    "ReplicatedLinear",
 )
 EDITS = {
     "moe-shared-expert": ("--case", "moe-shared-expert", *REVIEWER),
     "moe-shared-expert-phased": ("--case", "moe-shared-expert-phased", *REVIEWER),
     "moe-shared-expert, sglang flag + capture gate": (
-        "--case", "moe-shared-expert", "--flag", "sglang:SGLANG_NPU_USE_MULTI_STREAM", "--flag-default", "off",
-        "--gate", "capture", *REVIEWER,
+        "--case",
+        "moe-shared-expert",
+        "--flag",
+        "sglang:SGLANG_NPU_USE_MULTI_STREAM",
+        "--flag-default",
+        "off",
+        "--gate",
+        "capture",
+        *REVIEWER,
     ),
 }
 
@@ -74,8 +88,17 @@ def run(source: Path) -> int:
             _git(repo, "init", "-q")
             (repo / "qwen2_moe.py").write_text(model.read_text(encoding="utf-8"), encoding="utf-8")
             out = repo / "patches"
-            done = _msrewrite("apply", str(repo / "qwen2_moe.py"), "--target", TARGET, "--source-path", str(source),
-                              "-o", str(out), *options)
+            done = _msrewrite(
+                "apply",
+                str(repo / "qwen2_moe.py"),
+                "--target",
+                TARGET,
+                "--source-path",
+                str(source),
+                "-o",
+                str(out),
+                *options,
+            )
             for line in done.stderr.splitlines():
                 print("  " + line)
             if done.returncode != 0:
@@ -92,19 +115,26 @@ def run(source: Path) -> int:
                     compiles = True
                 except SyntaxError:
                     compiles = False
-                print(f"  {patch.name}: git apply --check {'ok' if applied else 'FAILS'}, "
-                      f"compiles {'ok' if compiles else 'NO'}")
+                print(
+                    f"  {patch.name}: git apply --check {'ok' if applied else 'FAILS'}, "
+                    f"compiles {'ok' if compiles else 'NO'}"
+                )
                 ok = ok and applied and compiles
             edited = (repo / "qwen2_moe.py").read_text(encoding="utf-8")
-            deepep = edited[edited.index("def _forward_deepep"):edited.index("def _forward_router_experts")]
+            deepep = edited[edited.index("def _forward_deepep") : edited.index("def _forward_router_experts")]
             if "gate" in name:
-                reuses = "shared_expert_stream = self.alt_stream if self.enable_sglang_npu_use_multi_stream and get_is_capture_mode() else None" in deepep
+                reuses = (
+                    "shared_expert_stream = self.alt_stream if self.enable_sglang_npu_use_multi_stream and get_is_capture_mode() else None"
+                    in deepep
+                )
                 print(f"  reuses self.alt_stream, SGLang's flag and capture predicate: {'yes' if reuses else 'NO'}")
                 ok = ok and reuses
             if "phased" in name:
                 phases = deepep.count("re-enters the side stream after")
-                print(f"  phases after the fork: {phases} "
-                      f"({', '.join(l.split('after ')[-1].rstrip('.') for l in deepep.splitlines() if 're-enters the side stream after' in l)})")
+                print(
+                    f"  phases after the fork: {phases} "
+                    f"({', '.join(l.split('after ')[-1].rstrip('.') for l in deepep.splitlines() if 're-enters the side stream after' in l)})"
+                )
                 ok = ok and phases >= 1 and "self._forward_shared_experts(" not in deepep
             failed += not ok
             print("  " + ("ok" if ok else "FAILED") + "\n")

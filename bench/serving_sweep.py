@@ -48,7 +48,9 @@ from typing import Any
 
 import _common  # noqa: F401 - puts this checkout first on sys.path
 
-STREAM_CODE = re.compile(r"wait_stream|torch\.(cuda|npu)\.stream\(|alt_stream|aux_stream|npu_stream_switch|current_stream\(")
+STREAM_CODE = re.compile(
+    r"wait_stream|torch\.(cuda|npu)\.stream\(|alt_stream|aux_stream|npu_stream_switch|current_stream\("
+)
 HANDED_TO_FRAMEWORK = re.compile(r"[(,]\s*shared_experts?\s*=\s*self\.\w+")  # a keyword argument
 DEEPER_CALL = re.compile(r"\bself(\.\w+)+\.shared_(experts?|mlp)\w*\(")
 
@@ -111,7 +113,10 @@ def sweep_apply(path: Path) -> dict:
         if HANDED_TO_FRAMEWORK.search(text):
             result["file_status"] = ("already overlapped", "by the framework: FusedMoE(shared_experts=...)")
         elif DEEPER_CALL.search(text):
-            result["file_status"] = ("no target", "shared expert called one module deeper (self.<m>.shared_expert(...))")
+            result["file_status"] = (
+                "no target",
+                "shared expert called one module deeper (self.<m>.shared_expert(...))",
+            )
         else:  # weight loading, fusion settings, MTP/VL wrappers: no MoE forward here
             result["file_status"] = ("no MoE forward", "mentions shared experts, calls none")
         return result
@@ -182,8 +187,15 @@ def sweep_suggest(path: Path) -> dict:
     from msrewrite.suggest.pipeline import analyze
     from msrewrite.suggest.profiles import profile
 
-    result: dict[str, Any] = {"candidates": 0, "fork_is_join": 0, "hoisted_out_of_control_flow": 0, "accepted": 0,
-              "refused_by_finder": 0, "rejected": [], "crash": None}
+    result: dict[str, Any] = {
+        "candidates": 0,
+        "fork_is_join": 0,
+        "hoisted_out_of_control_flow": 0,
+        "accepted": 0,
+        "refused_by_finder": 0,
+        "rejected": [],
+        "crash": None,
+    }
     try:
         analysis = analyze(path, device=profile("a3"), static=True)
     except MsrewriteError:
@@ -207,9 +219,20 @@ def sweep_suggest(path: Path) -> dict:
             try:
                 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                     run_apply(
-                        file=path, case=None, plan_path=plans, candidate=rank, mode="auto", target=None, flag="",
-                        flag_default="on", max_tokens=None, stream_tag=None, in_place=False, output=None,
-                        verify=False, harness=None,
+                        file=path,
+                        case=None,
+                        plan_path=plans,
+                        candidate=rank,
+                        mode="auto",
+                        target=None,
+                        flag="",
+                        flag_default="on",
+                        max_tokens=None,
+                        stream_tag=None,
+                        in_place=False,
+                        output=None,
+                        verify=False,
+                        harness=None,
                     )
             except MsrewriteError as exc:
                 result["rejected"].append(f"{plan.function} L{plan.fork_line}-{plan.join_line}: {exc}")
@@ -300,13 +323,25 @@ def table(records: list[dict], corpus: str) -> list[str]:
             if row["status"] != "edited":
                 reasons[(row["status"], reason_group(row.get("reason", "")))] += 1
     functions = sum(len(r["apply"]["functions"]) for r in mine)
-    rows.append(f"apply --case moe-shared-expert: {files_with_shared} files mention a shared expert, "
-                f"{functions} functions call one")
+    rows.append(
+        f"apply --case moe-shared-expert: {files_with_shared} files mention a shared expert, "
+        f"{functions} functions call one"
+    )
     rows.append("| outcome | count |")
     rows.append("|---|---|")
-    for status in ("edited", "edited over an existing overlap", "already overlapped", "file: already overlapped",
-                   "refused", "file: refused", "file: no target", "file: no MoE forward", "bad edit", "crash",
-                   "file: crash"):
+    for status in (
+        "edited",
+        "edited over an existing overlap",
+        "already overlapped",
+        "file: already overlapped",
+        "refused",
+        "file: refused",
+        "file: no target",
+        "file: no MoE forward",
+        "bad edit",
+        "crash",
+        "file: crash",
+    ):
         if statuses[status]:
             rows.append(f"| {status} | {statuses[status]} |")
     if reasons:
@@ -338,8 +373,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("folders", nargs="+", help="NAME=FOLDER or FOLDER of model files")
     parser.add_argument("-j", "--jobs", type=int, default=1, help="worker processes (at most 2)")
     parser.add_argument("--json", type=Path, help="write per-file results here")
-    parser.add_argument("--source-path", type=Path, action="append", default=[],
-                        help="package sources to read callees from, as apply --source-path (repeat)")
+    parser.add_argument(
+        "--source-path",
+        type=Path,
+        action="append",
+        default=[],
+        help="package sources to read callees from, as apply --source-path (repeat)",
+    )
     args = parser.parse_args(argv)
     from msrewrite.analyze.packages import set_source_path
     from msrewrite.errors import MsrewriteError
@@ -374,8 +414,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(records, indent=1))
     bad = [
-        r for r in records
-        if r["suggest"]["crash"] or r["suggest"]["rejected"]
+        r
+        for r in records
+        if r["suggest"]["crash"]
+        or r["suggest"]["rejected"]
         or (r["apply"]["file_status"] or ("",))[0] == "crash"
         or any(f["status"] in ("crash", "bad edit") for f in r["apply"]["functions"])
     ]

@@ -85,7 +85,11 @@ def instructions(argv: list[str], expect: tuple[int, ...]) -> int:
     """Instructions one run of argv executes (valgrind's cachegrind, user space, the whole process)."""
     done = subprocess.run(
         ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null", *argv],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=ENV, text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=ENV,
+        text=True,
     )
     found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
     if done.returncode not in expect or found is None:
@@ -107,10 +111,18 @@ def main() -> int:
     py = sys.executable
     env_note = f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs"
     figures = {
-        "apply": ([py, "-m", "msrewrite", "apply", "--case", "moe-shared-expert", path],
-                  [py, "-c", f"import libcst; libcst.parse_module(open({path!r}).read()).code"], (0, 1), 1.3),
-        "suggest": ([py, "-m", "msrewrite", "suggest", "--static", path],
-                    [py, "-c", f"import libcst; libcst.parse_module(open({path!r}).read())"], (0, 1), 2.0),
+        "apply": (
+            [py, "-m", "msrewrite", "apply", "--case", "moe-shared-expert", path],
+            [py, "-c", f"import libcst; libcst.parse_module(open({path!r}).read()).code"],
+            (0, 1),
+            1.3,
+        ),
+        "suggest": (
+            [py, "-m", "msrewrite", "suggest", "--static", path],
+            [py, "-c", f"import libcst; libcst.parse_module(open({path!r}).read())"],
+            (0, 1),
+            2.0,
+        ),
         "cases": ([py, "-m", "msrewrite", "cases"], [py, "-c", "import libcst"], (0,), None),
     }
     results: dict[str, Any] = {"file": path, "env": env_note}
@@ -122,8 +134,10 @@ def main() -> int:
             result.update(paired(tool, bare, args.pairs, expect))
             wall, cpu = result["wall"], result["cpu"]
             verdict = "" if target is None else (" ok" if wall["ratio"] <= target else f" OVER {target}x")
-            print(f"{name:8} wall {wall['tool_s']:.3f} s vs {wall['bare_s']:.3f} s bare: {wall['ratio']:.2f}x{verdict};"
-                  f" cpu {cpu['tool_s']:.3f} s vs {cpu['bare_s']:.3f} s: {cpu['ratio']:.2f}x (medians of {args.pairs} pairs)")
+            print(
+                f"{name:8} wall {wall['tool_s']:.3f} s vs {wall['bare_s']:.3f} s bare: {wall['ratio']:.2f}x{verdict};"
+                f" cpu {cpu['tool_s']:.3f} s vs {cpu['bare_s']:.3f} s: {cpu['ratio']:.2f}x (medians of {args.pairs} pairs)"
+            )
         if args.instructions:
             timed(tool, expect)  # bytecode caches written before the count
             tool_i, bare_i = instructions(tool, expect), instructions(bare, (0,))

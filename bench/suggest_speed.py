@@ -30,7 +30,9 @@ from msrewrite.suggest.pipeline import analyze
 from msrewrite.suggest.profiles import profile
 
 MODELS = models_dir()
-RUN_ONCE = "from msrewrite.harness import build_harness; import sys; build_harness(sys.argv[1], target=sys.argv[2]).run()"
+RUN_ONCE = (
+    "from msrewrite.harness import build_harness; import sys; build_harness(sys.argv[1], target=sys.argv[2]).run()"
+)
 
 
 def wall(cmd: list[str], pythonpath: str | None = None) -> float:

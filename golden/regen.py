@@ -78,10 +78,22 @@ def examples_markdown() -> str:
         if not (case.valid and case.invalid):
             continue
         parts += [
-            f"<details><summary><code>{case.name}</code>: one it edits, one it refuses</summary>", "",
-            "Edited:", "", "```python", _snippet(case.valid[0]).rstrip(), "```", "",
-            f"Refused (`... {case.invalid[0].reason} ...`):", "", "```python",
-            _snippet(case.invalid[0].source).rstrip(), "```", "", "</details>", "",
+            f"<details><summary><code>{case.name}</code>: one it edits, one it refuses</summary>",
+            "",
+            "Edited:",
+            "",
+            "```python",
+            _snippet(case.valid[0]).rstrip(),
+            "```",
+            "",
+            f"Refused (`... {case.invalid[0].reason} ...`):",
+            "",
+            "```python",
+            _snippet(case.invalid[0].source).rstrip(),
+            "```",
+            "",
+            "</details>",
+            "",
         ]
     return "\n".join([*parts, README_END])
 

@@ -36,8 +36,12 @@ def apply(
     candidate: Optional[int] = Option(None, "--candidate", help="With --plan: only this candidate (1-based)."),
     mode: str = Option("auto", "--mode", help="auto, eager, npugraph-ex, ge-graph or cuda."),
     target: Optional[str] = Option(None, "--target", help="Class.method to edit when several match."),
-    flag: str = Option("", "--flag", help="Enable flag: env:NAME (default), attr:NAME, sglang:NAME or vllm-ascend:NAME."),
-    flag_default: str = Option("on", "--flag-default", help="Value when the flag is unset: on or off (off for upstream patches)."),
+    flag: str = Option(
+        "", "--flag", help="Enable flag: env:NAME (default), attr:NAME, sglang:NAME or vllm-ascend:NAME."
+    ),
+    flag_default: str = Option(
+        "on", "--flag-default", help="Value when the flag is unset: on or off (off for upstream patches)."
+    ),
     max_tokens: Optional[int] = Option(None, "--max-tokens", help="Overlap only for at most N tokens."),
     gate: Optional[str] = Option(
         None, "--gate", help="capture, prefill, decode or tokens<=N: overlap only then, by the file's own predicate."
@@ -48,15 +52,21 @@ def apply(
     # options a case declares in its own file (Case.options), which reach run_apply in per_case
     case_options: Any = Declared(_case_option_params),
     source_path: Optional[List[Path]] = Option(
-        None, "--source-path", help="A folder of package sources (an unpacked wheel) to read callees from, never imported (repeat)."
+        None,
+        "--source-path",
+        help="A folder of package sources (an unpacked wheel) to read callees from, never imported (repeat).",
     ),
     in_place: bool = Option(False, "--in-place", "-i", help="Rewrite the file in place (atomic)."),
     output: Optional[Path] = Option(None, "-o", "--output", help="Write git format-patch files to this folder."),
     verify: bool = Option(False, "--verify", help="Run `msrewrite verify` on the edit."),
     harness: Optional[str] = Option(None, "--harness", help="With --verify: H.py:make building model and inputs."),
     force: bool = Option(False, "--force", help="With -o: replace a patch series already in the folder."),
-    max_bytes: Optional[int] = Option(None, "--max-bytes", help="Refuse input files larger than this (default 16 MiB)."),
-    quiet: bool = Option(False, "--quiet", "-q", help="With --verify: no progress lines on stderr (shown only on a terminal)."),
+    max_bytes: Optional[int] = Option(
+        None, "--max-bytes", help="Refuse input files larger than this (default 16 MiB)."
+    ),
+    quiet: bool = Option(
+        False, "--quiet", "-q", help="With --verify: no progress lines on stderr (shown only on a terminal)."
+    ),
     markers: bool = Option(
         False, "--markers", help="Profiler ranges msrewrite:<case>:<tag>:side|main around the windows (eager, cuda)."
     ),
@@ -101,12 +111,16 @@ def verify(
     original: Optional[Path] = Option(None, "--original", help="Original model file to compare against."),
     harness: Optional[str] = Option(None, "--harness", help="H.py:make returning (module, inputs)."),
     target: Optional[str] = Option(None, "--target", help="Module class to build when the file has several."),
-    flag: str = Option("", "--flag", help="Enable flag of the edit: env:NAME, attr:NAME, sglang:NAME or vllm-ascend:NAME."),
+    flag: str = Option(
+        "", "--flag", help="Enable flag of the edit: env:NAME, attr:NAME, sglang:NAME or vllm-ascend:NAME."
+    ),
     mode: str = Option("auto", "--mode", help="auto, eager, npugraph-ex, ge-graph or cuda."),
     atol: float = Option(0.0, "--atol", help="Absolute tolerance (default: exact)."),
     rtol: float = Option(0.0, "--rtol", help="Relative tolerance (default: exact)."),
     json_out: bool = Option(False, "--json", help="Print the result as JSON."),
-    max_bytes: Optional[int] = Option(None, "--max-bytes", help="Refuse input files larger than this (default 16 MiB)."),
+    max_bytes: Optional[int] = Option(
+        None, "--max-bytes", help="Refuse input files larger than this (default 16 MiB)."
+    ),
     timeout: float = Option(300.0, "--timeout", help="Seconds before user code (harness, model) is stopped."),
     inputs: int = Option(2, "--inputs", help="Random input draws (with outliers) besides make()'s own."),
     plan_path: Optional[Path] = Option(None, "--plan", help="Plans behind the edit (with --original): schedules."),
@@ -152,10 +166,14 @@ def suggest(
     jobs: int = Option(1, "-j", "--jobs", help="Worker processes for several files."),
     quiet: bool = Option(False, "--quiet", "-q", help="No progress lines on stderr (shown only on a terminal)."),
     source_path: Optional[List[Path]] = Option(
-        None, "--source-path", help="A folder of package sources (an unpacked wheel) to read callees from, never imported (repeat)."
+        None,
+        "--source-path",
+        help="A folder of package sources (an unpacked wheel) to read callees from, never imported (repeat).",
     ),
     extra: Optional[List[Path]] = Argument(None, help="More files (static tier)."),
-    max_bytes: Optional[int] = Option(None, "--max-bytes", help="Refuse input files larger than this (default 16 MiB)."),
+    max_bytes: Optional[int] = Option(
+        None, "--max-bytes", help="Refuse input files larger than this (default 16 MiB)."
+    ),
     profile_json: Optional[Path] = Option(
         None, "--profile", help="msrewrite profile --json output: fills the report's profile acceptance section."
     ),
@@ -209,8 +227,9 @@ def profile(
     """Read a device trace: overlap, exposed side time and tail of each marked region; saving and contention."""
     from msrewrite.commands.profile import run_profile
 
-    return run_profile(trace=trace, edit=edit, baseline=baseline, json_out=json_out, threshold=threshold,
-                       gantt=gantt, step=step)
+    return run_profile(
+        trace=trace, edit=edit, baseline=baseline, json_out=json_out, threshold=threshold, gantt=gantt, step=step
+    )
 
 
 @command
@@ -229,8 +248,18 @@ def bench(
     """Time flag off vs flag on on the device present; with --variants, rank msrewrite's arrangements."""
     from msrewrite.commands.bench import run_bench
 
-    return run_bench(file=file, harness=harness, case=case, mode=mode, variants=variants, iters=iters,
-                     warmup=warmup, dry_run=dry_run, json_out=json_out, timeout=timeout)
+    return run_bench(
+        file=file,
+        harness=harness,
+        case=case,
+        mode=mode,
+        variants=variants,
+        iters=iters,
+        warmup=warmup,
+        dry_run=dry_run,
+        json_out=json_out,
+        timeout=timeout,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -85,7 +85,7 @@ def params(func: Callable[..., int], argv: list[str] | None = None) -> list[tupl
     defaults = func.__defaults__ or ()
     names = func.__code__.co_varnames[: func.__code__.co_argcount]
     found: list[tuple[str, Any, Param]] = []
-    for name, spec in zip(names[len(names) - len(defaults):], defaults, strict=True):
+    for name, spec in zip(names[len(names) - len(defaults) :], defaults, strict=True):
         found += spec.expand(argv) if spec.expand is not None else [(name, hints[name], spec)]
     return found
 
@@ -105,6 +105,7 @@ def _parser_class() -> type:
 
     global _PARSER
     if _PARSER is None:
+
         class _Parser(argparse.ArgumentParser):
             def _get_formatter(self) -> argparse.HelpFormatter:
                 # argparse makes a formatter per add_argument; a fixed width spares it a shutil import and a
@@ -126,16 +127,22 @@ def parser_for(name: str, func: Callable[..., int], argv: list[str] | None = Non
 
     # a usage line of our own: parse_intermixed_args would otherwise format argparse's (every
     # option, through textwrap and a few regexes) for error messages that _Parser.error never shows
-    parser = _parser_class()(prog=f"msrewrite {name}", usage=f"msrewrite {name} [OPTIONS]", add_help=False,
-                             allow_abbrev=False)
+    parser = _parser_class()(
+        prog=f"msrewrite {name}", usage=f"msrewrite {name} [OPTIONS]", add_help=False, allow_abbrev=False
+    )
     for pname, kind, spec in params(func, argv):
         element, many = _unwrap(kind)
         if element not in (bool, int, float, str, Path):  # our bug: a new option of a type not parsed here
             raise TypeError(f"msrewrite {name} {pname}: options are bool, int, float, str or Path, not {kind}")
         convert = element if element in (int, float, Path) else None
         if spec.argument:
-            parser.add_argument(pname, metavar=pname.upper(), type=convert,
-                                nargs="*" if many else None, default=[] if many else argparse.SUPPRESS)
+            parser.add_argument(
+                pname,
+                metavar=pname.upper(),
+                type=convert,
+                nargs="*" if many else None,
+                default=[] if many else argparse.SUPPRESS,
+            )
         elif element is bool and any("/" in decl for decl in spec.decls):  # "--train/--no-train"
             on, off = next(decl for decl in spec.decls if "/" in decl).split("/")
             parser.add_argument(on, dest=pname, action="store_true", default=spec.default)
@@ -145,8 +152,13 @@ def parser_for(name: str, func: Callable[..., int], argv: list[str] | None = Non
         elif many:
             parser.add_argument(*spec.decls, dest=pname, type=convert, action="append", default=spec.default)
         else:
-            parser.add_argument(*spec.decls, dest=pname, type=convert, required=spec.required,
-                                default=None if spec.required else spec.default)
+            parser.add_argument(
+                *spec.decls,
+                dest=pname,
+                type=convert,
+                required=spec.required,
+                default=None if spec.required else spec.default,
+            )
     return parser
 
 
@@ -169,7 +181,9 @@ def _plain_parse(func: Callable[..., int], argv: list[str]) -> dict[str, Any] | 
 _PlainOptions = dict[str, tuple[str, str, Any]]  # option string -> (dest, action, type or constant)
 
 
-def _plain_specs(func: Callable[..., int], argv: list[str]) -> tuple[dict[str, Any], _PlainOptions, list[tuple[str, bool, Any]]] | None:
+def _plain_specs(
+    func: Callable[..., int], argv: list[str]
+) -> tuple[dict[str, Any], _PlainOptions, list[tuple[str, bool, Any]]] | None:
     """The defaults, options and positionals _plain_parse reads, or None when one is not plain."""
     values: dict[str, Any] = {}
     options: _PlainOptions = {}
@@ -229,7 +243,9 @@ def _plain_options(argv: list[str], options: _PlainOptions, values: dict[str, An
 
 
 def _plain_positionals(
-    given: list[str], positionals: list[tuple[str, bool, Any]], values: dict[str, Any],
+    given: list[str],
+    positionals: list[tuple[str, bool, Any]],
+    values: dict[str, Any],
 ) -> dict[str, Any] | None:
     for dest, many, convert in positionals:
         if many:
@@ -288,9 +304,12 @@ def rich_help(argv: list[str], version: str, summary: str) -> int:
         new_params = []
         for pname, kind, spec in params(func):
             make = typer.Argument if spec.argument else typer.Option
-            default = make(spec.default, help=spec.help) if spec.argument else make(spec.default, *spec.decls, help=spec.help)
-            new_params.append(inspect.Parameter(pname, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default,
-                                                annotation=kind))
+            default = (
+                make(spec.default, help=spec.help) if spec.argument else make(spec.default, *spec.decls, help=spec.help)
+            )
+            new_params.append(
+                inspect.Parameter(pname, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=kind)
+            )
 
         def run(_func=func, **kwargs: Any) -> None:
             raise typer.Exit(_func(**kwargs))

@@ -45,7 +45,9 @@ def parse_limit(text: str) -> tuple[int, int, int, int]:
         side_c, side_v = (int(x) for x in side.split("/"))
         main_c, main_v = (int(x) for x in main.split("/"))
     except ValueError:
-        raise BadInput(f"--core-limit must look like SIDE_AIC/SIDE_AIV,MAIN_AIC/MAIN_AIV (e.g. 8/16,16/32), got {text!r}") from None
+        raise BadInput(
+            f"--core-limit must look like SIDE_AIC/SIDE_AIV,MAIN_AIC/MAIN_AIV (e.g. 8/16,16/32), got {text!r}"
+        ) from None
     return side_c, side_v, main_c, main_v
 
 

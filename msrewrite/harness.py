@@ -562,11 +562,16 @@ def _send(fd: int, message: Any) -> None:
     os.write(fd, len(data).to_bytes(8, "little"))
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
-def run_in_child(fn: Callable[[ChildProgress], Any], *, timeout: float, stdout_to_stderr: bool = True,
-                 on_stage: Callable[[str], None] | None = None) -> Any:
+def run_in_child(
+    fn: Callable[[ChildProgress], Any],
+    *,
+    timeout: float,
+    stdout_to_stderr: bool = True,
+    on_stage: Callable[[str], None] | None = None,
+) -> Any:
     """`fn(progress)` in a forked child process; its return value (pickled) or its MsrewriteError.
 
     User code (a harness, a model import, a forward) can exit, `os._exit`, die of a signal, hang or
@@ -622,8 +627,9 @@ def _child_main(fn: Callable[[ChildProgress], Any], read_fd: int, write_fd: int,
 _UNREADABLE = object()  # a report this process cannot unpickle
 
 
-def _read_reports(pid: int, read_fd: int, timeout: float,
-                  on_stage: Callable[[str], None] | None) -> tuple[tuple[str, Any] | None, str]:
+def _read_reports(
+    pid: int, read_fd: int, timeout: float, on_stage: Callable[[str], None] | None
+) -> tuple[tuple[str, Any] | None, str]:
     """The child's reports up to its outcome: (outcome, or None when the pipe closed first; the
     phase it last named). A timeout or an unreadable report kills the child's group."""
     phase = "starting"

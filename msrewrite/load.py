@@ -71,8 +71,10 @@ class SourceFile:
         try:
             return text.encode(self.encoding)
         except UnicodeEncodeError as exc:
-            raise BadInput(f"{self.path}: the edit holds {exc.object[exc.start:exc.end]!r}, which its "
-                           f"{self.encoding} coding cookie cannot write; nothing written") from None
+            raise BadInput(
+                f"{self.path}: the edit holds {exc.object[exc.start : exc.end]!r}, which its "
+                f"{self.encoding} coding cookie cannot write; nothing written"
+            ) from None
 
 
 def file_digest(data: bytes) -> str:
@@ -202,8 +204,10 @@ def check_nesting(path: Path, text: str) -> None:
             deepest, line = depth, getattr(node, "lineno", line)
         stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
     if deepest > MAX_NESTING:
-        raise BadInput(f"{path}:{line}: nested {deepest} levels deep (an expression or chain of operators); "
-                       f"msrewrite handles at most {MAX_NESTING}")
+        raise BadInput(
+            f"{path}:{line}: nested {deepest} levels deep (an expression or chain of operators); "
+            f"msrewrite handles at most {MAX_NESTING}"
+        )
 
 
 def parse_source(path: Path, text: str) -> cst.Module:
@@ -230,13 +234,25 @@ def load(path: Path) -> SourceFile:
         text, newline = text.replace("\r", "\n"), "\r"
     elif text.endswith("\r"):
         raise BadInput(f"{path}: mixed line endings ending in a lone CR; normalize them first")
-    return SourceFile(path=path, text=text, module=parse_source(path, text), raw=data,
-                      bom=bom, newline=newline, encoding=source_encoding(path, data))
+    return SourceFile(
+        path=path,
+        text=text,
+        module=parse_source(path, text),
+        raw=data,
+        bom=bom,
+        newline=newline,
+        encoding=source_encoding(path, data),
+    )
 
 
 # Environment that changes how git finds a repository: with any of these set, git is asked.
-_GIT_DISCOVERY_ENV = ("GIT_DIR", "GIT_WORK_TREE", "GIT_CEILING_DIRECTORIES", "GIT_DISCOVERY_ACROSS_FILESYSTEM",
-                      "GIT_COMMON_DIR")
+_GIT_DISCOVERY_ENV = (
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_CEILING_DIRECTORIES",
+    "GIT_DISCOVERY_ACROSS_FILESYSTEM",
+    "GIT_COMMON_DIR",
+)
 
 
 def git_root(path: Path) -> Path | None:

@@ -19,8 +19,10 @@ from msrewrite.plan import MODES
 # cannot match, and a substring test costs a hundredth of the search (a 600-line file: 0.05 ms
 # against 5 ms for the first pattern), so most files are told apart without compiling any.
 _MARKERS = {
-    "ge": (r"\bCompilerConfig\s*\(|\bget_npu_backend\s*\(|npu_stream_switch\s*\(|npu_wait_tensor\s*\(",
-           ("CompilerConfig", "get_npu_backend", "npu_stream_switch", "npu_wait_tensor")),
+    "ge": (
+        r"\bCompilerConfig\s*\(|\bget_npu_backend\s*\(|npu_stream_switch\s*\(|npu_wait_tensor\s*\(",
+        ("CompilerConfig", "get_npu_backend", "npu_stream_switch", "npu_wait_tensor"),
+    ),
     "npugraph_ex": (r"""backend\s*=\s*["']npugraph_ex["']|npugraph_ex\.""", ("npugraph_ex",)),
     # the file already drives CUDA streams or graphs itself, and never torch_npu
     "cuda": (r"\btorch\.cuda\.(?:Stream|stream|current_stream|Event|set_stream|graph|CUDAGraph)\b", ("torch.cuda.",)),
@@ -38,6 +40,7 @@ def _search(marker: str, text: str) -> re.Match | None:
     if not any(literal in text for literal in _MARKERS[marker][1]):
         return None
     return _pattern(marker).search(text)
+
 
 _TORCHAIR_MODES = {"max-autotune": "ge-graph", "reduce-overhead": "npugraph-ex", "npugraph_ex": "npugraph-ex"}
 
@@ -79,8 +82,12 @@ def _torchair_config_mode(text: str) -> tuple[str, str] | None:
         if not isinstance(node, ast.Assign):
             continue
         for target in node.targets:
-            if not (isinstance(target, ast.Attribute) and target.attr == "mode"
-                    and isinstance(target.value, ast.Name) and target.value.id in configs):
+            if not (
+                isinstance(target, ast.Attribute)
+                and target.attr == "mode"
+                and isinstance(target.value, ast.Name)
+                and target.value.id in configs
+            ):
                 continue
             value = node.value
             if not (isinstance(value, ast.Constant) and value.value in _TORCHAIR_MODES):

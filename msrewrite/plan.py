@@ -67,8 +67,7 @@ class FlagSpec:
             raise ValueError(f"flag gate must be one of {', '.join(GATES)}, got {validate.shown(self.gate)}")
 
     @classmethod
-    def parse(cls, text: str, default: bool = True, max_tokens: int | None = None,
-              gate: str | None = None) -> FlagSpec:
+    def parse(cls, text: str, default: bool = True, max_tokens: int | None = None, gate: str | None = None) -> FlagSpec:
         kind, sep, name = text.partition(":")
         if not sep or kind not in FLAG_KINDS or not name:
             kinds = " or ".join(f"{k}:NAME" for k in FLAG_KINDS)
@@ -243,8 +242,14 @@ class OverlapPlan:
             raise ValueError("the fork must come before the join")
 
     def _check_names(self) -> None:
-        for what in ("side_inputs", "side_outputs", "inputs_rebound_before_join", "outputs_maybe_unbound",
-                     "phase_anchors", "protect_inputs"):
+        for what in (
+            "side_inputs",
+            "side_outputs",
+            "inputs_rebound_before_join",
+            "outputs_maybe_unbound",
+            "phase_anchors",
+            "protect_inputs",
+        ):
             for name in getattr(self, what):
                 validate.identifier(name, f"{what} entry", constants=what == "side_inputs")
         validate.stream_tag(self.stream_tag, "stream_tag")
@@ -271,7 +276,9 @@ class OverlapPlan:
             raise ValueError("main_hoists must be a list of hoisted calls")
         for hoist in self.main_hoists:
             if hoist.hoist is None or hoist.phase or hoist.inner_phases:
-                raise ValueError(f"a main hoist needs its temporary in hoist, and no phase: {validate.shown(hoist.source)}")
+                raise ValueError(
+                    f"a main hoist needs its temporary in hoist, and no phase: {validate.shown(hoist.source)}"
+                )
             if not hoist.source.strip():
                 raise ValueError("a main hoist needs the call's source")
         temps = [s.hoist for s in (*self.side, *self.main_hoists) if s.hoist is not None]
@@ -339,21 +346,23 @@ class OverlapPlan:
         data.pop("version", None)
         try:
             return cls(
-                **{**data,
-                   "side": tuple(SideStatement(**s) for s in data["side"]),
-                   "side_inputs": tuple(data["side_inputs"]),
-                   "side_outputs": tuple(data["side_outputs"]),
-                   "stream_tag": data.get("stream_tag", PLAN_FILE_STREAM_TAG),
-                   "flag": FlagSpec(**data.get("flag", {})),
-                   "start_gates": tuple(StartGate(**g) for g in data.get("start_gates", ())),
-                   "inputs_rebound_before_join": tuple(data.get("inputs_rebound_before_join", ())),
-                   "outputs_maybe_unbound": tuple(data.get("outputs_maybe_unbound", ())),
-                   "phase_anchors": tuple(data.get("phase_anchors", ())),
-                   "core_limits": tuple(data["core_limits"]) if data.get("core_limits") is not None else None,
-                   "protect_inputs": tuple(data.get("protect_inputs", ())),
-                   "trust_boundary": tuple(data.get("trust_boundary", ())),
-                   "assume_pure": tuple(data.get("assume_pure", ())),
-                   "main_hoists": tuple(SideStatement(**h) for h in data.get("main_hoists", ()))}
+                **{
+                    **data,
+                    "side": tuple(SideStatement(**s) for s in data["side"]),
+                    "side_inputs": tuple(data["side_inputs"]),
+                    "side_outputs": tuple(data["side_outputs"]),
+                    "stream_tag": data.get("stream_tag", PLAN_FILE_STREAM_TAG),
+                    "flag": FlagSpec(**data.get("flag", {})),
+                    "start_gates": tuple(StartGate(**g) for g in data.get("start_gates", ())),
+                    "inputs_rebound_before_join": tuple(data.get("inputs_rebound_before_join", ())),
+                    "outputs_maybe_unbound": tuple(data.get("outputs_maybe_unbound", ())),
+                    "phase_anchors": tuple(data.get("phase_anchors", ())),
+                    "core_limits": tuple(data["core_limits"]) if data.get("core_limits") is not None else None,
+                    "protect_inputs": tuple(data.get("protect_inputs", ())),
+                    "trust_boundary": tuple(data.get("trust_boundary", ())),
+                    "assume_pure": tuple(data.get("assume_pure", ())),
+                    "main_hoists": tuple(SideStatement(**h) for h in data.get("main_hoists", ())),
+                }
             )
         except ValueError as exc:
             raise ValueError(f"malformed plan: {exc}") from None
@@ -374,11 +383,15 @@ def microbatch_flag_error(flag: FlagSpec) -> str | None:
     """Why `flag` cannot switch a model-level micro-batch fork, or None. Every flag kind can; of the
     gates only `prefill` means something for a fork that runs the whole layer stack eagerly."""
     if flag.max_tokens is not None:
-        return ("prefill-microbatch takes no --gate tokens<=N / --max-tokens: an upper token bound keeps "
-                "micro-batching to small batches, and it pays only on large ones (each half must fill the device)")
+        return (
+            "prefill-microbatch takes no --gate tokens<=N / --max-tokens: an upper token bound keeps "
+            "micro-batching to small batches, and it pays only on large ones (each half must fill the device)"
+        )
     if flag.gate == "capture":
-        return ("prefill-microbatch takes no --gate capture: it runs eager, and graph capture is exactly where "
-                "its per-call events are not replayed")
+        return (
+            "prefill-microbatch takes no --gate capture: it runs eager, and graph capture is exactly where "
+            "its per-call events are not replayed"
+        )
     if flag.gate == "decode":
         return "prefill-microbatch takes no --gate decode: it splits prefill batches; use --gate prefill"
     return None
@@ -517,17 +530,19 @@ class MicrobatchPlan:
         data = dict(data)
         data.pop("version", None)
         try:
-            return cls(**{
-                **data,
-                "loop": SourceSpan(**data["loop"]),
-                "stages": tuple(
-                    MicrobatchStage(comm=s["comm"], statements=tuple(SourceSpan(**st) for st in s["statements"]))
-                    for s in data["stages"]
-                ),
-                "flag": FlagSpec(**data.get("flag", {"name": "ENABLE_PREFILL_MICROBATCH"})),
-                "trust_boundary": tuple(data.get("trust_boundary", ())),
-                "assume_pure": tuple(data.get("assume_pure", ())),
-            })
+            return cls(
+                **{
+                    **data,
+                    "loop": SourceSpan(**data["loop"]),
+                    "stages": tuple(
+                        MicrobatchStage(comm=s["comm"], statements=tuple(SourceSpan(**st) for st in s["statements"]))
+                        for s in data["stages"]
+                    ),
+                    "flag": FlagSpec(**data.get("flag", {"name": "ENABLE_PREFILL_MICROBATCH"})),
+                    "trust_boundary": tuple(data.get("trust_boundary", ())),
+                    "assume_pure": tuple(data.get("assume_pure", ())),
+                }
+            )
         except ValueError as exc:
             raise ValueError(f"malformed plan: {exc}") from None
 
@@ -600,13 +615,28 @@ _PLAN_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "main_hoists": ((list, tuple), False),
 }
 _PART_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
-    "side": {"first_line": ((int,), True), "last_line": ((int,), True), "source": ((str,), True),
-             "hoist": ((str, type(None)), False), "phase": ((int,), False), "inner_phases": ((list, tuple), False)},
-    "flag": {"kind": ((str,), False), "name": ((str,), False), "default": ((bool,), False),
-             "max_tokens": ((int, type(None)), False), "gate": ((str, type(None)), False)},
+    "side": {
+        "first_line": ((int,), True),
+        "last_line": ((int,), True),
+        "source": ((str,), True),
+        "hoist": ((str, type(None)), False),
+        "phase": ((int,), False),
+        "inner_phases": ((list, tuple), False),
+    },
+    "flag": {
+        "kind": ((str,), False),
+        "name": ((str,), False),
+        "default": ((bool,), False),
+        "max_tokens": ((int, type(None)), False),
+        "gate": ((str, type(None)), False),
+    },
     "start_gates": {"tensor": ((str,), True), "anchor": ((str,), True)},
-    "main_hoists": {"first_line": ((int,), True), "last_line": ((int,), True), "source": ((str,), True),
-                    "hoist": ((str,), True)},
+    "main_hoists": {
+        "first_line": ((int,), True),
+        "last_line": ((int,), True),
+        "source": ((str,), True),
+        "hoist": ((str,), True),
+    },
 }
 
 
@@ -640,12 +670,24 @@ def plan_errors(data: Any) -> list[str]:
     for part in ("side", "start_gates", "main_hoists"):
         for k, item in enumerate(data.get(part, ())):
             errors += _type_errors(item, _PART_FIELDS[part], f"{part}[{k}]: ")
-    for part in ("side_inputs", "side_outputs", "inputs_rebound_before_join", "outputs_maybe_unbound",
-                 "phase_anchors", "core_limits", "protect_inputs", "trust_boundary", "assume_pure"):
+    for part in (
+        "side_inputs",
+        "side_outputs",
+        "inputs_rebound_before_join",
+        "outputs_maybe_unbound",
+        "phase_anchors",
+        "core_limits",
+        "protect_inputs",
+        "trust_boundary",
+        "assume_pure",
+    ):
         items = data.get(part) or ()
         kind = int if part == "core_limits" else str
-        errors += [f"{part}[{k}] must be {kind.__name__}, got {validate.shown(v)}"
-                   for k, v in enumerate(items) if isinstance(v, bool) or not isinstance(v, kind)]
+        errors += [
+            f"{part}[{k}] must be {kind.__name__}, got {validate.shown(v)}"
+            for k, v in enumerate(items)
+            if isinstance(v, bool) or not isinstance(v, kind)
+        ]
     return errors
 
 
@@ -667,10 +709,13 @@ _MICROBATCH_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "assume_pure": ((list, tuple), False),
 }
 _SPAN_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
-    "first_line": ((int,), True), "last_line": ((int,), True), "source": ((str,), True),
+    "first_line": ((int,), True),
+    "last_line": ((int,), True),
+    "source": ((str,), True),
 }
 _STAGE_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
-    "comm": ((bool,), True), "statements": ((list, tuple), True),
+    "comm": ((bool,), True),
+    "statements": ((list, tuple), True),
 }
 
 
@@ -692,8 +737,11 @@ def microbatch_plan_errors(data: Any) -> list[str]:
             for j, st in enumerate(stage["statements"]):
                 errors += _type_errors(st, _SPAN_FIELDS, f"stages[{k}].statements[{j}]: ")
     for part in ("trust_boundary", "assume_pure"):
-        errors += [f"{part}[{k}] must be str, got {validate.shown(v)}"
-                   for k, v in enumerate(data.get(part) or ()) if not isinstance(v, str)]
+        errors += [
+            f"{part}[{k}] must be str, got {validate.shown(v)}"
+            for k, v in enumerate(data.get(part) or ())
+            if not isinstance(v, str)
+        ]
     return errors
 
 
@@ -701,7 +749,9 @@ def plan_from_dict(data: Any) -> OverlapPlan | MicrobatchPlan:
     """One plan from JSON, of either kind: `"kind": "microbatch"` is a micro-batch fork, no kind an overlap."""
     if isinstance(data, dict) and "kind" in data:
         if data["kind"] != MICROBATCH_KIND:
-            raise ValueError(f"malformed plan: kind must be {MICROBATCH_KIND!r} or absent, got {validate.shown(data['kind'])}")
+            raise ValueError(
+                f"malformed plan: kind must be {MICROBATCH_KIND!r} or absent, got {validate.shown(data['kind'])}"
+            )
         return MicrobatchPlan.from_dict(data)
     return OverlapPlan.from_dict(data)
 

@@ -88,7 +88,9 @@ def calls_of_plan(func: cst.FunctionDef, positions, plan: OverlapPlan) -> list[c
             continue
         stmt = by_line.get(side.first_line)
         if stmt is None:
-            raise BadInput(f"stale plan for {plan.function}: no statement starts at line {side.first_line} (side statement)")
+            raise BadInput(
+                f"stale plan for {plan.function}: no statement starts at line {side.first_line} (side statement)"
+            )
         if code_of(strip_leading(stmt)).strip() != side.source.strip():
             raise BadInput(
                 f"stale plan for {plan.function}: line {side.first_line} no longer reads {side.source.strip()!r}"
@@ -97,7 +99,6 @@ def calls_of_plan(func: cst.FunctionDef, positions, plan: OverlapPlan) -> list[c
     if not calls:
         raise NoBranch("the plan moves no submodule call: the side work a plan moves is submodule calls")
     return calls
-
 
 
 def summaries_scope(module: cst.Module, function: str, assume_pure: tuple[str, ...] = (), path: Path | None = None):
@@ -110,15 +111,26 @@ def summaries_scope(module: cst.Module, function: str, assume_pure: tuple[str, .
 
 
 def derive_plan(
-    case: Case, file: str, function: str, func: cst.FunctionDef, positions, calls: list[cst.Call],
-    options: Options | None = None, scope=None,
+    case: Case,
+    file: str,
+    function: str,
+    func: cst.FunctionDef,
+    positions,
+    calls: list[cst.Call],
+    options: Options | None = None,
+    scope=None,
 ) -> tuple[SideBranch, OverlapPlan]:
     """The branch the finder derives for exactly these side calls, and its plan (raises NoBranch)."""
     options = options or Options()
     anchors = tuple(gate.anchor for gate in options.start_gates)
     branch = find_branch_for_calls(
-        func, positions, calls, anchors=anchors, phase_anchors=options.phase_anchors or None,
-        scope=scope, protect=options.protect == "clone",
+        func,
+        positions,
+        calls,
+        anchors=anchors,
+        phase_anchors=options.phase_anchors or None,
+        scope=scope,
+        protect=options.protect == "clone",
     )
     check_rng_order(branch, options)
     check_main_hoists(case, branch)
@@ -126,7 +138,11 @@ def derive_plan(
 
 
 def check_plan_in(
-    func: cst.FunctionDef, positions, plan: OverlapPlan, derived_from: list[cst.Call] | None = None, scope=None,
+    func: cst.FunctionDef,
+    positions,
+    plan: OverlapPlan,
+    derived_from: list[cst.Call] | None = None,
+    scope=None,
     protect: bool | None = None,
 ) -> OverlapPlan:
     """`plan` re-derived by the branch finder: the plan to carry out, with the analysis' inputs,
@@ -145,9 +161,14 @@ def check_plan_in(
     if derived_from is not None and sorted(map(id, calls)) == sorted(map(id, derived_from)):
         return plan
     options = Options(
-        mode=plan.mode, flag=plan.flag, stream_tag=plan.stream_tag, start_gates=plan.start_gates,
-        phase_anchors=plan.phase_anchors, core_limits=plan.core_limits,
-        protect="clone" if (plan.protect_inputs if protect is None else protect) else "", assume_pure=plan.assume_pure,
+        mode=plan.mode,
+        flag=plan.flag,
+        stream_tag=plan.stream_tag,
+        start_gates=plan.start_gates,
+        phase_anchors=plan.phase_anchors,
+        core_limits=plan.core_limits,
+        protect="clone" if (plan.protect_inputs if protect is None else protect) else "",
+        assume_pure=plan.assume_pure,
         allow_rng_reorder=plan.allow_rng_reorder,
     )
     _branch, derived = derive_plan(case or GENERIC, plan.file, plan.function, func, positions, calls, options, scope)
@@ -158,7 +179,11 @@ def check_plan_in(
 
 
 def check_plan(
-    module: cst.Module, plan: OverlapPlan, text: str | None = None, path: Path | None = None, protect: bool | None = None
+    module: cst.Module,
+    plan: OverlapPlan,
+    text: str | None = None,
+    path: Path | None = None,
+    protect: bool | None = None,
 ) -> OverlapPlan:
     """`check_plan_in` for the plan's function in `module` (whose source is `text` when known,
     read from `path`, whose sibling modules the summaries may read)."""
@@ -191,7 +216,9 @@ def _same_shape(plan: OverlapPlan, derived: OverlapPlan) -> None:
             "work of the window), which the plan does not"
         )
     for _line, source in sorted(main_mine - main_theirs):
-        raise NoBranch(f"the plan hoists the main call {source} out of line {plan.join_line}, which the analysis does not")
+        raise NoBranch(
+            f"the plan hoists the main call {source} out of line {plan.join_line}, which the analysis does not"
+        )
     if plan.fork_line != derived.fork_line:
         raise NoBranch(
             f"the side branch forks at line {derived.fork_line} (once its inputs hold their values), "
@@ -205,11 +232,20 @@ def _same_shape(plan: OverlapPlan, derived: OverlapPlan) -> None:
 
 # Which case a branch is: each case's own matcher ------------------------------------------------
 def shape(plan: OverlapPlan) -> tuple:
-    return (plan.fork_line, plan.join_line, tuple(sorted((s.first_line, s.last_line, s.hoist is not None) for s in plan.side)))
+    return (
+        plan.fork_line,
+        plan.join_line,
+        tuple(sorted((s.first_line, s.last_line, s.hoist is not None) for s in plan.side)),
+    )
 
 
 def case_shapes(
-    func: cst.FunctionDef, positions, file: str, function: str, callees: set[str] | None = None, scope=None,
+    func: cst.FunctionDef,
+    positions,
+    file: str,
+    function: str,
+    callees: set[str] | None = None,
+    scope=None,
 ) -> list[tuple[Case, str, tuple]]:
     """(case, branch name, shape) of the branch each call-seeded case's own finder derives here.
     `callees`: the function's `self.<...>` callees when known (skips cases with no seed among them)."""

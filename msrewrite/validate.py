@@ -24,7 +24,8 @@ import re
 # Attributes and methods of torch.nn.Module (torch 2.13, plus `npu`, which torch_npu patches in),
 # without importing torch: setting `self.forward = True` or `self.training = ...` as a flag would
 # break the module. tests/test_bad_input_options.py checks this list against the installed torch.
-NN_MODULE_ATTRIBUTES = frozenset("""
+NN_MODULE_ATTRIBUTES = frozenset(
+    """
 T_destination _apply _backward_hooks _backward_pre_hooks _buffers _call_impl _compiled_call_impl
 _forward_hooks _forward_hooks_always_called _forward_hooks_with_kwargs _forward_pre_hooks
 _forward_pre_hooks_with_kwargs _get_backward_hooks _get_backward_pre_hooks _get_name
@@ -40,7 +41,8 @@ register_full_backward_hook register_full_backward_pre_hook register_load_state_
 register_load_state_dict_pre_hook register_module register_parameter register_state_dict_post_hook
 register_state_dict_pre_hook requires_grad_ set_extra_state set_submodule share_memory state_dict to
 to_empty train training type xpu zero_grad
-""".split())
+""".split()
+)
 
 _ASCII_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _TAG = re.compile(r"[A-Za-z0-9_]+\Z")

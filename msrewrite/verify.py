@@ -186,7 +186,8 @@ def compare(reference: RunResult, other: RunResult, atol: float, rtol: float) ->
     for name, a in reference.buffers:
         b = theirs[name]
         same = a.shape == b.shape and (
-            torch.equal(a, b) if atol == 0 and rtol == 0 or not a.is_floating_point()
+            torch.equal(a, b)
+            if atol == 0 and rtol == 0 or not a.is_floating_point()
             else torch.allclose(a, b, atol=atol, rtol=rtol)
         )
         if not same:
@@ -856,7 +857,11 @@ def summary(result: VerifyResult) -> list[str]:
         names = " = ".join(r.name for r in main_runs)
         atol, rtol = result.tolerance
         how = "exactly" if atol == rtol == 0 else f"within atol={atol:g}, rtol={rtol:g}"
-        flag = "no flag, checked as written" if result.flag.kind == "none" else f"flag {result.flag.kind}:{result.flag.name}"
+        flag = (
+            "no flag, checked as written"
+            if result.flag.kind == "none"
+            else f"flag {result.flag.kind}:{result.flag.name}"
+        )
         if len(main_runs) > 1:
             lines.append(f"OK: outputs equal {how} ({names}); sanitizer clean [{result.mode}, {flag}]")
         else:

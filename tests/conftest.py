@@ -32,8 +32,9 @@ def _guarded(item):
     if found:
         excinfo = outcome.excinfo
         if excinfo is None or not isinstance(excinfo[1], UnitLayerViolation):
-            outcome.force_exception(UnitLayerViolation(
-                f"{found[0]} in a test of the unit layer: mark the test `slow` (README, Tests)"))
+            outcome.force_exception(
+                UnitLayerViolation(f"{found[0]} in a test of the unit layer: mark the test `slow` (README, Tests)")
+            )
 
 
 @pytest.hookimpl(hookwrapper=True)

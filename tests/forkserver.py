@@ -50,7 +50,7 @@ def _send(fd: int, message: object) -> None:
     data = pickle.dumps(message)
     data = len(data).to_bytes(8, "little") + data
     while data:
-        data = data[os.write(fd, data):]
+        data = data[os.write(fd, data) :]
 
 
 def _threads() -> int:

@@ -104,11 +104,16 @@ class _ForkServer:
         folder = tempfile.mkdtemp(prefix="msrewrite-forkserver-")
         atexit.register(shutil.rmtree, folder, True)
         code = os.path.join(folder, "forkserver.pyc")
-        py_compile.compile(str(Path(__file__).with_name("forkserver.py")), code,
-                           dfile="<frozen msrewrite tests/forkserver.py>", doraise=True)
+        py_compile.compile(
+            str(Path(__file__).with_name("forkserver.py")),
+            code,
+            dfile="<frozen msrewrite tests/forkserver.py>",
+            doraise=True,
+        )
         process = subprocess.Popen(
             [sys.executable, code],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
         )
         self.buffer = b""
         kind, threads = self._read(process)
@@ -137,8 +142,9 @@ class _ForkServer:
         message, self.buffer = pickle.loads(self.buffer[8 : 8 + size]), self.buffer[8 + size :]
         return message
 
-    def run(self, args: tuple[str, ...], cwd: Path | None, env: dict | None,
-            timeout: float) -> subprocess.CompletedProcess:
+    def run(
+        self, args: tuple[str, ...], cwd: Path | None, env: dict | None, timeout: float
+    ) -> subprocess.CompletedProcess:
         workdir = os.path.abspath(cwd if cwd is not None else os.getcwd())
         if not os.path.isdir(workdir):  # as subprocess.run would
             raise FileNotFoundError(f"no such directory: {workdir!r}")
@@ -146,8 +152,13 @@ class _ForkServer:
             if self.process is None or self.process.poll() is not None:
                 self.process = self._start()
             out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
-            request = {"argv": list(args), "cwd": workdir, "env": dict(os.environ if env is None else env),
-                       "stdout": out, "stderr": err}
+            request = {
+                "argv": list(args),
+                "cwd": workdir,
+                "env": dict(os.environ if env is None else env),
+                "stdout": out,
+                "stderr": err,
+            }
             data = pickle.dumps(request)
             assert self.process.stdin is not None
             self.process.stdin.write(len(data).to_bytes(8, "little") + data)
@@ -164,8 +175,10 @@ class _ForkServer:
             with open(out, "rb") as fo, open(err, "rb") as fe:
                 stdout, stderr = fo.read(), fe.read()
         return subprocess.CompletedProcess(
-            [sys.executable, "-m", "msrewrite", *args], code,
-            _decode(stdout), _decode(stderr),
+            [sys.executable, "-m", "msrewrite", *args],
+            code,
+            _decode(stdout),
+            _decode(stderr),
         )
 
     def close(self) -> None:
@@ -293,12 +306,18 @@ def unit_layer_guard(found: list[str]):
 
         return refused
 
-    patches = [(subprocess, "_fork_exec", "a subprocess"), (_posixsubprocess, "fork_exec", "a subprocess"),
-               (os, "fork", "os.fork"), (os, "forkpty", "os.forkpty"),
-               (os, "posix_spawn", "os.posix_spawn"), (os, "posix_spawnp", "os.posix_spawnp"),
-               (os, "system", "os.system"), (_FORK_SERVER, "run", "a fork-server run"),
-               (msrewrite.verify, "_build_reference", "a verify run of the model"),
-               (msrewrite.verify, "_verify_as_written", "a verify run of the model")]
+    patches = [
+        (subprocess, "_fork_exec", "a subprocess"),
+        (_posixsubprocess, "fork_exec", "a subprocess"),
+        (os, "fork", "os.fork"),
+        (os, "forkpty", "os.forkpty"),
+        (os, "posix_spawn", "os.posix_spawn"),
+        (os, "posix_spawnp", "os.posix_spawnp"),
+        (os, "system", "os.system"),
+        (_FORK_SERVER, "run", "a fork-server run"),
+        (msrewrite.verify, "_build_reference", "a verify run of the model"),
+        (msrewrite.verify, "_verify_as_written", "a verify run of the model"),
+    ]
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     for owner, name, what in patches:
         setattr(owner, name, refuse(what))

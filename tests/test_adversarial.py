@@ -49,9 +49,14 @@ def forced_plan(path: Path, text: str, mode: str = "eager") -> OverlapPlan:
         loads |= facts.loads - stores
         stores |= facts.stores
     inputs = sorted(loads - stores - GLOBALS)
-    window = [cst.parse_statement(line.strip()) for line in lines[side_lines[-1] : join - 1]
-              if line.strip() and not line.strip().startswith(("#", "def ", "if ", "return"))
-              and line.startswith(" " * 8) and not line.startswith(" " * 12)]
+    window = [
+        cst.parse_statement(line.strip())
+        for line in lines[side_lines[-1] : join - 1]
+        if line.strip()
+        and not line.strip().startswith(("#", "def ", "if ", "return"))
+        and line.startswith(" " * 8)
+        and not line.startswith(" " * 12)
+    ]
     rebound = sorted({name for node in window for name in node_facts(node).stores} & set(inputs))
     return OverlapPlan(
         case="generic",
@@ -177,11 +182,15 @@ def test_forced_plan_through_the_cli(tmp_path):
 def test_inference_only_model_skips_train_and_says_so(tmp_path):
     """A model that refuses train mode is not bad input: the train runs are skipped, by name."""
     model = tmp_path / "inference_only.py"
-    model.write_text((MODELS / "plain_shared_expert.py").read_text().replace(
-        "        s = self.shared_experts(x)  # side\n",
-        "        if self.training:\n            raise RuntimeError(\"inference only\")\n"
-        "        s = self.shared_experts(x)  # side\n",
-    ))
+    model.write_text(
+        (MODELS / "plain_shared_expert.py")
+        .read_text()
+        .replace(
+            "        s = self.shared_experts(x)  # side\n",
+            '        if self.training:\n            raise RuntimeError("inference only")\n'
+            "        s = self.shared_experts(x)  # side\n",
+        )
+    )
     edited_text, source, _ = edit_of(model, model.read_text())
     edited = tmp_path / "inference_only_ms.py"
     edited.write_text(edited_text)
@@ -212,6 +221,6 @@ def test_rng_model_refused_without_the_option_and_caught_when_forced(tmp_path):
     verified = run_main("verify", str(edited), "--original", str(model), "--plan", str(plan_file), "--json")
     assert verified.returncode == 1, verified.stdout + verified.stderr
     report = json.loads(verified.stdout)
-    assert any(p.startswith("rng-order: train: flag on") and "aten.bernoulli" in p for p in report["problems"]), (
-        report["problems"]
-    )
+    assert any(p.startswith("rng-order: train: flag on") and "aten.bernoulli" in p for p in report["problems"]), report[
+        "problems"
+    ]

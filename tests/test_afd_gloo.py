@@ -51,8 +51,9 @@ def test_afd_overlap_with_a_real_gloo_group(tmp_path, mode):
     if mode == "cuda":  # the edit is the same torch.distributed code; run it on CPU tensors
         assert "dist.isend(" in text and "torch.cuda" not in text
     results = tmp_path / "results.pt"
-    mp.start_processes(_worker, args=(free_port(), str(golden), str(results)), nprocs=2, join=True,
-                       start_method="spawn")
+    mp.start_processes(
+        _worker, args=(free_port(), str(golden), str(results)), nprocs=2, join=True, start_method="spawn"
+    )
     outputs = torch.load(results)
     assert torch.equal(outputs["original"], outputs["flag off"])
     assert torch.equal(outputs["original"], outputs["flag on"])

@@ -14,7 +14,7 @@ API_NAME = re.compile(r"\b(?:torch\.npu|torchair|torch_npu)\.[A-Za-z_][A-Za-z0-9
 def _table() -> str:
     text = (ROOT / "README.md").read_text()
     start = text.index("### The APIs it emits")
-    return text[start:text.index("\n## ", start)]
+    return text[start : text.index("\n## ", start)]
 
 
 def _rows() -> set[str]:

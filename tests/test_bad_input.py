@@ -29,7 +29,6 @@ from helpers import EXAMPLES, ROOT, main_in_process, runs_user_code, snapshot
 CASE = ("--case", "moe-shared-expert")
 
 
-
 @dataclass(frozen=True)
 class Row:
     id: str
@@ -47,8 +46,15 @@ def _plan(path: Path) -> dict:
     from msrewrite.load import load
     from msrewrite.plan import FlagSpec
 
-    plans = plans_for_case(path, load(path).module, "moe-shared-expert", "eager", None,
-                           FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"), None)
+    plans = plans_for_case(
+        path,
+        load(path).module,
+        "moe-shared-expert",
+        "eager",
+        None,
+        FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"),
+        None,
+    )
     return plans[0].to_dict()
 
 
@@ -63,12 +69,14 @@ def make_files(folder: Path) -> None:
     (folder / "binary.py").write_bytes(b"\x7fELF\x02\x01\x01\x00\x00\x00")
     (folder / "adir").mkdir()
     shutil.copy(good, folder / "mödel.py")
-    (folder / "plain.py").write_text("import torch\n\n\nclass M(torch.nn.Module):\n    def forward(self, x):\n        return x\n")
+    (folder / "plain.py").write_text(
+        "import torch\n\n\nclass M(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
+    )
     (folder / "nooverlap.py").write_text(
-        "class M:\n    def forward(self, x):\n        s = self.shared_experts(x)\n        return x + s\n")
+        "class M:\n    def forward(self, x):\n        s = self.shared_experts(x)\n        return x + s\n"
+    )
     (folder / "two.py").write_text(
-        good.read_text()
-        + "\n\nclass OtherMoE(DeepseekMoE):\n"
+        good.read_text() + "\n\nclass OtherMoE(DeepseekMoE):\n"
         "    def forward(self, x):\n"
         "        y = self.shared_experts(x)\n"
         "        z = self.experts(x, *self.gate(x)[1:][::-1])\n"
@@ -83,7 +91,9 @@ def make_files(folder: Path) -> None:
     # content: nesting and size
     (folder / "chain500.py").write_text("x = " + " + ".join(["a"] * 500) + "\n")
     (folder / "chain20k.py").write_text("x = " + " + ".join(["a"] * 20000) + "\n")
-    (folder / "wrapped_chain.py").write_text("x = (\n" + "".join("    + a\n" for _ in range(800)).replace("+", " ", 1) + ")\n")
+    (folder / "wrapped_chain.py").write_text(
+        "x = (\n" + "".join("    + a\n" for _ in range(800)).replace("+", " ", 1) + ")\n"
+    )
     (folder / "brackets5000.py").write_text("x = " + "(" * 5000 + "1" + ")" * 5000 + "\n")
     (folder / "lists190.py").write_text("x = " + "[" * 190 + "]" * 190 + "\n")
     (folder / "calls300.py").write_text("x = " + "f(" * 300 + "1" + ")" * 300 + "\n")
@@ -110,18 +120,29 @@ def make_files(folder: Path) -> None:
     (folder / "reports" / "good-decode.md").mkdir()
     # git state: what a checkout can hand over instead of a model
     text = good.read_text()
-    (folder / "conflict.py").write_text(text.replace(
-        "        residuals = hidden_states\n",
-        "<<<<<<< HEAD\n        residuals = hidden_states\n=======\n        residuals = x\n>>>>>>> theirs\n", 1))
+    (folder / "conflict.py").write_text(
+        text.replace(
+            "        residuals = hidden_states\n",
+            "<<<<<<< HEAD\n        residuals = hidden_states\n=======\n        residuals = x\n>>>>>>> theirs\n",
+            1,
+        )
+    )
     (folder / "lfs_pointer.py").write_text(
-        "version https://git-lfs.github.com/spec/v1\noid sha256:4d7a2146\nsize 12345\n")
+        "version https://git-lfs.github.com/spec/v1\noid sha256:4d7a2146\nsize 12345\n"
+    )
     (folder / "submodule").mkdir()
     (folder / "submodule" / ".git").write_text("gitdir: ../.git/modules/submodule\n")
     (folder / "a_patch.py").write_text("--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n")
-    (folder / "tabs.py").write_text(text.replace("        residuals = hidden_states\n",
-                                                 "        residuals = hidden_states\n\t\tunused = 0\n", 1))
+    (folder / "tabs.py").write_text(
+        text.replace("        residuals = hidden_states\n", "        residuals = hidden_states\n\t\tunused = 0\n", 1)
+    )
     (folder / "indent101.py").write_text(
-        text + "\n\ndef deep(x):\n" + "".join("    " * (i + 1) + "if x:\n" for i in range(101)) + "    " * 102 + "pass\n")
+        text
+        + "\n\ndef deep(x):\n"
+        + "".join("    " * (i + 1) + "if x:\n" for i in range(101))
+        + "    " * 102
+        + "pass\n"
+    )
     (folder / "cookie_latin1.py").write_bytes(b"# -*- coding: latin-1 -*-\n# caf\xe9\n" + good.read_bytes())
     (folder / "cookie_ascii_mismatch.py").write_bytes(b"# -*- coding: ascii -*-\n# caf\xe9\n" + good.read_bytes())
     (folder / "cookie_utf8_mismatch.py").write_bytes(b"# coding: utf-8\n# caf\xe9\n" + good.read_bytes())
@@ -156,9 +177,16 @@ ROWS = [
     Row("apply-read-only-in-place", ("apply", *CASE, "--in-place", "{good.py}"), 2, "read-only", readonly="good.py"),
     # apply: options
     Row("apply-in-place-and-output", ("apply", *CASE, "-i", "-o", "{patches}", "{good.py}"), 2, "conflict"),
-    Row("apply-case-and-plan", ("apply", *CASE, "--plan", "{ok.json}", "{good.py}"), 2, "exactly one of --case or --plan"),
+    Row(
+        "apply-case-and-plan",
+        ("apply", *CASE, "--plan", "{ok.json}", "{good.py}"),
+        2,
+        "exactly one of --case or --plan",
+    ),
     Row("apply-neither-case-nor-plan", ("apply", "{good.py}"), 2, "exactly one of --case or --plan"),
-    Row("apply-candidate-without-plan", ("apply", *CASE, "--candidate", "1", "{good.py}"), 2, "--candidate needs --plan"),
+    Row(
+        "apply-candidate-without-plan", ("apply", *CASE, "--candidate", "1", "{good.py}"), 2, "--candidate needs --plan"
+    ),
     Row("apply-unknown-mode", ("apply", *CASE, "--mode", "tpu", "{good.py}"), 2, "unknown mode"),
     Row("apply-bad-flag", ("apply", *CASE, "--flag", "yaml:x", "{good.py}"), 2, "env:NAME or attr:NAME"),
     Row("apply-bad-flag-name", ("apply", *CASE, "--flag", "attr:1x", "{good.py}"), 2, "not a valid identifier"),
@@ -173,8 +201,12 @@ ROWS = [
     Row("apply-plan-malformed", ("apply", "--plan", "{malformed.json}", "{good.py}"), 2, "malformed plan"),
     Row("apply-plan-future-version", ("apply", "--plan", "{future.json}", "{good.py}"), 2, "not supported"),
     Row("apply-plan-stale", ("apply", "--plan", "{stale.json}", "{good.py}"), 2, "stale plan"),
-    Row("apply-plan-candidate-out-of-range", ("apply", "--plan", "{ok.json}", "--candidate", "2", "{good.py}"), 2,
-        "has 1 candidate"),
+    Row(
+        "apply-plan-candidate-out-of-range",
+        ("apply", "--plan", "{ok.json}", "--candidate", "2", "{good.py}"),
+        2,
+        "has 1 candidate",
+    ),
     Row("apply-plan-missing", ("apply", "--plan", "{missing.json}", "{good.py}"), 2, "no such file"),
     # suggest
     Row("suggest-syntax-error", ("suggest", "--static", "{syntax.py}"), 2, "syntax error"),
@@ -198,7 +230,12 @@ ROWS = [
     Row("verify-missing", ("verify", "{missing.py}"), 2, "no such file"),
     Row("verify-not-an-edit", ("verify", "{good.py}"), 2, "no msrewrite multi-stream edit found"),
     Row("verify-original-missing", ("verify", "{applied.py}", "--original", "{missing.py}"), 2, "no such file"),
-    Row("verify-harness-no-function", ("verify", "{applied.py}", "--harness", "{good.py}:nomake"), 2, "no function nomake"),
+    Row(
+        "verify-harness-no-function",
+        ("verify", "{applied.py}", "--harness", "{good.py}:nomake"),
+        2,
+        "no function nomake",
+    ),
 ]
 
 
@@ -221,12 +258,26 @@ ROWS += [
     Row("apply-truncated-utf8", ("apply", *CASE, "{truncated_utf8.py}"), 2, "not UTF-8"),
     Row("apply-nul-in-source", ("apply", *CASE, "{nul_in_middle.py}"), 2, "binary file"),
     Row("apply-lone-cr-at-end", ("apply", *CASE, "{lone_cr_end.py}"), 2, "lone CR"),
-    Row("apply-py312-type-statement", ("apply", *CASE, "{py312.py}"), 2, "needs Python 3.12",
-        xfail=None if sys.version_info < (3, 12) else "3.12 compiles it"),
-    Row("apply-py312-generic-function", ("apply", *CASE, "{generic312.py}"), 2, "needs Python 3.12",
-        xfail=None if sys.version_info < (3, 12) else "3.12 compiles it"),
-    Row("apply-plan-over-max-bytes", ("apply", "--plan", "{ok.json}", "--max-bytes", "10", "{good.py}"), 2,
-        "over the --max-bytes limit"),
+    Row(
+        "apply-py312-type-statement",
+        ("apply", *CASE, "{py312.py}"),
+        2,
+        "needs Python 3.12",
+        xfail=None if sys.version_info < (3, 12) else "3.12 compiles it",
+    ),
+    Row(
+        "apply-py312-generic-function",
+        ("apply", *CASE, "{generic312.py}"),
+        2,
+        "needs Python 3.12",
+        xfail=None if sys.version_info < (3, 12) else "3.12 compiles it",
+    ),
+    Row(
+        "apply-plan-over-max-bytes",
+        ("apply", "--plan", "{ok.json}", "--max-bytes", "10", "{good.py}"),
+        2,
+        "over the --max-bytes limit",
+    ),
     Row("suggest-chain-500-terms", ("suggest", "--static", "{chain500.py}"), 2, "levels deep"),
     Row("suggest-brackets-5000-deep", ("suggest", "--static", "{brackets5000.py}"), 2, "too many nested parentheses"),
     Row("suggest-over-max-bytes", ("suggest", "--static", "--max-bytes", "100", "{good.py}"), 2, "--max-bytes"),
@@ -248,10 +299,19 @@ ROWS += [
     Row("apply-output-holds-a-series", ("apply", *CASE, "-o", "{oldseries}", "{good.py}"), 2, "--force"),
     Row("apply-output-holds-a-patch-folder", ("apply", *CASE, "-o", "{dirseries}", "{good.py}"), 2, "--force"),
     Row("apply-force-without-output", ("apply", *CASE, "--force", "{good.py}"), 2, "--force is for -o"),
-    Row("apply-output-unwritable", ("apply", *CASE, "-o", "/proc/msrewrite-test/patches", "{good.py}"), 2,
-        "cannot write the patches"),
-    Row("apply-output-file-size-limit", ("apply", *CASE, "-o", "{patches}", "{good.py}"), 2, "File too large",
-        proc="fsize"),
+    Row(
+        "apply-output-unwritable",
+        ("apply", *CASE, "-o", "/proc/msrewrite-test/patches", "{good.py}"),
+        2,
+        "cannot write the patches",
+    ),
+    Row(
+        "apply-output-file-size-limit",
+        ("apply", *CASE, "-o", "{patches}", "{good.py}"),
+        2,
+        "File too large",
+        proc="fsize",
+    ),
     Row("apply-in-place-file-size-limit", ("apply", *CASE, "-i", "{good.py}"), 2, "File too large", proc="fsize"),
     Row("apply-stdout-full", ("apply", *CASE, "{good.py}"), 2, "No space left on device", proc="devfull"),
     Row("apply-stdout-closed", ("apply", *CASE, "{good.py}"), 2, "standard output is closed", proc="closed"),
@@ -259,28 +319,69 @@ ROWS += [
     Row("suggest-stdout-closed", ("suggest", "--static", "{good.py}"), 2, "standard output is closed", proc="closed"),
     Row("cases-stdout-full", ("cases",), 2, "No space left on device", proc="devfull"),
     Row("suggest-ascii-terminal", ("suggest", "--static", "{mödel.py}"), 2, "terminal's encoding", proc="ascii"),
-    Row("suggest-report-unwritable", ("suggest", "--static", "--report", "/proc/msrewrite-test/r", "{good.py}"), 2,
-        "--report"),
-    Row("suggest-report-file-is-a-folder", ("suggest", "--static", "--report", "{reports}", "{good.py}"), 2,
-        "good-decode.md", stdout_ok=True),
+    Row(
+        "suggest-report-unwritable",
+        ("suggest", "--static", "--report", "/proc/msrewrite-test/r", "{good.py}"),
+        2,
+        "--report",
+    ),
+    Row(
+        "suggest-report-file-is-a-folder",
+        ("suggest", "--static", "--report", "{reports}", "{good.py}"),
+        2,
+        "good-decode.md",
+        stdout_ok=True,
+    ),
     # signals and concurrency (the races themselves: test_writes.py)
-    Row("apply-in-place-verify-fails-first", ("apply", *CASE, "-i", "--verify", "--harness", "{good.py}:nomake",
-                                              "{good.py}"), 2, "no function nomake"),
-    Row("apply-output-verify-fails-first", ("apply", *CASE, "-o", "{patches}", "--verify", "--harness",
-                                            "{good.py}:nomake", "{good.py}"), 2, "no function nomake"),
+    Row(
+        "apply-in-place-verify-fails-first",
+        ("apply", *CASE, "-i", "--verify", "--harness", "{good.py}:nomake", "{good.py}"),
+        2,
+        "no function nomake",
+    ),
+    Row(
+        "apply-output-verify-fails-first",
+        ("apply", *CASE, "-o", "{patches}", "--verify", "--harness", "{good.py}:nomake", "{good.py}"),
+        2,
+        "no function nomake",
+    ),
     # harness and user code
-    Row("apply-verify-harness-missing", ("apply", *CASE, "--verify", "--harness", "{missing.py}:make", "{good.py}"),
-        2, "missing.py"),
-    Row("apply-verify-harness-raises", ("apply", *CASE, "-i", "--verify", "--harness", "{raising_harness.py}:make",
-                                        "{good.py}"), 2, "no weights here"),
-    Row("apply-verify-harness-bad-return", ("apply", *CASE, "-i", "--verify", "--harness",
-                                            "{bad_return_harness.py}:make", "{good.py}"), 2, "bad_return_harness"),
-    Row("apply-verify-harness-import-error", ("apply", *CASE, "--verify", "--harness",
-                                              "{import_error_harness.py}:make", "{good.py}"), 2, "no_such_module_xyz"),
-    Row("verify-harness-raises", ("verify", "{applied.py}", "--harness", "{raising_harness.py}:make"), 2,
-        "no weights here"),
-    Row("apply-verify-harness-exits", ("apply", *CASE, "-i", "--verify", "--harness", "{exiting_harness.py}:make",
-                                       "{good.py}"), 2, "exiting_harness"),
+    Row(
+        "apply-verify-harness-missing",
+        ("apply", *CASE, "--verify", "--harness", "{missing.py}:make", "{good.py}"),
+        2,
+        "missing.py",
+    ),
+    Row(
+        "apply-verify-harness-raises",
+        ("apply", *CASE, "-i", "--verify", "--harness", "{raising_harness.py}:make", "{good.py}"),
+        2,
+        "no weights here",
+    ),
+    Row(
+        "apply-verify-harness-bad-return",
+        ("apply", *CASE, "-i", "--verify", "--harness", "{bad_return_harness.py}:make", "{good.py}"),
+        2,
+        "bad_return_harness",
+    ),
+    Row(
+        "apply-verify-harness-import-error",
+        ("apply", *CASE, "--verify", "--harness", "{import_error_harness.py}:make", "{good.py}"),
+        2,
+        "no_such_module_xyz",
+    ),
+    Row(
+        "verify-harness-raises",
+        ("verify", "{applied.py}", "--harness", "{raising_harness.py}:make"),
+        2,
+        "no weights here",
+    ),
+    Row(
+        "apply-verify-harness-exits",
+        ("apply", *CASE, "-i", "--verify", "--harness", "{exiting_harness.py}:make", "{good.py}"),
+        2,
+        "exiting_harness",
+    ),
     # git state and what a checkout may hand over
     Row("apply-merge-conflict-markers", ("apply", *CASE, "{conflict.py}"), 2, "syntax error"),
     Row("apply-git-lfs-pointer", ("apply", *CASE, "{lfs_pointer.py}"), 2, "syntax error"),
@@ -291,18 +392,35 @@ ROWS += [
     Row("apply-tabs-and-spaces-mixed", ("apply", *CASE, "{tabs.py}"), 2, "tabs and spaces"),
     Row("apply-101-indentation-levels", ("apply", *CASE, "{indent101.py}"), 2, "indentation levels"),
     # coding cookies (PEP 263): honoured, so only bytes that contradict them are bad input
-    Row("apply-coding-cookie-mismatch", ("apply", *CASE, "{cookie_ascii_mismatch.py}"), 2,
-        "not ascii, as its coding cookie says"),
+    Row(
+        "apply-coding-cookie-mismatch",
+        ("apply", *CASE, "{cookie_ascii_mismatch.py}"),
+        2,
+        "not ascii, as its coding cookie says",
+    ),
     Row("apply-coding-cookie-utf8-mismatch", ("apply", *CASE, "{cookie_utf8_mismatch.py}"), 2, "not UTF-8"),
     Row("apply-coding-cookie-unknown", ("apply", *CASE, "{cookie_unknown.py}"), 2, "unknown encoding: klingon"),
-    Row("apply-coding-cookie-contradicts-bom", ("apply", *CASE, "{cookie_bom_conflict.py}"), 2,
-        "UTF-8 BOM, but its coding cookie"),
-    Row("apply-coding-cookie-latin1-output-series", ("apply", *CASE, "-o", "{patches}", "{cookie_latin1.py}"), 2,
-        "patch files are UTF-8"),
-    Row("apply-in-place-coding-cookie-mismatch", ("apply", *CASE, "-i", "{cookie_ascii_mismatch.py}"), 2,
-        "coding cookie says"),
-    Row("suggest-coding-cookie-mismatch", ("suggest", "--static", "{cookie_ascii_mismatch.py}"), 2,
-        "coding cookie says"),
+    Row(
+        "apply-coding-cookie-contradicts-bom",
+        ("apply", *CASE, "{cookie_bom_conflict.py}"),
+        2,
+        "UTF-8 BOM, but its coding cookie",
+    ),
+    Row(
+        "apply-coding-cookie-latin1-output-series",
+        ("apply", *CASE, "-o", "{patches}", "{cookie_latin1.py}"),
+        2,
+        "patch files are UTF-8",
+    ),
+    Row(
+        "apply-in-place-coding-cookie-mismatch",
+        ("apply", *CASE, "-i", "{cookie_ascii_mismatch.py}"),
+        2,
+        "coding cookie says",
+    ),
+    Row(
+        "suggest-coding-cookie-mismatch", ("suggest", "--static", "{cookie_ascii_mismatch.py}"), 2, "coding cookie says"
+    ),
     Row("suggest-coding-cookie-unknown", ("suggest", "--static", "{cookie_unknown.py}"), 2, "unknown encoding"),
     Row("verify-coding-cookie-mismatch", ("verify", "{cookie_ascii_mismatch.py}"), 2, "coding cookie says"),
     # options added for the progress display
@@ -316,7 +434,7 @@ def _fill(arg: str, folder: Path) -> str:
     out = arg
     while "{" in out:
         start, end = out.index("{"), out.index("}")
-        out = out[:start] + str(folder / out[start + 1:end]) + out[end + 1:]
+        out = out[:start] + str(folder / out[start + 1 : end]) + out[end + 1 :]
     return out
 
 
@@ -340,16 +458,27 @@ def run_in_subprocess(row: Row, args: list[str], cwd: Path) -> Outcome:
     if row.proc == "ascii":
         env["PYTHONIOENCODING"] = "ascii"
     elif row.proc == "fsize":
+
         def preexec():  # the patches and the rewritten file are each over 4 KiB
             resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
     elif row.proc == "devfull":
         stdout = open("/dev/full", "w")
     elif row.proc == "closed":
+
         def preexec():
             os.close(1)
+
     try:
-        result = subprocess.run([sys.executable, "-m", "msrewrite", *args], cwd=cwd, env=env, stdout=stdout,
-                                stderr=subprocess.PIPE, text=True, timeout=120, preexec_fn=preexec)
+        result = subprocess.run(
+            [sys.executable, "-m", "msrewrite", *args],
+            cwd=cwd,
+            env=env,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            preexec_fn=preexec,
+        )
     finally:
         if stdout is not subprocess.PIPE:
             stdout.close()
@@ -410,5 +539,11 @@ def test_every_command_and_kind_is_covered():
     for kind in ("syntax-error", "not-utf8", "empty", "binary", "directory", "missing"):
         for command in ("apply", "suggest", "verify"):
             assert kind in by_command[command], (command, kind)
-    assert {"unknown-case", "ambiguous-target", "target-not-found", "read-only-in-place", "already-applied",
-            "in-place-and-output"} <= by_command["apply"]
+    assert {
+        "unknown-case",
+        "ambiguous-target",
+        "target-not-found",
+        "read-only-in-place",
+        "already-applied",
+        "in-place-and-output",
+    } <= by_command["apply"]

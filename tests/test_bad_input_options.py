@@ -43,8 +43,15 @@ def _good_plan() -> dict:
     from msrewrite.load import load
 
     path = EXAMPLES / "deepseek_moe.py"
-    return plans_for_case(path, load(path).module, "moe-shared-expert", "eager", None,
-                          FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"), None)[0].to_dict()
+    return plans_for_case(
+        path,
+        load(path).module,
+        "moe-shared-expert",
+        "eager",
+        None,
+        FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"),
+        None,
+    )[0].to_dict()
 
 
 PLAN = _good_plan()
@@ -79,8 +86,13 @@ def _good_microbatch_plan() -> dict:
     from msrewrite.load import load
 
     path = EXAMPLES / "microbatch_moe.py"
-    return microbatch_plan(load(path).module, case="prefill-microbatch", path=path, mode="eager",
-                           flag=FlagSpec(name="ENABLE_PREFILL_MICROBATCH")).to_dict()
+    return microbatch_plan(
+        load(path).module,
+        case="prefill-microbatch",
+        path=path,
+        mode="eager",
+        flag=FlagSpec(name="ENABLE_PREFILL_MICROBATCH"),
+    ).to_dict()
 
 
 MB_PLAN = _good_microbatch_plan()
@@ -125,8 +137,12 @@ PLAN_FILES = {
     "mb-stage-comm-string.json": _mb_with(stages=[{**MB_PLAN["stages"][0], "comm": "no"}, *MB_PLAN["stages"][1:]]),
     "mb-statement-line-zero.json": _mb_with(stages=_mb_statement(first_line=0)),
     "mb-statement-source-code.json": _mb_with(stages=_mb_statement(source="import os; os.system('x')")),
-    "mb-statement-beyond-file.json": _mb_with(stages=[*MB_PLAN["stages"][:-1], {"comm": False, "statements": [
-        {**MB_PLAN["stages"][-1]["statements"][0], "last_line": 100000}]}]),
+    "mb-statement-beyond-file.json": _mb_with(
+        stages=[
+            *MB_PLAN["stages"][:-1],
+            {"comm": False, "statements": [{**MB_PLAN["stages"][-1]["statements"][0], "last_line": 100000}]},
+        ]
+    ),
     "mb-loop-source.json": _mb_with(**{"loop.source": "for layer in self.other:\n    x = layer(x)"}),
     "mb-unknown-field.json": _mb_with(exec="os.system('x')"),
     "mb-mode-ge-graph.json": _mb_with(mode="ge-graph"),
@@ -178,10 +194,18 @@ class Row:
 
 ROWS = [
     # plan JSON: code in a value, wrong kinds, wrong types, wrong shapes
-    Row("plan-injected-flag-name", ("apply", "--plan", "{inject-flag.json}", "{good.py}"), 2,
-        "not a valid environment variable name"),
-    Row("plan-flag-kind-yaml", ("apply", "--plan", "{flag-kind-yaml.json}", "{good.py}"), 2,
-        "flag kind must be env, attr"),
+    Row(
+        "plan-injected-flag-name",
+        ("apply", "--plan", "{inject-flag.json}", "{good.py}"),
+        2,
+        "not a valid environment variable name",
+    ),
+    Row(
+        "plan-flag-kind-yaml",
+        ("apply", "--plan", "{flag-kind-yaml.json}", "{good.py}"),
+        2,
+        "flag kind must be env, attr",
+    ),
     Row("plan-attr-flag-forward", ("apply", "--plan", "{attr-forward.json}", "{good.py}"), 2, "nn.Module.forward"),
     Row("plan-tag-quote", ("apply", "--plan", "{tag-quote.json}", "{good.py}"), 2, "not a valid stream tag"),
     Row("plan-tag-newline", ("apply", "--plan", "{tag-newline.json}", "{good.py}"), 2, "not a valid stream tag"),
@@ -194,16 +218,27 @@ ROWS = [
     Row("plan-case-unknown", ("apply", "--plan", "{case-unknown.json}", "{good.py}"), 2, "unknown case 'no-such-case'"),
     Row("plan-case-branch-code", ("apply", "--plan", "{branch-paren.json}", "{good.py}"), 2, "case_branch"),
     Row("plan-function-code", ("apply", "--plan", "{function-inject.json}", "{good.py}"), 2, "Class.method"),
-    Row("plan-candidates-null", ("apply", "--plan", "{candidates-null.json}", "{good.py}"), 2,
-        "candidate 1 must be an object"),
-    Row("plan-candidates-string", ("apply", "--plan", "{candidates-string.json}", "{good.py}"), 2,
-        "candidates must be a list"),
+    Row(
+        "plan-candidates-null",
+        ("apply", "--plan", "{candidates-null.json}", "{good.py}"),
+        2,
+        "candidate 1 must be an object",
+    ),
+    Row(
+        "plan-candidates-string",
+        ("apply", "--plan", "{candidates-string.json}", "{good.py}"),
+        2,
+        "candidates must be a list",
+    ),
     Row("plan-top-level-number", ("apply", "--plan", "{top-number.json}", "{good.py}"), 2, "a plan file holds"),
-    Row("plan-line-as-string", ("apply", "--plan", "{fork-line-string.json}", "{good.py}"), 2,
-        "fork_line must be int"),
+    Row("plan-line-as-string", ("apply", "--plan", "{fork-line-string.json}", "{good.py}"), 2, "fork_line must be int"),
     Row("plan-line-as-bool", ("apply", "--plan", "{fork-line-bool.json}", "{good.py}"), 2, "fork_line must be int"),
-    Row("plan-line-beyond-file", ("apply", "--plan", "{join-line-beyond-file.json}", "{good.py}"), 2,
-        "join_line 100000 is out of range"),
+    Row(
+        "plan-line-beyond-file",
+        ("apply", "--plan", "{join-line-beyond-file.json}", "{good.py}"),
+        2,
+        "join_line 100000 is out of range",
+    ),
     Row("plan-line-zero", ("apply", "--plan", "{side-line-zero.json}", "{good.py}"), 2, "out of range"),
     Row("plan-side-empty", ("apply", "--plan", "{side-empty.json}", "{good.py}"), 2, "at least one side statement"),
     Row("plan-side-null", ("apply", "--plan", "{side-null.json}", "{good.py}"), 2, "side[0] must be an object"),
@@ -211,110 +246,250 @@ ROWS = [
     Row("plan-mode-enum", ("apply", "--plan", "{mode-enum.json}", "{good.py}"), 2, "mode must be one of"),
     Row("plan-sync-enum", ("apply", "--plan", "{sync-enum.json}", "{good.py}"), 2, "sync must be one of"),
     Row("plan-stream-source-enum", ("apply", "--plan", "{source-enum.json}", "{good.py}"), 2, "stream_source"),
-    Row("plan-non-blocking-string", ("apply", "--plan", "{non-blocking-string.json}", "{good.py}"), 2,
-        "non_blocking must be bool"),
-    Row("plan-allow-rng-string", ("apply", "--plan", "{allow-rng-string.json}", "{good.py}"), 2,
-        "allow_rng_reorder must be bool"),
+    Row(
+        "plan-non-blocking-string",
+        ("apply", "--plan", "{non-blocking-string.json}", "{good.py}"),
+        2,
+        "non_blocking must be bool",
+    ),
+    Row(
+        "plan-allow-rng-string",
+        ("apply", "--plan", "{allow-rng-string.json}", "{good.py}"),
+        2,
+        "allow_rng_reorder must be bool",
+    ),
     Row("plan-core-limits-short", ("apply", "--plan", "{core-limits-short.json}", "{good.py}"), 2, "core_limits"),
     Row("plan-flag-not-object", ("apply", "--plan", "{flag-not-object.json}", "{good.py}"), 2, "flag must be dict"),
-    Row("plan-max-tokens-zero", ("apply", "--plan", "{max-tokens-zero.json}", "{good.py}"), 2,
-        "positive token count"),
-    Row("plan-flag-default-string", ("apply", "--plan", "{flag-default-string.json}", "{good.py}"), 2,
-        "default must be bool"),
+    Row("plan-max-tokens-zero", ("apply", "--plan", "{max-tokens-zero.json}", "{good.py}"), 2, "positive token count"),
+    Row(
+        "plan-flag-default-string",
+        ("apply", "--plan", "{flag-default-string.json}", "{good.py}"),
+        2,
+        "default must be bool",
+    ),
     Row("plan-nested-100000-deep", ("apply", "--plan", "{deep.json}", "{good.py}"), 2, "nested too deeply"),
-    Row("plan-override-tag-quote", ("apply", "--plan", "{ok.json}", "--stream-tag", 'a"b', "{good.py}"), 2,
-        "--stream-tag"),
+    Row(
+        "plan-override-tag-quote",
+        ("apply", "--plan", "{ok.json}", "--stream-tag", 'a"b', "{good.py}"),
+        2,
+        "--stream-tag",
+    ),
     # micro-batch plans (kind "microbatch"): the same checks, field by field
     Row("plan-mb-group-code", ("apply", "--plan", "{mb-group-code.json}", "{mb.py}"), 2, "second_group"),
-    Row("plan-mb-group-module-method", ("apply", "--plan", "{mb-group-module-method.json}", "{mb.py}"), 2,
-        "nn.Module.cuda"),
-    Row("plan-mb-group-unset", ("apply", "--plan", "{mb-group-unset.json}", "{mb.py}"), 2,
-        "never sets self.other_group"),
-    Row("plan-mb-tag-injection", ("apply", "--plan", "{mb-tag-injection.json}", "{mb.py}"), 2,
-        "not a valid stream tag"),
-    Row("plan-mb-flag-injection", ("apply", "--plan", "{mb-flag-injection.json}", "{mb.py}"), 2,
-        "not a valid environment variable name"),
-    Row("plan-mb-flag-attr-forward", ("apply", "--plan", "{mb-flag-attr-forward.json}", "{mb.py}"), 2,
-        "nn.Module.forward"),
-    Row("plan-mb-gate-capture", ("apply", "--plan", "{mb-gate-capture.json}", "{mb.py}"), 2,
-        "prefill-microbatch takes no --gate capture"),
-    Row("plan-mb-max-tokens", ("apply", "--plan", "{mb-max-tokens.json}", "{mb.py}"), 2,
-        "prefill-microbatch takes no --gate tokens<=N"),
-    Row("plan-mb-kind-other", ("apply", "--plan", "{mb-kind-other.json}", "{mb.py}"), 2,
-        "kind must be 'microbatch' or absent"),
+    Row(
+        "plan-mb-group-module-method",
+        ("apply", "--plan", "{mb-group-module-method.json}", "{mb.py}"),
+        2,
+        "nn.Module.cuda",
+    ),
+    Row(
+        "plan-mb-group-unset", ("apply", "--plan", "{mb-group-unset.json}", "{mb.py}"), 2, "never sets self.other_group"
+    ),
+    Row(
+        "plan-mb-tag-injection", ("apply", "--plan", "{mb-tag-injection.json}", "{mb.py}"), 2, "not a valid stream tag"
+    ),
+    Row(
+        "plan-mb-flag-injection",
+        ("apply", "--plan", "{mb-flag-injection.json}", "{mb.py}"),
+        2,
+        "not a valid environment variable name",
+    ),
+    Row(
+        "plan-mb-flag-attr-forward",
+        ("apply", "--plan", "{mb-flag-attr-forward.json}", "{mb.py}"),
+        2,
+        "nn.Module.forward",
+    ),
+    Row(
+        "plan-mb-gate-capture",
+        ("apply", "--plan", "{mb-gate-capture.json}", "{mb.py}"),
+        2,
+        "prefill-microbatch takes no --gate capture",
+    ),
+    Row(
+        "plan-mb-max-tokens",
+        ("apply", "--plan", "{mb-max-tokens.json}", "{mb.py}"),
+        2,
+        "prefill-microbatch takes no --gate tokens<=N",
+    ),
+    Row(
+        "plan-mb-kind-other",
+        ("apply", "--plan", "{mb-kind-other.json}", "{mb.py}"),
+        2,
+        "kind must be 'microbatch' or absent",
+    ),
     Row("plan-mb-function-code", ("apply", "--plan", "{mb-function-code.json}", "{mb.py}"), 2, "Class.method"),
-    Row("plan-mb-function-not-forward", ("apply", "--plan", "{mb-function-not-forward.json}", "{mb.py}"), 2,
-        "function must be Class.forward"),
+    Row(
+        "plan-mb-function-not-forward",
+        ("apply", "--plan", "{mb-function-not-forward.json}", "{mb.py}"),
+        2,
+        "function must be Class.forward",
+    ),
     Row("plan-mb-layer-code", ("apply", "--plan", "{mb-layer-code.json}", "{mb.py}"), 2, "layer must be"),
     Row("plan-mb-stages-empty", ("apply", "--plan", "{mb-stages-empty.json}", "{mb.py}"), 2, "at least one stage"),
-    Row("plan-mb-stages-no-comm", ("apply", "--plan", "{mb-stages-no-comm.json}", "{mb.py}"), 2,
-        "needs a comm stage"),
-    Row("plan-mb-stages-not-alternating", ("apply", "--plan", "{mb-stages-not-alternating.json}", "{mb.py}"), 2,
-        "alternate"),
-    Row("plan-mb-stage-comm-string", ("apply", "--plan", "{mb-stage-comm-string.json}", "{mb.py}"), 2,
-        "comm must be bool"),
-    Row("plan-mb-statement-line-zero", ("apply", "--plan", "{mb-statement-line-zero.json}", "{mb.py}"), 2,
-        "out of range"),
-    Row("plan-mb-statement-source-code", ("apply", "--plan", "{mb-statement-source-code.json}", "{mb.py}"), 2,
-        "stale plan for MoEDecoderLayer.forward: line 31 no longer reads"),
-    Row("plan-mb-statement-beyond-file", ("apply", "--plan", "{mb-statement-beyond-file.json}", "{mb.py}"), 2,
-        "stale plan: MoEDecoderLayer.forward: stage statement last_line 100000 is out of range"),
+    Row("plan-mb-stages-no-comm", ("apply", "--plan", "{mb-stages-no-comm.json}", "{mb.py}"), 2, "needs a comm stage"),
+    Row(
+        "plan-mb-stages-not-alternating",
+        ("apply", "--plan", "{mb-stages-not-alternating.json}", "{mb.py}"),
+        2,
+        "alternate",
+    ),
+    Row(
+        "plan-mb-stage-comm-string",
+        ("apply", "--plan", "{mb-stage-comm-string.json}", "{mb.py}"),
+        2,
+        "comm must be bool",
+    ),
+    Row(
+        "plan-mb-statement-line-zero",
+        ("apply", "--plan", "{mb-statement-line-zero.json}", "{mb.py}"),
+        2,
+        "out of range",
+    ),
+    Row(
+        "plan-mb-statement-source-code",
+        ("apply", "--plan", "{mb-statement-source-code.json}", "{mb.py}"),
+        2,
+        "stale plan for MoEDecoderLayer.forward: line 31 no longer reads",
+    ),
+    Row(
+        "plan-mb-statement-beyond-file",
+        ("apply", "--plan", "{mb-statement-beyond-file.json}", "{mb.py}"),
+        2,
+        "stale plan: MoEDecoderLayer.forward: stage statement last_line 100000 is out of range",
+    ),
     Row("plan-mb-loop-source", ("apply", "--plan", "{mb-loop-source.json}", "{mb.py}"), 2, "is not its layer loop"),
-    Row("plan-mb-unknown-field", ("apply", "--plan", "{mb-unknown-field.json}", "{mb.py}"), 2,
-        "unknown field 'exec'"),
-    Row("plan-mb-mode-ge-graph", ("apply", "--plan", "{mb-mode-ge-graph.json}", "{mb.py}"), 2,
-        "does not support mode ge-graph"),
-    Row("plan-mb-case-other", ("apply", "--plan", "{mb-case-other.json}", "{mb.py}"), 2,
-        "a micro-batch plan for case moe-shared-expert, which has no micro-batches"),
-    Row("plan-mb-override-tag-quote", ("apply", "--plan", "{mb-ok.json}", "--stream-tag", 'a"b', "{mb.py}"), 2,
-        "--stream-tag"),
-    Row("plan-mb-with-another-plan", ("apply", "--plan", "{mixed.json}", "{mb.py}"), 2,
-        "a prefill-microbatch plan forks the whole model: carry it out alone"),
+    Row("plan-mb-unknown-field", ("apply", "--plan", "{mb-unknown-field.json}", "{mb.py}"), 2, "unknown field 'exec'"),
+    Row(
+        "plan-mb-mode-ge-graph",
+        ("apply", "--plan", "{mb-mode-ge-graph.json}", "{mb.py}"),
+        2,
+        "does not support mode ge-graph",
+    ),
+    Row(
+        "plan-mb-case-other",
+        ("apply", "--plan", "{mb-case-other.json}", "{mb.py}"),
+        2,
+        "a micro-batch plan for case moe-shared-expert, which has no micro-batches",
+    ),
+    Row(
+        "plan-mb-override-tag-quote",
+        ("apply", "--plan", "{mb-ok.json}", "--stream-tag", 'a"b', "{mb.py}"),
+        2,
+        "--stream-tag",
+    ),
+    Row(
+        "plan-mb-with-another-plan",
+        ("apply", "--plan", "{mixed.json}", "{mb.py}"),
+        2,
+        "a prefill-microbatch plan forks the whole model: carry it out alone",
+    ),
     # options that reach emitted code
     Row("option-tag-quote", ("apply", *CASE, "--stream-tag", 'a"b', "{good.py}"), 2, "--stream-tag"),
     Row("option-tag-newline", ("apply", *CASE, "--stream-tag", "a\nb", "{good.py}"), 2, "--stream-tag"),
     Row("option-tag-injection", ("apply", *CASE, "--stream-tag", INJECTION, "{good.py}"), 2, "--stream-tag"),
-    Row("option-flag-env-injection", ("apply", *CASE, "--flag", "env:" + INJECTION, "{good.py}"), 2,
-        "not a valid environment variable name"),
-    Row("option-flag-env-space", ("apply", *CASE, "--flag", "env:A B", "{good.py}"), 2,
-        "not a valid environment variable name"),
+    Row(
+        "option-flag-env-injection",
+        ("apply", *CASE, "--flag", "env:" + INJECTION, "{good.py}"),
+        2,
+        "not a valid environment variable name",
+    ),
+    Row(
+        "option-flag-env-space",
+        ("apply", *CASE, "--flag", "env:A B", "{good.py}"),
+        2,
+        "not a valid environment variable name",
+    ),
     Row("option-flag-attr-keyword", ("apply", *CASE, "--flag", "attr:class", "{good.py}"), 2, "keyword"),
-    Row("option-flag-attr-module-method", ("apply", *CASE, "--flag", "attr:forward", "{good.py}"), 2,
-        "nn.Module.forward"),
-    Row("option-flag-attr-training", ("apply", *CASE, "--flag", "attr:training", "{good.py}"), 2,
-        "nn.Module.training"),
+    Row(
+        "option-flag-attr-module-method",
+        ("apply", *CASE, "--flag", "attr:forward", "{good.py}"),
+        2,
+        "nn.Module.forward",
+    ),
+    Row("option-flag-attr-training", ("apply", *CASE, "--flag", "attr:training", "{good.py}"), 2, "nn.Module.training"),
     Row("option-flag-attr-dunder", ("apply", *CASE, "--flag", "attr:__class__", "{good.py}"), 2, "dunder"),
-    Row("option-flag-attr-dotted", ("apply", *CASE, "--flag", "attr:a.b", "{good.py}"), 2,
-        "not a valid identifier"),
-    Row("option-start-after-code", ("apply", *CASE, "--mode", "ge-graph", "--start-after", "x)+(y", "{good.py}"), 2,
-        "--start-after"),
-    Row("option-anchor-newline", ("apply", "--case", "moe-shared-expert-phased", "--anchor", "a\nb", "{good.py}"), 2,
-        "--anchor"),
-    Row("option-second-group-missing", ("apply", "--case", "prefill-microbatch", "--second-comm-group", "nosuch",
-                                        "{mb.py}"), 2, "never sets self.nosuch"),
-    Row("option-allow-rng-reorder-copies", ("apply", "--case", "kvcache-offload", "--allow-rng-reorder", "{good.py}"),
-        2, "--allow-rng-reorder is for cases that move calls onto a side stream"),
-    Row("option-second-group-code", ("apply", "--case", "prefill-microbatch", "--second-comm-group", "g)\nimport os",
-                                     "{mb.py}"), 2, "--second-comm-group"),
-    Row("option-second-group-module-method", ("apply", "--case", "prefill-microbatch", "--second-comm-group", "cuda",
-                                              "{mb.py}"), 2, "nn.Module.cuda"),
+    Row("option-flag-attr-dotted", ("apply", *CASE, "--flag", "attr:a.b", "{good.py}"), 2, "not a valid identifier"),
+    Row(
+        "option-start-after-code",
+        ("apply", *CASE, "--mode", "ge-graph", "--start-after", "x)+(y", "{good.py}"),
+        2,
+        "--start-after",
+    ),
+    Row(
+        "option-anchor-newline",
+        ("apply", "--case", "moe-shared-expert-phased", "--anchor", "a\nb", "{good.py}"),
+        2,
+        "--anchor",
+    ),
+    Row(
+        "option-second-group-missing",
+        ("apply", "--case", "prefill-microbatch", "--second-comm-group", "nosuch", "{mb.py}"),
+        2,
+        "never sets self.nosuch",
+    ),
+    Row(
+        "option-allow-rng-reorder-copies",
+        ("apply", "--case", "kvcache-offload", "--allow-rng-reorder", "{good.py}"),
+        2,
+        "--allow-rng-reorder is for cases that move calls onto a side stream",
+    ),
+    Row(
+        "option-second-group-code",
+        ("apply", "--case", "prefill-microbatch", "--second-comm-group", "g)\nimport os", "{mb.py}"),
+        2,
+        "--second-comm-group",
+    ),
+    Row(
+        "option-second-group-module-method",
+        ("apply", "--case", "prefill-microbatch", "--second-comm-group", "cuda", "{mb.py}"),
+        2,
+        "nn.Module.cuda",
+    ),
     Row("option-target-code", ("apply", *CASE, "--target", "A.forward;import os", "{good.py}"), 2, "--target"),
     # per-case options a case does not take (Case.add_args): refused, never ignored (#15)
-    Row("option-start-after-branches", ("apply", "--case", "indexer-prolog", "--mode", "ge-graph", "--start-after",
-                                        "x", "{good.py}"), 2,
-        "--start-after is for cases with one side branch; indexer-prolog runs several side streams one after another"),
-    Row("option-stream-tag-branches", ("apply", "--case", "indexer-prolog", "--stream-tag", "x", "{good.py}"), 2,
-        "--stream-tag: indexer-prolog names each of its side streams itself"),
-    Row("option-protect-copies", ("apply", "--case", "kvcache-offload", "--protect", "clone", "{good.py}"), 2,
-        "--protect is for cases that move calls onto a side stream; kvcache-offload moves buffer copies"),
-    Row("option-anchor-with-plan", ("apply", "--plan", "{ok.json}", "--anchor", "x", "{good.py}"), 2,
-        "--anchor: a plan file carries its own phase anchors; give --anchor with --case"),
-    Row("option-cores-with-plan", ("apply", "--plan", "{ok.json}", "--cores", "a2", "{good.py}"), 2,
-        "--cores and --core-limit: a plan file carries its own core budgets"),
-    Row("option-core-limit-with-plan", ("apply", "--plan", "{ok.json}", "--core-limit", "8/16,16/32", "{good.py}"), 2,
-        "--cores and --core-limit: a plan file carries its own core budgets"),
-    Row("option-start-after-with-plan", ("apply", "--plan", "{ok.json}", "--mode", "ge-graph", "--start-after", "x",
-                                         "{good.py}"), 2, "--start-after: a plan file carries its own start gates"),
+    Row(
+        "option-start-after-branches",
+        ("apply", "--case", "indexer-prolog", "--mode", "ge-graph", "--start-after", "x", "{good.py}"),
+        2,
+        "--start-after is for cases with one side branch; indexer-prolog runs several side streams one after another",
+    ),
+    Row(
+        "option-stream-tag-branches",
+        ("apply", "--case", "indexer-prolog", "--stream-tag", "x", "{good.py}"),
+        2,
+        "--stream-tag: indexer-prolog names each of its side streams itself",
+    ),
+    Row(
+        "option-protect-copies",
+        ("apply", "--case", "kvcache-offload", "--protect", "clone", "{good.py}"),
+        2,
+        "--protect is for cases that move calls onto a side stream; kvcache-offload moves buffer copies",
+    ),
+    Row(
+        "option-anchor-with-plan",
+        ("apply", "--plan", "{ok.json}", "--anchor", "x", "{good.py}"),
+        2,
+        "--anchor: a plan file carries its own phase anchors; give --anchor with --case",
+    ),
+    Row(
+        "option-cores-with-plan",
+        ("apply", "--plan", "{ok.json}", "--cores", "a2", "{good.py}"),
+        2,
+        "--cores and --core-limit: a plan file carries its own core budgets",
+    ),
+    Row(
+        "option-core-limit-with-plan",
+        ("apply", "--plan", "{ok.json}", "--core-limit", "8/16,16/32", "{good.py}"),
+        2,
+        "--cores and --core-limit: a plan file carries its own core budgets",
+    ),
+    Row(
+        "option-start-after-with-plan",
+        ("apply", "--plan", "{ok.json}", "--mode", "ge-graph", "--start-after", "x", "{good.py}"),
+        2,
+        "--start-after: a plan file carries its own start gates",
+    ),
 ]
 
 
@@ -334,8 +509,11 @@ def make_files(folder: Path) -> None:
 
 
 def snapshot(folder: Path) -> dict[str, str]:
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -390,8 +568,9 @@ PLAN_FIELD_HOSTILE = {
     "stream_tag": HOSTILE_TEXT + [3, "é"],
     "flag": ["env:X", [], {"kind": "yaml"}, {"name": INJECTION}, {"kind": "attr", "name": "forward"}],
     "mode": ["tpu", "", 3, None],
-    "start_gates": [[{"tensor": v, "anchor": "a"}] for v in HOSTILE if v] + [[{"tensor": "x", "anchor": v}]
-                                                                             for v in HOSTILE] + [[None]],
+    "start_gates": [[{"tensor": v, "anchor": "a"}] for v in HOSTILE if v]
+    + [[{"tensor": "x", "anchor": v}] for v in HOSTILE]
+    + [[None]],
     "summary": [3, "a\x00b", "a\x1b[31m"],
     "inputs_rebound_before_join": [[v] for v in HOSTILE],
     "outputs_maybe_unbound": [[v] for v in HOSTILE],
@@ -413,10 +592,21 @@ PLAN_FIELD_HOSTILE = {
     "rng_reorder": [3, "a\nb", "a\x00b", ["x"]],
     # main calls hoisted out of the join statement: each needs its lines, its call and a temporary
     # that is a plain identifier, distinct from every other hoist's
-    "main_hoists": ["abc", [None], 3, [{"first_line": 1}], [_main_hoist(hoist=None)], [_main_hoist(phase=1)],
-                   [_main_hoist(first_line=0)], [_main_hoist(last_line=1)], [_main_hoist(source=3)],
-                   [_main_hoist(source=" ")], [_main_hoist(), _main_hoist()]]
-                  + [[_main_hoist(hoist=v)] for v in HOSTILE] + [[_main_hoist(hoist=3)]],
+    "main_hoists": [
+        "abc",
+        [None],
+        3,
+        [{"first_line": 1}],
+        [_main_hoist(hoist=None)],
+        [_main_hoist(phase=1)],
+        [_main_hoist(first_line=0)],
+        [_main_hoist(last_line=1)],
+        [_main_hoist(source=3)],
+        [_main_hoist(source=" ")],
+        [_main_hoist(), _main_hoist()],
+    ]
+    + [[_main_hoist(hoist=v)] for v in HOSTILE]
+    + [[_main_hoist(hoist=3)]],
 }
 SIDE_FIELD_HOSTILE = {
     "first_line": [0, "3", True],
@@ -441,13 +631,34 @@ MICROBATCH_FIELD_HOSTILE = {
     "file": [3, None, ["a"]],
     "function": HOSTILE_TEXT + ["class", "MoEModel", "MoEModel.__init__", "A.B.forward"],
     "layer": HOSTILE_TEXT + ["MoEDecoderLayer", "MoEDecoderLayer.run"],
-    "loop": [None, "for x in y", {"first_line": 1}, {"first_line": 0, "last_line": 1, "source": "x"},
-             {"first_line": 2, "last_line": 1, "source": "x"}, {"first_line": 1, "last_line": 1, "source": 3}],
-    "stages": [[], None, "abc", [None], [MB_PLAN["stages"][0]], [MB_PLAN["stages"][1], MB_PLAN["stages"][1]],
-               list(reversed(MB_PLAN["stages"]))],
+    "loop": [
+        None,
+        "for x in y",
+        {"first_line": 1},
+        {"first_line": 0, "last_line": 1, "source": "x"},
+        {"first_line": 2, "last_line": 1, "source": "x"},
+        {"first_line": 1, "last_line": 1, "source": 3},
+    ],
+    "stages": [
+        [],
+        None,
+        "abc",
+        [None],
+        [MB_PLAN["stages"][0]],
+        [MB_PLAN["stages"][1], MB_PLAN["stages"][1]],
+        list(reversed(MB_PLAN["stages"])),
+    ],
     "stream_tag": HOSTILE_TEXT + [3, "é"],
-    "flag": ["env:X", [], {"kind": "yaml"}, {"name": INJECTION}, {"kind": "attr", "name": "forward"},
-             {"gate": "capture"}, {"gate": "decode"}, {"max_tokens": 8}],
+    "flag": [
+        "env:X",
+        [],
+        {"kind": "yaml"},
+        {"name": INJECTION},
+        {"kind": "attr", "name": "forward"},
+        {"gate": "capture"},
+        {"gate": "decode"},
+        {"max_tokens": 8},
+    ],
     "mode": ["tpu", "", 3, None],
     "second_group": [v for v in HOSTILE if v] + ["cuda", "training", 3, None],
     "summary": [3, "a\x00b", "a\x1b[31m"],
@@ -559,7 +770,7 @@ def test_validators_accept_the_names_real_code_uses():
     assert validate.attribute("enable_multi_stream", "x")
     assert validate.qualified_name("Outer.Inner.__call__", "x")
     assert validate.case_name("moe-shared-expert") and validate.case_name("q_quant")
-    for value in ("a", "a\"b", "a'b", "a\\b", "tag\u2028x", "é"):
+    for value in ("a", 'a"b', "a'b", "a\\b", "tag\u2028x", "é"):
         assert ast.literal_eval(validate.literal(value)) == value
     assert validate.literal("shared_expert") == '"shared_expert"'
 
@@ -602,8 +813,13 @@ def test_microbatch_edit_checks_its_own_values():
 
 
 # Scans of the emitter ---------------------------------------------------------------------------
-EMITTER = sorted([*(ROOT / "msrewrite" / "emit").glob("*.py"), *(ROOT / "msrewrite" / "cases").glob("*.py"),
-                  *(ROOT / "msrewrite" / "codemods").glob("*.py")])
+EMITTER = sorted(
+    [
+        *(ROOT / "msrewrite" / "emit").glob("*.py"),
+        *(ROOT / "msrewrite" / "cases").glob("*.py"),
+        *(ROOT / "msrewrite" / "codemods").glob("*.py"),
+    ]
+)
 
 
 def _hand_quoted(tree: ast.AST) -> list[int]:
@@ -614,9 +830,13 @@ def _hand_quoted(tree: ast.AST) -> list[int]:
             continue
         parts = node.values
         for before, value, after in zip(parts, parts[1:], parts[2:], strict=False):  # overlapping triples
-            if (isinstance(value, ast.FormattedValue) and isinstance(before, ast.Constant)
-                    and isinstance(after, ast.Constant) and str(before.value)[-1:] in "\"'"
-                    and str(after.value)[:1] in "\"'"):
+            if (
+                isinstance(value, ast.FormattedValue)
+                and isinstance(before, ast.Constant)
+                and isinstance(after, ast.Constant)
+                and str(before.value)[-1:] in "\"'"
+                and str(after.value)[:1] in "\"'"
+            ):
                 lines.append(node.lineno)
     return lines
 
@@ -642,8 +862,21 @@ def test_emission_context_is_built_only_from_the_validated_plan():
     # snapshots: plan.protect_inputs (validated) mapped to names the emitter made unique
     # phase_gate, framework_imports: emit/frameworks.py, from plan.flag (kind and gate are enums) with
     # fixed templates and the function's own parameter names
-    internal = {"init", "config_param", "init_sets_flag", "gates", "names", "what", "list", "bool", "snapshots", "n",
-                "phase_gate", "framework_imports", "model_stream"}
+    internal = {
+        "init",
+        "config_param",
+        "init_sets_flag",
+        "gates",
+        "names",
+        "what",
+        "list",
+        "bool",
+        "snapshots",
+        "n",
+        "phase_gate",
+        "framework_imports",
+        "model_stream",
+    }
     # model_stream: the name of a `self.<attr>` stream the class's __init__ assigns (read from the source)
     for keyword in calls[0].keywords:
         roots = {n.id for n in ast.walk(keyword.value) if isinstance(n, ast.Name)}

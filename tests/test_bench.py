@@ -28,13 +28,27 @@ def test_without_a_device_says_so_in_one_line():
 
 
 def test_dry_run_variants_end_to_end_prints_the_ranking_and_commands():
-    out = run_cli("bench", str(EXAMPLES / "deepseek_moe.py"), "--case", "moe-shared-expert", "--variants",
-                  "--dry-run", "--iters", "3", "--warmup", "0")
+    out = run_cli(
+        "bench",
+        str(EXAMPLES / "deepseek_moe.py"),
+        "--case",
+        "moe-shared-expert",
+        "--variants",
+        "--dry-run",
+        "--iters",
+        "3",
+        "--warmup",
+        "0",
+    )
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert "CPU dry run" in text and "flag off (original path)" in text
-    for label in ("fork as early as possible (default)", "side work at its original place (late)",
-                  "overlap up to 8 tokens", "overlap up to 512 tokens"):
+    for label in (
+        "fork as early as possible (default)",
+        "side work at its original place (late)",
+        "overlap up to 8 tokens",
+        "overlap up to 512 tokens",
+    ):
         assert label in text
     assert "msrewrite apply --case moe-shared-expert --mode cuda --max-tokens 64 " in text
     assert "no apply option makes this arrangement" in text  # the late schedule is a finding only
@@ -44,8 +58,21 @@ def test_dry_run_variants_end_to_end_prints_the_ranking_and_commands():
 
 
 def test_dry_run_core_presets_and_json():
-    out = run_cli("bench", str(EXAMPLES / "longcat_layer.py"), "--case", "attn-moe-limit-core", "--mode", "eager",
-                  "--variants", "--dry-run", "--iters", "3", "--warmup", "0", "--json")
+    out = run_cli(
+        "bench",
+        str(EXAMPLES / "longcat_layer.py"),
+        "--case",
+        "attn-moe-limit-core",
+        "--mode",
+        "eager",
+        "--variants",
+        "--dry-run",
+        "--iters",
+        "3",
+        "--warmup",
+        "0",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     labels = [v["label"] for v in data["variants"]]
@@ -68,7 +95,7 @@ def test_median_interval_brackets_the_median():
 
 
 # user code runs in a child process ---------------------------------------------------------------
-MISBEHAVING = '''
+MISBEHAVING = """
 import os
 import sys
 
@@ -113,7 +140,7 @@ def make():
     misbehave("make")
     torch.manual_seed(0)
     return Block(), (torch.randn(2, 8, 16),)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -127,9 +154,27 @@ def bench_run(block: Path, behaviour: str, *extra: str) -> subprocess.CompletedP
     import os
 
     env = {**os.environ, "MSREWRITE_TEST_BEHAVIOUR": behaviour}
-    return subprocess.run([sys.executable, "-m", "msrewrite", "bench", str(block), "--case", "moe-shared-expert",
-                           "--dry-run", "--iters", "3", "--warmup", "0", *extra],
-                          capture_output=True, text=True, timeout=300, env=env)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "msrewrite",
+            "bench",
+            str(block),
+            "--case",
+            "moe-shared-expert",
+            "--dry-run",
+            "--iters",
+            "3",
+            "--warmup",
+            "0",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 def one_error_line(proc: subprocess.CompletedProcess) -> str:
@@ -139,12 +184,15 @@ def one_error_line(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("behaviour, reason", [
-    ("make:exit", "bad harness: user code called sys.exit(3) while building the harness"),
-    ("make:os_exit", "bad harness: user code exited with status 0 while building the harness"),
-    ("make:kill", "bad harness: user code killed by SIGKILL while building the harness"),
-    ("make:raise", "block.py:make failed: RuntimeError: broken model"),  # the harness builder's own line
-])
+@pytest.mark.parametrize(
+    "behaviour, reason",
+    [
+        ("make:exit", "bad harness: user code called sys.exit(3) while building the harness"),
+        ("make:os_exit", "bad harness: user code exited with status 0 while building the harness"),
+        ("make:kill", "bad harness: user code killed by SIGKILL while building the harness"),
+        ("make:raise", "block.py:make failed: RuntimeError: broken model"),  # the harness builder's own line
+    ],
+)
 def test_a_harness_that_exits_dies_or_raises_is_one_line_of_bad_input(block, behaviour, reason):
     proc = bench_run(block, behaviour)
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -158,12 +206,18 @@ def test_a_harness_that_hangs_is_killed_after_the_timeout(block):
     assert "timed out after 5 s while building the harness" in one_error_line(proc)
 
 
-@pytest.mark.parametrize("behaviour, reason", [
-    ("forward:exit", "called sys.exit(3) while timing the model, flag off"),
-    ("forward:kill", "killed by SIGKILL while timing the model, flag off"),
-    ("forward:flag-on-raise", "crashed while timing the model, fork as early as possible (default): "
-                              "RuntimeError: broken only with the flag on"),
-])
+@pytest.mark.parametrize(
+    "behaviour, reason",
+    [
+        ("forward:exit", "called sys.exit(3) while timing the model, flag off"),
+        ("forward:kill", "killed by SIGKILL while timing the model, flag off"),
+        (
+            "forward:flag-on-raise",
+            "crashed while timing the model, fork as early as possible (default): "
+            "RuntimeError: broken only with the flag on",
+        ),
+    ],
+)
 def test_a_model_that_fails_while_timed_is_one_line_naming_the_arrangement(block, behaviour, reason):
     proc = bench_run(block, behaviour)
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -186,6 +240,7 @@ def test_the_device_is_looked_for_in_the_child_only():
     tree = ast.parse(source)
     run = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run_bench")
     child = next(n for n in ast.walk(run) if isinstance(n, ast.FunctionDef) and n.name == "measure")
+
     def called(node, skip=None):
         names, todo = set(), [node]
         while todo:

@@ -27,8 +27,10 @@ def targets_of(body: str):
     subs = sorted(set(re.findall(r"self\.(\w+)\(", body)))
     init = "".join(f"        self.{name} = nn.Linear(8, 8)\n" for name in subs)
     source = (  # __init__ last, so the line numbers below count from `def forward` on line 2
-        "class Block(nn.Module):\n    def forward(self, x):\n" + textwrap.indent(body, " " * 8)
-        + "\n    def __init__(self):\n        super().__init__()\n" + init
+        "class Block(nn.Module):\n    def forward(self, x):\n"
+        + textwrap.indent(body, " " * 8)
+        + "\n    def __init__(self):\n        super().__init__()\n"
+        + init
     )
     module = cst.parse_module(source)
     return source, module, find_targets(CASE, Path("block.py"), module, Options())
@@ -163,7 +165,13 @@ FIX = {
         else:
             return y + self.shared_mlp(x)
         """,
-        {"side": [(8, 8)], "fork": 3, "join": 8, "hoist": "shared_mlp_output", "guard": ("self.shared_mlp is not None", 5)},
+        {
+            "side": [(8, 8)],
+            "fork": 3,
+            "join": 8,
+            "hoist": "shared_mlp_output",
+            "guard": ("self.shared_mlp is not None", 5),
+        },
     ),
     # the same side call in both branches of the join's `if` (transformers HY-V3's fp32 combine)
     # runs on every path: hoisted once, before the `if`
@@ -314,7 +322,9 @@ COPY_LAYER_INIT = """
 def copy_plan(body: str, init: str = COPY_LAYER_INIT):
     from msrewrite.cases import get_case as case_named
 
-    source = "class Layer:\n    def forward(self, x, cache):\n" + textwrap.indent(textwrap.dedent(body).lstrip("\n"), " " * 8)
+    source = "class Layer:\n    def forward(self, x, cache):\n" + textwrap.indent(
+        textwrap.dedent(body).lstrip("\n"), " " * 8
+    )
     source += init
     module = cst.parse_module(source)
     targets = find_targets(case_named("kvcache-offload"), Path("layer.py"), module, Options())

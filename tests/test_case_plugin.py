@@ -47,7 +47,7 @@ CASE = SeedCase(
 )
 '''
 
-TOY_MODEL = '''import torch
+TOY_MODEL = """import torch
 from torch import nn
 
 
@@ -66,7 +66,7 @@ class ToyBlock(nn.Module):
 def make():
     torch.manual_seed(0)
     return ToyBlock().eval(), (torch.randn(3, 16),)
-'''
+"""
 
 
 @pytest.fixture
@@ -122,7 +122,9 @@ def test_a_case_in_one_new_file_is_listed_applied_golden_and_mutant_tested(toy, 
     assert regen.main(["--only", "toy-side"], root=toy) == 0
     assert regen.main(["--check", "--only", "toy-side"], root=toy) == 0
     goldens = sorted(p.relative_to(toy).as_posix() for p in (toy / "golden").rglob("*.*"))
-    assert goldens == [f"golden/toy-side/{mode}/toy_block.{ext}" for mode in ("cuda", "eager") for ext in ("diff", "py")]
+    assert goldens == [
+        f"golden/toy-side/{mode}/toy_block.{ext}" for mode in ("cuda", "eager") for ext in ("diff", "py")
+    ]
     golden_py, _ = regen.golden_paths("toy-side", "eager", "toy_block", root=toy)
     assert golden_py.read_text() == regen.render("toy-side", "eager", "toy_block", root=toy)[0]
 
@@ -150,15 +152,26 @@ def test_the_toy_case_s_own_option_is_parsed_for_it_alone_listed_and_refused_els
     assert "toy_lane" in [name for name, _kind, _spec in cli_params(["--case", "toy-side"])]
     assert "toy_lane" not in [name for name, _kind, _spec in cli_params(["--case", "moe-shared-expert"])]
     model = toy / "examples" / "toy_block.py"
-    code, diff, err = _cli("apply", "--case", "toy-side", "--mode", "eager", "--toy-lane", "fast", "--verify",
-                           "-q", str(model))
+    code, diff, err = _cli(
+        "apply", "--case", "toy-side", "--mode", "eager", "--toy-lane", "fast", "--verify", "-q", str(model)
+    )
     assert code == 0, err
     assert "toy_fast_stream.wait_stream(current_stream)" in diff and "toy_side_stream.wait_stream" not in diff
     code, _out, err = _cli("apply", "--case", "toy-side", "--mode", "eager", "--toy-lane", "fa st", str(model))
     assert code == 2 and _errors(err) == ["msrewrite: error: --toy-lane 'fa st' is not a valid identifier"], err
-    code, _out, err = _cli("apply", "--case", "moe-shared-expert", "--mode", "eager", "--toy-lane", "fast",
-                           str(EXAMPLES / "deepseek_moe.py"))
-    assert code == 2 and _errors(err) == ["msrewrite: error: --toy-lane is for toy-side; moe-shared-expert has no toy lanes"]
+    code, _out, err = _cli(
+        "apply",
+        "--case",
+        "moe-shared-expert",
+        "--mode",
+        "eager",
+        "--toy-lane",
+        "fast",
+        str(EXAMPLES / "deepseek_moe.py"),
+    )
+    assert code == 2 and _errors(err) == [
+        "msrewrite: error: --toy-lane is for toy-side; moe-shared-expert has no toy lanes"
+    ]
     code, plans, err = _cli("suggest", "--static", "--json", str(EXAMPLES / "deepseek_moe.py"))
     assert code == 0 and '"case": "moe-shared-expert"' in plans, err
     plan = toy / "plan.json"
@@ -178,9 +191,25 @@ def _toy_codemod(toy, folder, *options: str) -> subprocess.CompletedProcess:
     (site / "sitecustomize.py").write_text(f"import msrewrite.cases\nmsrewrite.cases.__path__.extend({plugins!r})\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run(
-        [sys.executable, "-m", "libcst.tool", "codemod", "--no-format", "--hide-progress", "-x",
-         "msrewrite.codemods.any_case.AnyCase", "-j", "2", *options, str(folder)],
-        capture_output=True, text=True, cwd=toy, env=env, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "libcst.tool",
+            "codemod",
+            "--no-format",
+            "--hide-progress",
+            "-x",
+            "msrewrite.codemods.any_case.AnyCase",
+            "-j",
+            "2",
+            *options,
+            str(folder),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=toy,
+        env=env,
+        timeout=300,
     )
 
 
@@ -230,7 +259,7 @@ def test_apply_parses_the_per_case_options_the_cases_declare():
     names = [name for name, _kind, _spec in params(COMMANDS["apply"])]
     declared = [name for name, _kind, _spec in cli_params()]
     start = names.index("stream_tag") + 1
-    assert names[start:start + len(declared)] == declared and names[start + len(declared)] == "source_path"
+    assert names[start : start + len(declared)] == declared and names[start + len(declared)] == "source_path"
     # every option a case may refuse is apply's: a per-case one declared here, or --stream-tag (cli.py's own)
     assert {o.name for o in CASE_OPTIONS} <= {o.name for o in CLI_OPTIONS} | {"--stream-tag"}
     assert ANCHOR in get_case("moe-shared-expert-phased").add_args()

@@ -104,8 +104,15 @@ def test_suggest_style_plan_file_round_trips(tmp_path):
     from msrewrite.plan import FlagSpec
 
     model = EXAMPLES / "qwen_gated_moe.py"
-    plans = plans_for_case(model, load(model).module, "moe-shared-expert", "eager", None,
-                           FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"), None)
+    plans = plans_for_case(
+        model,
+        load(model).module,
+        "moe-shared-expert",
+        "eager",
+        None,
+        FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"),
+        None,
+    )
     plan_file = tmp_path / "plans.json"
     plan_file.write_text(json.dumps({"candidates": [{"plan": plans[0].to_dict()}]}))
     by_plan = run_main("apply", "--plan", str(plan_file), "--candidate", "1", str(model))
@@ -116,8 +123,17 @@ def test_suggest_style_plan_file_round_trips(tmp_path):
 
 def test_flag_attr_and_options_reach_the_code():
     result = run_main(
-        "apply", *CASE, str(EXAMPLES / "deepseek_moe.py"), "--flag", "attr:enable_multi_stream",
-        "--flag-default", "off", "--max-tokens", "64", "--stream-tag", "11",
+        "apply",
+        *CASE,
+        str(EXAMPLES / "deepseek_moe.py"),
+        "--flag",
+        "attr:enable_multi_stream",
+        "--flag-default",
+        "off",
+        "--max-tokens",
+        "64",
+        "--stream-tag",
+        "11",
     )
     assert result.returncode == 0, result.stderr
     out = result.stdout
@@ -129,8 +145,7 @@ def test_flag_attr_and_options_reach_the_code():
 def test_target_picks_one_and_reports_unknown(tmp_path):
     model = tmp_path / "two.py"
     model.write_text(
-        (EXAMPLES / "deepseek_moe.py").read_text()
-        + "\n\nclass OtherMoE(DeepseekMoE):\n"
+        (EXAMPLES / "deepseek_moe.py").read_text() + "\n\nclass OtherMoE(DeepseekMoE):\n"
         "    def forward(self, x):\n"
         "        y = self.shared_experts(x)\n"
         "        z = self.experts(x, *self.gate(x)[1:][::-1])\n"
@@ -152,7 +167,11 @@ BAD_INPUTS = {
     "empty": ("", 1, "empty file, nothing to do"),  # valid Python with nothing in it
     "not-utf8": (b"x = '\xff\xfe'\n", 2, "not UTF-8"),
     "binary": (b"\x00\x01\x02", 2, "binary"),
-    "no-target": ("import torch\n\nclass M:\n    def forward(self, x):\n        return x\n", 1, "no moe-shared-expert target"),
+    "no-target": (
+        "import torch\n\nclass M:\n    def forward(self, x):\n        return x\n",
+        1,
+        "no moe-shared-expert target",
+    ),
     "no-overlap": (
         "class M:\n    def forward(self, x):\n        s = self.shared_experts(x)\n        return x + s\n",
         1,
@@ -210,9 +229,20 @@ def test_read_only_in_place_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == model else real_access(p, mode))
     with pytest.raises(BadInput, match="read-only"):
         apply_command.run_apply(
-            file=model, case="moe-shared-expert", plan_path=None, candidate=None, mode="auto", target=None,
-            flag="", flag_default="on", max_tokens=None, stream_tag=None, in_place=True, output=None,
-            verify=False, harness=None,
+            file=model,
+            case="moe-shared-expert",
+            plan_path=None,
+            candidate=None,
+            mode="auto",
+            target=None,
+            flag="",
+            flag_default="on",
+            max_tokens=None,
+            stream_tag=None,
+            in_place=True,
+            output=None,
+            verify=False,
+            harness=None,
         )
     assert model.read_text() == (EXAMPLES / "deepseek_moe.py").read_text()
     assert [p.name for p in tmp_path.iterdir()] == ["m.py"]
@@ -223,7 +253,8 @@ def test_mode_auto_detection(tmp_path):
     variants = {
         "ge-graph": base + "\n\ndef compile_decode(model):\n    config = torchair.CompilerConfig()\n"
         "    return torch.compile(model, backend=torchair.get_npu_backend(compiler_config=config))\n",
-        "npugraph-ex": base + '\n\ndef compile_decode(model):\n    return torch.compile(model, backend="npugraph_ex")\n',
+        "npugraph-ex": base
+        + '\n\ndef compile_decode(model):\n    return torch.compile(model, backend="npugraph_ex")\n',
         "eager": base,
     }
     for mode, text in variants.items():
@@ -247,7 +278,10 @@ def test_phased_patch_series_applies_stage_by_stage(git_repo, tmp_path):
     patches = sorted(stage.glob("*.patch"))
     assert [p.name[:5] for p in patches] == ["0001-", "0002-"]
     assert "Subject: [PATCH 1/2] moe-shared-expert-phased: inline the shared expert" in patches[0].read_text()
-    assert "Subject: [PATCH 2/2] moe-shared-expert-phased: overlap Qwen2MoeSparseMoeBlock in 3 phases" in patches[1].read_text()
+    assert (
+        "Subject: [PATCH 2/2] moe-shared-expert-phased: overlap Qwen2MoeSparseMoeBlock in 3 phases"
+        in patches[1].read_text()
+    )
     script = tmp_path / "patches" / "apply_patches.sh"
     assert os.access(script, os.X_OK)
     applied = subprocess.run(["bash", str(script)], cwd=git_repo, capture_output=True, text=True)
@@ -263,15 +297,24 @@ def test_phased_patch_series_applies_stage_by_stage(git_repo, tmp_path):
 
 
 def test_anchor_option():
-    result = run_main("apply", "--case", "moe-shared-expert-phased", str(EXAMPLES / "deepep_moe.py"),
-                     "--anchor", "dispatch_output")
+    result = run_main(
+        "apply", "--case", "moe-shared-expert-phased", str(EXAMPLES / "deepep_moe.py"), "--anchor", "dispatch_output"
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("re-enters the side stream after dispatch_output") == 1
     assert "after combine_input" not in result.stdout
     wrong = run_main("apply", "--case", "moe-shared-expert", str(EXAMPLES / "deepep_moe.py"), "--anchor", "x")
     assert wrong.returncode == 2 and "--anchor is for phased cases" in wrong.stderr
-    late = run_main("apply", "--case", "moe-shared-expert-phased", str(EXAMPLES / "deepep_moe.py"),
-                   "--anchor", "combine_input", "--anchor", "dispatch_output")
+    late = run_main(
+        "apply",
+        "--case",
+        "moe-shared-expert-phased",
+        str(EXAMPLES / "deepep_moe.py"),
+        "--anchor",
+        "combine_input",
+        "--anchor",
+        "dispatch_output",
+    )
     assert late.returncode == 1 and "program order" in late.stderr
 
 
@@ -304,9 +347,13 @@ def test_core_budgets_are_checked_against_the_device():
     assert over.returncode == 2 and "exceeds a3's 24 AIC / 48 AIV" in over.stderr and "deadlock" in over.stderr
     a2 = run_main("apply", "--case", "attn-moe-limit-core", model, "--cores", "a2")
     assert a2.returncode == 0 and "_ms_core_limit(moe_shortcut_stream is not None, 12, 24):" in a2.stdout
-    custom = run_main("apply", "--case", "attn-moe-limit-core", model, "--core-limit", "12/24,12/24", "--mode", "ge-graph")
+    custom = run_main(
+        "apply", "--case", "attn-moe-limit-core", model, "--core-limit", "12/24,12/24", "--mode", "ge-graph"
+    )
     assert custom.returncode == 0 and "_ms_core_limit(True, 12, 24)" in custom.stdout
-    wrong = run_main("apply", "--case", "moe-shared-expert", model.replace("longcat_layer", "deepseek_moe"), "--cores", "a2")
+    wrong = run_main(
+        "apply", "--case", "moe-shared-expert", model.replace("longcat_layer", "deepseek_moe"), "--cores", "a2"
+    )
     assert wrong.returncode == 2 and "core-limit cases" in wrong.stderr
     bad = run_main("apply", "--case", "attn-moe-limit-core", model, "--core-limit", "8-16")
     assert bad.returncode == 2 and "SIDE_AIC/SIDE_AIV" in bad.stderr

@@ -24,16 +24,19 @@ def _one_error_line(result) -> str:
 
 
 @pytest.mark.slow  # starts a process
-@pytest.mark.parametrize("args, message", [
-    (["apply", "--bogus", "x.py"], "unrecognized arguments: --bogus"),
-    (["apply"], "the following arguments are required: FILE"),
-    (["apply", "--case", "moe-shared-expert", "--candidate", "one", "x.py"], "invalid int value: 'one'"),
-    (["apply", "x.py", "--stream-tag"], "--stream-tag: expected one argument"),
-    (["suggest", "--jobs", "x", "a.py"], "invalid int value"),
-    (["verify", "--atol", "tiny", "a.py"], "invalid float value"),
-    (["cases", "extra"], "unrecognized arguments: extra"),
-    (["frobnicate"], "no such command 'frobnicate'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["apply", "--bogus", "x.py"], "unrecognized arguments: --bogus"),
+        (["apply"], "the following arguments are required: FILE"),
+        (["apply", "--case", "moe-shared-expert", "--candidate", "one", "x.py"], "invalid int value: 'one'"),
+        (["apply", "x.py", "--stream-tag"], "--stream-tag: expected one argument"),
+        (["suggest", "--jobs", "x", "a.py"], "invalid int value"),
+        (["verify", "--atol", "tiny", "a.py"], "invalid float value"),
+        (["cases", "extra"], "unrecognized arguments: extra"),
+        (["frobnicate"], "no such command 'frobnicate'"),
+    ],
+)
 def test_usage_errors_are_one_line(args, message):
     result = run_cli(*args)
     assert result.returncode == 2, result.stderr
@@ -90,11 +93,18 @@ def test_plain_command_lines_parse_as_argparse_parses_them():
                 answered += 1
                 assert plain == _argparse_result(name, func, argv), (name, argv)
     assert answered > 300  # it does read most plain command lines
-    for argv in (["--case", "moe-shared-expert", "m.py"], ["m.py", "-i", "--mode", "eager", "--anchor", "h", "--anchor", "g"]):
+    for argv in (
+        ["--case", "moe-shared-expert", "m.py"],
+        ["m.py", "-i", "--mode", "eager", "--anchor", "h", "--anchor", "g"],
+    ):
         assert _plain_parse(COMMANDS["apply"], argv) == _argparse_result("apply", COMMANDS["apply"], argv)
         assert _plain_parse(COMMANDS["apply"], argv) is not None
     argv = ["--static", "a.py", "b.py", "-j", "2"]
-    assert _plain_parse(COMMANDS["suggest"], argv) == _argparse_result("suggest", COMMANDS["suggest"], argv) != "usage error"
+    assert (
+        _plain_parse(COMMANDS["suggest"], argv)
+        == _argparse_result("suggest", COMMANDS["suggest"], argv)
+        != "usage error"
+    )
 
 
 @pytest.mark.slow  # starts a process
@@ -121,7 +131,7 @@ def test_help_stays_rich_and_lists_everything():
 # README = --help -----------------------------------------------------------------------------
 def _readme_commands() -> str:
     text = (ROOT / "README.md").read_text()
-    return text[text.index("## Commands\n"):text.index("\n## ", text.index("## Commands\n") + 1)]
+    return text[text.index("## Commands\n") : text.index("\n## ", text.index("## Commands\n") + 1)]
 
 
 def _options_in(text: str) -> set[str]:
@@ -140,12 +150,14 @@ def _declared(command: str) -> set[str]:
 def test_readme_documents_exactly_the_options_of_each_command(command):
     section = _readme_commands()
     start = section.index(f"`{command}` options:")
-    nxt = re.search(r"\n`\w+` options:|\nDiff paths", section[start + 1:])
-    block = section[start:start + 1 + nxt.start()] if nxt else section[start:]
+    nxt = re.search(r"\n`\w+` options:|\nDiff paths", section[start + 1 :])
+    block = section[start : start + 1 + nxt.start()] if nxt else section[start:]
     documented = _options_in(block)
     declared = _declared(command)
-    assert documented == declared, (f"in README, not in --help: {sorted(documented - declared)}; "
-                                    f"in --help, not in README: {sorted(declared - documented)}")
+    assert documented == declared, (
+        f"in README, not in --help: {sorted(documented - declared)}; "
+        f"in --help, not in README: {sorted(declared - documented)}"
+    )
 
 
 def test_readme_names_no_option_that_does_not_exist():
@@ -178,7 +190,10 @@ def test_fit_table_shrinks_in_order_and_marks_cuts():
     lines = fit_table(header, rows, shrink={2: 6, 1: 10}, width=30)
     assert all(len(line) <= 30 for line in lines)
     assert lines[1].endswith("…") and "VeryLongClassName.forward"[:8] in lines[1]
-    assert fit_table(header, rows, shrink={2: 6}, width=200)[1] == "1  VeryLongClassName.forward  1,2,3,4,5,6,7,8,9,10,11,12"
+    assert (
+        fit_table(header, rows, shrink={2: 6}, width=200)[1]
+        == "1  VeryLongClassName.forward  1,2,3,4,5,6,7,8,9,10,11,12"
+    )
 
 
 # Progress and fallback said aloud --------------------------------------------------------------
@@ -230,12 +245,15 @@ HEAVY = ("typer", "rich", "pydantic", "torch", "networkx", "multiprocessing", "e
 
 
 @pytest.mark.slow  # starts a process
-@pytest.mark.parametrize("args", [
-    ["cases"],
-    ["apply", "--case", "moe-shared-expert", str(EXAMPLES / "deepseek_moe.py")],
-    ["suggest", "--static", str(EXAMPLES / "deepseek_moe.py"), str(EXAMPLES / "hunyuan_moe.py")],
-    ["apply", "--bogus"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["cases"],
+        ["apply", "--case", "moe-shared-expert", str(EXAMPLES / "deepseek_moe.py")],
+        ["suggest", "--static", str(EXAMPLES / "deepseek_moe.py"), str(EXAMPLES / "hunyuan_moe.py")],
+        ["apply", "--bogus"],
+    ],
+)
 def test_commands_do_not_import_heavy_packages(args):
     code = (
         "import io, sys, contextlib\n"

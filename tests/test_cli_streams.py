@@ -22,8 +22,9 @@ CASE = ("--case", "moe-shared-expert")
 
 
 def _cli(args, *, stdout=subprocess.PIPE, cwd=ROOT, timeout=300):
-    return subprocess.run([sys.executable, "-m", "msrewrite", *args], stdout=stdout, stderr=subprocess.PIPE,
-                          cwd=cwd, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "msrewrite", *args], stdout=stdout, stderr=subprocess.PIPE, cwd=cwd, timeout=timeout
+    )
 
 
 def _broken_pipe(args, cwd=ROOT):
@@ -49,8 +50,15 @@ PIPE_COMMANDS = {
     "suggest-table": ["suggest", "--static", str(EXAMPLES / "deepseek_moe.py")],
     "suggest-json": ["suggest", "--static", "--json", str(EXAMPLES / "deepseek_moe.py")],
     "suggest-none": ["suggest", "--static", str(EXAMPLES / "kvcache_offload.py")],
-    "suggest-jobs": ["suggest", "--static", "-j", "2", str(EXAMPLES / "deepseek_moe.py"),
-                     str(EXAMPLES / "hunyuan_moe.py"), str(EXAMPLES / "guarded_moe.py")],
+    "suggest-jobs": [
+        "suggest",
+        "--static",
+        "-j",
+        "2",
+        str(EXAMPLES / "deepseek_moe.py"),
+        str(EXAMPLES / "hunyuan_moe.py"),
+        str(EXAMPLES / "guarded_moe.py"),
+    ],
     "cases": ["cases"],
     "version": ["--version"],
     "bad-input": ["apply", "--case", "nosuch", str(EXAMPLES / "deepseek_moe.py")],
@@ -82,8 +90,9 @@ def test_broken_pipe_on_stderr_is_quiet_too():
     read_fd, write_fd = os.pipe()
     os.close(read_fd)
     try:
-        result = subprocess.run([sys.executable, "-m", "msrewrite", *args], stdout=write_fd, stderr=write_fd,
-                                cwd=ROOT, timeout=120)
+        result = subprocess.run(
+            [sys.executable, "-m", "msrewrite", *args], stdout=write_fd, stderr=write_fd, cwd=ROOT, timeout=120
+        )
     finally:
         os.close(write_fd)
     assert result.returncode == 0
@@ -91,8 +100,18 @@ def test_broken_pipe_on_stderr_is_quiet_too():
 
 @pytest.mark.slow
 def test_broken_pipe_verify_json():
-    args = ["verify", str(GOLDEN / "deepseek_moe.py"), "--original", str(EXAMPLES / "deepseek_moe.py"), "--json",
-            "--inputs", "0", "--no-train", "--schedules", "early"]
+    args = [
+        "verify",
+        str(GOLDEN / "deepseek_moe.py"),
+        "--original",
+        str(EXAMPLES / "deepseek_moe.py"),
+        "--json",
+        "--inputs",
+        "0",
+        "--no-train",
+        "--schedules",
+        "early",
+    ]
     result = _broken_pipe(args)
     assert result.returncode == 0
     _quiet_about_it(result.stderr)
@@ -103,8 +122,9 @@ def _on_a_terminal(args, cwd=ROOT) -> tuple[int, str, bytes]:
     """(exit code, what the terminal showed on stderr, stdout bytes) with stderr a pty and stdout a pipe."""
     master, slave = pty.openpty()
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "msrewrite", *args], stdout=subprocess.PIPE, stderr=slave,
-                                cwd=cwd)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "msrewrite", *args], stdout=subprocess.PIPE, stderr=slave, cwd=cwd
+        )
         os.close(slave)
         seen = b""
         while True:
@@ -122,8 +142,15 @@ def _on_a_terminal(args, cwd=ROOT) -> tuple[int, str, bytes]:
     return proc.returncode, seen.decode().replace("\r\n", "\n"), out
 
 
-JOBS = ["suggest", "--static", "-j", "2", str(EXAMPLES / "deepseek_moe.py"), str(EXAMPLES / "hunyuan_moe.py"),
-        str(EXAMPLES / "guarded_moe.py")]
+JOBS = [
+    "suggest",
+    "--static",
+    "-j",
+    "2",
+    str(EXAMPLES / "deepseek_moe.py"),
+    str(EXAMPLES / "hunyuan_moe.py"),
+    str(EXAMPLES / "guarded_moe.py"),
+]
 
 
 def test_jobs_sweep_shows_progress_on_a_terminal_only():
@@ -149,8 +176,17 @@ def test_progress_printer_follows_isatty_and_quiet(monkeypatch, capsys):
     assert progress.stage_printer(False) is None
 
 
-VERIFY = ["verify", str(GOLDEN / "deepseek_moe.py"), "--original", str(EXAMPLES / "deepseek_moe.py"),
-          "--inputs", "0", "--no-train", "--schedules", "early,late"]
+VERIFY = [
+    "verify",
+    str(GOLDEN / "deepseek_moe.py"),
+    "--original",
+    str(EXAMPLES / "deepseek_moe.py"),
+    "--inputs",
+    "0",
+    "--no-train",
+    "--schedules",
+    "early,late",
+]
 
 
 @pytest.mark.slow
@@ -176,8 +212,9 @@ def test_verify_shows_its_stages_on_a_terminal_and_json_stays_clean():
 def _latin1_model(folder: Path) -> Path:
     """deepseek_moe.py with a latin-1 cookie and latin-1 bytes inside the edited function."""
     text = (EXAMPLES / "deepseek_moe.py").read_bytes()
-    text = text.replace(b"        residuals = hidden_states\n",
-                        b"        residuals = hidden_states  # r\xe9sidu, na\xefve\n", 1)
+    text = text.replace(
+        b"        residuals = hidden_states\n", b"        residuals = hidden_states  # r\xe9sidu, na\xefve\n", 1
+    )
     path = folder / "model.py"
     path.write_bytes(b"# -*- coding: latin-1 -*-\n" + text)
     subprocess.run(["git", "init", "-q", str(folder)], check=True)

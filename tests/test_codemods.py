@@ -18,9 +18,23 @@ CASES = [case for case in all_cases() if case.golden_examples]
 
 def _codemod(command: str, folder: Path, *options: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "libcst.tool", "codemod", "--no-format", "--hide-progress", command, "-j", "2",
-         *options, str(folder)],
-        capture_output=True, text=True, cwd=cwd, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "libcst.tool",
+            "codemod",
+            "--no-format",
+            "--hide-progress",
+            command,
+            "-j",
+            "2",
+            *options,
+            str(folder),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
     )
 
 
@@ -35,8 +49,9 @@ def _apply(case: str, mode: str, path: Path) -> str | None:
 
     src = load(path)
     try:
-        steps = case_steps(path, src.text, src.module, case, mode, None, FlagSpec(name=require_case(case).flag_name),
-                           None)
+        steps = case_steps(
+            path, src.text, src.module, case, mode, None, FlagSpec(name=require_case(case).flag_name), None
+        )
     except NothingToDo:
         return None
     return steps[-1].new
@@ -83,13 +98,41 @@ def test_the_repo_config_resolves_the_short_command_and_any_case_takes_case_opti
     folder.mkdir()
     shutil.copy(EXAMPLES / "longcat_layer.py", folder)
     done = subprocess.run(
-        [sys.executable, "-m", "libcst.tool", "codemod", "--no-format", "--hide-progress", "any_case.AnyCase",
-         "-j", "1", "--case", "attn-moe-limit-core", "--mode", "eager", "--cores", "a2", str(folder)],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "libcst.tool",
+            "codemod",
+            "--no-format",
+            "--hide-progress",
+            "any_case.AnyCase",
+            "-j",
+            "1",
+            "--case",
+            "attn-moe-limit-core",
+            "--mode",
+            "eager",
+            "--cores",
+            "a2",
+            str(folder),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    applied = run_cli("apply", "--case", "attn-moe-limit-core", "--mode", "eager", "--cores", "a2", "-i",
-                      str(shutil.copy(EXAMPLES / "longcat_layer.py", tmp_path / "longcat_layer.py")))
+    applied = run_cli(
+        "apply",
+        "--case",
+        "attn-moe-limit-core",
+        "--mode",
+        "eager",
+        "--cores",
+        "a2",
+        "-i",
+        str(shutil.copy(EXAMPLES / "longcat_layer.py", tmp_path / "longcat_layer.py")),
+    )
     assert applied.returncode == 0, applied.stderr
     assert (folder / "longcat_layer.py").read_text() == (tmp_path / "longcat_layer.py").read_text()
 
@@ -97,9 +140,26 @@ def test_the_repo_config_resolves_the_short_command_and_any_case_takes_case_opti
     again.mkdir()
     shutil.copy(EXAMPLES / "deepseek_moe.py", again)
     refused = subprocess.run(
-        [sys.executable, "-m", "libcst.tool", "codemod", "--no-format", "--hide-progress", "any_case.AnyCase",
-         "-j", "1", "--case", "moe-shared-expert", "--anchor", "x", str(again)],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "libcst.tool",
+            "codemod",
+            "--no-format",
+            "--hide-progress",
+            "any_case.AnyCase",
+            "-j",
+            "1",
+            "--case",
+            "moe-shared-expert",
+            "--anchor",
+            "x",
+            str(again),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
     )
     assert "--anchor is for phased cases; moe-shared-expert runs its side branch in one piece" in refused.stderr
     assert (again / "deepseek_moe.py").read_text() == (EXAMPLES / "deepseek_moe.py").read_text()

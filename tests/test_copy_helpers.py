@@ -17,7 +17,7 @@ from msrewrite.verify import verify_files
 
 regen = load_regen()
 
-CACHE = '''
+CACHE = """
 import torch
 from torch import nn
 
@@ -46,12 +46,15 @@ class Layer(nn.Module):
 
     def forward(self, x, cache{annotation}):
 {body}
-'''
+"""
 
 
 def targets(body: str, extra: str = "", annotation: str = ": KVCache"):
-    source = CACHE.format(extra=textwrap.indent(textwrap.dedent(extra), " " * 4), annotation=annotation,
-                          body=textwrap.indent(textwrap.dedent(body).strip("\n"), " " * 8))
+    source = CACHE.format(
+        extra=textwrap.indent(textwrap.dedent(extra), " " * 4),
+        annotation=annotation,
+        body=textwrap.indent(textwrap.dedent(body).strip("\n"), " " * 8),
+    )
     found = find_targets(get_case("kvcache-offload"), Path("layer.py"), cst.parse_module(source), Options())
     return {t.function: t for t in found}, source.splitlines()
 
@@ -93,7 +96,8 @@ def test_what_else_the_helper_writes_moves_the_join_earlier():
         self.scratch.zero_()
     """
     body = FORWARD.replace("cache.offload(0)", "cache.offload_and_clear(0)").replace(
-        "y = self.attn(x)", "y = self.attn(x)\n    z = self.mlp(x)\n    y = y + cache.scratch")
+        "y = self.attn(x)", "y = self.attn(x)\n    z = self.mlp(x)\n    y = y + cache.scratch"
+    )
     found, lines = targets(body, extra)
     plan = found["Layer.forward"].plan
     assert plan.join_line == line_of(lines, "y = y + cache.scratch")
@@ -118,10 +122,13 @@ def test_a_helper_that_calls_something_unseen_is_refused_naming_it():
 
 
 def test_a_blocking_copy_in_the_helper_is_refused():
-    found, _ = targets(FORWARD.replace("cache.offload(0)", "cache.offload_sync(0)"), """
+    found, _ = targets(
+        FORWARD.replace("cache.offload(0)", "cache.offload_sync(0)"),
+        """
     def offload_sync(self, i):
         self.host_kv[i].copy_(self.temp_kv)
-    """)
+    """,
+    )
     target = found["Layer.forward"]
     assert target.plan is None and "without non_blocking=True" in target.reason, target.reason
 
@@ -137,9 +144,9 @@ def join_after_reuse(text: str) -> str:
     """Move the join block past the statement that reuses the buffer."""
     lines = text.splitlines(keepends=True)
     start = next(i for i, line in enumerate(lines) if "before its buffers are reused: join here" in line)
-    block = lines[start:start + 5]
+    block = lines[start : start + 5]
     reuse = next(i for i in range(start + 5, len(lines)) if "offload_cache.write(" in lines[i])
-    return "".join(lines[:start] + lines[start + 5:reuse + 1] + block + lines[reuse + 1:])
+    return "".join(lines[:start] + lines[start + 5 : reuse + 1] + block + lines[reuse + 1 :])
 
 
 @pytest.mark.slow  # runs the model through verify
@@ -157,7 +164,9 @@ def test_the_golden_edit_verifies_and_a_join_after_the_reuse_races(tmp_path):
     edited.write_text(mutated)
     result = verify_files(edited, original=EXAMPLES / "offload_cache_decoder.py", inputs=0, train=False)
     assert "race-raw" in {f.kind for f in result.findings} or "race-war" in {f.kind for f in result.findings}, (
-        [str(f) for f in result.findings], result.problems)
+        [str(f) for f in result.findings],
+        result.problems,
+    )
 
 
 def test_a_later_cache_method_calling_something_unseen_is_a_join_point():
@@ -182,8 +191,9 @@ def test_a_cache_held_by_the_layer_copying_the_layers_own_tensors(tmp_path):
 
     fixture = Path(__file__).parent / "fixtures" / "offload_args_decoder.py"
     src = load(fixture)
-    steps = case_steps(fixture, src.text, src.module, "kvcache-offload", "eager", None,
-                       FlagSpec(name="ENABLE_KV_OFFLOAD_STREAM"), None)
+    steps = case_steps(
+        fixture, src.text, src.module, "kvcache-offload", "eager", None, FlagSpec(name="ENABLE_KV_OFFLOAD_STREAM"), None
+    )
     text = steps[-1].new
     assert "                self.cache.offload(self.layer_idx, k, v)\n" in text
     assert "            _ms_record_stream(kv_copy_stream, k)\n" in text

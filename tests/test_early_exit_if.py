@@ -28,7 +28,7 @@ from msrewrite.verify import verify_files
 
 FLAG = "ENABLE_MOE_SHARED_EXPERT_STREAM"
 
-PRELUDE = '''\
+PRELUDE = """\
 import torch
 from torch import nn
 
@@ -53,14 +53,14 @@ class Block(nn.Module):
         self.gather = MLP(d)
 
     def forward(self, x):
-'''
+"""
 
-MAKE = '''
+MAKE = """
 
 def make():
     torch.manual_seed(0)
     return Block(tp_comm=TP_COMM).eval(), (torch.randn(8, 16),)
-'''
+"""
 
 EARLY_RETURN_THEN_OVERLAP = """
 if not self.tp_comm:
@@ -99,8 +99,7 @@ def model(folder: Path, forward: str, tp_comm: bool = True, name: str = "block")
 
 def edit(path: Path) -> tuple[Path, str]:
     src = load(path)
-    steps = case_steps(path, src.text, src.module, "moe-shared-expert", "eager", None,
-                       FlagSpec(name=FLAG), None)
+    steps = case_steps(path, src.text, src.module, "moe-shared-expert", "eager", None, FlagSpec(name=FLAG), None)
     edited = path.with_name(f"{path.stem}_ms.py")
     edited.write_text(steps[-1].new)
     return edited, steps[-1].new
@@ -148,7 +147,9 @@ def test_a_return_after_the_side_work_started_is_refused_naming_its_line(tmp_pat
     with pytest.raises(NothingToDo) as err:
         edit(path)
     why = str(err.value)
-    assert (f"line {at['if not self.tp_comm:']}: the side-branch call sits inside `if not self.tp_comm`, which returns "
-            f"from the function at line {at['return shared + self.shared_experts(x)']} after the side work at line "
-            f"{at['shared = self.shared_experts(x)']} has started: that path would leave without joining the side "
-            "stream") in why, why
+    assert (
+        f"line {at['if not self.tp_comm:']}: the side-branch call sits inside `if not self.tp_comm`, which returns "
+        f"from the function at line {at['return shared + self.shared_experts(x)']} after the side work at line "
+        f"{at['shared = self.shared_experts(x)']} has started: that path would leave without joining the side "
+        "stream"
+    ) in why, why

@@ -156,8 +156,15 @@ def edit(tmp_path: Path, source: str, **options):
     original.write_text(source)
     src = load(original)
     steps = case_steps(
-        original, src.text, src.module, "moe-shared-expert", "eager", None,
-        FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"), None, **options,
+        original,
+        src.text,
+        src.module,
+        "moe-shared-expert",
+        "eager",
+        None,
+        FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"),
+        None,
+        **options,
     )
     edited = tmp_path / "block_ms.py"
     edited.write_text(steps[-1].new)
@@ -220,8 +227,9 @@ def test_main_path_write_of_a_side_input_is_refused(tmp_path, name):
 
 
 @pytest.mark.slow  # runs the model through verify
-@pytest.mark.parametrize("name", ["torch_relu_", "view_then_inplace", "setitem_through_view", "self_attribute_alias",
-                                  "closure", "out_kwarg"])
+@pytest.mark.parametrize(
+    "name", ["torch_relu_", "view_then_inplace", "setitem_through_view", "self_attribute_alias", "closure", "out_kwarg"]
+)
 def test_protect_clone_snapshots_the_input_and_verifies(tmp_path, name):
     plan, text = verified(tmp_path, model(window(UNSAFE_WRITES[name])), protect="clone")
     assert plan.protect_inputs == ("x",)
@@ -247,6 +255,7 @@ def test_functional_counterparts_are_edited_and_verify(tmp_path, name):
 
 
 # --- summaries: submodules, helpers, unknown callees -------------------------------------
+
 
 @pytest.mark.slow  # starts a process or runs verify
 def test_inplace_relu_in_the_shared_expert_is_refused_and_plain_relu_is_edited(tmp_path):
@@ -301,7 +310,9 @@ def test_protect_clone_makes_the_in_place_fused_experts_safe(tmp_path):
 
 @pytest.mark.slow  # runs the model through verify
 def test_assume_pure_vouches_for_a_callee(tmp_path):
-    plan, _ = verified(tmp_path, model(SGLANG_SHAPE, experts="FusedMoE", fused_inplace=False), assume_pure=("FusedMoE",))
+    plan, _ = verified(
+        tmp_path, model(SGLANG_SHAPE, experts="FusedMoE", fused_inplace=False), assume_pure=("FusedMoE",)
+    )
     assert plan.assume_pure == ("FusedMoE",) and plan.protect_inputs == ()
 
 
@@ -317,18 +328,22 @@ def test_a_helper_method_is_followed(tmp_path):
     s = self.shared_experts(x)
     y = self._route(x)
     return y + s
-    """).replace("\n\ndef make():", """
+    """).replace(
+        "\n\ndef make():",
+        """
     def _route(self, x):
         x.mul_(0.5)
         return self.experts(x, self.gate(x))
 
 
-def make():""")
+def make():""",
+    )
     assert "line" in refusal(tmp_path, source) and "in place" in refusal(tmp_path, source)
     verified(tmp_path, source.replace("x.mul_(0.5)", "x = x * 0.5"))
 
 
 # --- item 7: hoisting keeps the original order ------------------------------------------------
+
 
 def test_walrus_inside_the_hoisted_call_is_refused(tmp_path):
     body = """
@@ -437,10 +452,13 @@ def test_apply_plan_respects_protect(tmp_path):
     assert added.returncode == 0 and "x_side = x.clone()" in added.stdout, added.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--protect", "copy"), "--protect must be clone"),
-    (("--assume-pure", "not a name"), "--assume-pure needs a class, function or attribute name"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--protect", "copy"), "--protect must be clone"),
+        (("--assume-pure", "not a name"), "--assume-pure needs a class, function or attribute name"),
+    ],
+)
 def test_bad_effect_options_are_one_line_errors(tmp_path, args, message):
     from helpers import run_main
 
@@ -455,7 +473,8 @@ def test_bad_effect_options_are_one_line_errors(tmp_path, args, message):
 @pytest.mark.parametrize("write, edited", [("x.mul_(0.5)", False), ("x = x * 0.5", True)])
 def test_a_sibling_module_is_read_not_imported(tmp_path, write, edited):
     """`from experts import RoutedExperts` next to the file: its source is read, so its writes are seen."""
-    (tmp_path / "experts.py").write_text(textwrap.dedent(f"""
+    (tmp_path / "experts.py").write_text(
+        textwrap.dedent(f"""
         from torch import nn
 
         class RoutedExperts(nn.Module):
@@ -466,7 +485,8 @@ def test_a_sibling_module_is_read_not_imported(tmp_path, write, edited):
             def forward(self, x):
                 {write}
                 return self.proj(x)
-        """))
+        """)
+    )
     source = model(SGLANG_SHAPE.replace("self.experts(x, w)", "self.experts(x) * w.sum()"), experts="RoutedExperts")
     source = source.replace("from torch import nn\n", "from torch import nn\n\nfrom experts import RoutedExperts\n", 1)
     source = source.replace("RoutedExperts(d, n)", "RoutedExperts(d)")
@@ -487,8 +507,14 @@ def test_torch_name_table_matches_the_installed_torch():
 
     # a fresh process: other tests import torch submodules, which adds names to dir(torch)
     fresh = subprocess.run(
-        [sys.executable, "-c", "from msrewrite.analyze.gen_torch_names import current, render; print(render(current()))"],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-c",
+            "from msrewrite.analyze.gen_torch_names import current, render; print(render(current()))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     table = Path(gen_torch_names.__file__).with_name("torch_names.py").read_text(encoding="utf-8")
     assert fresh.rstrip("\n") == table.rstrip("\n"), "run python -m msrewrite.analyze.gen_torch_names"

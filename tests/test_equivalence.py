@@ -128,8 +128,9 @@ def test_qwen3_next_phased_is_equivalent_and_clean(tmp_path, mode):
     module_name, _ = TARGETS["Qwen3NextSparseMoeBlock"]
     original = Path(importlib.import_module(module_name).__file__)
     src = load(original)
-    steps = case_steps(original, src.text, src.module, "moe-shared-expert-phased", mode,
-                       "Qwen3NextSparseMoeBlock", FLAG, None)
+    steps = case_steps(
+        original, src.text, src.module, "moe-shared-expert-phased", mode, "Qwen3NextSparseMoeBlock", FLAG, None
+    )
     assert len(steps) == 2 and steps[0].plans == []  # the inlining refactor, then the phases
     assert steps[1].plans[0].phase_anchors == ("selected_experts",)
     edited = tmp_path / original.name
@@ -167,13 +168,22 @@ def test_indexer_prolog_is_equivalent_and_clean(tmp_path, model, mode):
     module_name, harness = INDEXERS[model]
     original = Path(importlib.import_module(module_name).__file__)
     src = load(original)
-    steps = case_steps(original, src.text, src.module, "indexer-prolog", mode, None,
-                       FlagSpec(name="ENABLE_INDEXER_PROLOG_STREAMS"), None)
+    steps = case_steps(
+        original,
+        src.text,
+        src.module,
+        "indexer-prolog",
+        mode,
+        None,
+        FlagSpec(name="ENABLE_INDEXER_PROLOG_STREAMS"),
+        None,
+    )
     assert [step.plans[0].case_branch for step in steps] == ["q", "weights"]  # no int8 q quant here
     edited = tmp_path / original.name
     edited.write_text(steps[-1].new)
-    result = verify_files(edited, original=original, harness=f"{HARNESSES / harness}:make",
-                          package=module_name.rsplit(".", 1)[0])
+    result = verify_files(
+        edited, original=original, harness=f"{HARNESSES / harness}:make", package=module_name.rsplit(".", 1)[0]
+    )
     assert result.ok, result.problems
     side_streams = {s for s in result.runs[2].streams if s != "main"}
     assert len(side_streams) == 2, result.runs[2].streams
@@ -189,8 +199,17 @@ def test_longcat_shortcut_moe_with_core_limits(tmp_path, mode):
     module_name = "transformers.models.longcat_flash.modeling_longcat_flash"
     original = Path(importlib.import_module(module_name).__file__)
     src = load(original)
-    steps = case_steps(original, src.text, src.module, "attn-moe-limit-core", mode, "LongcatFlashDecoderLayer",
-                       FlagSpec(name="ENABLE_MOE_SHORTCUT_STREAM"), None, core_limits=PRESETS["a3"])
+    steps = case_steps(
+        original,
+        src.text,
+        src.module,
+        "attn-moe-limit-core",
+        mode,
+        "LongcatFlashDecoderLayer",
+        FlagSpec(name="ENABLE_MOE_SHORTCUT_STREAM"),
+        None,
+        core_limits=PRESETS["a3"],
+    )
     text = steps[-1].new
     if mode == "eager":
         assert '_ms_limited_side_stream("moe_shortcut", self.enable_moe_shortcut_stream, 8, 16)' in text
@@ -200,6 +219,7 @@ def test_longcat_shortcut_moe_with_core_limits(tmp_path, mode):
         assert "_ms_core_limit(True, 8, 16)" in text and ", 16, 32):" in text
     edited = tmp_path / original.name
     edited.write_text(text)
-    result = verify_files(edited, original=original, target="LongcatFlashDecoderLayer",
-                          package=module_name.rsplit(".", 1)[0])
+    result = verify_files(
+        edited, original=original, target="LongcatFlashDecoderLayer", package=module_name.rsplit(".", 1)[0]
+    )
     assert result.ok, result.problems

@@ -43,7 +43,10 @@ ROWS = {
     "verify-json-race": (["verify", "racy.py", "--json"], 1),
     "bad-input": (["verify", "missing.py"], 2),
     "usage-error": (["verify", "model.py", "--timeout", "soon"], 2),
-    "harness-in-cwd": (["apply", "--case", "moe-shared-expert", "model.py", "--verify", "--harness", "h.py:make"], None),
+    "harness-in-cwd": (
+        ["apply", "--case", "moe-shared-expert", "model.py", "--verify", "--harness", "h.py:make"],
+        None,
+    ),
     "suggest-traced": (["suggest", "model.py"], 0),
 }
 

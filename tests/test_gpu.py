@@ -21,7 +21,9 @@ def _has_cuda() -> bool:
 @pytest.mark.skipif(not _has_cuda(), reason="needs a CUDA device")
 def test_cuda_sanitizer_agrees_with_msrewrite():
     sanitizer = load_bench("gpu_sanitizer")
-    rows = sanitizer.compare(["deepseek_moe"], ["golden", "fork-wait-removed", "join-removed", "lifetime-guard-removed"], gpu=True)
+    rows = sanitizer.compare(
+        ["deepseek_moe"], ["golden", "fork-wait-removed", "join-removed", "lifetime-guard-removed"], gpu=True
+    )
     verdicts = {r["mutant"]: (r["msrewrite"], r["pytorch"]) for r in rows}
     assert verdicts["golden"] == ("clean", "clean"), verdicts
     for mutant in ("fork-wait-removed", "join-removed"):

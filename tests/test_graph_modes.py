@@ -12,13 +12,13 @@ from msrewrite.runtime import install
 regen = load_regen()
 
 # The guarded import msrewrite emitted before: it only catches ImportError.
-OLD_TORCHAIR_IMPORT = '''\
+OLD_TORCHAIR_IMPORT = """\
 try:
     import torch_npu  # noqa: F401  (torchair ships inside torch_npu and is registered by it)
     import torchair
 except ImportError:  # no NPU stack: the side stream stays off
     torchair = None
-'''
+"""
 INIT_ERROR = RuntimeError("torchair: libge_runner.so: cannot open shared object file")
 
 
@@ -122,8 +122,9 @@ def test_every_core_limit_golden_leaves_a_pre_set_main_limit_as_it_was(tmp_path,
 def test_core_limit_caveats_are_printed_once_when_applying():
     from helpers import run_main
 
-    result = run_main("apply", str(regen.ROOT / "examples" / "longcat_layer.py"), "--case", "attn-moe-limit-core",
-                     "--mode", "eager")
+    result = run_main(
+        "apply", str(regen.ROOT / "examples" / "longcat_layer.py"), "--case", "attn-moe-limit-core", "--mode", "eager"
+    )
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("Ascend C ops only") == 1
     assert "allow_internal_format = False" in result.stderr and "hang" in result.stderr
@@ -142,8 +143,10 @@ GE_GOLDENS = [
     if "ge-graph" in regen.golden_modes(case)
     for example in examples
 ]
-OLD_WAIT_GATE = ("if torchair is None or not (_MS_GE_GRAPH and torch.compiler.is_compiling()):",
-                 "if torchair is None or not torch.compiler.is_compiling():")
+OLD_WAIT_GATE = (
+    "if torchair is None or not (_MS_GE_GRAPH and torch.compiler.is_compiling()):",
+    "if torchair is None or not torch.compiler.is_compiling():",
+)
 OLD_STREAMS_GATE = ("return _MS_GE_GRAPH or not torch.compiler.is_compiling()", "return True")
 
 
@@ -242,14 +245,15 @@ def test_old_wait_tensor_gate_is_caught(tmp_path, example, compile_mode):
 def test_side_stream_left_on_under_reduce_overhead_races(tmp_path, example):
     """Why the side stream follows the recorded mode too: reduce-overhead gives each tag a real
     stream and joins it only at the graph's output, so the side result's consumer races."""
-    _, _, findings, streams = _compiled_run(tmp_path, "moe-shared-expert", example, "reduce-overhead",
-                                            replace=[OLD_STREAMS_GATE])
+    _, _, findings, streams = _compiled_run(
+        tmp_path, "moe-shared-expert", example, "reduce-overhead", replace=[OLD_STREAMS_GATE]
+    )
     assert any(s.startswith("tag:") for s in streams)
     assert any(f.kind.startswith("race-") for f in findings), findings
 
 
 # --- mode detection from the torchair CompilerConfig the file builds ------------------------------
-VLLM_ASCEND_STYLE = '''
+VLLM_ASCEND_STYLE = """
 
 def build_decode_backend():
     import torchair  # inside: torchair comes with torch_npu
@@ -258,7 +262,7 @@ def build_decode_backend():
     config = CompilerConfig()
     config.mode = "reduce-overhead"
     return torchair.get_npu_backend(compiler_config=config)
-'''
+"""
 
 
 def _with_config(body: str) -> str:
@@ -266,12 +270,15 @@ def _with_config(body: str) -> str:
     return base + body
 
 
-@pytest.mark.parametrize("body,mode", [
-    (VLLM_ASCEND_STYLE, "npugraph-ex"),
-    (VLLM_ASCEND_STYLE.replace("reduce-overhead", "npugraph_ex"), "npugraph-ex"),
-    (VLLM_ASCEND_STYLE.replace("reduce-overhead", "max-autotune"), "ge-graph"),
-    (VLLM_ASCEND_STYLE.replace('    config.mode = "reduce-overhead"\n', ""), "ge-graph"),  # the default
-])
+@pytest.mark.parametrize(
+    "body,mode",
+    [
+        (VLLM_ASCEND_STYLE, "npugraph-ex"),
+        (VLLM_ASCEND_STYLE.replace("reduce-overhead", "npugraph_ex"), "npugraph-ex"),
+        (VLLM_ASCEND_STYLE.replace("reduce-overhead", "max-autotune"), "ge-graph"),
+        (VLLM_ASCEND_STYLE.replace('    config.mode = "reduce-overhead"\n', ""), "ge-graph"),  # the default
+    ],
+)
 def test_mode_follows_the_compiler_config_mode(body, mode):
     from msrewrite.modes import detect_mode
 
@@ -280,11 +287,18 @@ def test_mode_follows_the_compiler_config_mode(body, mode):
     assert "CompilerConfig" in why
 
 
-@pytest.mark.parametrize("body,match", [
-    (VLLM_ASCEND_STYLE.replace('"reduce-overhead"', "graph_mode"), "config.mode = graph_mode"),
-    (VLLM_ASCEND_STYLE.replace('config.mode = "reduce-overhead"',
-                               'config.mode = "reduce-overhead"\n    config.mode = "max-autotune"'), "no edit is right in both"),
-])
+@pytest.mark.parametrize(
+    "body,match",
+    [
+        (VLLM_ASCEND_STYLE.replace('"reduce-overhead"', "graph_mode"), "config.mode = graph_mode"),
+        (
+            VLLM_ASCEND_STYLE.replace(
+                'config.mode = "reduce-overhead"', 'config.mode = "reduce-overhead"\n    config.mode = "max-autotune"'
+            ),
+            "no edit is right in both",
+        ),
+    ],
+)
 def test_mode_that_cannot_be_told_asks_for_mode(tmp_path, body, match):
     from helpers import run_main
 

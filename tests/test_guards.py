@@ -23,7 +23,7 @@ from msrewrite.verify import verify_files
 
 FLAG = FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM")
 
-PRELUDE = '''
+PRELUDE = """
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -70,7 +70,7 @@ class Block(nn.Module):
     def route(self, h):
         return torch.topk(self.gate(h).softmax(dim=-1), self.top_k, dim=-1)
 
-'''
+"""
 
 
 def model_source(forward: str, make_kwargs: str = "") -> str:
@@ -222,7 +222,8 @@ SAFE = {
 SAFE["both_branches_side_work_shared_taken"] = (SAFE["both_branches_side_work"][0], "")
 # the other branch writes x in place: not side work, so the `if` is split instead (fork only under
 # `self.use_shared`); with it false the original runs, relu_ included
-SAFE["other_branch_writes_its_input"] = ("""
+SAFE["other_branch_writes_its_input"] = (
+    """
         if self.use_shared:
             shared = self.shared_experts(x)
         else:
@@ -230,7 +231,9 @@ SAFE["other_branch_writes_its_input"] = ("""
         weights, ids = self.route(x)
         out = self.experts(x, weights, ids)
         return out + shared
-        """, "")
+        """,
+    "",
+)
 
 
 # name -> (forward body, the reason's words)
@@ -415,11 +418,14 @@ def test_false_guard_never_runs_the_side_call(tmp_path, name, flag):
     assert {op.stream for op in ops} == {"main"}  # nothing was issued on a side stream
 
 
-@pytest.mark.parametrize("name, guard", [
-    ("nested_invariant_ifs", "self.shared_experts is not None and self.num_shared_experts > 0"),
-    ("elif_chain", "self.top_k <= 4 and self.shared_experts is not None"),
-    ("elif_chain_into_else", "self.top_k <= 4 and x.shape[0] != 0"),
-])
+@pytest.mark.parametrize(
+    "name, guard",
+    [
+        ("nested_invariant_ifs", "self.shared_experts is not None and self.num_shared_experts > 0"),
+        ("elif_chain", "self.top_k <= 4 and self.shared_experts is not None"),
+        ("elif_chain_into_else", "self.top_k <= 4 and x.shape[0] != 0"),
+    ],
+)
 def test_nested_and_elif_guards_fork_under_every_condition_on_the_way(tmp_path, name, guard):
     forward, _ = SAFE[name]
     original = write_model(tmp_path, name, model_source(forward))
@@ -480,7 +486,10 @@ def test_real_guarded_shared_expert_is_edited_and_verifies(tmp_path, cls, mode):
     steps = case_steps(original, src.text, src.module, "moe-shared-expert", mode, cls, FLAG, None)
     edited = tmp_path / original.name
     edited.write_text(steps[-1].new)
-    assert " and self.shared_mlp is not None:" in edited.read_text() or " and self.num_shared_experts > 0:" in edited.read_text()
+    assert (
+        " and self.shared_mlp is not None:" in edited.read_text()
+        or " and self.num_shared_experts > 0:" in edited.read_text()
+    )
     result = verify_files(edited, original=original, target=cls, package=module_name.rsplit(".", 1)[0])
     assert result.ok, result.problems
     assert any(stream != "main" for stream in result.runs[2].streams)

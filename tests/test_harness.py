@@ -75,8 +75,7 @@ def test_user_harness_records_constructor_arguments(tmp_path: Path) -> None:
         "        return self.a(x) + self.b(x)\n"
     )
     (tmp_path / "h.py").write_text(
-        "import torch\nfrom tinynet import Net\n"
-        "def make():\n    return Net(6, depth=2), (torch.randn(2, 6),)\n"
+        "import torch\nfrom tinynet import Net\ndef make():\n    return Net(6, depth=2), (torch.randn(2, 6),)\n"
     )
     harness = build_harness(tmp_path / "tinynet.py", harness=f"{tmp_path / 'h.py'}:make")
     assert harness.target == "Net" and harness.init_args == (6,) and harness.init_kwargs == {"depth": 2}

@@ -33,7 +33,6 @@ from helpers import ROOT
 PACKAGE = ROOT / "msrewrite"
 
 
-
 def _modules() -> dict[str, Path]:
     found = {}
     for folder, dirs, files in os.walk(PACKAGE, followlinks=True):

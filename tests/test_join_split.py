@@ -56,7 +56,9 @@ return h * 2
 
 # vLLM ernie45_vl_moe.py's shape: a subclass whose base forward is the main work, `return`ed with
 # the side call in one statement.
-ERNIE = PRELUDE + '''    def forward(self, x):
+ERNIE = (
+    PRELUDE
+    + """    def forward(self, x):
         return self.experts(x, *self.route(x))
 
 
@@ -76,13 +78,14 @@ class SharedBlock(Block):
 def make():
     torch.manual_seed(0)
     return SharedBlock().eval(), (torch.randn(12, 32),)
-'''
+"""
+)
 
 
 def join_block(text: str) -> str:
     """The edited forward from its join comment on."""
     forward = block_forward(text)
-    return forward[forward.index("with the flag on,"):]
+    return forward[forward.index("with the flag on,") :]
 
 
 @pytest.mark.slow  # runs the model through verify
@@ -90,18 +93,22 @@ def test_granite_shape_hoists_the_routed_experts_on_the_flag_on_path_only(tmp_pa
     step = edits_and_verifies(tmp_path, "granite", model_source(GRANITE))
     (plan,) = step.plans
     assert [(h.source, h.hoist) for h in plan.main_hoists] == [
-        ("self.block_sparse_moe(x, *self.route(x))", "block_sparse_moe_output")]
+        ("self.block_sparse_moe(x, *self.route(x))", "block_sparse_moe_output")
+    ]
     assert plan.guard == "self.shared_mlp is not None"
     join = join_block(step.new)
     on, off = join.split("            else:\n", 1)
     # flag on: the routed experts run first (the route call with them), then the join, then the sum
-    assert on.index("block_sparse_moe_output = self.block_sparse_moe(x, *self.route(x))") \
-        < on.index("current_stream.wait_stream(shared_expert_stream)") \
+    assert (
+        on.index("block_sparse_moe_output = self.block_sparse_moe(x, *self.route(x))")
+        < on.index("current_stream.wait_stream(shared_expert_stream)")
         < on.index("h = block_sparse_moe_output + shared_output")
+    )
     # flag off: the original two statements, in their order, word for word
     assert off.startswith(
         "                shared_output = self.shared_mlp(x)\n"
-        "                h = self.block_sparse_moe(x, *self.route(x)) + shared_output\n")
+        "                h = self.block_sparse_moe(x, *self.route(x)) + shared_output\n"
+    )
     assert "# Routed experts consume `x`, so compute shared first" in block_forward(step.new)
 
 
@@ -109,8 +116,11 @@ def test_the_late_schedule_runs_the_side_work_after_the_hoisted_main_call(tmp_pa
     step = edit(write(tmp_path, "granite_late", model_source(GRANITE)))
     source = ScheduleSource(step.old, step.plans)
     late = block_forward(variant(source, "late"))
-    assert late.index("block_sparse_moe_output = self.block_sparse_moe(") \
-        < late.index("late schedule, side work deferred to here") < late.index(".wait_stream(shared_expert_stream)")
+    assert (
+        late.index("block_sparse_moe_output = self.block_sparse_moe(")
+        < late.index("late schedule, side work deferred to here")
+        < late.index(".wait_stream(shared_expert_stream)")
+    )
     # the hoisted call is one main statement of the window, named as written in the join statement
     line = step.plans[0].join_line
     assert source.window_statements == [(line, "self.block_sparse_moe(x, *self.route(x)) (in the join statement)")]
@@ -125,7 +135,7 @@ def test_ernie_shape_hoists_super_forward_and_keeps_the_return(tmp_path):
     assert plan.function == "SharedBlock.forward"
     assert [s.hoist for s in plan.side] == ["shared_expert_output"]
     assert [(h.source, h.hoist) for h in plan.main_hoists] == [("super().forward(x)", "super_forward_output")]
-    forward = step.new[step.new.index("class SharedBlock"):]
+    forward = step.new[step.new.index("class SharedBlock") :]
     # super() without arguments, in the method body itself (not in a nested function or lambda)
     assert "                super_forward_output = super().forward(x)\n" in forward
     assert "                return shared_expert_output + super_forward_output\n" in forward
@@ -138,19 +148,27 @@ def test_ernie_shape_hoists_super_forward_and_keeps_the_return(tmp_path):
 
 @pytest.mark.slow  # runs the model through verify
 def test_assignment_form_without_a_guard_and_with_the_side_call_in_the_join(tmp_path):
-    plain = edits_and_verifies(tmp_path, "plain", model_source(
-        "shared = self.shared_expert(x)\nh = self.experts(x, *self.route(x)) + shared\nreturn h"))
+    plain = edits_and_verifies(
+        tmp_path,
+        "plain",
+        model_source("shared = self.shared_expert(x)\nh = self.experts(x, *self.route(x)) + shared\nreturn h"),
+    )
     assert [h.source for h in plain.plans[0].main_hoists] == ["self.experts(x, *self.route(x))"]
     # the side call hoisted too: it is issued at the fork, the main call runs in the window
-    both = edits_and_verifies(tmp_path, "both", model_source("return self.experts(x, *self.route(x)) + self.shared_expert(x)"))
+    both = edits_and_verifies(
+        tmp_path, "both", model_source("return self.experts(x, *self.route(x)) + self.shared_expert(x)")
+    )
     (plan,) = both.plans
     assert [s.hoist for s in plan.side] == ["shared_expert_output"]
     assert [h.hoist for h in plan.main_hoists] == ["experts_output"]
     assert "return experts_output + shared_expert_output" in block_forward(both.new)
     assert "return self.experts(x, *self.route(x)) + self.shared_expert(x)" in block_forward(both.new)
     # a function looked up on a module before the main call (`torch.relu`) is no work that moves
-    wrapped = edits_and_verifies(tmp_path, "wrapped", model_source(
-        "shared = self.shared_expert(x)\nreturn torch.relu(self.experts(x, *self.route(x))) + shared"))
+    wrapped = edits_and_verifies(
+        tmp_path,
+        "wrapped",
+        model_source("shared = self.shared_expert(x)\nreturn torch.relu(self.experts(x, *self.route(x))) + shared"),
+    )
     assert "return torch.relu(experts_output) + shared" in block_forward(wrapped.new)
 
 
@@ -170,31 +188,40 @@ REFUSED = {
     "conditional": (
         "shared = self.shared_expert(x)\nreturn (self.experts(x, *self.route(x)) if self.top_k > 1 else x) + shared",
         "self.experts(x, *self.route(x)) runs only on some paths of it (a conditional expression); hoisting it "
-        "would change how often it runs"),
+        "would change how often it runs",
+    ),
     "short_circuit": (
         "shared = self.shared_expert(x)\nreturn (self.has_experts and self.experts(x, *self.route(x))) + shared",
-        "runs only on some paths of it (an and/or)"),
+        "runs only on some paths of it (an and/or)",
+    ),
     "after_side_read": (
         "shared = self.shared_expert(x)\nreturn shared + self.experts(x, *self.route(x))",
-        "self.experts(x, *self.route(x)) runs after the statement reads the side output 'shared'"),
+        "self.experts(x, *self.route(x)) runs after the statement reads the side output 'shared'",
+    ),
     "reads_side_output": (
         "shared = self.shared_expert(x)\nreturn self.experts(shared, *self.route(x)) + x",
-        "self.experts(shared, *self.route(x)) reads the side output 'shared', so it can only run after the join"),
+        "self.experts(shared, *self.route(x)) reads the side output 'shared', so it can only run after the join",
+    ),
     "evaluated_before": (
         "h = x * 2\nshared = self.shared_expert(h)\nreturn x * 1 + self.bump(h * 0, x) + shared",
-        "`x * 1` is evaluated before self.bump(h * 0, x); hoisting the call ahead of it could change what either computes"),
+        "`x * 1` is evaluated before self.bump(h * 0, x); hoisting the call ahead of it could change what either computes",
+    ),
     "walrus": (
         "shared = self.shared_expert(x)\nreturn self.experts(y := x * 1, *self.route(x)) + shared + y",
-        "it binds a name with :="),
+        "it binds a name with :=",
+    ),
     "self_attribute": (
         "shared = self.shared_expert(x)\nreturn self.top_k * self.experts(x, *self.route(x)) + shared",
-        "`self.top_k` is evaluated before self.experts(x, *self.route(x))"),
+        "`self.top_k` is evaluated before self.experts(x, *self.route(x))",
+    ),
     "twice": (
         "shared = self.shared_expert(x)\nreturn self.experts(x, *self.route(x)) + self.experts(x, *self.route(x)) + shared",
-        "appears more than once in it"),
+        "appears more than once in it",
+    ),
     "later_main_call": (
         "shared = self.shared_expert(x)\nreturn self.experts(x, *self.route(x)) + shared + self.bump(x * 0, x)",
-        "self.bump(x * 0, x) runs after the statement reads the side output 'shared'"),
+        "self.bump(x * 0, x) runs after the statement reads the side output 'shared'",
+    ),
 }
 
 
@@ -210,12 +237,22 @@ def test_unsafe_join_statements_are_refused_with_the_reason(tmp_path, name):
 def test_a_ternary_hoist_forced_through_a_plan_is_caught(tmp_path):
     """`(self.bump(x * 0, x) if c else x * 1) + shared` with c false never runs bump; hoisted, it
     runs anyway and doubles x in place: the edit the rule refuses, carried out, changes the result."""
-    safe = edit(write(tmp_path, "ternary_safe", model_source(
-        "h = x * 2\nshared = self.shared_expert(h)\nreturn self.bump(x * 0, x) + shared")))
+    safe = edit(
+        write(
+            tmp_path,
+            "ternary_safe",
+            model_source("h = x * 2\nshared = self.shared_expert(h)\nreturn self.bump(x * 0, x) + shared"),
+        )
+    )
     (plan,) = safe.plans
     hoist = plan.main_hoists[0]
-    unsafe = write(tmp_path, "ternary_unsafe", model_source(
-        "h = x * 2\nshared = self.shared_expert(h)\nreturn (self.bump(x * 0, x) if self.top_k > 5 else x * 1) + shared"))
+    unsafe = write(
+        tmp_path,
+        "ternary_unsafe",
+        model_source(
+            "h = x * 2\nshared = self.shared_expert(h)\nreturn (self.bump(x * 0, x) if self.top_k > 5 else x * 1) + shared"
+        ),
+    )
     assert "runs only on some paths" in refusal(unsafe)
     problems = forced_fails_verify(tmp_path, unsafe, plan.with_changes(main_hoists=(hoist,)))
     assert any("differs" in p for p in problems), problems
@@ -225,11 +262,17 @@ def test_a_ternary_hoist_forced_through_a_plan_is_caught(tmp_path):
 def test_a_call_hoisted_past_an_earlier_operand_forced_through_a_plan_is_caught(tmp_path):
     path = write(tmp_path, "before", model_source(REFUSED["evaluated_before"][0]))
     src = load(path)
-    safe = edit(write(tmp_path, "before_safe", model_source(
-        "h = x * 2\nshared = self.shared_expert(h)\nreturn self.bump(h * 0, x) + x * 1 + shared")))
+    safe = edit(
+        write(
+            tmp_path,
+            "before_safe",
+            model_source("h = x * 2\nshared = self.shared_expert(h)\nreturn self.bump(h * 0, x) + x * 1 + shared"),
+        )
+    )
     line = safe.plans[0].join_line
     plan = safe.plans[0].with_changes(
-        main_hoists=(SideStatement(line, line, "self.bump(h * 0, x)", hoist="bump_output"),))
+        main_hoists=(SideStatement(line, line, "self.bump(h * 0, x)", hoist="bump_output"),)
+    )
     text = apply_plans(src.module, [plan], src.text).code
     assert "bump_output = self.bump(h * 0, x)" in text
     result = verified(tmp_path, path, text, [plan])
@@ -257,7 +300,7 @@ def test_a_hoisted_main_call_that_writes_the_side_input_is_refused_protected_or_
     assert any("differs" in p or "race" in p or "write" in p for p in problems), problems
 
 
-UNSEEN = '''
+UNSEEN = """
 def _kernel_class():
     # built at run time: msrewrite cannot read its source (like a kernel library's FusedMoE)
     class FusedMoE(Experts):
@@ -273,13 +316,15 @@ def _kernel_class():
 
 FusedMoE = _kernel_class()
 INPLACE = False
-'''
+"""
 
 
 def unseen_source(inplace: bool) -> str:
     source = model_source(GRANITE).replace("\n\nclass Block(nn.Module):", UNSEEN + "\n\nclass Block(nn.Module):", 1)
-    source = source.replace("self.block_sparse_moe = Experts(hidden, inter, num_experts)",
-                            "self.block_sparse_moe = FusedMoE(hidden, inter, num_experts)")
+    source = source.replace(
+        "self.block_sparse_moe = Experts(hidden, inter, num_experts)",
+        "self.block_sparse_moe = FusedMoE(hidden, inter, num_experts)",
+    )
     return source.replace("INPLACE = False", f"INPLACE = {inplace}")
 
 
@@ -290,7 +335,9 @@ def test_an_unseen_routed_experts_call_is_refused_naming_it_and_edited_when_vouc
     --protect clone each give an edit that verifies."""
     path = write(tmp_path, "unseen", unseen_source(inplace=False))
     why = refusal(path)
-    assert "self.block_sparse_moe (FusedMoE, not visible to msrewrite) may write 'x' which the side stream reads" in why, why
+    assert (
+        "self.block_sparse_moe (FusedMoE, not visible to msrewrite) may write 'x' which the side stream reads" in why
+    ), why
     assert "pass --protect clone or --assume-pure FusedMoE" in why
     vouched = edit(path, assume_pure=("FusedMoE",))
     assert vouched.plans[0].main_hoists and vouched.plans[0].protect_inputs == ()
@@ -303,25 +350,38 @@ def test_an_unseen_routed_experts_call_is_refused_naming_it_and_edited_when_vouc
     inplace = write(tmp_path, "unseen_inplace", unseen_source(inplace=True))
     problems = forced_fails_verify(tmp_path, inplace, vouched.plans[0])
     assert any("differs" in p or "race" in p for p in problems), problems
-    assert verified(tmp_path, inplace, apply_plans(load(inplace).module, protected.plans, load(inplace).text).code,
-                    protected.plans).ok
+    assert verified(
+        tmp_path, inplace, apply_plans(load(inplace).module, protected.plans, load(inplace).text).code, protected.plans
+    ).ok
 
 
 # Cases that cannot take it say so ------------------------------------------------------------------
 def test_phased_and_core_limit_cases_refuse_main_work_in_the_join(tmp_path):
-    path = write(tmp_path, "phased", model_source(
-        "shared = self.shared_expert(x)\nh = self.experts(x, *self.route(x)) + shared\nreturn h"))
+    path = write(
+        tmp_path,
+        "phased",
+        model_source("shared = self.shared_expert(x)\nh = self.experts(x, *self.route(x)) + shared\nreturn h"),
+    )
     src = load(path)
     with pytest.raises(NothingToDo) as refused:
         case_steps(path, src.text, src.module, "moe-shared-expert-phased", "eager", None, FLAG, None)
-    assert ("msrewrite does not hoist it out of that statement: a phased side branch needs main work between the "
-            "fork and the join to anchor its phases") in str(refused.value), refused.value
-    longcat = write(tmp_path, "limit", model_source(
-        "shared = self.mlp(x)\nreturn self.experts(x, *self.route(x)) + shared").replace(
-            "self.shared_experts = nn.Sequential", "self.mlp = MLP(hidden, inter)\n        self.shared_experts = nn.Sequential"))
+    assert (
+        "msrewrite does not hoist it out of that statement: a phased side branch needs main work between the "
+        "fork and the join to anchor its phases"
+    ) in str(refused.value), refused.value
+    longcat = write(
+        tmp_path,
+        "limit",
+        model_source("shared = self.mlp(x)\nreturn self.experts(x, *self.route(x)) + shared").replace(
+            "self.shared_experts = nn.Sequential",
+            "self.mlp = MLP(hidden, inter)\n        self.shared_experts = nn.Sequential",
+        ),
+    )
     src = load(longcat)
     with pytest.raises(NothingToDo) as refused:
-        case_steps(longcat, src.text, src.module, "attn-moe-limit-core", "eager", None, FLAG, None, core_limits=(8, 16, 16, 32))
+        case_steps(
+            longcat, src.text, src.module, "attn-moe-limit-core", "eager", None, FLAG, None, core_limits=(8, 16, 16, 32)
+        )
     assert "is inside the join statement; attn-moe-limit-core gives the main work" in str(refused.value), refused.value
 
 
@@ -332,8 +392,14 @@ def test_main_hoists_round_trip_and_apply_plan_rederives_them(tmp_path):
     (plan,) = step.plans
     data = plan.to_dict()
     line = plan.join_line
-    assert list(data["main_hoists"]) == [{"first_line": line, "last_line": line, "hoist": "block_sparse_moe_output",
-                                    "source": "self.block_sparse_moe(x, *self.route(x))"}]
+    assert list(data["main_hoists"]) == [
+        {
+            "first_line": line,
+            "last_line": line,
+            "hoist": "block_sparse_moe_output",
+            "source": "self.block_sparse_moe(x, *self.route(x))",
+        }
+    ]
     (back,) = load_plans(json.dumps(data))
     assert back == plan
     # a plan without main work in the join has no such field at all (older plan files read the same)
@@ -358,8 +424,14 @@ def test_the_emitter_refuses_a_stale_or_clashing_main_hoist(tmp_path):
     src = load(path)
     line = plan.join_line
     for hoist, words in [
-        (SideStatement(line, line, "self.experts(x)", hoist="experts_output"), "does not contain 'self.experts(x)' exactly once"),
-        (SideStatement(line, line, plan.main_hoists[0].source, hoist="shared_output"), "is a name the function already uses"),
+        (
+            SideStatement(line, line, "self.experts(x)", hoist="experts_output"),
+            "does not contain 'self.experts(x)' exactly once",
+        ),
+        (
+            SideStatement(line, line, plan.main_hoists[0].source, hoist="shared_output"),
+            "is a name the function already uses",
+        ),
     ]:
         with pytest.raises(BadInput, match=re.escape(words)):
             apply_plans(src.module, [plan.with_changes(main_hoists=(hoist,))], src.text)
@@ -377,6 +449,9 @@ def test_markers_close_the_main_range_after_the_hoisted_call(tmp_path):
 
     marked = markers.add(step.new, [p.with_changes(markers=True) for p in step.plans])
     join = join_block(marked)
-    assert join.index("block_sparse_moe_output = self.block_sparse_moe(") < join.index("_ms_range_end(main_range)") \
+    assert (
+        join.index("block_sparse_moe_output = self.block_sparse_moe(")
+        < join.index("_ms_range_end(main_range)")
         < join.index(".wait_stream(shared_expert_stream)")
+    )
     assert markers.remove(marked) == step.new

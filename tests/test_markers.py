@@ -21,16 +21,19 @@ def edited(tmp_path: Path, example: str, case: str, mode: str, *extra: str) -> s
     return path.read_text()
 
 
-@pytest.mark.parametrize("example, case, mode", [
-    ("deepseek_moe", "moe-shared-expert", "cuda"),
-    ("deepseek_moe", "moe-shared-expert", "eager"),
-    ("guarded_moe", "moe-shared-expert", "cuda"),
-    # two side streams, three windows: q_quant re-enters q's stream after q's join
-    ("indexer_prolog", "indexer-prolog", "eager"),
-    # the stream handed down by the model's constructor (self.shared_mlp_stream), events sync
-    ("hunyuan_moe", "moe-shared-mlp-init", "cuda"),
-    ("hunyuan_moe", "moe-shared-mlp-init", "eager"),
-])
+@pytest.mark.parametrize(
+    "example, case, mode",
+    [
+        ("deepseek_moe", "moe-shared-expert", "cuda"),
+        ("deepseek_moe", "moe-shared-expert", "eager"),
+        ("guarded_moe", "moe-shared-expert", "cuda"),
+        # two side streams, three windows: q_quant re-enters q's stream after q's join
+        ("indexer_prolog", "indexer-prolog", "eager"),
+        # the stream handed down by the model's constructor (self.shared_mlp_stream), events sync
+        ("hunyuan_moe", "moe-shared-mlp-init", "cuda"),
+        ("hunyuan_moe", "moe-shared-mlp-init", "eager"),
+    ],
+)
 def test_markers_then_no_markers_is_the_plain_edit_byte_for_byte(tmp_path, example, case, mode):
     plain = edited(tmp_path / "plain", example, case, mode) if (tmp_path / "plain").mkdir() is None else ""
     (tmp_path / "marked").mkdir()
@@ -38,8 +41,8 @@ def test_markers_then_no_markers_is_the_plain_edit_byte_for_byte(tmp_path, examp
     windows = 3 if case == "indexer-prolog" else 1
     if case == "indexer-prolog":  # in file order; each window its branch's name
         assert [line.split(":")[2] for line in marked.splitlines() if ':side", ' in line] == ["weights", "q", "q_quant"]
-    assert marked.count("_ms_range_start(\"msrewrite:") == 2 * windows
-    assert marked.count(":side\", ") == windows and marked.count(":main\", ") == windows
+    assert marked.count('_ms_range_start("msrewrite:') == 2 * windows
+    assert marked.count(':side", ') == windows and marked.count(':main", ') == windows
     assert marked.count("_ms_range_end(") == 2 * windows + 1  # and the helper's docstring
     api = "torch.profiler.record_function" if mode == "cuda" else "torch.npu.mstx.range_start"
     assert api in marked
@@ -90,8 +93,11 @@ def test_ranges_run_balanced_with_the_flag_on_and_not_at_all_off(tmp_path, monke
         calls = []
         with install():
             module = load_module(tmp_path / "m" / "deepseek_moe.py", name=f"marked_{flag}")
-            monkeypatch.setattr(module, "_ms_range_start",
-                                lambda name, _stream, calls=calls: calls.append("start:" + name.rsplit(":", 1)[1]) or 7)
+            monkeypatch.setattr(
+                module,
+                "_ms_range_start",
+                lambda name, _stream, calls=calls: calls.append("start:" + name.rsplit(":", 1)[1]) or 7,
+            )
             monkeypatch.setattr(module, "_ms_range_end", lambda _handle, calls=calls: calls.append("end"))
             model, inputs = module.make()
             model(*inputs) if isinstance(inputs, tuple) else model(inputs)
@@ -115,11 +121,14 @@ def test_markers_come_from_the_plan_file(tmp_path):
     assert bad.returncode == 2 and "markers" in bad.stderr and bad.stderr.count("\n") == 1
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--case", "moe-shared-expert", "--mode", "ge-graph", "--markers"], "ge-graph mode is not supported"),
-    (["--case", "moe-shared-expert-phased", "--mode", "eager", "--markers"], "phased"),
-    (["--case", "moe-shared-expert", "--no-markers"], "--no-markers takes only the edited file"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--case", "moe-shared-expert", "--mode", "ge-graph", "--markers"], "ge-graph mode is not supported"),
+        (["--case", "moe-shared-expert-phased", "--mode", "eager", "--markers"], "phased"),
+        (["--case", "moe-shared-expert", "--no-markers"], "--no-markers takes only the edited file"),
+    ],
+)
 def test_markers_refusals_are_one_line(tmp_path, args, message):
     path = tmp_path / "qwen_gated_moe.py"
     shutil.copy(EXAMPLES / "qwen_gated_moe.py", path)
@@ -133,20 +142,53 @@ def test_markers_refusals_are_one_line(tmp_path, args, message):
 @pytest.mark.slow  # the CLI with verify
 @pytest.mark.parametrize("mode", ["cuda", "eager"])
 def test_verify_passes_with_markers_on(mode):
-    out = run_main("apply", "--case", "moe-shared-expert", "--mode", mode, "--markers", "--verify",
-                  str(EXAMPLES / "deepseek_moe.py"))
+    out = run_main(
+        "apply",
+        "--case",
+        "moe-shared-expert",
+        "--mode",
+        mode,
+        "--markers",
+        "--verify",
+        str(EXAMPLES / "deepseek_moe.py"),
+    )
     assert out.returncode == 0, out.stderr
     assert "schedules: early, late, interleaved" in out.stderr and "sanitizer clean" in out.stderr
 
 
 @pytest.mark.slow  # runs the marked models
-@pytest.mark.parametrize("example, case, mode, flag, expected", [
-    ("indexer_prolog", "indexer-prolog", "eager", "ENABLE_INDEXER_PROLOG_STREAMS",
-     ["start:weights:side", "end", "start:weights:main", "start:q:side", "end", "start:q:main",
-      "start:q_quant:side", "end", "start:q_quant:main", "end", "end", "end"]),
-    ("hunyuan_moe", "moe-shared-mlp-init", "cuda", "ENABLE_SHARED_MLP_STREAM",
-     ["start:shared_mlp:side", "end", "start:shared_mlp:main", "end"]),
-])
+@pytest.mark.parametrize(
+    "example, case, mode, flag, expected",
+    [
+        (
+            "indexer_prolog",
+            "indexer-prolog",
+            "eager",
+            "ENABLE_INDEXER_PROLOG_STREAMS",
+            [
+                "start:weights:side",
+                "end",
+                "start:weights:main",
+                "start:q:side",
+                "end",
+                "start:q:main",
+                "start:q_quant:side",
+                "end",
+                "start:q_quant:main",
+                "end",
+                "end",
+                "end",
+            ],
+        ),
+        (
+            "hunyuan_moe",
+            "moe-shared-mlp-init",
+            "cuda",
+            "ENABLE_SHARED_MLP_STREAM",
+            ["start:shared_mlp:side", "end", "start:shared_mlp:main", "end"],
+        ),
+    ],
+)
 def test_every_window_opens_and_closes_its_ranges(tmp_path, monkeypatch, example, case, mode, flag, expected):
     """The re-entered stream's second window and the constructor-passed stream get their ranges,
     each opened once and closed once per forward, and none with the flag off."""
@@ -165,6 +207,7 @@ def test_every_window_opens_and_closes_its_ranges(tmp_path, monkeypatch, example
             def start(name, _stream, calls=calls, handles=handles):
                 calls.append("start:" + name.split(":", 2)[2])
                 return next(handles)
+
             monkeypatch.setattr(module, "_ms_range_start", start)
             monkeypatch.setattr(module, "_ms_range_end", lambda _handle, calls=calls: calls.append("end"))
             model, inputs = module.make()
@@ -190,19 +233,24 @@ def test_a_plan_whose_stream_cannot_be_found_is_refused():
     plans = [p for step in steps for p in step.plans]
     assert [p.case_branch for p in plans] == ["q", "weights", "q_quant"]
     edit = steps[-1].new
-    assert markers.add(edit, plans).count("_ms_range_start(\"msrewrite:") == 6
-    cut = edit.replace("# msrewrite(indexer-prolog: q_quant): the q quantization runs on", "# the q quantization runs on")
+    assert markers.add(edit, plans).count('_ms_range_start("msrewrite:') == 6
+    cut = edit.replace(
+        "# msrewrite(indexer-prolog: q_quant): the q quantization runs on", "# the q quantization runs on"
+    )
     assert cut != edit
     with pytest.raises(BadInput, match="no side stream for 'indexer-prolog: q_quant'"):
         markers.add(cut, plans)
 
 
 @pytest.mark.slow  # starts a process or runs verify
-@pytest.mark.parametrize("case, example, mode", [
-    ("indexer-prolog", "indexer_prolog", "eager"),
-    ("moe-shared-mlp-init", "hunyuan_moe", "cuda"),
-    ("moe-shared-mlp-init", "hunyuan_moe", "eager"),
-])
+@pytest.mark.parametrize(
+    "case, example, mode",
+    [
+        ("indexer-prolog", "indexer_prolog", "eager"),
+        ("moe-shared-mlp-init", "hunyuan_moe", "cuda"),
+        ("moe-shared-mlp-init", "hunyuan_moe", "eager"),
+    ],
+)
 def test_verify_passes_with_markers_on_the_new_windows(case, example, mode):
     """Every schedule runs with the ranges on: the later ones re-issue the last step's plans on its
     unmarked input and mark every window again, reproducing the marked edit first."""

@@ -43,15 +43,19 @@ def test_a_compute_statement_calling_something_unseen_is_refused_naming_it():
     """A hidden collective there (a tensor-parallel linear's all_reduce) would run on the compute
     stream, out of order with the comm stream."""
     source = SOURCE.replace("from torch import nn\n", "from torch import nn\nfrom kernels import RowParallelLinear\n")
-    source = source.replace("self.o_proj = nn.Linear(hidden_size, hidden_size, bias=False)",
-                            "self.o_proj = RowParallelLinear(hidden_size, hidden_size)")
+    source = source.replace(
+        "self.o_proj = nn.Linear(hidden_size, hidden_size, bias=False)",
+        "self.o_proj = RowParallelLinear(hidden_size, hidden_size)",
+    )
     with pytest.raises(NothingToDo, match=r"calls self\.o_proj \(RowParallelLinear.*out of order with the comm stream"):
         edit(source)
 
 
 def test_a_second_comm_group_cannot_reach_into_the_submodule():
-    source = SOURCE.replace("        self.moe = MoE(hidden_size, num_experts)\n",
-                            "        self.moe = MoE(hidden_size, num_experts)\n        self.ep_group_mb1 = None\n")
+    source = SOURCE.replace(
+        "        self.moe = MoE(hidden_size, num_experts)\n",
+        "        self.moe = MoE(hidden_size, num_experts)\n        self.ep_group_mb1 = None\n",
+    )
     with pytest.raises(NothingToDo, match=r"those inside self\.moe\(\) take their group from the submodule"):
         edit(source, second_group="ep_group_mb1")
 
@@ -65,9 +69,12 @@ def test_a_submodule_writing_its_own_state_is_refused_naming_it():
     ).replace(
         "        self.router = nn.Linear(hidden_size, num_experts, bias=False)\n",
         "        self.router = nn.Linear(hidden_size, num_experts, bias=False)\n"
-        "        self.register_buffer(\"seen\", torch.zeros(()))\n",
+        '        self.register_buffer("seen", torch.zeros(()))\n',
     )
     assert source.count("seen") == 2
-    with pytest.raises(NothingToDo, match=r"`moe_out = self.moe\(self.post_norm\(hidden_states\)\)` writes "
-                                          r"self.seen in MoE.forward, which both micro-batches share"):
+    with pytest.raises(
+        NothingToDo,
+        match=r"`moe_out = self.moe\(self.post_norm\(hidden_states\)\)` writes "
+        r"self.seen in MoE.forward, which both micro-batches share",
+    ):
         edit(source)

@@ -51,14 +51,16 @@ def _worker(rank: int, port: int, edited: str, results: str, example: str = "mic
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("mode,example", [("eager", "microbatch_moe"), ("cuda", "microbatch_moe"),
-                                          ("eager", "microbatch_moe_submodule")])
+@pytest.mark.parametrize(
+    "mode,example", [("eager", "microbatch_moe"), ("cuda", "microbatch_moe"), ("eager", "microbatch_moe_submodule")]
+)
 def test_prefill_microbatch_with_a_real_gloo_group(tmp_path, mode, example):
     """microbatch_moe_submodule: the collectives sit inside self.moe, whose call is the comm stage."""
     golden, _ = regen.golden_paths("prefill-microbatch", mode, example)
     results = tmp_path / "results.pt"
-    mp.start_processes(_worker, args=(free_port(), str(golden), str(results), example), nprocs=2, join=True,
-                       start_method="spawn")
+    mp.start_processes(
+        _worker, args=(free_port(), str(golden), str(results), example), nprocs=2, join=True, start_method="spawn"
+    )
     saved = torch.load(results)
     outputs = saved["outputs"]
     assert torch.equal(outputs["original"], outputs["flag off"])
@@ -68,10 +70,16 @@ def test_prefill_microbatch_with_a_real_gloo_group(tmp_path, mode, example):
     assert saved["streams"] == {"main", "side:1"}  # compute on main, collectives on the comm stream
 
 
-@pytest.mark.parametrize("example,wait", [
-    ("microbatch_moe", "        current_stream.wait_event(stage1_mb0_done)\n"),  # expert compute after dispatch
-    ("microbatch_moe_submodule", "            comm_stream.wait_event(stage0_mb0_done)\n"),  # the MoE after attention
-])
+@pytest.mark.parametrize(
+    "example,wait",
+    [
+        ("microbatch_moe", "        current_stream.wait_event(stage1_mb0_done)\n"),  # expert compute after dispatch
+        (
+            "microbatch_moe_submodule",
+            "            comm_stream.wait_event(stage0_mb0_done)\n",
+        ),  # the MoE after attention
+    ],
+)
 def test_a_missing_event_wait_is_caught(tmp_path, example, wait):
     """Drop a wait of the event chain between the compute and comm stages: a race."""
     golden, _ = regen.golden_paths("prefill-microbatch", "eager", example)
@@ -81,8 +89,9 @@ def test_a_missing_event_wait_is_caught(tmp_path, example, wait):
     edited = tmp_path / f"{example}.py"
     edited.write_text(mutated)
     results = tmp_path / "results.pt"
-    mp.start_processes(_worker, args=(free_port(), str(edited), str(results), example), nprocs=2, join=True,
-                       start_method="spawn")
+    mp.start_processes(
+        _worker, args=(free_port(), str(edited), str(results), example), nprocs=2, join=True, start_method="spawn"
+    )
     findings = torch.load(results)["findings"]
     assert any("race-raw" in f for f in findings), findings
 
@@ -95,14 +104,24 @@ def test_second_comm_group_gives_micro_batch_1_its_own_stream(tmp_path):
     from msrewrite.plan import FlagSpec
 
     src = load(EXAMPLES / "microbatch_moe.py")
-    steps = case_steps(EXAMPLES / "microbatch_moe.py", src.text, src.module, "prefill-microbatch", "eager", None,
-                       FlagSpec(name="ENABLE_PREFILL_MICROBATCH"), None, second_group="ep_group_mb1")
+    steps = case_steps(
+        EXAMPLES / "microbatch_moe.py",
+        src.text,
+        src.module,
+        "prefill-microbatch",
+        "eager",
+        None,
+        FlagSpec(name="ENABLE_PREFILL_MICROBATCH"),
+        None,
+        second_group="ep_group_mb1",
+    )
     edited = tmp_path / "microbatch_moe.py"
     edited.write_text(steps[-1].new)
     assert "group=self.ep_group_mb1" in steps[-1].new
     results = tmp_path / "results.pt"
-    mp.start_processes(_worker, args=(free_port(), str(edited), str(results)), nprocs=2, join=True,
-                       start_method="spawn")
+    mp.start_processes(
+        _worker, args=(free_port(), str(edited), str(results)), nprocs=2, join=True, start_method="spawn"
+    )
     saved = torch.load(results)
     assert torch.allclose(saved["outputs"]["original"], saved["outputs"]["flag on"], atol=1e-5, rtol=1e-5)
     assert saved["findings"] == []

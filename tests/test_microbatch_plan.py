@@ -50,8 +50,14 @@ def _added(diff: str) -> list[str]:
 
 
 def _plan(text: str = SOURCE, flag: FlagSpec | None = None, **kwargs) -> MicrobatchPlan:
-    return microbatch_plan(cst.parse_module(text), case=CASE, path="model.py", mode="eager",
-                           flag=flag or FlagSpec(name="ENABLE_PREFILL_MICROBATCH"), **kwargs)
+    return microbatch_plan(
+        cst.parse_module(text),
+        case=CASE,
+        path="model.py",
+        mode="eager",
+        flag=flag or FlagSpec(name="ENABLE_PREFILL_MICROBATCH"),
+        **kwargs,
+    )
 
 
 # Flags: each kind as the other cases emit it ----------------------------------------------------
@@ -69,13 +75,21 @@ def test_attr_flag_is_an_attribute_not_an_env_read(tmp_path):
 
 
 def test_attr_flag_set_by_the_class_is_reused_and_one_from_config_is_read():
-    reused = _changed(("        self.norm = nn.LayerNorm(hidden_size)\n",
-                       "        self.norm = nn.LayerNorm(hidden_size)\n        self.use_microbatch = False\n"))
+    reused = _changed(
+        (
+            "        self.norm = nn.LayerNorm(hidden_size)\n",
+            "        self.norm = nn.LayerNorm(hidden_size)\n        self.use_microbatch = False\n",
+        )
+    )
     code = microbatch_edit(cst.parse_module(reused), _plan(reused, FlagSpec(kind="attr", name="use_microbatch"))).code
     assert code.count("self.use_microbatch =") == 1  # the class's own line, nothing added
     assert "if _ms_microbatch(self.use_microbatch, hidden_states):" in code
-    config = _changed(("    def __init__(self, hidden_size=64, num_layers=2):",
-                       "    def __init__(self, config=None, hidden_size=64, num_layers=2):"))
+    config = _changed(
+        (
+            "    def __init__(self, hidden_size=64, num_layers=2):",
+            "    def __init__(self, config=None, hidden_size=64, num_layers=2):",
+        )
+    )
     plan = _plan(config, FlagSpec(kind="attr", name="use_microbatch", default=False))
     code = microbatch_edit(cst.parse_module(config), plan).code
     assert '        self.use_microbatch = getattr(config, "use_microbatch", False)\n' in code
@@ -92,39 +106,62 @@ def test_attr_flag_edit_verifies(tmp_path):
     assert "flag off: 1 output tensor(s); 139 ops on main\n" in done.stderr
     assert "ops on side:1" in done.stderr
     # standalone verify finds the attribute switch in the edit itself (not the helper's `tag` parameter)
-    alone = run_main("verify", str(path), "--original", str(EXAMPLES / "microbatch_moe.py"), "--no-train",
-                    "--inputs", "0")
+    alone = run_main(
+        "verify", str(path), "--original", str(EXAMPLES / "microbatch_moe.py"), "--no-train", "--inputs", "0"
+    )
     assert alone.returncode == 0, alone.stdout + alone.stderr
     assert "flag attr:use_microbatch]" in alone.stdout
 
 
-SGLANG = _changed(("from torch import nn\n", "from torch import nn\n\nfrom sglang.srt.utils import add_prefix  # noqa: F401\n"))
-VLLM_ASCEND = _changed(("from torch import nn\n",
-                        "from torch import nn\n\nfrom vllm_ascend.ascend_config import get_ascend_config  # noqa: F401\n"))
+SGLANG = _changed(
+    ("from torch import nn\n", "from torch import nn\n\nfrom sglang.srt.utils import add_prefix  # noqa: F401\n")
+)
+VLLM_ASCEND = _changed(
+    (
+        "from torch import nn\n",
+        "from torch import nn\n\nfrom vllm_ascend.ascend_config import get_ascend_config  # noqa: F401\n",
+    )
+)
 
 
 @pytest.mark.slow  # starts a process
 def test_sglang_and_vllm_ascend_flags_read_like_the_framework(tmp_path):
-    done = run_cli("apply", "--case", CASE, str(_write(tmp_path, SGLANG)), "--flag", "sglang:SGLANG_ENABLE_TBO",
-                   "--flag-default", "off", env=_env())
+    done = run_cli(
+        "apply",
+        "--case",
+        CASE,
+        str(_write(tmp_path, SGLANG)),
+        "--flag",
+        "sglang:SGLANG_ENABLE_TBO",
+        "--flag-default",
+        "off",
+        env=_env(),
+    )
     assert done.returncode == 0, done.stderr
     added = _added(done.stdout)
     assert "from sglang.srt.utils import get_bool_env_var" in added
     assert 'self.enable_sglang_enable_tbo = get_bool_env_var("SGLANG_ENABLE_TBO", "false")' in added
     assert "# msrewrite(prefill-microbatch): SGLANG_ENABLE_TBO=1 runs the layers as two micro-batches." in added
     assert "_ms_env_flag" not in done.stdout and "import os" not in added
-    done = run_cli("apply", "--case", CASE, str(_write(tmp_path, VLLM_ASCEND, "v.py")),
-                   "--flag", "vllm-ascend:enable_prefill_microbatch", env=_env())
+    done = run_cli(
+        "apply",
+        "--case",
+        CASE,
+        str(_write(tmp_path, VLLM_ASCEND, "v.py")),
+        "--flag",
+        "vllm-ascend:enable_prefill_microbatch",
+        env=_env(),
+    )
     assert done.returncode == 0, done.stderr
     added = _added(done.stdout)
-    assert ('self.enable_prefill_microbatch = getattr(get_ascend_config(), "enable_prefill_microbatch", True)'
-            in added)
+    assert 'self.enable_prefill_microbatch = getattr(get_ascend_config(), "enable_prefill_microbatch", True)' in added
     assert "if _ms_microbatch(self.enable_prefill_microbatch, hidden_states):" in added
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("text, flag", [(SGLANG, "sglang:SGLANG_ENABLE_TBO"),
-                                        (VLLM_ASCEND, "vllm-ascend:enable_prefill_microbatch")])
+@pytest.mark.parametrize(
+    "text, flag", [(SGLANG, "sglang:SGLANG_ENABLE_TBO"), (VLLM_ASCEND, "vllm-ascend:enable_prefill_microbatch")]
+)
 def test_framework_flag_edits_verify(tmp_path, text, flag):
     done = run_cli("apply", "--case", CASE, str(_write(tmp_path, text)), "--flag", flag, "--verify", env=_env())
     assert done.returncode == 0, done.stderr
@@ -133,8 +170,10 @@ def test_framework_flag_edits_verify(tmp_path, text, flag):
 
 
 PREFILL = _changed(
-    ("    def forward(self, hidden_states):\n        for layer",
-     "    def forward(self, hidden_states, is_prefill=True):\n        for layer"),
+    (
+        "    def forward(self, hidden_states):\n        for layer",
+        "    def forward(self, hidden_states, is_prefill=True):\n        for layer",
+    ),
 )
 
 
@@ -175,8 +214,11 @@ def test_prefill_gate_edit_verifies_and_decode_runs_the_original_loop(tmp_path):
 
 # The plan: JSON round trip, apply --plan, staleness -----------------------------------------------
 def test_plan_json_round_trips_in_every_file_shape():
-    plan = _plan(flag=FlagSpec(kind="attr", name="use_microbatch", default=False, gate=None),
-                 second_group="ep_group_mb1", stream_tag="mb_comm")
+    plan = _plan(
+        flag=FlagSpec(kind="attr", name="use_microbatch", default=False, gate=None),
+        second_group="ep_group_mb1",
+        stream_tag="mb_comm",
+    )
     data = plan.to_dict()
     assert data["kind"] == "microbatch" and data["version"] == 1
     assert MicrobatchPlan.from_json(plan.to_json()) == plan
@@ -213,23 +255,32 @@ def test_apply_plan_makes_exactly_the_case_edit(tmp_path):
 
     moe = EXAMPLES / "deepseek_moe.py"
     overlap = tmp_path / "overlap.json"
-    overlap.write_text(plans_for_case(moe, load(moe).module, "moe-shared-expert", "eager", None,
-                                      FlagSpec(name="X"), None)[0].to_json())
+    overlap.write_text(
+        plans_for_case(moe, load(moe).module, "moe-shared-expert", "eager", None, FlagSpec(name="X"), None)[0].to_json()
+    )
     refused = run_main("apply", "--plan", str(overlap), str(moe), "--second-comm-group", "ep_group_mb1")
     assert refused.returncode == 2 and refused.stdout == "", refused.stderr
-    assert "--second-comm-group is for prefill-microbatch; the plan file's plans have no micro-batches" in refused.stderr
+    assert (
+        "--second-comm-group is for prefill-microbatch; the plan file's plans have no micro-batches" in refused.stderr
+    )
 
 
 def test_apply_plan_on_a_stale_plan_is_refused(tmp_path):
     plans = tmp_path / "plans.json"
     plans.write_text(_plan().to_json())
     cases = [
-        (("        dist.all_reduce(expert_out)  # combine\n", "        dist.all_reduce(expert_out)  # combine!\n"),
-         "stale plan for MoEDecoderLayer.forward: line 38 no longer reads 'dist.all_reduce(expert_out)  # combine'"),
-        (("import socket\n", "import socket\nimport sys\n"),
-         "stale plan for MoEModel.forward: line 49 is not its layer loop 'for layer in self.layers:'"),
-        (("softmax(dim=-1)\n", "softmax(dim=-2)\n"),
-         "stale plan for MoEDecoderLayer.forward: line 35 no longer reads 'weights = self.router(routed).softmax(dim=-1)'"),
+        (
+            ("        dist.all_reduce(expert_out)  # combine\n", "        dist.all_reduce(expert_out)  # combine!\n"),
+            "stale plan for MoEDecoderLayer.forward: line 38 no longer reads 'dist.all_reduce(expert_out)  # combine'",
+        ),
+        (
+            ("import socket\n", "import socket\nimport sys\n"),
+            "stale plan for MoEModel.forward: line 49 is not its layer loop 'for layer in self.layers:'",
+        ),
+        (
+            ("softmax(dim=-1)\n", "softmax(dim=-2)\n"),
+            "stale plan for MoEDecoderLayer.forward: line 35 no longer reads 'weights = self.router(routed).softmax(dim=-1)'",
+        ),
     ]
     for change, message in cases:
         path = _write(tmp_path, _changed(change))
@@ -249,8 +300,11 @@ def test_a_plan_that_splits_the_layer_otherwise_is_refused():
     stages[0] = stages[0].__class__(False, stages[0].statements[:-1])
     stages[1] = stages[1].__class__(True, (moved, *stages[1].statements))
     edited = plan.with_changes(stages=tuple(stages))
-    with pytest.raises(NothingToDo, match=r"refused plan for MoEModel.forward: the analysis splits "
-                                          r"MoEDecoderLayer.forward into L31-35 compute, L36 comm"):
+    with pytest.raises(
+        NothingToDo,
+        match=r"refused plan for MoEModel.forward: the analysis splits "
+        r"MoEDecoderLayer.forward into L31-35 compute, L36 comm",
+    ):
         check_microbatch_plan(cst.parse_module(SOURCE), edited, SOURCE)
     assert check_microbatch_plan(cst.parse_module(SOURCE), plan, SOURCE) == plan
 
@@ -281,37 +335,53 @@ def test_verify_plan_checks_the_plan_reproduces_the_edit(tmp_path):
     plans.write_text(plan.to_json())
     done = run_main("apply", "--plan", str(plans), str(edited), "-i")
     assert done.returncode == 0, done.stderr
-    ok = run_main("verify", str(edited), "--original", str(original), "--plan", str(plans), "--no-train", "--inputs", "0")
+    ok = run_main(
+        "verify", str(edited), "--original", str(original), "--plan", str(plans), "--no-train", "--inputs", "0"
+    )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "early schedule only: prefill-microbatch is a model-level fork" in ok.stdout
     other = tmp_path / "other.json"
     other.write_text(plan.with_changes(stream_tag="elsewhere").to_json())
-    off = run_main("verify", str(edited), "--original", str(original), "--plan", str(other), "--no-train",
-                  "--inputs", "0")
+    off = run_main(
+        "verify", str(edited), "--original", str(original), "--plan", str(other), "--no-train", "--inputs", "0"
+    )
     assert off.returncode == 0, off.stdout + off.stderr
     assert "early schedule only: the plans do not reproduce this edit" in off.stdout
 
 
 # Analysis rules: each refuses where it must, and the edit it allows verifies (the goldens) -------
 COUNTER = _changed(
-    ("        self.ep_group_mb1 = dist.new_group() if dist.is_initialized() else None\n",
-     "        self.ep_group_mb1 = dist.new_group() if dist.is_initialized() else None\n"
-     "        self.register_buffer(\"seen\", torch.zeros(()))\n"),
-    ("        dist.all_reduce(routed)  # dispatch\n",
-     "        self.seen.add_(routed.mean())\n        dist.all_reduce(routed)  # dispatch\n"),
-    ("        return hidden_states + expert_out / dist.get_world_size()\n",
-     "        return hidden_states + expert_out / dist.get_world_size() + self.seen\n"),
+    (
+        "        self.ep_group_mb1 = dist.new_group() if dist.is_initialized() else None\n",
+        "        self.ep_group_mb1 = dist.new_group() if dist.is_initialized() else None\n"
+        '        self.register_buffer("seen", torch.zeros(()))\n',
+    ),
+    (
+        "        dist.all_reduce(routed)  # dispatch\n",
+        "        self.seen.add_(routed.mean())\n        dist.all_reduce(routed)  # dispatch\n",
+    ),
+    (
+        "        return hidden_states + expert_out / dist.get_world_size()\n",
+        "        return hidden_states + expert_out / dist.get_world_size() + self.seen\n",
+    ),
 )
 
 
 @pytest.mark.slow  # starts a process or runs verify
 def test_a_layer_writing_shared_state_is_refused_and_verify_catches_the_forced_edit(tmp_path):
-    with pytest.raises(NothingToDo, match=r"MoEDecoderLayer.forward: `self.seen.add_\(routed.mean\(\)\)` writes "
-                                          r"self.seen, which both micro-batches share"):
+    with pytest.raises(
+        NothingToDo,
+        match=r"MoEDecoderLayer.forward: `self.seen.add_\(routed.mean\(\)\)` writes "
+        r"self.seen, which both micro-batches share",
+    ):
         _plan(COUNTER)
     for line, name in [("        self.last = attn\n", "self.last"), ("        CACHE.add_(attn.mean())\n", "CACHE")]:
-        text = _changed(("        hidden_states = hidden_states + self.o_proj(attn)\n",
-                         line + "        hidden_states = hidden_states + self.o_proj(attn)\n"))
+        text = _changed(
+            (
+                "        hidden_states = hidden_states + self.o_proj(attn)\n",
+                line + "        hidden_states = hidden_states + self.o_proj(attn)\n",
+            )
+        )
         with pytest.raises(NothingToDo, match=f"writes {name}, which both micro-batches share"):
             _plan(text)
     # forced past the analysis (the split the analysis would make without the rule): verify sees it
@@ -329,9 +399,13 @@ def test_a_layer_writing_shared_state_is_refused_and_verify_catches_the_forced_e
     assert "flag on: output 0 differs from original" in bad.stdout
 
 
-LOCAL_WRITE = _changed(("        expert_out = torch.einsum",
-                        "        picked = torch.zeros_like(routed)\n        picked[:, 0] = routed[:, 0]\n"
-                        "        routed = routed + picked\n        expert_out = torch.einsum"))
+LOCAL_WRITE = _changed(
+    (
+        "        expert_out = torch.einsum",
+        "        picked = torch.zeros_like(routed)\n        picked[:, 0] = routed[:, 0]\n"
+        "        routed = routed + picked\n        expert_out = torch.einsum",
+    )
+)
 
 
 @pytest.mark.slow
@@ -346,22 +420,32 @@ def test_a_layer_writing_only_its_own_locals_is_edited_and_verified(tmp_path):
 def test_layers_of_several_classes_are_refused():
     text = _changed(
         ("class MoEModel(nn.Module):", "class DenseLayer(MoEDecoderLayer):\n    pass\n\n\nclass MoEModel(nn.Module):"),
-        ("        self.layers = nn.ModuleList(MoEDecoderLayer(hidden_size) for _ in range(num_layers))\n",
-         "        self.layers = nn.ModuleList(DenseLayer(hidden_size) if i == 0 else MoEDecoderLayer(hidden_size)\n"
-         "                                    for i in range(num_layers))\n"),
+        (
+            "        self.layers = nn.ModuleList(MoEDecoderLayer(hidden_size) for _ in range(num_layers))\n",
+            "        self.layers = nn.ModuleList(DenseLayer(hidden_size) if i == 0 else MoEDecoderLayer(hidden_size)\n"
+            "                                    for i in range(num_layers))\n",
+        ),
     )
-    with pytest.raises(NothingToDo, match=r"self.layers holds layers of several classes \(DenseLayer, MoEDecoderLayer\)"):
+    with pytest.raises(
+        NothingToDo, match=r"self.layers holds layers of several classes \(DenseLayer, MoEDecoderLayer\)"
+    ):
         _plan(text)
 
 
 def test_inside_a_fullgraph_region_the_fork_is_refused_with_the_reason(tmp_path):
-    text = _changed(("class MoEModel(nn.Module):", "@support_torch_compile\nclass MoEModel(nn.Module):"),
-                    ("from torch import nn\n", "from torch import nn\nfrom vllm.compilation.decorators import "
-                                               "support_torch_compile\n"))
+    text = _changed(
+        ("class MoEModel(nn.Module):", "@support_torch_compile\nclass MoEModel(nn.Module):"),
+        (
+            "from torch import nn\n",
+            "from torch import nn\nfrom vllm.compilation.decorators import support_torch_compile\n",
+        ),
+    )
     done = run_main("apply", "--case", CASE, str(_write(tmp_path, text)))
     assert done.returncode == 2 and done.stdout == "", done.stderr
-    assert ("MoEModel.forward runs inside a torch.compile fullgraph region (vLLM's @support_torch_compile on "
-            "MoEModel): stream code there would be traced into the graph") in done.stderr
+    assert (
+        "MoEModel.forward runs inside a torch.compile fullgraph region (vLLM's @support_torch_compile on "
+        "MoEModel): stream code there would be traced into the graph"
+    ) in done.stderr
 
 
 def test_bad_plan_values_never_reach_the_emitter():

@@ -23,8 +23,16 @@ def edit(tmp_path: Path, source: str, mode: str = "cuda") -> tuple[Path, Path, s
     original = tmp_path / "alt_stream_moe.py"
     original.write_text(source)
     src = load(original)
-    steps = case_steps(original, src.text, src.module, "moe-shared-expert", mode, None,
-                       FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"), None)
+    steps = case_steps(
+        original,
+        src.text,
+        src.module,
+        "moe-shared-expert",
+        mode,
+        None,
+        FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"),
+        None,
+    )
     edited = tmp_path / "alt_stream_moe_ms.py"
     edited.write_text(steps[-1].new)
     return original, edited, steps[-1].new
@@ -44,13 +52,19 @@ def test_the_model_stream_is_reused_and_verifies(tmp_path, source, side_streams)
     assert len([s for s in flag_on.streams if s != "main"]) == side_streams, flag_on.streams
 
 
-@pytest.mark.parametrize("change", [
-    # reassigned outside __init__: not a fixed stream object
-    ("    def forward(self, x):\n        shared =",
-     "    def reset(self):\n        self.alt_stream = None\n\n    def forward(self, x):\n        shared ="),
-    # a stream of the other API family
-    ("alt_stream=None):", "alt_stream: 'torch.npu.Stream' = None):"),
-], ids=["reassigned", "other-family"])
+@pytest.mark.parametrize(
+    "change",
+    [
+        # reassigned outside __init__: not a fixed stream object
+        (
+            "    def forward(self, x):\n        shared =",
+            "    def reset(self):\n        self.alt_stream = None\n\n    def forward(self, x):\n        shared =",
+        ),
+        # a stream of the other API family
+        ("alt_stream=None):", "alt_stream: 'torch.npu.Stream' = None):"),
+    ],
+    ids=["reassigned", "other-family"],
+)
 def test_a_stream_that_is_not_the_models_own_fixed_one_is_not_reused(tmp_path, change):
     _, _, new = edit(tmp_path, MODEL.replace(*change))
     assert "self.alt_stream if" not in new

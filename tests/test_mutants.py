@@ -56,7 +56,9 @@ def join_block(lines: list[str]) -> tuple[int, int]:
     start = next(i for i, line in enumerate(lines) if "join the side stream before" in line)
     indent = len(lines[start]) - len(lines[start].lstrip())
     end = start + 2
-    while end < len(lines) and (len(lines[end]) - len(lines[end].lstrip()) > indent or lines[end].lstrip().startswith("else")):
+    while end < len(lines) and (
+        len(lines[end]) - len(lines[end].lstrip()) > indent or lines[end].lstrip().startswith("else")
+    ):
         end += 1
     return start, end
 
@@ -71,7 +73,7 @@ def join_after_consumer(wait_pattern: str, cond: str) -> Callable[[str], str]:
         wait = lines.pop(wait_at)
         consumer_at = end - 1  # the block lost one line
         indent = lines[consumer_at][: len(lines[consumer_at]) - len(lines[consumer_at].lstrip())]
-        lines[consumer_at + 1:consumer_at + 1] = [f"{indent}if {cond}:\n", indent + "    " + wait.lstrip()]
+        lines[consumer_at + 1 : consumer_at + 1] = [f"{indent}if {cond}:\n", indent + "    " + wait.lstrip()]
         return "".join(lines)
 
     return mutate
@@ -87,7 +89,7 @@ def unjoined_at_return(text: str) -> str:
         if re.fullmatch(rf"\s*\w+ [+*]= {name}\s*", consumer):  # `out += shared`: nothing left to keep
             consumer = consumer[: len(consumer) - len(consumer.lstrip())] + "pass\n"
         consumer = re.sub(rf"\s*[+*]\s*{name}\b|\b{name}\s*[+*]\s*", "", consumer)
-    lines[start:end + 1] = [consumer]
+    lines[start : end + 1] = [consumer]
     return "".join(lines)
 
 
@@ -121,13 +123,22 @@ WINDOW = [
     Mutant("storage-free-in-window", in_window("{x}.untyped_storage().resize_(0)"), "lifetime", r"resize_\(0\)"),
     Mutant("data-dependent-write", in_window("{x}[{x} > 1.0] = 0.0"), "race-war", r"\] = 0\.0"),
     Mutant("train-only-write", in_window("if self.training:\n    {x}.mul_(1.01)"), "race-war", r"mul_\(1\.01\)", True),
-    Mutant("shared-buffer-write", in_window("next(self.{m}.parameters()).data.mul_(1.0)"), "race-war",
-           r"parameters\(\)\)\.data\.mul_"),
+    Mutant(
+        "shared-buffer-write",
+        in_window("next(self.{m}.parameters()).data.mul_(1.0)"),
+        "race-war",
+        r"parameters\(\)\)\.data\.mul_",
+    ),
 ]
 
 
 NATIVE = [
-    Mutant("fork-wait-removed", drop_line(r"shared_expert_stream\.wait_stream\(current_stream\)"), "race-raw", r"self\.\w+\("),
+    Mutant(
+        "fork-wait-removed",
+        drop_line(r"shared_expert_stream\.wait_stream\(current_stream\)"),
+        "race-raw",
+        r"self\.\w+\(",
+    ),
     Mutant("join-removed", drop_line(r"current_stream\.wait_stream\(shared_expert_stream\)"), "race-raw", r"_output\b"),
     Mutant(
         "join-after-consumer",
@@ -147,7 +158,9 @@ NPUGRAPH_EX = [
         "race-raw",
         r"_output\b",
     ),
-    Mutant("lifetime-guard-removed", drop_line(r"_ms_record_stream\(torch\.npu\.current_stream\(\), "), "lifetime", r"."),
+    Mutant(
+        "lifetime-guard-removed", drop_line(r"_ms_record_stream\(torch\.npu\.current_stream\(\), "), "lifetime", r"."
+    ),
     Mutant("unjoined-at-return", unjoined_at_return, "unjoined", r"."),
 ]
 EVENTS = [  # moe-shared-mlp-init: fresh events per call
@@ -163,23 +176,50 @@ EVENTS = [  # moe-shared-mlp-init: fresh events per call
     Mutant("unjoined-at-return", unjoined_at_return, "unjoined", r"."),
 ]
 PHASED = [  # moe-shared-expert-phased: the join is what protects the result
-    Mutant("join-removed", drop_line(r"current_stream\.wait_stream\(shared_expert_stream\)"), "race-raw", r"shared_output\b"),
+    Mutant(
+        "join-removed",
+        drop_line(r"current_stream\.wait_stream\(shared_expert_stream\)"),
+        "race-raw",
+        r"shared_output\b",
+    ),
     Mutant("lifetime-guard-removed", drop_line(r"_ms_record_stream\(current_stream, "), "lifetime", r"."),
     Mutant("unjoined-at-return", unjoined_at_return, "unjoined", r"."),
 ]
 INDEXER = [  # indexer-prolog: two streams, each join protects its own result
     # the q join already covers the q quantization issued on the same stream: drop both
-    Mutant("q-stream-joins-removed", drop_lines(r"current_stream(_3)?\.wait_stream\(indexer_q_stream", 2), "race-raw", r"q_int8"),
-    Mutant("weights-join-removed", drop_line(r"current_stream_2\.wait_stream\(indexer_weights_stream\)"), "race-raw", r"weights"),
-    Mutant("weights-fork-removed", drop_line(r"indexer_weights_stream\.wait_stream\(current_stream_2\)"), "race-raw", r"."),
+    Mutant(
+        "q-stream-joins-removed",
+        drop_lines(r"current_stream(_3)?\.wait_stream\(indexer_q_stream", 2),
+        "race-raw",
+        r"q_int8",
+    ),
+    Mutant(
+        "weights-join-removed",
+        drop_line(r"current_stream_2\.wait_stream\(indexer_weights_stream\)"),
+        "race-raw",
+        r"weights",
+    ),
+    Mutant(
+        "weights-fork-removed", drop_line(r"indexer_weights_stream\.wait_stream\(current_stream_2\)"), "race-raw", r"."
+    ),
 ]
 OFFLOAD = [  # kvcache-offload: the join protects buffer reuse and the host copies
     Mutant("join-removed", drop_line(r"kv_copy_done_event\.wait\(current_stream\)"), "race-raw", r"."),
     Mutant("fork-removed", drop_line(r"input_ready_event\.wait\(kv_copy_stream\)"), "race-raw", r"copy_"),
 ]
 LIMIT_CORE = [  # attn-moe-limit-core: the core limits change nothing about the sync
-    Mutant("fork-wait-removed", drop_line(r"moe_shortcut_stream\.wait_stream\(current_stream\)"), "race-raw", r"self\.\w+\("),
-    Mutant("join-removed", drop_line(r"current_stream\.wait_stream\(moe_shortcut_stream\)"), "race-raw", r"shortcut_mlp_output"),
+    Mutant(
+        "fork-wait-removed",
+        drop_line(r"moe_shortcut_stream\.wait_stream\(current_stream\)"),
+        "race-raw",
+        r"self\.\w+\(",
+    ),
+    Mutant(
+        "join-removed",
+        drop_line(r"current_stream\.wait_stream\(moe_shortcut_stream\)"),
+        "race-raw",
+        r"shortcut_mlp_output",
+    ),
     Mutant("lifetime-guard-removed", drop_line(r"_ms_record_stream\(current_stream, "), "lifetime", r"."),
 ]
 # The mutation operators of each case's edit (its sync, its stream names, its output): a case's
@@ -231,10 +271,7 @@ def run_verify(tmp_path: Path, example: str, text: str, full: bool = False, exam
 
 MUTATED_EXAMPLES = {case.name: case.mutant_examples for case in all_cases()}
 PARAMS = [
-    (case, mode, example, m)
-    for (case, mode), ms in MUTANTS.items()
-    for example in MUTATED_EXAMPLES[case]
-    for m in ms
+    (case, mode, example, m) for (case, mode), ms in MUTANTS.items() for example in MUTATED_EXAMPLES[case] for m in ms
 ]
 
 
@@ -249,8 +286,10 @@ def test_mutant_is_caught(tmp_path, case, mode, example, mutant):
     lines = text.splitlines()
     pointed = [
         lines[loc[1] - 1]
-        for f in result.findings if f.kind == mutant.kind
-        for loc in (f.first, f.second) if loc[0].endswith(f"{example}.py") and 0 < loc[1] <= len(lines)
+        for f in result.findings
+        if f.kind == mutant.kind
+        for loc in (f.first, f.second)
+        if loc[0].endswith(f"{example}.py") and 0 < loc[1] <= len(lines)
     ]
     assert any(re.search(mutant.line_marker, line) for line in pointed), pointed
 
@@ -285,8 +324,16 @@ def _ge_edit_with_gate(example: str) -> str:
     path = EXAMPLES / f"{example}.py"
     src = load(path)
     anchor = {"deepseek_moe": "topk_indices", "qwen_gated_moe": "selected_experts"}[example]
-    plans = plans_for_case(path, src.module, "moe-shared-expert", "ge-graph", None,
-                           FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"), None, (StartGate("", anchor),))
+    plans = plans_for_case(
+        path,
+        src.module,
+        "moe-shared-expert",
+        "ge-graph",
+        None,
+        FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"),
+        None,
+        (StartGate("", anchor),),
+    )
     return apply_plans(src.module, plans).code
 
 
@@ -306,12 +353,11 @@ def test_ge_mixed_api_family_is_caught(tmp_path, example):
     golden, _ = regen.golden_paths("moe-shared-expert", "ge-graph", example)
     text = golden.read_text().replace(
         '            with torchair.scope.npu_stream_switch("shared_expert", 0):\n',
-        '            torch.npu.current_stream().wait_stream(torch.npu.current_stream())\n'
+        "            torch.npu.current_stream().wait_stream(torch.npu.current_stream())\n"
         '            with torchair.scope.npu_stream_switch("shared_expert", 0):\n',
     )
     result = run_verify(tmp_path, example, text)
     assert "mixed-api" in {f.kind for f in result.findings}, result.problems
-
 
 
 @pytest.mark.parametrize("mode", ["eager", "ge-graph"])
@@ -326,8 +372,9 @@ def test_guarded_late_schedule_names_the_leaking_statement(tmp_path, mode):
 
     example = EXAMPLES / "guarded_moe.py"
     src = load(example)
-    (plan,) = plans_for_case(example, src.module, "moe-shared-expert", mode, None,
-                             FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"), None)
+    (plan,) = plans_for_case(
+        example, src.module, "moe-shared-expert", mode, None, FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"), None
+    )
     anchor = "            shared_output = self.shared_experts(hidden_states)\n"
     leak = src.text[: src.text.index(anchor)].count("\n") + 2  # the line the write goes to
     original = tmp_path / "guarded_moe.py"
@@ -337,14 +384,18 @@ def test_guarded_late_schedule_names_the_leaking_statement(tmp_path, mode):
         return line + 1 if line >= leak else line
 
     plan = plan.with_changes(
-        join_line=shift(plan.join_line), guard_line=shift(plan.guard_line),
-        side=tuple(dataclasses.replace(s, first_line=shift(s.first_line), last_line=shift(s.last_line)) for s in plan.side),
+        join_line=shift(plan.join_line),
+        guard_line=shift(plan.guard_line),
+        side=tuple(
+            dataclasses.replace(s, first_line=shift(s.first_line), last_line=shift(s.last_line)) for s in plan.side
+        ),
     )
     mutated = load(original)
     edited = tmp_path / "guarded_moe_ms.py"
     edited.write_text(apply_plans(mutated.module, [plan], mutated.text).code)
-    result = verify_files(edited, original=original, schedule_source=ScheduleSource(mutated.text, [plan]),
-                          inputs=0, train=False)
+    result = verify_files(
+        edited, original=original, schedule_source=ScheduleSource(mutated.text, [plan]), inputs=0, train=False
+    )
     assert result.schedules == ["early", "late", "interleaved"], result.schedule_note
     assert any(
         "late schedule" in p and f"main statement at line {leak}: hidden_states.mul_(2)" in p for p in result.problems
@@ -364,8 +415,15 @@ def test_phased_late_schedule_names_the_leaking_statement(tmp_path, mode):
 
     example = EXAMPLES / "deepep_moe.py"
     src = load(example)
-    (plan,) = plans_for_case(example, src.module, "moe-shared-expert-phased", mode, None,
-                             FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"), None)
+    (plan,) = plans_for_case(
+        example,
+        src.module,
+        "moe-shared-expert-phased",
+        mode,
+        None,
+        FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"),
+        None,
+    )
     assert plan.phase_anchors == ("dispatch_output", "combine_input"), plan.phase_anchors
     anchor = "        dispatch_output = self.experts.dispatcher.dispatch(hidden_states, topk_idx, topk_weights)\n"
     leak = src.text[: src.text.index(anchor)].count("\n") + 2  # the line the write goes to
@@ -377,13 +435,16 @@ def test_phased_late_schedule_names_the_leaking_statement(tmp_path, mode):
 
     plan = plan.with_changes(
         join_line=shift(plan.join_line),
-        side=tuple(dataclasses.replace(s, first_line=shift(s.first_line), last_line=shift(s.last_line)) for s in plan.side),
+        side=tuple(
+            dataclasses.replace(s, first_line=shift(s.first_line), last_line=shift(s.last_line)) for s in plan.side
+        ),
     )
     mutated = load(original)
     edited = tmp_path / "deepep_moe_ms.py"
     edited.write_text(apply_plans(mutated.module, [plan], mutated.text).code)
-    result = verify_files(edited, original=original, schedule_source=ScheduleSource(mutated.text, [plan]),
-                          inputs=0, train=False)
+    result = verify_files(
+        edited, original=original, schedule_source=ScheduleSource(mutated.text, [plan]), inputs=0, train=False
+    )
     assert result.schedules == ["early", "late", "interleaved"], result.schedule_note
     assert not any(p.startswith("flag on:") for p in result.problems), result.problems
     assert any(
@@ -398,8 +459,15 @@ def test_phased_schedules_refuse_a_guarded_phased_plan():
 
     example = EXAMPLES / "deepep_moe.py"
     src = load(example)
-    (plan,) = plans_for_case(example, src.module, "moe-shared-expert-phased", "eager", None,
-                             FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"), None)
+    (plan,) = plans_for_case(
+        example,
+        src.module,
+        "moe-shared-expert-phased",
+        "eager",
+        None,
+        FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"),
+        None,
+    )
     assert unsupported(plan) is None
     guarded = plan.with_changes(guard="hidden_states.numel() > 0", guard_line=plan.fork_line)
     assert "guarded phased" in unsupported(guarded)

@@ -30,7 +30,9 @@ def libcst_private_names() -> set[str]:
     names: set[str] = set()
     for path in Path(libcst.__file__).parent.rglob("*.py"):
         if "tests" not in path.parts:
-            names.update(n for match in _DEFINED.finditer(path.read_text(encoding="utf-8")) for n in match.groups() if n)
+            names.update(
+                n for match in _DEFINED.finditer(path.read_text(encoding="utf-8")) for n in match.groups() if n
+            )
     return names
 
 
@@ -84,8 +86,10 @@ def _private_module(name: str) -> bool:
 
 
 def _trees(folder: Path) -> dict[str, ast.Module]:
-    return {path.relative_to(ROOT).as_posix(): ast.parse(path.read_text(encoding="utf-8"))
-            for path in sorted(folder.rglob("*.py"))}
+    return {
+        path.relative_to(ROOT).as_posix(): ast.parse(path.read_text(encoding="utf-8"))
+        for path in sorted(folder.rglob("*.py"))
+    }
 
 
 def test_msrewrite_uses_no_private_libcst_api():
@@ -99,7 +103,7 @@ def test_msrewrite_uses_no_private_libcst_api():
 def test_the_check_finds_private_libcst_api():
     """The check fails on what #15 found (walk.py's, dataflow.py's) and passes msrewrite's own
     private names used on self."""
-    source = '''
+    source = """
 import libcst._position_provider
 from libcst._nodes.base import CSTNode
 from libcst.metadata.position_provider import PositionProvidingCodegenState
@@ -112,9 +116,12 @@ class Mine:
         node._visit_and_replace_children(recorder)
         self._cache.clear()
         return provider._computed
-'''
+"""
     uses = private_uses({"snippet.py": ast.parse(source)}, libcst_private_names())
     assert sorted(what for _f, _line, what in uses) == [
-        "_computed", "_visit_and_replace_children", "libcst._nodes.base", "libcst._position_provider",
+        "_computed",
+        "_visit_and_replace_children",
+        "libcst._nodes.base",
+        "libcst._position_provider",
         "libcst.metadata.position_provider.PositionProvidingCodegenState",
     ]

@@ -36,8 +36,16 @@ def edit(tmp_path: Path, source: str):
     original = tmp_path / "pkg_moe.py"
     original.write_text(source.replace('Path(__file__).resolve().parent / "srcpkg"', repr(str(SOURCES))))
     src = load(original)
-    steps = case_steps(original, src.text, src.module, "moe-shared-expert", "eager", None,
-                       FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"), None)
+    steps = case_steps(
+        original,
+        src.text,
+        src.module,
+        "moe-shared-expert",
+        "eager",
+        None,
+        FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"),
+        None,
+    )
     edited = tmp_path / "pkg_moe_ms.py"
     edited.write_text(steps[-1].new)
     return steps[-1].plans[0], edited, original
@@ -68,15 +76,23 @@ def test_without_the_source_path_the_package_stays_unknown(tmp_path, monkeypatch
 @pytest.mark.usefixtures("source_path")
 def test_a_package_function_that_writes_its_input_is_seen(tmp_path):
     """InplaceExperts.forward calls combine_into(x, out), which copies into x (kernels.py)."""
-    why = refusal(tmp_path, MODEL.replace("import RoutedExperts", "import InplaceExperts").replace(
-        "RoutedExperts(d, n)", "InplaceExperts(d, n)"))
+    why = refusal(
+        tmp_path,
+        MODEL.replace("import RoutedExperts", "import InplaceExperts").replace(
+            "RoutedExperts(d, n)", "InplaceExperts(d, n)"
+        ),
+    )
     assert "writes 'x' in place" in why
 
 
 @pytest.mark.usefixtures("source_path")
 def test_dynamic_dispatch_in_a_package_is_unknown_and_named(tmp_path):
-    why = refusal(tmp_path, MODEL.replace("import RoutedExperts", "import DispatchExperts").replace(
-        "RoutedExperts(d, n)", "DispatchExperts(d, n)"))
+    why = refusal(
+        tmp_path,
+        MODEL.replace("import RoutedExperts", "import DispatchExperts").replace(
+            "RoutedExperts(d, n)", "DispatchExperts(d, n)"
+        ),
+    )
     assert "self.experts (DispatchExperts) -> self.method" in why and "may write 'x'" in why
 
 
@@ -85,14 +101,17 @@ def test_a_subclass_of_a_package_class_uses_its_forward(tmp_path):
     """`class LocalExperts(RoutedExperts)` without a forward of its own runs the package's."""
     subclass = "\n\nclass LocalExperts(RoutedExperts):\n    pass\n"
     source = MODEL.replace("\n\nclass SharedMLP", subclass + "\n\nclass SharedMLP").replace(
-        "RoutedExperts(d, n)", "LocalExperts(d, n)")
+        "RoutedExperts(d, n)", "LocalExperts(d, n)"
+    )
     plan, _, _ = edit(tmp_path, source)
     assert plan.trust_boundary == ()
     # a subclass that replaces a submodule the package's forward calls: that forward is not proof
-    override = subclass.replace("pass", "def __init__(self, d, n):\n        super().__init__(d, n)\n"
-                                "        self.experts = make_experts()")
+    override = subclass.replace(
+        "pass", "def __init__(self, d, n):\n        super().__init__(d, n)\n        self.experts = make_experts()"
+    )
     source = MODEL.replace("\n\nclass SharedMLP", override + "\n\nclass SharedMLP").replace(
-        "RoutedExperts(d, n)", "LocalExperts(d, n)")
+        "RoutedExperts(d, n)", "LocalExperts(d, n)"
+    )
     assert "uses self.experts, which LocalExperts overrides" in refusal(tmp_path, source)
 
 
@@ -107,18 +126,27 @@ def test_reading_is_bounded(tmp_path, monkeypatch):
     depth = summaries.MAX_IMPORT_DEPTH + 2
     for i in range(depth):
         (pkg / f"m{i}.py").write_text(f"from chain.m{i + 1} import Experts\n")
-    (pkg / f"m{depth}.py").write_text("from torch import nn\n\nclass Experts(nn.Module):\n"
-                                       "    def forward(self, x, w):\n        return x * w.sum()\n")
+    (pkg / f"m{depth}.py").write_text(
+        "from torch import nn\n\nclass Experts(nn.Module):\n    def forward(self, x, w):\n        return x * w.sum()\n"
+    )
     model = tmp_path / "model"
     model.mkdir()
     packages.set_source_path([SOURCES, root])  # fakeserve too: MODEL's gate (RowLinear) comes from it
     try:
-        why = refusal(model, MODEL.replace("from fakeserve.layers import RoutedExperts", "from chain.m0 import Experts")
-                      .replace("RoutedExperts(d, n)", "Experts()"))
+        why = refusal(
+            model,
+            MODEL.replace("from fakeserve.layers import RoutedExperts", "from chain.m0 import Experts").replace(
+                "RoutedExperts(d, n)", "Experts()"
+            ),
+        )
         assert "self.experts (Experts, not visible to msrewrite)" in why
         monkeypatch.setattr(summaries, "MAX_IMPORT_DEPTH", depth + 2)
-        plan, _, _ = edit(model, MODEL.replace("from fakeserve.layers import RoutedExperts", "from chain.m0 import Experts")
-                          .replace("RoutedExperts(d, n)", "Experts()"))
+        plan, _, _ = edit(
+            model,
+            MODEL.replace("from fakeserve.layers import RoutedExperts", "from chain.m0 import Experts").replace(
+                "RoutedExperts(d, n)", "Experts()"
+            ),
+        )
         assert plan.trust_boundary == ()
     finally:
         packages.set_source_path([])
@@ -138,10 +166,13 @@ def test_read_modules_are_indexed_once_per_version(tmp_path):
 def test_a_missing_source_path_is_a_one_line_error(tmp_path):
     from helpers import run_main
 
-    result = run_main("apply", "--case", "moe-shared-expert", str(FIXTURES / "pkg_moe.py"),
-                     "--source-path", str(tmp_path / "missing"))
+    result = run_main(
+        "apply", "--case", "moe-shared-expert", str(FIXTURES / "pkg_moe.py"), "--source-path", str(tmp_path / "missing")
+    )
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [f"msrewrite: error: --source-path {tmp_path / 'missing'}: not a folder"]
+    assert result.stderr.strip().splitlines() == [
+        f"msrewrite: error: --source-path {tmp_path / 'missing'}: not a folder"
+    ]
 
 
 SIDE_WORK = (FIXTURES / "pkg_side_work.py").read_text()
@@ -155,8 +186,16 @@ def test_an_inherited_package_method_and_a_package_function_are_read(tmp_path):
     original = tmp_path / "pkg_side_work.py"
     original.write_text(SIDE_WORK.replace('Path(__file__).resolve().parent / "srcpkg"', repr(str(SOURCES))))
     src = load(original)
-    steps = case_steps(original, src.text, src.module, "moe-shared-expert", "eager", None,
-                       FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"), None)
+    steps = case_steps(
+        original,
+        src.text,
+        src.module,
+        "moe-shared-expert",
+        "eager",
+        None,
+        FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"),
+        None,
+    )
     assert steps[-1].plans[0].trust_boundary == ()
     edited = tmp_path / "pkg_side_work_ms.py"
     edited.write_text(steps[-1].new)
@@ -170,5 +209,13 @@ def test_without_the_source_path_the_inherited_method_is_unknown(tmp_path, monke
     original.write_text(SIDE_WORK)
     src = load(original)
     with pytest.raises(NothingToDo, match=r"self\._repeat \(BaseResampler, not visible to msrewrite\) may write 'x'"):
-        case_steps(original, src.text, src.module, "moe-shared-expert", "eager", None,
-                   FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"), None)
+        case_steps(
+            original,
+            src.text,
+            src.module,
+            "moe-shared-expert",
+            "eager",
+            None,
+            FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"),
+            None,
+        )

@@ -27,8 +27,15 @@ def line(text: str, after: str | None = None) -> int:
 
 def plan(function: str, side: list[dict], fork: int, join: int, inputs=("x",), outputs=()) -> dict:
     return {
-        "case": "generic", "file": str(FIXTURE), "function": function, "side": side, "fork_line": fork,
-        "join_line": join, "side_inputs": list(inputs), "side_outputs": list(outputs), "stream_tag": "side",
+        "case": "generic",
+        "file": str(FIXTURE),
+        "function": function,
+        "side": side,
+        "fork_line": fork,
+        "join_line": join,
+        "side_inputs": list(inputs),
+        "side_outputs": list(outputs),
+        "stream_tag": "side",
     }
 
 
@@ -45,30 +52,55 @@ def forged_plans() -> dict[str, tuple[dict, str]]:
     shared = line("shared = self.shared_experts(x)", after="class ViewAlias")
     return {
         "fork-is-join": (
-            plan("ForkIsJoin.forward", [hoist("self.up_proj(x)", mlp, "up_proj_output")], mlp, mlp,
-                 outputs=["up_proj_output"]),
+            plan(
+                "ForkIsJoin.forward",
+                [hoist("self.up_proj(x)", mlp, "up_proj_output")],
+                mlp,
+                mlp,
+                outputs=["up_proj_output"],
+            ),
             # the seed statement returns: the join, whose gate_proj/act run before the hoisted call
             "never used|nothing to overlap|before the side call in the same statement",
         ),
         "hoist-out-of-if": (  # drops the `is not None` guard: flag off would raise TypeError too
-            plan("GuardedShared.forward", [hoist("self.shared_experts(x)", guard, "shared_output")], guard - 1, guard,
-                 outputs=["shared_output"]),
+            plan(
+                "GuardedShared.forward",
+                [hoist("self.shared_experts(x)", guard, "shared_output")],
+                guard - 1,
+                guard,
+                outputs=["shared_output"],
+            ),
             "conditional inside the join|nothing to overlap|also needs the call",
         ),
         "hoist-out-of-for": (  # would run a layer once instead of once per iteration
-            plan("LoopedHeads.forward", [hoist("self.heads[i](x)", loop, "heads_output")], loop - 1, loop,
-                 inputs=["x", "i"], outputs=["heads_output"]),
+            plan(
+                "LoopedHeads.forward",
+                [hoist("self.heads[i](x)", loop, "heads_output")],
+                loop - 1,
+                loop,
+                inputs=["x", "i"],
+                outputs=["heads_output"],
+            ),
             "inside a For",
         ),
         "hoist-out-of-conditional-expression": (
-            plan("ConditionalShared.forward", [hoist("self.shared_experts(x)", cond, "shared_output")], cond - 1, cond,
-                 outputs=["shared_output"]),
+            plan(
+                "ConditionalShared.forward",
+                [hoist("self.shared_experts(x)", cond, "shared_output")],
+                cond - 1,
+                cond,
+                outputs=["shared_output"],
+            ),
             "conditional expression",
         ),
         "view-alias-written-in-place": (  # flat = x.view(-1); flat.mul_(2) while the side reads x
-            plan("ViewAlias.forward", [{"first_line": shared, "last_line": shared,
-                                        "source": "shared = self.shared_experts(x)"}], shared, shared + 4,
-                 outputs=["shared"]),
+            plan(
+                "ViewAlias.forward",
+                [{"first_line": shared, "last_line": shared, "source": "shared = self.shared_experts(x)"}],
+                shared,
+                shared + 4,
+                outputs=["shared"],
+            ),
             "writes 'flat' in place",
         ),
     }
@@ -79,8 +111,20 @@ def carry_out(tmp_path: Path, plan_dict: dict, file: Path = FIXTURE) -> str:
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps(plan_dict))
     run_apply(
-        file=file, case=None, plan_path=plan_file, candidate=None, mode="auto", target=None, flag="",
-        flag_default="on", max_tokens=None, stream_tag=None, in_place=False, output=None, verify=False, harness=None,
+        file=file,
+        case=None,
+        plan_path=plan_file,
+        candidate=None,
+        mode="auto",
+        target=None,
+        flag="",
+        flag_default="on",
+        max_tokens=None,
+        stream_tag=None,
+        in_place=False,
+        output=None,
+        verify=False,
+        harness=None,
     )
     return "edited"
 

@@ -18,9 +18,11 @@ from msrewrite.profile.trace import load_trace
 from msrewrite.suggest import mermaid
 
 FIX = Path(__file__).parent / "fixtures" / "profile"
-TRACES = {"torch": (FIX / "torch_on.json", FIX / "torch_off.json"),
-          "torch-host-ranges": (FIX / "torch_on_host_ranges.json", FIX / "torch_off.json"),
-          "torch_npu": (FIX / "npu_on", FIX / "npu_off")}
+TRACES = {
+    "torch": (FIX / "torch_on.json", FIX / "torch_off.json"),
+    "torch-host-ranges": (FIX / "torch_on_host_ranges.json", FIX / "torch_off.json"),
+    "torch_npu": (FIX / "npu_on", FIX / "npu_off"),
+}
 
 
 @pytest.mark.parametrize("kind", TRACES)
@@ -116,12 +118,15 @@ def test_no_regions_exits_1_and_says_how_to_get_them() -> None:
     assert "apply --markers" in out.stdout
 
 
-@pytest.mark.parametrize("content, message", [
-    ('{"schemaVersion": 1}', "no traceEvents array"),
-    ('{"traceEvents": [{"ph": "X", "cat": "kernel", "ts": 1, "dur": 2}', "not closed"),
-    ('{"traceEvents": [{"ph": "X", "cat": "kernel", "ts": "soon", "dur": 2, "args": {}}]}', "not a number"),
-    ('[1, 2]', "unexpected byte"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"schemaVersion": 1}', "no traceEvents array"),
+        ('{"traceEvents": [{"ph": "X", "cat": "kernel", "ts": 1, "dur": 2}', "not closed"),
+        ('{"traceEvents": [{"ph": "X", "cat": "kernel", "ts": "soon", "dur": 2, "args": {}}]}', "not a number"),
+        ("[1, 2]", "unexpected byte"),
+    ],
+)
 def test_bad_traces_are_one_line_errors(tmp_path: Path, content: str, message: str) -> None:
     path = tmp_path / "t.json"
     path.write_text(content)
@@ -135,8 +140,11 @@ def test_bad_npu_folder_and_unpaired_marker(tmp_path: Path) -> None:
     with pytest.raises(BadInput, match="ASCEND_PROFILER_OUTPUT"):
         load_trace(tmp_path)
     events = json.loads((FIX / "torch_on.json").read_text())
-    events["traceEvents"] = [e for e in events["traceEvents"]
-                             if not (e.get("cat") == "gpu_user_annotation" and e["name"].endswith(":main") and e["ts"] > 2000)]
+    events["traceEvents"] = [
+        e
+        for e in events["traceEvents"]
+        if not (e.get("cat") == "gpu_user_annotation" and e["name"].endswith(":main") and e["ts"] > 2000)
+    ]
     path = tmp_path / "cut.json"
     path.write_text(json.dumps(events))
     with pytest.raises(BadInput, match="4 side and 3 main"):
@@ -156,9 +164,11 @@ def test_streamed_events_equal_json_load(name: str, chunk: int) -> None:
 
 
 def test_separator_inside_an_event_falls_back_to_the_exact_reader(tmp_path: Path) -> None:
-    events = [{"ph": "X", "cat": "kernel", "name": "a}, {b", "ts": 1},
-              {"ph": "X", "cat": "cpu_op", "args": {"objs": [{"a": 1}, {"b": {"c": {"d": 2}}}]}},
-              {"ph": "X", "cat": "x", "name": 'n}, {"kernel"', "ts": 2}]
+    events = [
+        {"ph": "X", "cat": "kernel", "name": "a}, {b", "ts": 1},
+        {"ph": "X", "cat": "cpu_op", "args": {"objs": [{"a": 1}, {"b": {"c": {"d": 2}}}]}},
+        {"ph": "X", "cat": "x", "name": 'n}, {"kernel"', "ts": 2},
+    ]
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": events, "traceName": "x"}))
     for chunk in (16, 1 << 22):
@@ -180,11 +190,18 @@ def test_report_profile_acceptance_section_is_filled_from_profile_json(tmp_path:
     measured = run_main("profile", str(on), "--baseline", str(off), "--edit", str(FIX / "plans.json"), "--json")
     (tmp_path / "profile.json").write_text(measured.stdout)
     example = Path(__file__).parents[1] / "examples" / "deepseek_moe.py"
-    out = run_main("suggest", "--static", str(example), "--report", str(tmp_path / "r"), "--profile",
-                  str(tmp_path / "profile.json"))
+    out = run_main(
+        "suggest",
+        "--static",
+        str(example),
+        "--report",
+        str(tmp_path / "r"),
+        "--profile",
+        str(tmp_path / "profile.json"),
+    )
     assert out.returncode == 0, out.stderr
     text = next((tmp_path / "r").glob("*.md")).read_text()
-    section = text[text.index("### 11.5 Profile acceptance"):text.index("## 12.")]
+    section = text[text.index("### 11.5 Profile acceptance") : text.index("## 12.")]
     assert "| moe-shared-expert:shared_expert | 12.0 | 12.0 | 1.00x | 12.0 | 8.0 | 4 |" in section
     assert "20.0 µs per step" in section and "+25%" in section
     assert all(mermaid.check(b) == [] for b in mermaid.blocks(text))
@@ -214,8 +231,10 @@ def test_kernel_index_and_step_finder_agree_with_the_plain_definitions() -> None
 
     rng = random.Random(5)
     for _ in range(40):
-        kernels = [Span("k", a, a + rng.choice([0.0, 0.5, 3.0, 40.0]), rng.choice(["0:7", "0:20", "1:7"]))
-                   for a in (rng.randrange(0, 200) / 2 for _ in range(rng.randrange(1, 60)))]
+        kernels = [
+            Span("k", a, a + rng.choice([0.0, 0.5, 3.0, 40.0]), rng.choice(["0:7", "0:20", "1:7"]))
+            for a in (rng.randrange(0, 200) / 2 for _ in range(rng.randrange(1, 60)))
+        ]
         index = KernelIndex(kernels)
         for _ in range(30):
             a = rng.randrange(-10, 210) / 2
@@ -237,8 +256,11 @@ def test_analysis_reads_each_kernel_a_few_times_not_once_per_window() -> None:
 
     from msrewrite.profile.trace import Span, Trace
 
-    kernels = [Span("k", i * 10.0 + (2 if s == "0:20" else 0), i * 10.0 + 6 + (2 if s == "0:20" else 0), s)
-               for i in range(50_000) for s in ("0:7", "0:20")]
+    kernels = [
+        Span("k", i * 10.0 + (2 if s == "0:20" else 0), i * 10.0 + 6 + (2 if s == "0:20" else 0), s)
+        for i in range(50_000)
+        for s in ("0:7", "0:20")
+    ]
     markers = []
     for j in range(1000):
         a = j * 400.0
@@ -251,8 +273,9 @@ def test_analysis_reads_each_kernel_a_few_times_not_once_per_window() -> None:
     # side window [a, a+50] on 0:20 holds [a+2, a+8] ... [a+42, a+48]: 5 x 6 = 30; main window
     # [a, a+40] on 0:7 holds [a, a+6] ... [a+30, a+36] (the one at a+40 is cut to nothing): 24;
     # they overlap on [a+2, a+6] ... [a+32, a+36]: 4 x 4 = 16; the side window ends 10 later
-    assert all((o.side_busy, o.main_busy, o.overlap, o.exposed, o.tail) == (30, 24, 16, 14, 10)
-               for o in region.occurrences)
+    assert all(
+        (o.side_busy, o.main_busy, o.overlap, o.exposed, o.tail) == (30, 24, 16, 14, 10) for o in region.occurrences
+    )
 
 
 def test_npu_lanes_as_msprof_writes_them() -> None:
@@ -270,7 +293,9 @@ def test_npu_lanes_as_msprof_writes_them() -> None:
     assert len(trace.kernels) == 20 and {k.stream for k in trace.kernels} == {f"{hardware}:2", f"{hardware}:5"}
     assert trace.stream_names == {f"{hardware}:2": "Stream 2", f"{hardware}:5": "Stream 5"}
     assert [(m.name.rsplit(":", 1)[1], m.stream) for m in trace.markers[:2]] == [
-        ("main", f"{hardware}:2"), ("side", f"{hardware}:5")]
+        ("main", f"{hardware}:2"),
+        ("side", f"{hardware}:5"),
+    ]
     assert trace.host_only_markers == []  # the host sides (MsprofTx layer) are seen on the device too
     assert len(trace.steps) == 2  # from kernel_details.csv's Step Id
 
@@ -292,11 +317,16 @@ def test_a_branch_plans_estimate_is_keyed_like_its_ranges(tmp_path: Path) -> Non
     path = tmp_path / "plans.json"
     path.write_text(json.dumps(data))
     estimates = estimates_from(path)
-    assert estimates == {("indexer-prolog", "q"): pytest.approx(1.0), ("indexer-prolog", "q_quant"): pytest.approx(12.0)}
+    assert estimates == {
+        ("indexer-prolog", "q"): pytest.approx(1.0),
+        ("indexer-prolog", "q_quant"): pytest.approx(12.0),
+    }
     assert OverlapPlan.from_dict(q_quant["plan"]).region_tag == "q_quant"
     edited = tmp_path / "m.py"  # the edited file's ranges name the same regions
-    edited.write_text('_ms_range_start("msrewrite:indexer-prolog:q_quant:side", s)\n'
-                      '_ms_range_start("msrewrite:indexer-prolog:q-quant-2:main", s)\n')
+    edited.write_text(
+        '_ms_range_start("msrewrite:indexer-prolog:q_quant:side", s)\n'
+        '_ms_range_start("msrewrite:indexer-prolog:q-quant-2:main", s)\n'
+    )
     assert set(estimates_from(edited)) == {("indexer-prolog", "q_quant"), ("indexer-prolog", "q-quant-2")}
 
 

@@ -27,7 +27,9 @@ KERNEL = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunc
 
 
 # Events -------------------------------------------------------------------------------------------
-def events(rng: random.Random, steps: int = 3, layers: int = 3, odd: bool = False, on_device: float = 0.7) -> list[dict]:
+def events(
+    rng: random.Random, steps: int = 3, layers: int = 3, odd: bool = False, on_device: float = 0.7
+) -> list[dict]:
     """A kineto-like trace: metadata, steps, two marked regions per layer on two streams, CPU ops,
     launches, flows; a marked range has a gpu_user_annotation with probability `on_device`; with
     `odd`, names and values that stress a scanner."""
@@ -39,43 +41,151 @@ def events(rng: random.Random, steps: int = 3, layers: int = 3, odd: bool = Fals
     corr, ts = 100, 1000.0
     names = [KERNEL, "gemm", "fused_moe_kernel"]
     if odd:
-        names += ['a}, {"ph": "X", "cat": "kernel"', 'quote " and \\ backslash', "ünïcødé 核 \U0001f680",
-                  '{"ph":"X"}', "kernel", 'tab\there', "ends with \\"]
+        names += [
+            'a}, {"ph": "X", "cat": "kernel"',
+            'quote " and \\ backslash',
+            "ünïcødé 核 \U0001f680",
+            '{"ph":"X"}',
+            "kernel",
+            "tab\there",
+            "ends with \\",
+        ]
     for step in range(1, steps + 1):
-        out.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 4242, "tid": 4242,
-                    "ts": ts, "dur": 90.0, "args": {"External id": corr, "Record function id": 0}})
+        out.append(
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": f"ProfilerStep#{step}",
+                "pid": 4242,
+                "tid": 4242,
+                "ts": ts,
+                "dur": 90.0,
+                "args": {"External id": corr, "Record function id": 0},
+            }
+        )
         for layer in range(layers):
             for role, stream in (("side", 20), ("main", 7)):
                 t = ts + 2 + layer * 25 + (6 if role == "main" else 0)
                 corr += 1
                 marker = f"msrewrite:moe-shared-expert:shared_expert:{role}"
-                out.append({"ph": "X", "cat": "user_annotation", "name": marker, "pid": 4242, "tid": 4242,
-                            "ts": t, "dur": 4.0, "args": {"External id": corr}})
+                out.append(
+                    {
+                        "ph": "X",
+                        "cat": "user_annotation",
+                        "name": marker,
+                        "pid": 4242,
+                        "tid": 4242,
+                        "ts": t,
+                        "dur": 4.0,
+                        "args": {"External id": corr},
+                    }
+                )
                 if rng.random() < on_device:  # the others only on the host: mapped through the launches
-                    out.append({"ph": "X", "cat": "gpu_user_annotation", "name": marker, "pid": 0, "tid": stream,
-                                "ts": t + 5, "dur": 9.5, "args": {"External id": corr}})
+                    out.append(
+                        {
+                            "ph": "X",
+                            "cat": "gpu_user_annotation",
+                            "name": marker,
+                            "pid": 0,
+                            "tid": stream,
+                            "ts": t + 5,
+                            "dur": 9.5,
+                            "args": {"External id": corr},
+                        }
+                    )
                 for k in range(2):
                     corr += 1
                     name = rng.choice(names)
-                    out.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 4242, "tid": 4242,
-                                "ts": t + k, "dur": 0.5,
-                                "args": {"External id": corr, "Input Dims": [[64, 2048], []], "Concrete Inputs": ["", "1"],
-                                         "Input type": ["float", "Scalar"], "kernel_backend": "", "cat": "kernel"}})
-                    out.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 4242,
-                                "tid": 4242, "ts": t + k + 0.25, "dur": 0.5,
-                                "args": {"External id": corr, "cbid": 211, "correlation": corr}})
-                    out.append({"ph": "s", "id": corr, "pid": 4242, "tid": 4242, "ts": t + k + 0.25, "cat": "ac2g",
-                                "name": "ac2g"})
+                    out.append(
+                        {
+                            "ph": "X",
+                            "cat": "cpu_op",
+                            "name": "aten::mm",
+                            "pid": 4242,
+                            "tid": 4242,
+                            "ts": t + k,
+                            "dur": 0.5,
+                            "args": {
+                                "External id": corr,
+                                "Input Dims": [[64, 2048], []],
+                                "Concrete Inputs": ["", "1"],
+                                "Input type": ["float", "Scalar"],
+                                "kernel_backend": "",
+                                "cat": "kernel",
+                            },
+                        }
+                    )
+                    out.append(
+                        {
+                            "ph": "X",
+                            "cat": "cuda_runtime",
+                            "name": "cudaLaunchKernel",
+                            "pid": 4242,
+                            "tid": 4242,
+                            "ts": t + k + 0.25,
+                            "dur": 0.5,
+                            "args": {"External id": corr, "cbid": 211, "correlation": corr},
+                        }
+                    )
+                    out.append(
+                        {
+                            "ph": "s",
+                            "id": corr,
+                            "pid": 4242,
+                            "tid": 4242,
+                            "ts": t + k + 0.25,
+                            "cat": "ac2g",
+                            "name": "ac2g",
+                        }
+                    )
                     cat = rng.choice(["kernel", "kernel", "kernel", "gpu_memcpy", "gpu_memset"])
-                    out.append({"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": t + 5 + 4 * k,
-                                "dur": 3.25 + k, "args": {"External id": corr, "queued": 0, "device": 0, "context": 1,
-                                                          "stream": stream, "correlation": corr,
-                                                          "registers per thread": 16, "grid": [128, 1, 1],
-                                                          "block": [128, 1, 1], "est. achieved occupancy %": 8}})
-                    out.append({"ph": "f", "id": corr, "pid": 0, "tid": stream, "ts": t + 5 + 4 * k, "cat": "ac2g",
-                                "name": "ac2g", "bp": "e"})
-            out.append({"ph": "X", "cat": "python_function", "name": "torch/nn/modules/module.py(1520): _call_impl",
-                        "pid": 4242, "tid": 4242, "ts": t, "dur": 20.0, "args": {"Python id": layer, "Python parent id": 0}})
+                    out.append(
+                        {
+                            "ph": "X",
+                            "cat": cat,
+                            "name": name,
+                            "pid": 0,
+                            "tid": stream,
+                            "ts": t + 5 + 4 * k,
+                            "dur": 3.25 + k,
+                            "args": {
+                                "External id": corr,
+                                "queued": 0,
+                                "device": 0,
+                                "context": 1,
+                                "stream": stream,
+                                "correlation": corr,
+                                "registers per thread": 16,
+                                "grid": [128, 1, 1],
+                                "block": [128, 1, 1],
+                                "est. achieved occupancy %": 8,
+                            },
+                        }
+                    )
+                    out.append(
+                        {
+                            "ph": "f",
+                            "id": corr,
+                            "pid": 0,
+                            "tid": stream,
+                            "ts": t + 5 + 4 * k,
+                            "cat": "ac2g",
+                            "name": "ac2g",
+                            "bp": "e",
+                        }
+                    )
+            out.append(
+                {
+                    "ph": "X",
+                    "cat": "python_function",
+                    "name": "torch/nn/modules/module.py(1520): _call_impl",
+                    "pid": 4242,
+                    "tid": 4242,
+                    "ts": t,
+                    "dur": 20.0,
+                    "args": {"Python id": layer, "Python parent id": 0},
+                }
+            )
         ts += 100.0
     out.append({"name": "Record Window End", "ph": "i", "s": "g", "pid": "", "tid": "", "ts": ts})
     return out
@@ -92,15 +202,21 @@ def kineto_text(evs: list[dict]) -> str:
         line2 = ", ".join(f"{json.dumps(k)}: {json.dumps(ev[k])}" for k in ev if k not in head and k != "args")
         text = "  {\n    " + line1 + ",\n    " + line2
         if "args" in ev:
-            text += ',\n    "args": {\n' + ",\n".join(f"      {json.dumps(k)}: {json.dumps(v)}" for k, v in ev["args"].items())
+            text += ',\n    "args": {\n' + ",\n".join(
+                f"      {json.dumps(k)}: {json.dumps(v)}" for k, v in ev["args"].items()
+            )
             text += "\n    }"
         parts.append(text + "\n  }")
-    return ('{\n  "schemaVersion": 1,\n  "deviceProperties": [\n    {"id": 0, "name": "NVIDIA H200"}\n  ],\n'
-            '  "traceEvents": [\n' + ",\n".join(parts) + '\n  ],\n  "traceName": "t.json",\n  "displayTimeUnit": "ms"\n}\n')
+    return (
+        '{\n  "schemaVersion": 1,\n  "deviceProperties": [\n    {"id": 0, "name": "NVIDIA H200"}\n  ],\n'
+        '  "traceEvents": [\n' + ",\n".join(parts) + '\n  ],\n  "traceName": "t.json",\n  "displayTimeUnit": "ms"\n}\n'
+    )
 
 
 def wrap(evs: list[dict], **dump) -> str:
-    return json.dumps({"schemaVersion": 1, "deviceProperties": [{"id": 0}], "traceEvents": evs, "traceName": "x"}, **dump)
+    return json.dumps(
+        {"schemaVersion": 1, "deviceProperties": [{"id": 0}], "traceEvents": evs, "traceName": "x"}, **dump
+    )
 
 
 class Writer:
@@ -108,8 +224,9 @@ class Writer:
     any two tokens (`ws`), keys in random order (`shuffle`), ASCII characters of chosen strings
     written as \\u escapes (`escape`), numbers written as strings (`strings`)."""
 
-    def __init__(self, rng: random.Random, ws: str = "", shuffle: bool = False, escape: float = 0.0,
-                 strings: float = 0.0) -> None:
+    def __init__(
+        self, rng: random.Random, ws: str = "", shuffle: bool = False, escape: float = 0.0, strings: float = 0.0
+    ) -> None:
         self.rng, self.ws_chars, self.shuffle, self.escape, self.strings = rng, ws, shuffle, escape, strings
 
     def ws(self) -> str:
@@ -118,8 +235,9 @@ class Writer:
     def string(self, text: str) -> str:
         out = json.dumps(text, ensure_ascii=self.rng.random() < 0.5)
         if self.escape and self.rng.random() < self.escape:
-            body = "".join(f"\\u{ord(c):04x}" if c.isascii() and c.isalnum() and self.rng.random() < 0.5 else c
-                           for c in out[1:-1])
+            body = "".join(
+                f"\\u{ord(c):04x}" if c.isascii() and c.isalnum() and self.rng.random() < 0.5 else c for c in out[1:-1]
+            )
             out = '"' + body + '"'
         return out
 
@@ -129,22 +247,49 @@ class Writer:
             items = list(v.items())
             if self.shuffle:
                 self.rng.shuffle(items)
-            return "{" + w() + ("," + w()).join(self.string(k) + w() + ":" + w() + self.value(x, k) + w()
-                                                for k, x in items) + "}"
+            return (
+                "{"
+                + w()
+                + ("," + w()).join(self.string(k) + w() + ":" + w() + self.value(x, k) + w() for k, x in items)
+                + "}"
+            )
         if isinstance(v, list):
             return "[" + w() + ("," + w()).join(self.value(x) + w() for x in v) + "]"
         if isinstance(v, str):
             return self.string(v)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and key in ("ts", "dur", "pid", "tid", "correlation",
-                                                                                   "External id", "stream"):
+        if (
+            isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and key in ("ts", "dur", "pid", "tid", "correlation", "External id", "stream")
+        ):
             if self.rng.random() < self.strings:
                 return json.dumps(str(v))
         return json.dumps(v)
 
     def trace(self, evs: list[dict]) -> str:
         w = self.ws
-        return ("{" + w() + '"schemaVersion"' + w() + ":" + w() + "1" + w() + "," + w() + '"traceEvents"' + w() + ":"
-                + w() + "[" + w() + ("," + w()).join(self.value(e) + w() for e in evs) + "]" + w() + "}")
+        return (
+            "{"
+            + w()
+            + '"schemaVersion"'
+            + w()
+            + ":"
+            + w()
+            + "1"
+            + w()
+            + ","
+            + w()
+            + '"traceEvents"'
+            + w()
+            + ":"
+            + w()
+            + "["
+            + w()
+            + ("," + w()).join(self.value(e) + w() for e in evs)
+            + "]"
+            + w()
+            + "}"
+        )
 
 
 def assert_reads_as_json_does(path: Path, chunks=CHUNKS) -> None:
@@ -168,9 +313,13 @@ def segment_kinds(path: Path, chunk: int = 4096) -> dict[str, int]:
 @pytest.mark.parametrize("form", ["kineto", "compact", "dumps", "indent1", "indent4"])
 def test_real_writers_forms_are_scanned_and_read_as_json_does(tmp_path: Path, form: str) -> None:
     evs = events(random.Random(form))
-    text = {"kineto": lambda: kineto_text(evs), "compact": lambda: wrap(evs, separators=(",", ":")),
-            "dumps": lambda: wrap(evs), "indent1": lambda: wrap(evs, indent=1),
-            "indent4": lambda: wrap(evs, indent=4)}[form]()
+    text = {
+        "kineto": lambda: kineto_text(evs),
+        "compact": lambda: wrap(evs, separators=(",", ":")),
+        "dumps": lambda: wrap(evs),
+        "indent1": lambda: wrap(evs, indent=1),
+        "indent4": lambda: wrap(evs, indent=4),
+    }[form]()
     path = tmp_path / "t.json"
     path.write_text(text)
     assert_reads_as_json_does(path)
@@ -231,10 +380,15 @@ def test_numbers_written_as_strings(tmp_path: Path, seed: int) -> None:
 def _odd_text(edit: str, evs: list, r: dict) -> str | None:
     """The trace's text for the edits made on the text; None for those made on the events."""
     if edit == "correlation twice":
-        return wrap(evs).replace(f'"correlation": {r["args"]["correlation"]}}}',
-                                 f'"correlation": {r["args"]["correlation"]}, "correlation": 4242}}', 1)
+        return wrap(evs).replace(
+            f'"correlation": {r["args"]["correlation"]}}}',
+            f'"correlation": {r["args"]["correlation"]}, "correlation": 4242}}',
+            1,
+        )
     if edit == "keys repeated before ph":
-        return wrap(evs).replace('{"ph": "X", "cat": "kernel"', '{"ts": -5, "cat": "cpu_op", "ph": "X", "cat": "kernel"', 3)
+        return wrap(evs).replace(
+            '{"ph": "X", "cat": "kernel"', '{"ts": -5, "cat": "cpu_op", "ph": "X", "cat": "kernel"', 3
+        )
     if edit == "key repeated after args":
         return wrap(evs).replace('"est. achieved occupancy %": 8}}', '"est. achieved occupancy %": 8}, "ts": 7.5}', 2)
     if edit == "exponent numbers":
@@ -244,11 +398,25 @@ def _odd_text(edit: str, evs: list, r: dict) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("edit", [
-    "args absent", "args empty", "nested args", "correlation twice", "correlation as a key name's tail",
-    "correlation a float", "ph as a value", "ph inside args", "ph not first", "keys repeated before ph", "args only before ph",
-    "key repeated after args", "exponent numbers", "ph before a needed cat later",
-])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        "args absent",
+        "args empty",
+        "nested args",
+        "correlation twice",
+        "correlation as a key name's tail",
+        "correlation a float",
+        "ph as a value",
+        "ph inside args",
+        "ph not first",
+        "keys repeated before ph",
+        "args only before ph",
+        "key repeated after args",
+        "exponent numbers",
+        "ph before a needed cat later",
+    ],
+)
 def test_single_odd_events(tmp_path: Path, edit: str) -> None:
     evs = events(random.Random(7))
     kernels = [i for i, e in enumerate(evs) if e.get("cat") == "kernel"]
@@ -335,14 +503,25 @@ def test_a_cut_inside_an_event_goes_to_the_exact_reader(tmp_path: Path) -> None:
 
 
 # Bad input stays one line -----------------------------------------------------------------------
-@pytest.mark.parametrize("text, message", [
-    ('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1, "dur": 2}, '
-     '{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": "soon", "dur": 2}, {"ph": "M"}]}', "not a number"),
-    ('{"traceEvents": [{"ph": "X", "cat": "cuda_runtime", "name": "k", "pid": 0, "tid": 7, "ts": 1, "dur": 2, '
-     '"args": {"correlation": "x1"}}, {"ph": "M"}]}', "correlation is not a number"),
-    ('{"traceEvents": [{"ph": "M"}, {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1, "dur": 2}',
-     "not closed"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            '{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1, "dur": 2}, '
+            '{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": "soon", "dur": 2}, {"ph": "M"}]}',
+            "not a number",
+        ),
+        (
+            '{"traceEvents": [{"ph": "X", "cat": "cuda_runtime", "name": "k", "pid": 0, "tid": 7, "ts": 1, "dur": 2, '
+            '"args": {"correlation": "x1"}}, {"ph": "M"}]}',
+            "correlation is not a number",
+        ),
+        (
+            '{"traceEvents": [{"ph": "M"}, {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1, "dur": 2}',
+            "not closed",
+        ),
+    ],
+)
 def test_bad_values_are_one_line_errors_on_the_scanned_path(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "t.json"
     path.write_text(text)

@@ -20,7 +20,7 @@ from msrewrite.verify import verify_files
 
 FLAG = FlagSpec(kind="env", name="ENABLE_MOE_SHARED_EXPERT_STREAM")
 
-HEADER = '''
+HEADER = """
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -38,13 +38,13 @@ class Block(nn.Module):
         self.external = ExternalDropout(0.5)
 
     def forward(self, x):
-'''
-FOOTER = '''
+"""
+FOOTER = """
 
 def make():
     torch.manual_seed(0)
     return Block(), (torch.randn(2, 8, 16),)
-'''
+"""
 
 # name -> (forward body, the draws the refusal names); every one is refused without the option
 REFUSED = {
@@ -106,7 +106,9 @@ def model(tmp_path: Path, name: str, body: str) -> Path:
 
 def edit(path: Path, allow: bool = False):
     src = load(path)
-    steps = case_steps(path, src.text, src.module, "moe-shared-expert", "eager", None, FLAG, None, allow_rng_reorder=allow)
+    steps = case_steps(
+        path, src.text, src.module, "moe-shared-expert", "eager", None, FLAG, None, allow_rng_reorder=allow
+    )
     return steps[-1]
 
 
@@ -163,8 +165,9 @@ def test_plan_file_is_rechecked_and_the_option_is_recorded(tmp_path):
     applied = run_main("apply", str(target), "--plan", str(plan_file), "--allow-rng-reorder", "-i")
     assert applied.returncode == 0, applied.stderr
     assert "--allow-rng-reorder: the side branch draws random numbers" in applied.stderr
-    verified = run_main("verify", str(target), "--original", str(path), "--plan", str(plan_file), "--json",
-                       "--inputs", "0")
+    verified = run_main(
+        "verify", str(target), "--original", str(path), "--plan", str(plan_file), "--json", "--inputs", "0"
+    )
     assert verified.returncode == 1, verified.stdout + verified.stderr
     report = json.loads(verified.stdout)
     assert any(p.startswith("rng-order: train: flag on") for p in report["problems"]), report["problems"]

@@ -11,8 +11,16 @@ from torch import nn
 from msrewrite.runtime import OpRecord, Stream, StreamRuntime, install
 
 STAND_IN_MODULES = ("torch.npu", "torch_npu", "torchair", "torchair.scope", "torchair.ops")
-CUDA_NAMES = ("is_available", "Stream", "Event", "stream", "current_stream", "default_stream",
-              "set_stream", "synchronize")
+CUDA_NAMES = (
+    "is_available",
+    "Stream",
+    "Event",
+    "stream",
+    "current_stream",
+    "default_stream",
+    "set_stream",
+    "synchronize",
+)
 
 
 def _snapshot():
@@ -201,9 +209,11 @@ def test_torchair_tagged_events_run_in_eager_and_refuse_graph_mode():
         assert event.recorded_on is side
         tops.npu_record_tagged_stream(torch.ones(2), "default")
         with rt.graph_mode():
-            for call in (lambda: tops.npu_tagged_event_record(event),
-                         lambda: tops.npu_tagged_event_wait(event),
-                         lambda: tops.npu_record_tagged_stream(torch.ones(2), "x")):
+            for call in (
+                lambda: tops.npu_tagged_event_record(event),
+                lambda: tops.npu_tagged_event_wait(event),
+                lambda: tops.npu_record_tagged_stream(torch.ones(2), "x"),
+            ):
                 with pytest.raises(NotImplementedError):
                     call()
 

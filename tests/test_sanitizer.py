@@ -108,8 +108,9 @@ def test_mutant_is_reported_at_the_right_lines(style, mutant):
     model_class, graph = STYLES[style]
     findings = _run(model_class, mutant, graph)
     assert {f.kind for f in findings} <= allowed_kinds, findings
-    matching = [f for f in findings if f.kind == kind and f.first == _at(first)
-                and (second is None or f.second == _at(second))]
+    matching = [
+        f for f in findings if f.kind == kind and f.first == _at(first) and (second is None or f.second == _at(second))
+    ]
     assert matching, findings
     for finding in findings:
         assert finding.kind in KINDS
@@ -148,10 +149,16 @@ def _write_then_read(sync: str) -> None:
     return total
 
 
-@pytest.mark.parametrize("sync,race", [
-    ("wait_stream", False), ("event", False), ("none", True), ("synchronize", False),
-    ("read-before-wait", True),
-])
+@pytest.mark.parametrize(
+    "sync,race",
+    [
+        ("wait_stream", False),
+        ("event", False),
+        ("none", True),
+        ("synchronize", False),
+        ("read-before-wait", True),
+    ],
+)
 def test_csan_sync_cases(sync, race):
     with install() as rt:
         with Sanitizer(rt, user_files=[__file__]) as san:
@@ -179,13 +186,16 @@ def _allocate_use_free(sync: str) -> None:
     return used
 
 
-@pytest.mark.parametrize("sync,race,needs_record_stream", [
-    ("none", True, True),
-    ("usage-waits-creation", False, True),
-    ("creation-waits-usage", True, False),
-    ("both", False, False),
-    ("device-synchronize", False, False),
-])
+@pytest.mark.parametrize(
+    "sync,race,needs_record_stream",
+    [
+        ("none", True, True),
+        ("usage-waits-creation", False, True),
+        ("creation-waits-usage", True, False),
+        ("both", False, False),
+        ("device-synchronize", False, False),
+    ],
+)
 def test_npu_sanitizer_record_stream_table(sync, race, needs_record_stream):
     with install() as rt:
         with Sanitizer(rt, user_files=[__file__]) as san:
@@ -311,7 +321,6 @@ def test_mixed_api_is_reported_once_per_function():
 
 def test_static_mixed_api_finds_the_ge_forward_only():
     findings = static_mixed_api(FIXTURE.read_text(), str(FIXTURE))
-    assert [(f.kind, f.first, f.second) for f in findings] == [
-        ("mixed-api", _at("ge-switch"), _at("ge-native"))]
+    assert [(f.kind, f.first, f.second) for f in findings] == [("mixed-api", _at("ge-switch"), _at("ge-native"))]
     clean = "def f(s, x):\n    with torch.npu.stream(s):\n        x.record_stream(s)\n"
     assert static_mixed_api(clean) == []

@@ -26,8 +26,13 @@ FIXTURES = Path(__file__).parent / "fixtures"
 FLAG = FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM")
 
 
-def edit(path: Path, case: str = "moe-shared-expert", mode: str = "eager", target: str | None = None,
-         assume_pure: tuple[str, ...] = ()) -> str:
+def edit(
+    path: Path,
+    case: str = "moe-shared-expert",
+    mode: str = "eager",
+    target: str | None = None,
+    assume_pure: tuple[str, ...] = (),
+) -> str:
     src = load(path)
     return case_steps(path, src.text, src.module, case, mode, target, FLAG, None, assume_pure=assume_pure)[-1].new
 
@@ -72,7 +77,7 @@ def test_deepep_helper_gets_the_phased_edit(tmp_path, mode):
     assert "phase 2 of the shared expert re-enters the side stream after topk_output" in deepep
 
 
-BLOCK = '''
+BLOCK = """
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -98,7 +103,7 @@ class Block(nn.Module):
 def make():
     torch.manual_seed(0)
     return Block().eval(), (torch.randn(6, 16),)
-'''
+"""
 
 
 def block_file(tmp_path: Path, methods: str, name: str = "block") -> Path:
@@ -123,19 +128,25 @@ def forward(self, x):
 
 @pytest.mark.slow  # runs the model through verify
 def test_free_function_helper_is_a_seed(tmp_path):
-    path = block_file(tmp_path, """
+    path = block_file(
+        tmp_path,
+        """
     def forward(self, x):
         shared = run_shared(self, x)
         logits = self.gate(x)
         return self.experts(x) * logits.sum() + shared
-    """)
+    """,
+    )
     path.write_text(path.read_text() + "\n\ndef run_shared(block, x):\n    return block.shared_experts(x) * 2\n")
     # the effect summaries do not yet bind `block` to the caller's `self`: unseen, so refused by name
     with pytest.raises(NothingToDo, match="block.shared_experts .not visible to msrewrite. may write"):
         edit(path)
     edited = tmp_path / "block_ms.py"
     edited.write_text(edit(path, assume_pure=("block.shared_experts",)))
-    assert "with torch.npu.stream(shared_expert_stream):\n                shared = run_shared(self, x)" in edited.read_text()
+    assert (
+        "with torch.npu.stream(shared_expert_stream):\n                shared = run_shared(self, x)"
+        in edited.read_text()
+    )
     result = verify_files(edited, original=path)
     assert result.ok, result.problems
 
@@ -143,14 +154,22 @@ def test_free_function_helper_is_a_seed(tmp_path):
 @pytest.mark.parametrize(
     "helper,reason",
     [
-        ("def _shared(self, x):\n    return custom_kernel(self.shared_experts(x))\n",
-         "_shared() calls `custom_kernel`, which msrewrite cannot see into"),
-        ("def _shared(self, x):\n    x.mul_(2)\n    return self.shared_experts(x)\n",
-         "_shared() writes its argument `x` in place"),
-        ("def _shared(self, x):\n    self.last = self.shared_experts(x)\n    return self.last\n",
-         "_shared() assigns `self.last`"),
-        ("def _shared(self, x):\n    return torch.relu_(self.shared_experts(x))\n",
-         "_shared() calls `torch.relu_`, which msrewrite cannot see into"),
+        (
+            "def _shared(self, x):\n    return custom_kernel(self.shared_experts(x))\n",
+            "_shared() calls `custom_kernel`, which msrewrite cannot see into",
+        ),
+        (
+            "def _shared(self, x):\n    x.mul_(2)\n    return self.shared_experts(x)\n",
+            "_shared() writes its argument `x` in place",
+        ),
+        (
+            "def _shared(self, x):\n    self.last = self.shared_experts(x)\n    return self.last\n",
+            "_shared() assigns `self.last`",
+        ),
+        (
+            "def _shared(self, x):\n    return torch.relu_(self.shared_experts(x))\n",
+            "_shared() calls `torch.relu_`, which msrewrite cannot see into",
+        ),
     ],
 )
 def test_helper_that_does_more_than_side_work_is_refused_naming_why(tmp_path, helper, reason):
@@ -161,7 +180,8 @@ def test_helper_that_does_more_than_side_work_is_refused_naming_why(tmp_path, he
 
 def test_framework_overlap_is_named_instead_of_no_target(tmp_path):
     path = tmp_path / "vllm_style.py"
-    path.write_text(textwrap.dedent('''
+    path.write_text(
+        textwrap.dedent("""
         class SparseMoeBlock(nn.Module):
             def __init__(self, config):
                 super().__init__()
@@ -172,13 +192,16 @@ def test_framework_overlap_is_named_instead_of_no_target(tmp_path):
             def forward(self, hidden_states):
                 router_logits, _ = self.gate(hidden_states)
                 return self.experts(hidden_states=hidden_states, router_logits=router_logits)
-    '''))
+    """)
+    )
     message = refusal(path)
     assert "already overlapped by the framework (SharedFusedMoE, given `shared_experts=` in __init__)" in message
 
 
 def test_hand_written_overlap_is_not_stacked(tmp_path):
-    path = block_file(tmp_path, """
+    path = block_file(
+        tmp_path,
+        """
     def forward(self, x):
         current_stream = torch.cuda.current_stream()
         self.alt_stream.wait_stream(current_stream)
@@ -188,7 +211,8 @@ def test_hand_written_overlap_is_not_stacked(tmp_path):
         out = self.experts(x) * logits.sum()
         current_stream.wait_stream(self.alt_stream)
         return out + shared
-    """)
+    """,
+    )
     for mode in ("eager", "cuda"):
         message = refusal(path, mode)
         assert "already overlapped: this function runs it on a stream of its own" in message, message
@@ -196,7 +220,9 @@ def test_hand_written_overlap_is_not_stacked(tmp_path):
 
 def test_overlap_in_a_sibling_method_is_not_stacked(tmp_path):
     """SGLang hunyuan_v3: forward picks a dual-stream method or a single-stream one."""
-    path = block_file(tmp_path, """
+    path = block_file(
+        tmp_path,
+        """
     def forward(self, x):
         if self.alt_stream is not None:
             return self._forward_dual_stream(x)
@@ -216,19 +242,23 @@ def test_overlap_in_a_sibling_method_is_not_stacked(tmp_path):
             out = self.experts(x) * logits.sum()
         current_stream.wait_stream(self.alt_stream)
         return out + shared
-    """)
+    """,
+    )
     message = refusal(path, "cuda")
     assert "Block._forward_single_stream: already overlapped: Block._forward_dual_stream runs it" in message, message
 
 
 def test_npu_code_never_goes_into_a_cuda_function(tmp_path):
-    path = block_file(tmp_path, """
+    path = block_file(
+        tmp_path,
+        """
     def forward(self, x):
         shared = self.shared_experts(x)
         logits = self.gate(x)
         torch.cuda.nvtx.range_push("experts")
         return self.experts(x) * logits.sum() + shared
-    """)
+    """,
+    )
     assert "uses torch.cuda; msrewrite never mixes torch.npu into it" in refusal(path, "eager")
     assert "torch.cuda.stream(shared_expert_stream)" in edit(path, mode="cuda")
 
@@ -244,7 +274,9 @@ def test_auto_mode_follows_a_file_that_drives_cuda_streams():
 def test_phased_inliner_keeps_a_multi_line_conditional_expression(tmp_path):
     """SGLang ernie4: `shared = (\\n self.shared_experts(h)\\n if ... \\n else None\\n)` used to lose
     its parentheses and be reported as the user's syntax error."""
-    path = block_file(tmp_path, """
+    path = block_file(
+        tmp_path,
+        """
     def forward(self, x):
         shared = (
             self.shared_experts(x)
@@ -254,7 +286,8 @@ def test_phased_inliner_keeps_a_multi_line_conditional_expression(tmp_path):
         logits = self.gate(x)
         out = self.experts(x) * logits.sum()
         return out + shared
-    """)
+    """,
+    )
     edited = tmp_path / "block_ms.py"
     edited.write_text(edit(path, "moe-shared-expert-phased"))
     result = verify_files(edited, original=path)
@@ -289,11 +322,22 @@ def test_deepep_helper_with_sglangs_flag_and_capture_gate_reuses_the_models_stre
     shutil.copy(FIXTURES / "deepep_helper_moe.py", original)
     src = load(original)
     flag = FlagSpec(kind="sglang", name="SGLANG_NPU_USE_MULTI_STREAM", default=False, gate="capture")
-    step = case_steps(original, src.text, src.module, "moe-shared-expert", "cuda", "Qwen2MoeSparseMoeBlock._forward_deepep",
-                      flag, None, protect="clone")[-1]
+    step = case_steps(
+        original,
+        src.text,
+        src.module,
+        "moe-shared-expert",
+        "cuda",
+        "Qwen2MoeSparseMoeBlock._forward_deepep",
+        flag,
+        None,
+        protect="clone",
+    )[-1]
     deepep = step.new[step.new.index("def _forward_deepep") : step.new.index("def _forward_router_experts")]
-    assert ("shared_expert_stream = self.alt_stream if self.enable_sglang_npu_use_multi_stream and "
-            "get_is_capture_mode() else None") in deepep
+    assert (
+        "shared_expert_stream = self.alt_stream if self.enable_sglang_npu_use_multi_stream and "
+        "get_is_capture_mode() else None"
+    ) in deepep
     assert "current_stream = torch.cuda.current_stream()" in deepep
     assert "shared_expert_stream.wait_stream(current_stream)" in deepep
     assert "with torch.cuda.stream(shared_expert_stream):" in deepep
@@ -314,8 +358,11 @@ def test_deepep_helper_without_a_shared_expert_runs_the_phased_edit(tmp_path, mo
     """shared_expert_intermediate_size=0: the side `if`s are false in every phase; nothing reads a
     name only they bind (in ge-graph mode no start gate waits on one)."""
     original = tmp_path / "deepep_helper_moe.py"
-    original.write_text((FIXTURES / "deepep_helper_moe.py").read_text().replace(
-        "return Qwen2MoeModel().eval()", "return Qwen2MoeModel(shared_expert_intermediate_size=0).eval()"))
+    original.write_text(
+        (FIXTURES / "deepep_helper_moe.py")
+        .read_text()
+        .replace("return Qwen2MoeModel().eval()", "return Qwen2MoeModel(shared_expert_intermediate_size=0).eval()")
+    )
     text = edit(original, "moe-shared-expert-phased", mode, target="Qwen2MoeSparseMoeBlock._forward_deepep")
     edited = tmp_path / "deepep_helper_moe_ms.py"
     edited.write_text(text)

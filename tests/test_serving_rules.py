@@ -24,7 +24,7 @@ from msrewrite.verify import verify_files
 
 FLAG = FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM")
 
-PRELUDE = '''
+PRELUDE = """
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -73,7 +73,7 @@ class Block(nn.Module):
         h.mul_(2)
         return out
 
-'''
+"""
 
 
 def model_source(forward: str, make_kwargs: str = "") -> str:
@@ -89,7 +89,7 @@ def model_source(forward: str, make_kwargs: str = "") -> str:
 
 def block_forward(text: str) -> str:
     """Block.forward (and route, bump) of an edited model_source()."""
-    return text[text.index("    def route(self, h):"):]
+    return text[text.index("    def route(self, h):") :]
 
 
 def write(tmp_path: Path, name: str, source: str) -> Path:
@@ -175,7 +175,9 @@ def test_an_exit_inside_the_window_is_refused_and_forcing_it_is_caught(tmp_path)
     assert "can return before the join" in why
     # the plan of the same shape without the exit, carried out anyway: with one token the forward
     # returns while the side stream still runs the shared expert
-    safe = edit(write(tmp_path, "exit_safe", model_source(EXIT_IN_WINDOW.replace("    return out\n", "    out = out + 0\n"))))
+    safe = edit(
+        write(tmp_path, "exit_safe", model_source(EXIT_IN_WINDOW.replace("    return out\n", "    out = out + 0\n")))
+    )
     source = model_source(EXIT_IN_WINDOW).replace("(torch.randn(12, 32),)", "(torch.randn(1, 32),)")
     problems = forced_fails_verify(tmp_path, write(tmp_path, "exit_forced", source), safe.plans[0])
     assert any("not joined" in p or "unjoined" in p or "differs" in p for p in problems), problems
@@ -234,7 +236,9 @@ def test_the_branch_with_main_work_needs_an_invariant_condition(tmp_path):
     """The same split on a condition the router computes: refused; forced, the fork reads the
     router's result before it exists."""
     unsafe = ONE_BRANCH_BUSY.replace("h = x * 2\nif self.has_experts:", "h = x * 2\nw = self.gate(h)\nif w.sum() > 0:")
-    safe = ONE_BRANCH_BUSY.replace("h = x * 2\nif self.has_experts:", "h = x * 2\nw = self.gate(h)\nif self.has_experts:")
+    safe = ONE_BRANCH_BUSY.replace(
+        "h = x * 2\nif self.has_experts:", "h = x * 2\nw = self.gate(h)\nif self.has_experts:"
+    )
     why = refusal(write(tmp_path, "busy_data_condition", model_source(unsafe)))
     assert "calls `w.sum`, which msrewrite cannot see into" in why
     plan = edit(write(tmp_path, "busy_invariant", model_source(safe))).plans[0]
@@ -269,8 +273,10 @@ def test_a_copy_made_under_another_condition_may_alias(tmp_path):
     """`x.clone() if not self.has_experts else x` picks `x` itself when the side work runs."""
     unsafe = GUARDED_COPY.replace("if self.shared_expert is not None else x", "if not self.has_experts else x")
     why = refusal(write(tmp_path, "other_copy", model_source(unsafe)))
-    assert ("nothing to overlap (the fork waits for line 54, which writes 'x' before the side work reads "
-            "'identity', which may hold the storage of 'x' (bound at line 51))") in why, why
+    assert (
+        "nothing to overlap (the fork waits for line 54, which writes 'x' before the side work reads "
+        "'identity', which may hold the storage of 'x' (bound at line 51))"
+    ) in why, why
     plan = edit(write(tmp_path, "guarded_copy", model_source(GUARDED_COPY))).plans[0]
     problems = forced_fails_verify(tmp_path, write(tmp_path, "other_copy_forced", model_source(unsafe)), plan)
     assert any("differs" in p or "race" in p for p in problems), problems
@@ -382,7 +388,9 @@ def test_a_write_after_the_side_call_in_its_statement_is_not_in_the_way(tmp_path
 
 @pytest.mark.slow  # runs the model through verify
 def test_a_write_before_the_side_call_in_its_statement_is_refused(tmp_path):
-    unsafe = AFTER_IN_JOIN.replace("self.shared_expert(x) + self.bump(out, x)", "self.bump(out, x) + self.shared_expert(x)")
+    unsafe = AFTER_IN_JOIN.replace(
+        "self.shared_expert(x) + self.bump(out, x)", "self.bump(out, x) + self.shared_expert(x)"
+    )
     why = refusal(write(tmp_path, "before_in_join", model_source(unsafe)))
     assert "writes 'x' before the side call in the same statement reads it" in why
     plan = edit(write(tmp_path, "after_in_join", model_source(AFTER_IN_JOIN))).plans[0]
@@ -399,19 +407,20 @@ out = fused_experts(x, weights, ids)
 out.mul_(2)
 return out + shared
 """
-    source = model_source(forward).replace("from torch import nn\n", "from torch import nn\nfrom kernels_not_here import fused_experts\n")
+    source = model_source(forward).replace(
+        "from torch import nn\n", "from torch import nn\nfrom kernels_not_here import fused_experts\n"
+    )
     why = refusal(write(tmp_path, "alias_origin", source))
-    assert ("line 55 writes 'out' in place while the side stream reads it ('out' may hold the storage of 'x' "
-            "(bound at line 54 from fused_experts (not visible to msrewrite), which may return its argument))") in why, why
+    assert (
+        "line 55 writes 'out' in place while the side stream reads it ('out' may hold the storage of 'x' "
+        "(bound at line 54 from fused_experts (not visible to msrewrite), which may return its argument))"
+    ) in why, why
 
 
 def test_a_helper_that_only_runs_the_side_work_says_so(tmp_path):
     """SGLang qwen2_moe.py's `_forward_shared_experts` calls a kernel msrewrite cannot see into, so
     it is no helper whose call can move; as a function of its own it has nothing to overlap."""
-    helper = (
-        "    def _forward_shared_experts(self, x):\n"
-        "        return fused_gate(self.shared_expert(x))\n\n"
-    )
+    helper = "    def _forward_shared_experts(self, x):\n        return fused_gate(self.shared_expert(x))\n\n"
     source = model_source("return self._forward_shared_experts(x) + self.experts(x, *self.route(x))")
     block_forward_def = "    def forward(self, x):\n        return self._forward_shared_experts"
     source = source.replace(block_forward_def, helper + block_forward_def, 1)
@@ -421,30 +430,48 @@ def test_a_helper_that_only_runs_the_side_work_says_so(tmp_path):
     from msrewrite.cases._base import Options
     from msrewrite.cases._finder import find_targets
 
-    targets = {t.function: t for t in find_targets(get_case("moe-shared-expert"), src.path, src.module, Options(), text=src.text)}
+    targets = {
+        t.function: t
+        for t in find_targets(get_case("moe-shared-expert"), src.path, src.module, Options(), text=src.text)
+    }
     assert "calls `fused_gate`, which msrewrite cannot see into" in targets["Block.forward"].reason
     assert targets["Block._forward_shared_experts"].reason == (
         "_forward_shared_experts() calls no submodule besides the side work (self.shared_expert): nothing "
-        "to overlap it with here; the overlap belongs where it is called")
+        "to overlap it with here; the overlap belongs where it is called"
+    )
 
 
 def test_main_work_inside_the_join_statement_is_named(tmp_path):
     """Main work evaluated after the statement reads the side output stays in the statement (the
     shape whose main work comes first is hoisted: tests/test_join_split.py)."""
-    why = refusal(write(tmp_path, "main_in_join", model_source(
-        "h = x * 2\nshared = self.shared_expert(h)\nreturn shared + self.experts(h, *self.route(h))")))
-    assert ("nothing to overlap (the main work, self.experts, is in the join statement at line 53 itself; "
-            "msrewrite does not hoist it out of that statement: self.experts(h, *self.route(h)) runs after the "
-            "statement reads the side output 'shared'; hoisting it would run it before that read)") in why, why
+    why = refusal(
+        write(
+            tmp_path,
+            "main_in_join",
+            model_source("h = x * 2\nshared = self.shared_expert(h)\nreturn shared + self.experts(h, *self.route(h))"),
+        )
+    )
+    assert (
+        "nothing to overlap (the main work, self.experts, is in the join statement at line 53 itself; "
+        "msrewrite does not hoist it out of that statement: self.experts(h, *self.route(h)) runs after the "
+        "statement reads the side output 'shared'; hoisting it would run it before that read)"
+    ) in why, why
 
 
 def test_a_side_call_in_an_if_that_returns_is_named(tmp_path):
     """KimiK3MoE._forward_shared_experts' shape: one path returns the side call, the other gathers
     first. The `if` that returns stays as it is (tests/test_early_exit_if.py); what is left has
     nothing to overlap, and the refusal says why."""
-    why = refusal(write(tmp_path, "if_returns", model_source(
-        "if self.has_experts:\n    return self.shared_expert(x)\nout = self.shared_expert(x * 2)\n"
-        "return self.experts(out, *self.route(out))")))
+    why = refusal(
+        write(
+            tmp_path,
+            "if_returns",
+            model_source(
+                "if self.has_experts:\n    return self.shared_expert(x)\nout = self.shared_expert(x * 2)\n"
+                "return self.experts(out, *self.route(out))"
+            ),
+        )
+    )
     assert "nothing to overlap (the main work, self.experts, is in the join statement" in why, why
     assert "reads the side output 'out', so it can only run after the join" in why, why
     assert "returns from the function" not in why, why
@@ -478,7 +505,10 @@ return out + self.shared_expert(x)
 
 @pytest.mark.slow  # runs the model through verify
 def test_a_function_reexported_with_a_star_import_is_read(tmp_path, star_package):
-    source = model_source(STAR).replace("from torch import nn\n", f"from torch import nn\nimport sys\nsys.path.insert(0, {str(star_package)!r})\nfrom starpkg import scaled, scale_\n")
+    source = model_source(STAR).replace(
+        "from torch import nn\n",
+        f"from torch import nn\nimport sys\nsys.path.insert(0, {str(star_package)!r})\nfrom starpkg import scaled, scale_\n",
+    )
     step = edits_and_verifies(tmp_path, "star_pure", source)
     assert step.plans[0].trust_boundary == ()
 
@@ -486,10 +516,21 @@ def test_a_function_reexported_with_a_star_import_is_read(tmp_path, star_package
 @pytest.mark.slow  # runs the model through verify
 def test_a_star_exported_function_that_writes_its_input_is_refused(tmp_path, star_package):
     source = model_source(STAR.replace("scaled(x, weights) + out", "scale_(x, weights) + out")).replace(
-        "from torch import nn\n", f"from torch import nn\nimport sys\nsys.path.insert(0, {str(star_package)!r})\nfrom starpkg import scaled, scale_\n")
+        "from torch import nn\n",
+        f"from torch import nn\nimport sys\nsys.path.insert(0, {str(star_package)!r})\nfrom starpkg import scaled, scale_\n",
+    )
     why = refusal(write(tmp_path, "star_writes", source))
     assert "nothing to overlap (the fork waits for line 56, which writes 'x' before the side work reads it)" in why, why
-    plan = edit(write(tmp_path, "star_pure", model_source(STAR).replace("from torch import nn\n", f"from torch import nn\nimport sys\nsys.path.insert(0, {str(star_package)!r})\nfrom starpkg import scaled, scale_\n"))).plans[0]
+    plan = edit(
+        write(
+            tmp_path,
+            "star_pure",
+            model_source(STAR).replace(
+                "from torch import nn\n",
+                f"from torch import nn\nimport sys\nsys.path.insert(0, {str(star_package)!r})\nfrom starpkg import scaled, scale_\n",
+            ),
+        )
+    ).plans[0]
     problems = forced_fails_verify(tmp_path, write(tmp_path, "star_forced", source), plan)
     assert any("differs" in p or "race" in p for p in problems), problems
 
@@ -521,7 +562,11 @@ PHASED_HELPER = """
 def phased_source(body: str) -> str:
     source = model_source("return x")
     start = source.index("    def forward(self, x):\n        return x\n")
-    return source[:start] + textwrap.dedent(body).strip("\n").replace("\n", "\n    ").join(["    ", "\n"]) + source[start + len("    def forward(self, x):\n        return x\n"):]
+    return (
+        source[:start]
+        + textwrap.dedent(body).strip("\n").replace("\n", "\n    ").join(["    ", "\n"])
+        + source[start + len("    def forward(self, x):\n        return x\n") :]
+    )
 
 
 @pytest.mark.slow  # runs the model through verify
@@ -533,9 +578,12 @@ def test_a_helper_with_an_if_is_inlined_and_split_over_the_phases(tmp_path):
     forward = block_forward(edited).split("def forward")[1]
     # phase 0 at the fork: the up projection; phase 1 after `w`: the rest, under the same `if on:`
     assert "                if on:\n                    up_out = self.shared_expert.up(x)\n        else:" in forward
-    assert ("phase 1 of the shared expert re-enters the side stream after w." in forward
-            and "                if on:\n                    silu_out = F.silu(up_out)\n"
-                "                    shared = self.shared_expert.down(silu_out)\n        out = self.experts" in forward)
+    assert (
+        "phase 1 of the shared expert re-enters the side stream after w." in forward
+        and "                if on:\n                    silu_out = F.silu(up_out)\n"
+        "                    shared = self.shared_expert.down(silu_out)\n        out = self.experts"
+        in forward
+    )
     plan = steps[-1].plans[0]
     assert any(len(set(side.inner_phases)) == 2 for side in plan.side)
     result = verified(tmp_path, path, edited, steps[-1].plans, planned=steps[-1].old)
@@ -584,9 +632,13 @@ def test_a_rebinding_side_statement_keeps_its_order_across_phases(tmp_path):
     result = verified(tmp_path, path, steps[-1].new, steps[-1].plans, planned=steps[-1].old)
     assert result.ok, result.problems
     # by depth alone the rebinding would go to phase 0, at the fork, before `b` reads the first `a`
-    early = dataclasses.replace(plan, side=tuple(
-        dataclasses.replace(side, phase=0) if side.source == "a = self.shared_expert.up(mul_out)" else side
-        for side in plan.side))
+    early = dataclasses.replace(
+        plan,
+        side=tuple(
+            dataclasses.replace(side, phase=0) if side.source == "a = self.shared_expert.up(mul_out)" else side
+            for side in plan.side
+        ),
+    )
     inlined = write(tmp_path, "rebind_in_side_inlined", steps[-1].old)
     problems = forced_fails_verify(tmp_path, inlined, early)
     assert any("differs" in p for p in problems), problems

@@ -15,7 +15,7 @@ from helpers import EXAMPLES, ROOT
 
 # Counts whole-file passes in a fresh process (caches keyed by the text start empty, as in a run).
 # A module counts as the file when it has at least as many statements as the parsed file.
-COUNTER = r'''
+COUNTER = r"""
 import ast, builtins, collections, contextlib, io, json, sys
 import libcst as cst
 import libcst._parser.entrypoints as entrypoints
@@ -88,7 +88,7 @@ try:
 except SystemExit as exc:
     code_ = exc.code
 print(json.dumps({"exit": code_, "diff": out.getvalue().startswith("---"), "counts": counts}))
-'''
+"""
 
 # What `apply --case moe-shared-expert` on a model file may do to the whole file: parse it once
 # with libcst and once with ast (the cheap pre-filters), visit it once to swap the edited
@@ -108,7 +108,10 @@ APPLY_BUDGET = {
 def test_apply_reads_the_whole_file_a_fixed_number_of_times(example):
     done = subprocess.run(
         [sys.executable, "-c", COUNTER, str(EXAMPLES / f"{example}.py"), "apply", "--case", "moe-shared-expert"],
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -123,12 +126,31 @@ def test_apply_reads_the_whole_file_a_fixed_number_of_times(example):
 # other cases' analyses, and standard modules it has no use for on this path (libcst itself
 # imports json, tokenize, subprocess, signal and inspect, so those are not listed).
 NOT_FOR_APPLY = (
-    "msrewrite.verify", "msrewrite.harness", "msrewrite.suggest", "msrewrite.sanitizer", "msrewrite.profile",
-    "msrewrite.plancheck", "msrewrite.cores", "msrewrite.analyze.effects", "msrewrite.analyze.stmtgraph",
-    "msrewrite.emit.microbatch", "msrewrite.emit.inline", "msrewrite.emit.markers", "msrewrite.emit.schedules",
-    "msrewrite.cases.kvcache_offload", "msrewrite.cases.prefill_microbatch", "msrewrite.codemods",
-    "msrewrite.output.inplace", "msrewrite.output.patch",
-    "sysconfig", "tempfile", "hashlib", "shutil", "unicodedata", "argparse", "gettext",
+    "msrewrite.verify",
+    "msrewrite.harness",
+    "msrewrite.suggest",
+    "msrewrite.sanitizer",
+    "msrewrite.profile",
+    "msrewrite.plancheck",
+    "msrewrite.cores",
+    "msrewrite.analyze.effects",
+    "msrewrite.analyze.stmtgraph",
+    "msrewrite.emit.microbatch",
+    "msrewrite.emit.inline",
+    "msrewrite.emit.markers",
+    "msrewrite.emit.schedules",
+    "msrewrite.cases.kvcache_offload",
+    "msrewrite.cases.prefill_microbatch",
+    "msrewrite.codemods",
+    "msrewrite.output.inplace",
+    "msrewrite.output.patch",
+    "sysconfig",
+    "tempfile",
+    "hashlib",
+    "shutil",
+    "unicodedata",
+    "argparse",
+    "gettext",
 )
 
 

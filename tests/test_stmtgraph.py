@@ -103,8 +103,25 @@ def test_an_unseen_callee_may_write_its_arguments():
     assert _edge(info, "weights = torch.softmax(self.gate(x)", "routed = self.experts") is not None
 
 
-_FIELDS = ("index", "first_line", "last_line", "loads", "stores", "mutates", "self_calls", "has_call", "exits",
-           "raises", "links", "self_stores", "may_write", "unknown_callees", "collective", "rng", "stream")
+_FIELDS = (
+    "index",
+    "first_line",
+    "last_line",
+    "loads",
+    "stores",
+    "mutates",
+    "self_calls",
+    "has_call",
+    "exits",
+    "raises",
+    "links",
+    "self_stores",
+    "may_write",
+    "unknown_callees",
+    "collective",
+    "rng",
+    "stream",
+)
 
 
 def _apply_facts(path: Path, qualname: str) -> list[tuple]:
@@ -119,8 +136,10 @@ def _apply_facts(path: Path, qualname: str) -> list[tuple]:
     return [tuple(getattr(f, k) for k in _FIELDS) for f in facts]
 
 
-@pytest.mark.parametrize("name", ["examples/deepseek_moe.py", "examples/hunyuan_moe.py",
-                                  "tests/fixtures/pkg_moe.py", "examples/microbatch_moe.py"])
+@pytest.mark.parametrize(
+    "name",
+    ["examples/deepseek_moe.py", "examples/hunyuan_moe.py", "tests/fixtures/pkg_moe.py", "examples/microbatch_moe.py"],
+)
 def test_suggest_reads_the_facts_apply_computes(name):
     path = ROOT / name
     for analysis in (analyze_file(path), analyze_static(path)):
@@ -131,7 +150,7 @@ def test_suggest_reads_the_facts_apply_computes(name):
             mine = [tuple(getattr(s.facts, k) for k in _FIELDS) for s in info.statements]
             theirs = _apply_facts(path, qualname)
             assert len(theirs) - len(mine) in (0, 1), qualname  # a leading docstring is no statement here
-            assert mine == theirs[len(theirs) - len(mine):], qualname
+            assert mine == theirs[len(theirs) - len(mine) :], qualname
 
 
 def test_candidates_are_derived_under_the_scope_the_dag_came_from():
@@ -146,13 +165,17 @@ def test_candidates_are_derived_under_the_scope_the_dag_came_from():
     assert memo["module"] is info.syntax
     assert info.node is not None and isinstance(info.node.body, cst.IndentedBlock)
     again = statement_facts(list(info.node.body.body), info.positions, info.scope)  # as branch.py asks
-    assert [f.node for f in again][-len(info.statements):] == [s.facts.node for s in info.statements]
-    assert [tuple(getattr(f, k) for k in _FIELDS) for f in again][-len(info.statements):] == [
-        tuple(getattr(s.facts, k) for k in _FIELDS) for s in info.statements]
+    assert [f.node for f in again][-len(info.statements) :] == [s.facts.node for s in info.statements]
+    assert [tuple(getattr(f, k) for k in _FIELDS) for f in again][-len(info.statements) :] == [
+        tuple(getattr(s.facts, k) for k in _FIELDS) for s in info.statements
+    ]
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.py")) + sorted((ROOT / "tests" / "fixtures").glob("*.py")),
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    sorted((ROOT / "examples").glob("*.py")) + sorted((ROOT / "tests" / "fixtures").glob("*.py")),
+    ids=lambda p: p.name,
+)
 def test_the_static_tier_leaves_out_only_forwards_without_a_branch(path):
     """analyze_static decides on torch-table facts which forwards can hold a branch (resolving calls
     costs package reads); the summaries' facts must agree wherever it left one out."""

@@ -34,23 +34,37 @@ def line_of(path: Path, text: str) -> int:
 # What each model's top candidate must be: (file, target, case, function, side statements, join).
 EXPECTED = {
     "deepseek": (
-        DEEPSEEK, "DeepseekV3DecoderLayer", "moe-shared-expert", "DeepseekV3MoE.forward",
+        DEEPSEEK,
+        "DeepseekV3DecoderLayer",
+        "moe-shared-expert",
+        "DeepseekV3MoE.forward",
         ["hidden_states = hidden_states + self.shared_experts(residuals)"],
         "hidden_states = hidden_states + self.shared_experts(residuals)",
     ),
     "qwen3_next": (
-        QWEN3_NEXT, "Qwen3NextDecoderLayer", "moe-shared-expert", "Qwen3NextSparseMoeBlock.forward",
-        ["shared_expert_output = self.shared_expert(hidden_states_reshaped)",
-         "shared_expert_output = F.sigmoid(self.shared_expert_gate(hidden_states_reshaped))"],
+        QWEN3_NEXT,
+        "Qwen3NextDecoderLayer",
+        "moe-shared-expert",
+        "Qwen3NextSparseMoeBlock.forward",
+        [
+            "shared_expert_output = self.shared_expert(hidden_states_reshaped)",
+            "shared_expert_output = F.sigmoid(self.shared_expert_gate(hidden_states_reshaped))",
+        ],
         "expert_output = expert_output + shared_expert_output",
     ),
     "longcat": (
-        LONGCAT, "LongcatFlashDecoderLayer", "attn-moe-limit-core", "LongcatFlashDecoderLayer.forward",
+        LONGCAT,
+        "LongcatFlashDecoderLayer",
+        "attn-moe-limit-core",
+        "LongcatFlashDecoderLayer.forward",
         ["shortcut_mlp_output = self.mlp(hidden_states)"],
         "hidden_states = residual + hidden_states + shortcut_mlp_output",
     ),
     "hunyuan": (
-        HUNYUAN, "HunYuanMoEV1DecoderLayer", "moe-shared-expert", "HunYuanMoEV1Moe.forward",
+        HUNYUAN,
+        "HunYuanMoEV1DecoderLayer",
+        "moe-shared-expert",
+        "HunYuanMoEV1Moe.forward",
         ["hidden_states_mlp = self.shared_mlp(hidden_states)"],
         "return final_hidden_states + hidden_states_mlp",
     ),
@@ -104,8 +118,16 @@ def test_qwen3_next_and_longcat_plan_details(analyses) -> None:
     from msrewrite.plan import FlagSpec
 
     src = load(QWEN3_NEXT)
-    (case_plan,) = plans_for_case(QWEN3_NEXT, src.module, "moe-shared-expert", "eager", qwen.function,
-                                  FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"), None, text=src.text)
+    (case_plan,) = plans_for_case(
+        QWEN3_NEXT,
+        src.module,
+        "moe-shared-expert",
+        "eager",
+        qwen.function,
+        FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"),
+        None,
+        text=src.text,
+    )
     assert qwen.with_changes(file=case_plan.file) == case_plan
     longcat = analyses["longcat"].candidates[0].plan
     assert longcat.side_outputs == ("shortcut_mlp_output",)
@@ -134,7 +156,10 @@ def test_static_flag_matches_the_trace_plan(analyses) -> None:
         static = analyze(path, device=profile("a3"), static=True).candidates[0].plan
         traced = analyses[name].candidates[0].plan
         assert (static.function, static.side_lines, static.join_line, static.fork_line) == (
-            traced.function, traced.side_lines, traced.join_line, traced.fork_line
+            traced.function,
+            traced.side_lines,
+            traced.join_line,
+            traced.fork_line,
         )
 
 
@@ -157,12 +182,37 @@ def test_no_candidates_exits_1(tmp_path: Path, capsys) -> None:
 
 
 # Report ---------------------------------------------------------------------------------------------
-SECTIONS = ["## 1. 分析范围", "## 2. 目标优化点", "## 3. 整网模块清单", "## 4. 整网模块依赖清单", "## 5. 整网模块 DAG",
-            "## 6. 模块级并行性结论", "### 6.1 主串行链", "### 6.2 可并行模块组", "### 6.3 待验证模块组", "### 6.4 建议流分组",
-            "## 7. 模块拆解结论", "## 8. 每个模块的算子级拆解", "#### 算子清单", "#### 算子依赖清单", "#### 算子 DAG",
-            "##### 模块内主串行链", "##### 模块内可并行算子组", "##### 模块内待验证算子组", "##### 模块内建议流分组", "#### 模块内结论",
-            "## 9. 实施记录", "### 9.1 方案选择", "### 9.2 关键改动", "### 9.3 当前实现结论", "## 10. 调试记录",
-            "### 10.5 当前调试结论", "## 11. 验收结果", "### 11.4 Profile", "## 12. 最终结论"]
+SECTIONS = [
+    "## 1. 分析范围",
+    "## 2. 目标优化点",
+    "## 3. 整网模块清单",
+    "## 4. 整网模块依赖清单",
+    "## 5. 整网模块 DAG",
+    "## 6. 模块级并行性结论",
+    "### 6.1 主串行链",
+    "### 6.2 可并行模块组",
+    "### 6.3 待验证模块组",
+    "### 6.4 建议流分组",
+    "## 7. 模块拆解结论",
+    "## 8. 每个模块的算子级拆解",
+    "#### 算子清单",
+    "#### 算子依赖清单",
+    "#### 算子 DAG",
+    "##### 模块内主串行链",
+    "##### 模块内可并行算子组",
+    "##### 模块内待验证算子组",
+    "##### 模块内建议流分组",
+    "#### 模块内结论",
+    "## 9. 实施记录",
+    "### 9.1 方案选择",
+    "### 9.2 关键改动",
+    "### 9.3 当前实现结论",
+    "## 10. 调试记录",
+    "### 10.5 当前调试结论",
+    "## 11. 验收结果",
+    "### 11.4 Profile",
+    "## 12. 最终结论",
+]
 
 
 @pytest.mark.parametrize("name", ["deepseek", "longcat"])
@@ -190,7 +240,9 @@ def test_static_report_is_complete() -> None:
 
 
 def test_mermaid_checker_rejects_bad_graphs() -> None:
-    good = 'flowchart LR\n    subgraph Main[Main Path]\n        a["x"]\n        b["y"]\n    end\n    a --> b\n    a -.-> b'
+    good = (
+        'flowchart LR\n    subgraph Main[Main Path]\n        a["x"]\n        b["y"]\n    end\n    a --> b\n    a -.-> b'
+    )
     assert mermaid.check(good) == []
     assert mermaid.check(good.replace("flowchart LR", "graph TD"))
     assert mermaid.check(good.replace("    end\n", ""))
@@ -281,8 +333,13 @@ def test_full_size_longcat_hand_calculation(analyses) -> None:
     touched = experts * (1 - (1 - 1 / experts) ** rows)
     side_bytes = router + touched * 3 * hidden * inter * BF16
     heads, q_lora, kv_lora, nope, rope, v = 64, 1536, 512, 128, 64, 128
-    mla = (hidden * q_lora + q_lora * heads * (nope + rope) + hidden * (kv_lora + rope)
-           + kv_lora * heads * (nope + v) + heads * v * hidden) * BF16
+    mla = (
+        hidden * q_lora
+        + q_lora * heads * (nope + rope)
+        + hidden * (kv_lora + rope)
+        + kv_lora * heads * (nope + v)
+        + heads * v * hidden
+    ) * BF16
     main_bytes = 2 * 3 * hidden * ffn * BF16 + mla
     _check_full_size(top, side_bytes, main_bytes)
     assert top.cost.main_time > top.cost.side_time
@@ -300,7 +357,10 @@ def test_fx_tier_records_which_tracer_worked(analyses) -> None:
     deepseek = fx["deepseek"]["DeepseekV3MoE.forward"]
     assert deepseek.tracer == "meta-leaf" and deepseek.reason.startswith("TraceError: Proxy object cannot be iterated")
     tiers = analyses["deepseek"].tiers["fx"]
-    assert "DeepseekV3MoE: ok (meta-leaf tracer with shape oracle" in tiers and "plain leaf tracer failed: TraceError" in tiers
+    assert (
+        "DeepseekV3MoE: ok (meta-leaf tracer with shape oracle" in tiers
+        and "plain leaf tracer failed: TraceError" in tiers
+    )
     assert "HunYuanMoEV1Moe: ok (leaf tracer" in analyses["hunyuan"].tiers["fx"]
     # Only the functions of named cases (and of the best candidate) are traced.
     assert set(fx["deepseek"]) == {"DeepseekV3MoE.forward"}
@@ -312,7 +372,9 @@ def test_fx_module_dag_and_cross_check(analyses) -> None:
     modules = {d["target"]: n for n, d in dag.nodes(data=True) if d["kind"] == "module"}
     assert set(modules) == {"gate", "experts", "shared_experts"}
     assert dag.edges[modules["gate"], modules["experts"]]["kind"] == "item"  # top-k indices and weights
-    assert dag.nodes[modules["shared_experts"]]["line"] == line_of(DEEPSEEK, "hidden_states = hidden_states + self.shared_experts(")
+    assert dag.nodes[modules["shared_experts"]]["line"] == line_of(
+        DEEPSEEK, "hidden_states = hidden_states + self.shared_experts("
+    )
     for name in EXPECTED:
         top = analyses[name].candidates[0]
         assert top.fx_check == "independent", name
@@ -427,14 +489,18 @@ def test_static_tier_skips_libcst_without_a_forward_to_analyze(tmp_path: Path, m
     real = libcst.parse_module
     monkeypatch.setattr(libcst, "parse_module", lambda *a, **k: calls.append(1) or real(*a, **k))
     plain = tmp_path / "plain.py"
-    plain.write_text("import torch as t\nX, (Y, *Z) = 1, (2, 3)\nclass A:\n    def forward(self, x):\n"
-                     "        return torch.relu(self.f(x)).view(-1)\n    def helper(self, x):\n        return self.a(x) + self.b(x)\n")
+    plain.write_text(
+        "import torch as t\nX, (Y, *Z) = 1, (2, 3)\nclass A:\n    def forward(self, x):\n"
+        "        return torch.relu(self.f(x)).view(-1)\n    def helper(self, x):\n        return self.a(x) + self.b(x)\n"
+    )
     info = analyze_static(plain)
     assert calls == [] and info.functions == {}
     assert info.module_names == {"t", "X", "Y", "Z", "A"} and info.classes == {"A": ["forward", "helper"]}
     assert run_suggest(files=[plain], static=True, json_out=True) == 1
     two = tmp_path / "two.py"
-    two.write_text("class A:\n    def forward(self, x):\n        y = self.f(x)\n        z = self.g(x)\n        return y + z\n")
+    two.write_text(
+        "class A:\n    def forward(self, x):\n        y = self.f(x)\n        z = self.g(x)\n        return y + z\n"
+    )
     assert list(analyze_static(two).functions) == ["A.forward"] and calls
     chain = tmp_path / "chain.py"  # two self-calls, one after the other: parsed, then left out
     chain.write_text("class A:\n    def forward(self, x):\n        y = self.f(x)\n        return self.f(y)\n")
@@ -451,7 +517,9 @@ def test_indexer_prolog_is_classified_and_make_is_used_as_the_harness():
     root = Path(__file__).resolve().parent.parent
     out = subprocess.run(
         [sys.executable, "-m", "msrewrite", "suggest", "--json", str(root / "examples" / "indexer_prolog.py")],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stderr
     candidates = json.loads(out.stdout)["candidates"]

@@ -10,7 +10,7 @@ from msrewrite.analyze.summaries import ModuleSummaries
 from msrewrite.analyze.torch_effects import CallEffect
 from msrewrite.analyze.walk import Visitor
 
-SOURCE = '''
+SOURCE = """
 from torch import nn
 
 
@@ -28,7 +28,7 @@ class Block(nn.Module):
     def forward(self, x):
         a = self.experts[0](x)
         return self.chain(a)
-'''
+"""
 
 
 def _effects() -> dict[str, CallEffect]:

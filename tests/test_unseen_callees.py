@@ -96,8 +96,18 @@ def model(tmp_path: Path, side_pre: str = "nn.Identity()") -> Path:
 
 def edit(path: Path, protect: str = "", assume_pure: tuple[str, ...] = ()) -> Path:
     src = load(path)
-    steps = case_steps(path, src.text, src.module, "moe-shared-expert", "eager", None,
-                       FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"), None, protect=protect, assume_pure=assume_pure)
+    steps = case_steps(
+        path,
+        src.text,
+        src.module,
+        "moe-shared-expert",
+        "eager",
+        None,
+        FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"),
+        None,
+        protect=protect,
+        assume_pure=assume_pure,
+    )
     edited = path.with_name(f"{path.stem}_ms.py")
     edited.write_text(steps[-1].new)
     return edited
@@ -159,7 +169,10 @@ def test_unseen_callees_of_the_side_branch_are_named_in_the_same_refusal(tmp_pat
     path = model(tmp_path, side_pre="SideAct()")
     why = refusal(path)
     line = path.read_text().splitlines().index("        shared = self.shared_experts(x)") + 1
-    assert f"on the side branch, line {line}: self.shared_experts (MLP) -> self.pre (SideAct, not visible to msrewrite)" in why, why
+    assert (
+        f"on the side branch, line {line}: self.shared_experts (MLP) -> self.pre (SideAct, not visible to msrewrite)"
+        in why
+    ), why
     assert why.endswith(f"pass {options(*THREE, 'SideAct')}, or --protect clone {options('SideAct')}"), why
     assert "a snapshot cannot help here; pass --assume-pure SideAct if it does not" in refusal(path, protect="clone")
     for how in ({"assume_pure": (*THREE, "SideAct")}, {"assume_pure": ("SideAct",), "protect": "clone"}):
@@ -168,7 +181,9 @@ def test_unseen_callees_of_the_side_branch_are_named_in_the_same_refusal(tmp_pat
 
 
 def test_the_naming_is_bounded_and_says_how_many_more():
-    callees = [f"self.mixer (Mixer) -> self.l{i} (Layer{i:02}, not visible to msrewrite)" for i in range(MAX_VOUCHED + 3)]
+    callees = [
+        f"self.mixer (Mixer) -> self.l{i} (Layer{i:02}, not visible to msrewrite)" for i in range(MAX_VOUCHED + 3)
+    ]
     text = _vouch_options(callees)
     assert text.count("--assume-pure") == MAX_VOUCHED and text.endswith("(and 3 more, not named here)"), text
     named = _named(callees, MAX_DESCRIBED)
@@ -206,4 +221,6 @@ def test_only_names_assume_pure_takes_are_printed():
     assert vouch_names(inside) == ["invoke_kernel"]
     direct = ["fused_moe_kernel[grid] (not visible to msrewrite)", "self.experts (FusedMoE, not visible to msrewrite)"]
     text = _vouch_options(direct)
-    assert text.startswith("--assume-pure FusedMoE (no name --assume-pure takes vouches for fused_moe_kernel[grid]"), text
+    assert text.startswith("--assume-pure FusedMoE (no name --assume-pure takes vouches for fused_moe_kernel[grid]"), (
+        text
+    )

@@ -15,7 +15,7 @@ from msrewrite.plan import FlagSpec
 
 pytestmark = pytest.mark.slow  # verify in subprocesses whose user code exits, dies or hangs
 
-MODEL = '''
+MODEL = """
 import os
 import sys
 
@@ -58,7 +58,7 @@ def make():
     misbehave("make")
     torch.manual_seed(0)
     return Block(), (torch.randn(2, 8, 16),)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +67,16 @@ def files(tmp_path_factory):
     original = folder / "block.py"
     original.write_text(MODEL)
     src = load(original)
-    steps = case_steps(original, src.text, src.module, "moe-shared-expert", "eager", None,
-                       FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"), None)
+    steps = case_steps(
+        original,
+        src.text,
+        src.module,
+        "moe-shared-expert",
+        "eager",
+        None,
+        FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"),
+        None,
+    )
     edited = folder / "block_ms.py"
     edited.write_text(steps[-1].new)
     return edited, original
@@ -86,11 +94,14 @@ def one_error_line(proc) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("behaviour,reason", [
-    ("make:exit", "sys.exit(0)"),
-    ("make:os_exit", "exited with status 0"),
-    ("make:kill", "killed by SIGKILL"),
-])
+@pytest.mark.parametrize(
+    "behaviour,reason",
+    [
+        ("make:exit", "sys.exit(0)"),
+        ("make:os_exit", "exited with status 0"),
+        ("make:kill", "killed by SIGKILL"),
+    ],
+)
 def test_harness_that_exits_or_dies_is_bad_input(files, behaviour, reason):
     proc = verify(files, behaviour)
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -105,12 +116,15 @@ def test_harness_that_hangs_times_out(files):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("behaviour,reason", [
-    ("forward:os_exit", "exited with status 0 while running the model"),
-    ("forward:kill", "killed by SIGKILL while running the model"),
-    ("forward:exit", "sys.exit(0) while running the model"),
-    ("forward:hang", "timed out after 3 s while running the model"),
-])
+@pytest.mark.parametrize(
+    "behaviour,reason",
+    [
+        ("forward:os_exit", "exited with status 0 while running the model"),
+        ("forward:kill", "killed by SIGKILL while running the model"),
+        ("forward:exit", "sys.exit(0) while running the model"),
+        ("forward:hang", "timed out after 3 s while running the model"),
+    ],
+)
 def test_model_that_exits_dies_or_hangs_is_a_problem(files, behaviour, reason):
     proc = verify(files, behaviour, "--timeout", "3")
     assert proc.returncode == 1, proc.stdout + proc.stderr

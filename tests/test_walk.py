@@ -12,7 +12,7 @@ from helpers import EXAMPLES, ROOT
 from msrewrite.analyze import walk as walk_module
 from msrewrite.analyze.walk import Visitor, walk
 
-SYNTAX = '''\
+SYNTAX = """\
 x = f"{a}"
 y = f"{a:>{w}} {b!r:10} {c=} {d:{e}.{f}}"
 z = f"{a:>10}{b}" f"{q}"
@@ -44,7 +44,7 @@ finally:
 while not a and b or c is not d: assert e, "m"; break
 for i, *j in k: continue
 t = a if b else c; u = a @ b; u @= 2; u = -a ** ~b; u = (a := 1); print(*a, **b)
-'''
+"""
 
 
 def _node_classes() -> list[type]:
@@ -253,7 +253,11 @@ def test_trivia_hold_only_trivia():
     def classes(annotation) -> set[type]:
         if isinstance(annotation, type):
             return {annotation}
-        return set().union(*(classes(arg) for arg in typing.get_args(annotation))) if typing.get_args(annotation) else set()
+        return (
+            set().union(*(classes(arg) for arg in typing.get_args(annotation)))
+            if typing.get_args(annotation)
+            else set()
+        )
 
     assert {cst.SimpleWhitespace, cst.Comment, cst.Comma, cst.LeftParen, cst.Add} <= walk_module.TRIVIA
     assert not {cst.Name, cst.Call, cst.Attribute, cst.ImportAlias} & walk_module.TRIVIA
@@ -269,6 +273,7 @@ def test_trivia_hold_only_trivia():
 
 def test_trivia_hold_only_trivia_in_real_trees():
     """... and in the trees the tool parses."""
+
     class Trivia(cst.CSTVisitor):
         def __init__(self) -> None:
             super().__init__()

@@ -27,6 +27,8 @@ CASE = ("apply", "--case", "moe-shared-expert")
 def run_in_process(args, cwd: Path):
     """The CLI's main() in this process (helpers.main_in_process), args as one list."""
     return main_in_process(*args, cwd=cwd)
+
+
 GOOD = (EXAMPLES / "deepseek_moe.py").read_text()
 GOLDEN = (ROOT / "golden" / "moe-shared-expert" / "eager" / "deepseek_moe.py").read_text()
 
@@ -88,8 +90,12 @@ def test_a_second_run_waits_for_the_lock_then_refuses_the_changed_file(tmp_path)
     fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "msrewrite", *CASE, "-i", str(path)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "msrewrite", *CASE, "-i", str(path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         notes = []
         while not any("DeepseekMoE.forward:" in line for line in notes):  # printed right before the write
             line = proc.stderr.readline()
@@ -108,8 +114,15 @@ def test_a_second_run_waits_for_the_lock_then_refuses_the_changed_file(tmp_path)
 
 def test_concurrent_in_place_runs_lose_no_edit(tmp_path):
     path = _model(tmp_path)
-    procs = [subprocess.Popen([sys.executable, "-m", "msrewrite", *CASE, "-i", str(path)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "msrewrite", *CASE, "-i", str(path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
     results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
     codes = sorted(code for code, _ in results)
     assert codes.count(0) == 1, results
@@ -163,8 +176,10 @@ def test_output_failure_halfway_leaves_nothing(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(patch.os, "fsync", fail)
-    result = run_in_process(["apply", "--case", "indexer-prolog", "-o", str(out),
-                             str(shutil.copy(EXAMPLES / "indexer_prolog.py", path))], tmp_path)
+    result = run_in_process(
+        ["apply", "--case", "indexer-prolog", "-o", str(out), str(shutil.copy(EXAMPLES / "indexer_prolog.py", path))],
+        tmp_path,
+    )
     assert result.returncode == 2
     assert "No space left on device" in _one_error(result.stderr)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
@@ -184,7 +199,9 @@ def test_in_place_verify_failure_writes_nothing(tmp_path, monkeypatch):
 
 # line endings ----------------------------------------------------------------------------------
 SEPARATORS = {
-    "form-feed": lambda t: t.replace("        residuals = hidden_states\n", "        residuals = hidden_states\n\f\n", 1),
+    "form-feed": lambda t: t.replace(
+        "        residuals = hidden_states\n", "        residuals = hidden_states\n\f\n", 1
+    ),
     "form-feed-in-line": lambda t: t.replace("# route every token", "# route\f every token", 1),
     "nel": lambda t: t.replace("# route every token", "# route\x85 every token", 1),
     "line-separator": lambda t: t.replace("# route every token", "# route\u2028 every token", 1),
@@ -193,9 +210,12 @@ SEPARATORS = {
     "file-separator": lambda t: t.replace("# route every token", "# route\x1c every token", 1),
     "cr-only": lambda t: t.replace("\n", "\r"),
     "crlf": lambda t: t.replace("\n", "\r\n"),
-    "one-crlf-line": lambda t: t.replace("        residuals = hidden_states\n", "        residuals = hidden_states\r\n", 1),
-    "lone-cr-between-lines": lambda t: t.replace("        residuals = hidden_states\n",
-                                                 "        residuals = hidden_states\r        unused = 0\n", 1),
+    "one-crlf-line": lambda t: t.replace(
+        "        residuals = hidden_states\n", "        residuals = hidden_states\r\n", 1
+    ),
+    "lone-cr-between-lines": lambda t: t.replace(
+        "        residuals = hidden_states\n", "        residuals = hidden_states\r        unused = 0\n", 1
+    ),
     "bom": lambda t: "\ufeff" + t,
     "bom-crlf": lambda t: "\ufeff" + t.replace("\n", "\r\n"),
     "no-final-newline": lambda t: t.rstrip("\n"),
@@ -241,8 +261,13 @@ def test_diff_paths_keep_their_folder_in_a_repository_git_calls_dubious(git_repo
 # stdout ----------------------------------------------------------------------------------------
 def test_a_broken_pipe_exits_quietly(tmp_path):
     path = _model(tmp_path)
-    result = subprocess.run(f"{sys.executable} -m msrewrite apply --case moe-shared-expert {path} | head -1",
-                            shell=True, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        f"{sys.executable} -m msrewrite apply --case moe-shared-expert {path} | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.stdout == "--- a/moe.py\n"
     assert "Error" not in result.stderr and "error" not in result.stderr, result.stderr
 
@@ -250,8 +275,9 @@ def test_a_broken_pipe_exits_quietly(tmp_path):
 def test_the_diff_is_utf8_bytes_on_an_ascii_terminal(tmp_path):
     path = _model(tmp_path, GOOD.replace("# route every token", "# route every token → experts", 1))
     env = dict(os.environ, PYTHONIOENCODING="ascii")
-    result = subprocess.run([sys.executable, "-m", "msrewrite", *CASE, str(path)], capture_output=True, env=env,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "msrewrite", *CASE, str(path)], capture_output=True, env=env, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert "→ experts".encode() in result.stdout
 
@@ -283,8 +309,10 @@ def test_a_signal_while_writing_patches_leaves_nothing(tmp_path, monkeypatch):
 def test_what_the_harness_prints_stays_out_of_the_diff(tmp_path):
     path = _model(tmp_path)
     harness = tmp_path / "noisy.py"
-    harness.write_text(f"import sys\nsys.path.insert(0, {str(EXAMPLES)!r})\nfrom deepseek_moe import make as _make\n\n"
-                       "def make():\n    print('hello from make')\n    return _make()\n")
+    harness.write_text(
+        f"import sys\nsys.path.insert(0, {str(EXAMPLES)!r})\nfrom deepseek_moe import make as _make\n\n"
+        "def make():\n    print('hello from make')\n    return _make()\n"
+    )
     result = run_in_process([*CASE, "--verify", "--harness", f"{harness}:make", str(path)], tmp_path)
     assert result.returncode == 0, result.stderr
     # the harness runs in verify's child process: its prints never reach the diff on stdout

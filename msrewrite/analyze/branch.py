@@ -170,7 +170,9 @@ def find_side_branch(
             raise
         if isinstance(guard, str):
             # the split's reason, unless the unsplit analysis found a more specific one
-            generic = any(w in str(unsplit) for w in ("does not split", "conditional inside the join", "nothing to overlap"))
+            generic = any(
+                w in str(unsplit) for w in ("does not split", "conditional inside the join", "nothing to overlap")
+            )
             raise NoBranch(guard if generic else str(unsplit)) from None
         holder = facts[guard.index].node
         assert isinstance(holder, cst.If)  # _splittable_if returns a guard only for an `if`
@@ -178,7 +180,9 @@ def find_side_branch(
         flat = body[: guard.index] + block + body[guard.index + 1 :]
         flat_facts = _under_guard(statement_facts(flat, positions, scope), guard, func, scope)
         try:
-            return _find_side_branch(func, body, flat_facts, positions, is_seed, anchors, phase_anchors, guard, scope, protect)
+            return _find_side_branch(
+                func, body, flat_facts, positions, is_seed, anchors, phase_anchors, guard, scope, protect
+            )
         except NoBranch as split:
             if "does not split" in str(unsplit) or "conditional inside the join" in str(unsplit):
                 raise NoBranch(f"{split} (with the `if` at line {guard.line} split)") from None
@@ -200,7 +204,9 @@ def _conjuncts(condition: str) -> list[str]:
     return parts
 
 
-def _under_guard(facts: list[StatementFacts], guard: Guard, func: cst.FunctionDef, scope: Scope) -> list[StatementFacts]:
+def _under_guard(
+    facts: list[StatementFacts], guard: Guard, func: cst.FunctionDef, scope: Scope
+) -> list[StatementFacts]:
     """The flattened facts as they are when the guard holds, which is the only time the side work
     runs: a binding before the `if` that tests the same invariant condition
     (`identity = h.clone() if self.shared_experts is not None else h`, SGLang's sarvam_moe.py)
@@ -212,11 +218,17 @@ def _under_guard(facts: list[StatementFacts], guard: Guard, func: cst.FunctionDe
     out = list(facts)
     for f in facts[: guard.index]:
         node = f.node
-        if not (isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1 and isinstance(node.body[0], cst.Assign)):
+        if not (
+            isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1 and isinstance(node.body[0], cst.Assign)
+        ):
             continue
         assign = node.body[0]
         value = assign.value
-        if not isinstance(value, cst.IfExp) or len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name):
+        if (
+            not isinstance(value, cst.IfExp)
+            or len(assign.targets) != 1
+            or not isinstance(assign.targets[0].target, cst.Name)
+        ):
             continue
         test = value.test.with_changes(lpar=[], rpar=[]) if hasattr(value.test, "lpar") else value.test
         if source(test) in wanted:
@@ -278,16 +290,25 @@ def _alias_origin(
     inputs = sorted({token[1] for token in group if len(token) == 2})
     what = f"'{inputs[0]}'" if inputs else "a side input"
     for g in facts[: before + 1]:  # the write's own statement too (an `if` that binds and writes)
-        if name in g.stores | {t for _, t in g.links} and storage.held(name, g.index + 1) & group \
-                and not storage.held(name, g.index) & group:
+        if (
+            name in g.stores | {t for _, t in g.links}
+            and storage.held(name, g.index + 1) & group
+            and not storage.held(name, g.index) & group
+        ):
             where = f"at line {g.first_line}"
             unseen = sorted(g.unknown_callees)
             if not isinstance(g.node, cst.SimpleStatementLine):
                 # a compound statement: the binding inside it that takes an unseen callee's result
                 where = f"in the {type(g.node).__name__.lower()} at line {g.first_line}"
                 inner = [node_facts(line, scope) for line in _simple_lines(g.node)]
-                unseen = next((sorted(i.unknown_callees) for i in inner
-                               if name in i.stores | {t for _, t in i.links} and i.unknown_callees), [])
+                unseen = next(
+                    (
+                        sorted(i.unknown_callees)
+                        for i in inner
+                        if name in i.stores | {t for _, t in i.links} and i.unknown_callees
+                    ),
+                    [],
+                )
             source = f" from {unseen[0]}, which may return its argument" if unseen else ""
             return f", which may hold the storage of {what} (bound {where}{source}),"
     return f", which may hold the storage of {what},"
@@ -349,7 +370,11 @@ def _super_calls(node: cst.CSTNode) -> list[str]:
     class _Super(Visitor):
         def visit_Call(self, call: cst.Call) -> None:
             func = call.func
-            if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call) and dotted_name(func.value.func) == "super":
+            if (
+                isinstance(func, cst.Attribute)
+                and isinstance(func.value, cst.Call)
+                and dotted_name(func.value.func) == "super"
+            ):
                 found.append(f"super().{func.attr.value}")
 
     node.visit(_Super())
@@ -484,7 +509,9 @@ class _Search:
         self.func, self.body, self.facts, self.positions = func, body, facts, positions
         self.is_seed, self.anchors, self.phase_anchors = is_seed, anchors, phase_anchors
         self.guard, self.scope, self.protect = guard, scope, protect
-        self.params = {p.name.value for p in (*func.params.params, *func.params.kwonly_params, *func.params.posonly_params)}
+        self.params = {
+            p.name.value for p in (*func.params.params, *func.params.kwonly_params, *func.params.posonly_params)
+        }
         self.local_names = self.params | {name for f in facts for name in f.stores}
 
     def reaching_def(self, name: str, before: int, skip: set[int]) -> int | None:
@@ -528,12 +555,20 @@ class _Search:
         every_input = frozenset().union(*groups.values()) if groups else frozenset()
         main = [g for g in facts[start:join] if g.index not in side_idx] + main_hoist_facts
         protected = self._check_window(
-            [*facts[start:join], *main_hoist_facts], side_idx, fork, groups, storage, outputs, side_stores,
+            [*facts[start:join], *main_hoist_facts],
+            side_idx,
+            fork,
+            groups,
+            storage,
+            outputs,
+            side_stores,
             lambda: self._side_writes(whole, hoist_facts, join, main, storage, every_input)[1],
         )
         rebound_by_side = [name for name in protected if name in side_stores]
         if rebound_by_side:
-            raise NoBranch(f"'{rebound_by_side[0]}' is both read and rebound by the side branch; --protect clone cannot snapshot it")
+            raise NoBranch(
+                f"'{rebound_by_side[0]}' is both read and rebound by the side branch; --protect clone cannot snapshot it"
+            )
         window += main_hoist_facts
         if not main_hoists and not any(f.has_call and f.self_calls for f in window):
             raise self._nothing_to_overlap(join, fork, pushed_by, storage)
@@ -542,13 +577,7 @@ class _Search:
         if guard is not None:
             _check_guard(guard, facts, fork, join, side_idx, guard.size)
         rebound = sorted({name for f in window for name in f.stores if name in inputs})
-        # bound only inside an `if` of the side branch, with no default bound before it on the side
-        maybe = [
-            name
-            for name in outputs
-            if any(name in f.stores for f in whole if not isinstance(f.node, cst.SimpleStatementLine))
-            and not any(name in f.stores and _binds_constant(f.node) for f in whole)
-        ]
+        maybe = _maybe_outputs(outputs, whole)
         phases, inner_phases, chosen_anchors = self._phases(whole, fork, join, side_idx, inputs)
         rng = _rng_reorder(facts, whole, hoists, start, join, side_idx, self.scope, bool(main_hoists))
         return SideBranch(
@@ -558,9 +587,7 @@ class _Search:
             phase_anchors=chosen_anchors,
             maybe_outputs=maybe,
             protected_inputs=protected,
-            trust_boundary=sorted(
-                {u for f in [*whole, *hoist_facts, *window] for u in f.unknown_callees}
-            ),
+            trust_boundary=sorted({u for f in [*whole, *hoist_facts, *window] for u in f.unknown_callees}),
             main_hoists=main_hoists,
             statements=whole,
             hoists=hoists,
@@ -605,15 +632,21 @@ class _Search:
             if isinstance(f.node, cst.If) and f.exits:
                 leaves = "raises" if f.raises and not _returns(f.node) else "returns"
                 at = _exit_line(f.node, self.positions)
-                started = (f" after the side work at line {seeds[0].first_line} has started: that path would leave "
-                           "without joining the side stream" if f is not seeds[0] else "")
+                started = (
+                    f" after the side work at line {seeds[0].first_line} has started: that path would leave "
+                    "without joining the side stream"
+                    if f is not seeds[0]
+                    else ""
+                )
                 raise NoBranch(
                     f"line {f.first_line}: the side-branch call sits inside `if {source(f.node.test)}`, which "
                     f"{leaves} from the function{f' at line {at}' if at else ''}{started}; msrewrite does not "
                     "split an `if` that leaves the function"
                 )
-            if not isinstance(f.node, cst.If) or f.exits or not (
-                all(self.is_seed(c) for c in f.self_calls) or _side_only_if(f, self.func, self.facts)
+            if (
+                not isinstance(f.node, cst.If)
+                or f.exits
+                or not (all(self.is_seed(c) for c in f.self_calls) or _side_only_if(f, self.func, self.facts))
             ):
                 raise NoBranch(
                     f"line {f.first_line}: the side-branch call sits inside a {type(f.node).__name__} "
@@ -688,7 +721,8 @@ class _Search:
                 continue
             # statements that see this very definition (not a later rewrite, such as a recv filling it)
             readers = [
-                g for g in facts[f.index + 1 :]
+                g
+                for g in facts[f.index + 1 :]
                 if any(self.reaching_def(n, g.index, set()) == f.index for n in f.stores & g.loads)
             ]
             if (
@@ -721,7 +755,8 @@ class _Search:
             side_stores.extend(n for n in sorted(f.stores) if n not in side_stores)
         read_after = (
             {name for f in facts[max(side_idx) + 1 :] if f.index not in side_idx for name in f.loads}
-            if side_idx else set()
+            if side_idx
+            else set()
         )
         return side_stores, [n for n in side_stores if n in read_after]
 
@@ -736,9 +771,10 @@ class _Search:
         for f in facts:
             if f.index in side_idx or (first_side is not None and f.index < first_side):
                 continue
-            if f in impure or (f.loads & set(outputs) and any(
-                self.reaching_def(n, f.index, set()) in side_idx for n in f.loads & set(outputs)
-            )):
+            if f in impure or (
+                f.loads & set(outputs)
+                and any(self.reaching_def(n, f.index, set()) in side_idx for n in f.loads & set(outputs))
+            ):
                 join = f.index
                 break
         if join is None:
@@ -760,7 +796,8 @@ class _Search:
         hoists: list[Hoist] = []
         every_branch = (
             _every_branch_calls(join_fact.node, is_seed, self.func, self.facts, self.local_names)
-            if join_fact in impure and isinstance(join_fact.node, cst.If) else None
+            if join_fact in impure and isinstance(join_fact.node, cst.If)
+            else None
         )
         if join_fact in impure and not isinstance(join_fact.node, cst.SimpleStatementLine) and every_branch is None:
             raise NoBranch(
@@ -821,7 +858,12 @@ class _Search:
         return units, hoist_facts, inputs
 
     def _fork_after_inputs(
-        self, units: list[_Unit], inputs: list[str], side_idx: set[int], join: int, hoists: list[Hoist],
+        self,
+        units: list[_Unit],
+        inputs: list[str],
+        side_idx: set[int],
+        join: int,
+        hoists: list[Hoist],
         side_stores: list[str],
     ) -> int:
         """The earliest fork where every input already holds the value the side reads, never
@@ -901,7 +943,12 @@ class _Search:
             # the only main work is inside the join statement: hoisted out of it (flag on only) when
             # that keeps Python's order of evaluation, else the reason why not
             main_hoists = _join_main_hoists(
-                facts[join], set(side_stores), self.is_seed, self.positions, taken, self.local_names,
+                facts[join],
+                set(side_stores),
+                self.is_seed,
+                self.positions,
+                taken,
+                self.local_names,
                 self.phase_anchors is not None,
             )
             main_hoist_facts = [
@@ -913,8 +960,15 @@ class _Search:
         return main_hoists, main_hoist_facts
 
     def _check_window(
-        self, window: list[StatementFacts], side_idx: set[int], fork: int, groups: dict[str, frozenset],
-        storage: Storage, outputs: list[str], side_stores: list[str], side_unseen: Callable[[], list[_SideUnseen]],
+        self,
+        window: list[StatementFacts],
+        side_idx: set[int],
+        fork: int,
+        groups: dict[str, frozenset],
+        storage: Storage,
+        outputs: list[str],
+        side_stores: list[str],
+        side_unseen: Callable[[], list[_SideUnseen]],
     ) -> list[str]:
         """Refuses a main statement of the window (from the side's start to the join, main hoists
         included: they run right before the join) that leaves the function, writes a side input or
@@ -938,8 +992,14 @@ class _Search:
         return protected
 
     def _window_write(
-        self, f: StatementFacts, name: str, group: frozenset, fork: int, storage: Storage,
-        protected: list[str], unseen_hits: list[_Unseen],
+        self,
+        f: StatementFacts,
+        name: str,
+        group: frozenset,
+        fork: int,
+        storage: Storage,
+        protected: list[str],
+        unseen_hits: list[_Unseen],
     ) -> None:
         """A main statement's write to the storage of side input `name`: protected (a snapshot at
         the fork), noted when only an unseen callee may write it, or refused."""
@@ -968,25 +1028,39 @@ class _Search:
         """The refusal when no main work runs between the fork and the join, with why if known."""
         facts = self.facts
         why = ""
-        in_join = ([f"self.{c}" for c in facts[join].self_calls if not self.is_seed(c)] + _super_calls(facts[join].node)
-                   if join < len(facts) else [])
+        in_join = (
+            [f"self.{c}" for c in facts[join].self_calls if not self.is_seed(c)] + _super_calls(facts[join].node)
+            if join < len(facts)
+            else []
+        )
         if in_join:
-            why = (f" (the main work, {', '.join(dict.fromkeys(in_join))}, is in the join statement at line "
-                   f"{facts[join].first_line} itself; msrewrite does not split it out of that statement)")
+            why = (
+                f" (the main work, {', '.join(dict.fromkeys(in_join))}, is in the join statement at line "
+                f"{facts[join].first_line} itself; msrewrite does not split it out of that statement)"
+            )
         elif pushed_by is not None and pushed_by[0] + 1 == fork:
             at, written, name = pushed_by
             line = facts[at].first_line
             if written == name:
                 why = f" (the fork waits for line {line}, which writes '{name}' before the side work reads it)"
             else:
-                via = _alias_origin(storage, facts, name, storage.held(written, at) - {("free", written)}, at, self.scope)
-                why = (f" (the fork waits for line {line}, which writes '{written}' before the side work reads "
-                       f"'{name}'{via.rstrip(',')})")
+                via = _alias_origin(
+                    storage, facts, name, storage.held(written, at) - {("free", written)}, at, self.scope
+                )
+                why = (
+                    f" (the fork waits for line {line}, which writes '{written}' before the side work reads "
+                    f"'{name}'{via.rstrip(',')})"
+                )
         return NoBranch(f"no main-path work between the fork and the join: nothing to overlap{why}")
 
     def _check_side_writes(
-        self, whole: list[StatementFacts], hoist_facts: list[StatementFacts], join: int, main: list[StatementFacts],
-        storage: Storage, every_input: frozenset,
+        self,
+        whole: list[StatementFacts],
+        hoist_facts: list[StatementFacts],
+        join: int,
+        main: list[StatementFacts],
+        storage: Storage,
+        every_input: frozenset,
     ) -> None:
         """Refuses a side write (in place, or by a callee msrewrite cannot see into) to an input
         that a main statement of the window (`main`) still reads."""
@@ -1010,8 +1084,13 @@ class _Search:
             )
 
     def _side_writes(
-        self, whole: list[StatementFacts], hoist_facts: list[StatementFacts], join: int, main: list[StatementFacts],
-        storage: Storage, every_input: frozenset,
+        self,
+        whole: list[StatementFacts],
+        hoist_facts: list[StatementFacts],
+        join: int,
+        main: list[StatementFacts],
+        storage: Storage,
+        every_input: frozenset,
     ) -> tuple[tuple[int, str, int] | None, list[_SideUnseen]]:
         """Side writes to an input a main statement of the window (`main`) still reads: the first
         in-place one (line, name, the reader's line), and before it, each side statement's unseen
@@ -1102,7 +1181,12 @@ def _rng_reorder(
         if f.index not in side_idx:
             main.append((f.first_line, *_random_draws(f.node, scope)))
     if hoists or main_hoists:  # the rest of the join statement (main calls hoisted out of it too)
-        main.append((facts[join].first_line, *_random_draws(facts[join].node, scope, tuple(c for h in hoists for c in (h.call, *h.also)))))
+        main.append(
+            (
+                facts[join].first_line,
+                *_random_draws(facts[join].node, scope, tuple(c for h in hoists for c in (h.call, *h.also))),
+            )
+        )
     main_draw = next(((line, draws) for line, draws, _ in main if draws), None)
     main_unseen = next(((line, unseen) for line, _, unseen in main if unseen), None)
     if side_draws and main_draw is not None:
@@ -1135,7 +1219,9 @@ def _side_only_if(f: StatementFacts, func: cst.FunctionDef, facts: list[Statemen
         return False
     node = f.node
     assert isinstance(node, cst.If)
-    if assigned_self_attrs(cst.FunctionDef(name=cst.Name("_"), params=cst.Parameters(), body=cst.IndentedBlock(body=[node]))):
+    if assigned_self_attrs(
+        cst.FunctionDef(name=cst.Name("_"), params=cst.Parameters(), body=cst.IndentedBlock(body=[node]))
+    ):
         return False
     params = {p.name.value for p in (*func.params.params, *func.params.kwonly_params, *func.params.posonly_params)}
     local_names = params | {name for g in facts for name in g.stores}
@@ -1173,7 +1259,9 @@ def _check_guard(guard: Guard, facts, fork: int, join: int, side_idx: set[int], 
     for i in side_idx:
         changed = facts[i].stores & guard.locals_read
         if changed:
-            raise NoBranch(f"line {facts[i].first_line}: the side branch rebinds '{sorted(changed)[0]}', which its `if` reads")
+            raise NoBranch(
+                f"line {facts[i].first_line}: the side branch rebinds '{sorted(changed)[0]}', which its `if` reads"
+            )
 
 
 def _allocates(stmt: cst.BaseStatement) -> bool:
@@ -1184,7 +1272,6 @@ def _allocates(stmt: cst.BaseStatement) -> bool:
         and isinstance(stmt.body[0], cst.Assign)
         and isinstance(stmt.body[0].value, cst.Call)
     )
-
 
 
 def _binds_constant(stmt: cst.BaseStatement) -> bool:
@@ -1268,7 +1355,11 @@ def _assign_phases(func, facts, whole, anchors, fork, join, side_idx, reaching_d
 
 
 def _phase_anchor_defs(
-    facts: list[StatementFacts], anchors: list[str], fork: int, join: int, side_idx: set[int],
+    facts: list[StatementFacts],
+    anchors: list[str],
+    fork: int,
+    join: int,
+    side_idx: set[int],
     reaching_def: Callable[[str, int, set[int]], int | None],
 ) -> list[int]:
     """The statement defining each phase anchor, checked: inside the window, in program order."""
@@ -1278,7 +1369,9 @@ def _phase_anchor_defs(
         if d is None:
             raise NoBranch(f"phase anchor '{anchor}' is not assigned before the join")
         if d < fork:
-            raise NoBranch(f"phase anchor '{anchor}' is ready before the side branch starts (line {facts[d].first_line})")
+            raise NoBranch(
+                f"phase anchor '{anchor}' is ready before the side branch starts (line {facts[d].first_line})"
+            )
         if anchor_defs and d <= anchor_defs[-1]:
             raise NoBranch(f"phase anchors must come in program order ('{anchor}' is out of order)")
         anchor_defs.append(d)
@@ -1371,7 +1464,7 @@ def _named(callees: list[str], room: int) -> str:
     """'A', 'A and B', 'A, B and 3 more unseen callees': one chain per layer that vouches for
     them (`_by_layer`), at most `room` (at least one) described."""
     lead = _by_layer(callees)
-    shown = lead[:max(room, 1)]
+    shown = lead[: max(room, 1)]
     rest = len(callees) - len(shown)
     if rest:
         return f"{', '.join(shown)} and {rest} more unseen {'callee' if rest == 1 else 'callees'}"
@@ -1398,18 +1491,24 @@ def _unseen_refusal(hits: list[_Unseen], side: list[_SideUnseen]) -> str:
     those), with the exact options that let the edit through."""
     clauses, room = [], MAX_DESCRIBED
     for i, (line, callees, name) in enumerate(hits):
-        clauses.append(f"line {line}: {_named(callees, room)} may write '{name}'"
-                       + (" which the side stream reads" if i == 0 else " too"))
+        clauses.append(
+            f"line {line}: {_named(callees, room)} may write '{name}'"
+            + (" which the side stream reads" if i == 0 else " too")
+        )
         room -= len(_by_layer(callees))
     main_callees = [c for _, callees, _ in hits for c in callees]
     if not side:
         return "; ".join(clauses) + f"; pass --protect clone or {_vouch_options(main_callees)}"
     side_callees = [c for _, callees, *_ in side for c in callees]
     line, callees, name, reader = side[0]
-    clauses.append(f"on the side branch, line {line}: {_named(callees, room)} may write its input '{name}', "
-                   f"which the main path reads (line {reader})")
-    return ("; ".join(clauses) + f"; pass {_vouch_options(main_callees + side_callees)}, or --protect clone "
-            f"{_vouch_options(side_callees)}")
+    clauses.append(
+        f"on the side branch, line {line}: {_named(callees, room)} may write its input '{name}', "
+        f"which the main path reads (line {reader})"
+    )
+    return (
+        "; ".join(clauses) + f"; pass {_vouch_options(main_callees + side_callees)}, or --protect clone "
+        f"{_vouch_options(side_callees)}"
+    )
 
 
 def vouch_names(callees: list[str]) -> list[str]:
@@ -1431,7 +1530,10 @@ def _own_name(callee: str) -> str:
     chain of functions only that ends in a plain call, the function that makes it (`fused_moe ->
     BuildSpec (not visible ...)`: fused_moe, whose source a reviewer can read, not each call in it)."""
     parts = callee.split(" -> ")
-    bare = parts[-1].endswith(" (not visible to msrewrite)") and " (" not in parts[-1][: -len(" (not visible to msrewrite)")]
+    bare = (
+        parts[-1].endswith(" (not visible to msrewrite)")
+        and " (" not in parts[-1][: -len(" (not visible to msrewrite)")]
+    )
     own_method = len(parts) == 2 and parts[0].startswith("self.")  # the analyzed class's helper: its call, not it
     if len(parts) > 1 and bare and not own_method and not any(_part_class(p) for p in parts):
         name = _link_name(parts[-2])
@@ -1493,7 +1595,9 @@ _PURE_LEAVES = (cst.Name, cst.Integer, cst.Float, cst.Imaginary, cst.SimpleStrin
 
 def _is_super_call(call: cst.Call) -> bool:
     func = call.func
-    return isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call) and dotted_name(func.value.func) == "super"
+    return (
+        isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call) and dotted_name(func.value.func) == "super"
+    )
 
 
 def _outer_main_calls(node: cst.CSTNode, seeds: set[int]) -> list[cst.Call]:
@@ -1620,8 +1724,13 @@ def _statement_order(small: cst.BaseSmallStatement, atomic: set[int]) -> list[cs
 
 
 def _join_main_hoists(
-    join_fact: StatementFacts, side_names: set[str], is_seed: SeedPredicate,
-    positions: dict[cst.CSTNode, CodeRange], taken: set[str], local_names: set[str], phased: bool,
+    join_fact: StatementFacts,
+    side_names: set[str],
+    is_seed: SeedPredicate,
+    positions: dict[cst.CSTNode, CodeRange],
+    taken: set[str],
+    local_names: set[str],
+    phased: bool,
 ) -> list[Hoist]:
     """The main calls to hoist out of the join statement (`h = self.experts(h) + shared`), when
     the window holds no main work of its own: each runs, in Python's order of evaluation, before
@@ -1629,8 +1738,6 @@ def _join_main_hoists(
     are hoisted too, so computing it into a temporary right before the join (on the flag-on path;
     the flag-off path keeps the statement as it is) runs exactly what ran before, in the same
     order. [] when the statement calls no main work; NoBranch with the reason otherwise."""
-    from msrewrite.analyze.defuse import self_callee
-
     node = join_fact.node
     line = join_fact.first_line
     seeds = {id(c) for c in _seed_calls(node, is_seed)}
@@ -1646,8 +1753,12 @@ def _join_main_hoists(
             f"the join statement at line {line} itself; msrewrite does not hoist it out of that statement: {why})"
         )
 
-    if not (isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1 and isinstance(node.body[0], _JOIN_STATEMENTS)):
-        raise refuse(f"it is {_statement_kind(node)}; main calls are hoisted only out of one assignment, return or expression")
+    if not (
+        isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1 and isinstance(node.body[0], _JOIN_STATEMENTS)
+    ):
+        raise refuse(
+            f"it is {_statement_kind(node)}; main calls are hoisted only out of one assignment, return or expression"
+        )
     if phased:
         raise refuse("a phased side branch needs main work between the fork and the join to anchor its phases")
     small = node.body[0]
@@ -1659,7 +1770,9 @@ def _join_main_hoists(
     for call in mains:
         if id(call) not in ids or id(call) in conditional:
             what = conditional.get(id(call), "a conditional part of it")
-            raise refuse(f"{source(call)} runs only on some paths of it ({what}); hoisting it would change how often it runs")
+            raise refuse(
+                f"{source(call)} runs only on some paths of it ({what}); hoisting it would change how often it runs"
+            )
         read = sorted(expression_loads(call) & side_names)
         if read:
             raise refuse(f"{source(call)} reads the side output '{read[0]}', so it can only run after the join")
@@ -1670,28 +1783,66 @@ def _join_main_hoists(
     if twice is not None:
         raise refuse(f"{source(twice)} appears more than once in it")
     _check_steps_before(order, ids, mains, seeds, functions, side_names, local_names, refuse)
+    return _main_hoists_of(mains, positions, taken)
+
+
+def _main_hoists_of(mains: list[cst.Call], positions: dict[cst.CSTNode, CodeRange], taken: set[str]) -> list[Hoist]:
+    """Each main call of the join statement as a Hoist into a fresh temporary."""
+    from msrewrite.analyze.defuse import self_callee
+
     hoisted: list[Hoist] = []
     for call in mains:
         where = positions[call]
         func = call.func
-        callee = dotted_name(func) or self_callee(func) or (
-            "super_" + func.attr.value if isinstance(func, cst.Attribute) and _is_super_call(call) else "main")
-        hoisted.append(Hoist(call=call, temp=_temp_name(callee, taken), source=cst.Module(body=[]).code_for_node(call),
-                             first_line=where.start.line, last_line=where.end.line))
+        callee = (
+            dotted_name(func)
+            or self_callee(func)
+            or ("super_" + func.attr.value if isinstance(func, cst.Attribute) and _is_super_call(call) else "main")
+        )
+        hoisted.append(
+            Hoist(
+                call=call,
+                temp=_temp_name(callee, taken),
+                source=cst.Module(body=[]).code_for_node(call),
+                first_line=where.start.line,
+                last_line=where.end.line,
+            )
+        )
     return hoisted
+
+
+def _maybe_outputs(outputs: list[str], whole: list[StatementFacts]) -> list[str]:
+    """Side outputs bound only inside an `if` of the side branch, with no default bound before it on the side."""
+    return [
+        name
+        for name in outputs
+        if any(name in f.stores for f in whole if not isinstance(f.node, cst.SimpleStatementLine))
+        and not any(name in f.stores and _binds_constant(f.node) for f in whole)
+    ]
 
 
 def _statement_kind(node: cst.BaseStatement) -> str:
     """'an `if`', 'several statements on one line', 'a Raise statement': what a join statement is."""
     if isinstance(node, cst.SimpleStatementLine):
         return "several statements on one line" if len(node.body) > 1 else f"a {type(node.body[0]).__name__} statement"
-    return {"If": "an `if`", "For": "a `for` loop", "While": "a `while` loop", "With": "a `with` block",
-            "Try": "a `try`"}.get(type(node).__name__, f"a {type(node).__name__}")
+    return {
+        "If": "an `if`",
+        "For": "a `for` loop",
+        "While": "a `while` loop",
+        "With": "a `with` block",
+        "Try": "a `try`",
+    }.get(type(node).__name__, f"a {type(node).__name__}")
 
 
 def _check_steps_before(
-    order: list[cst.CSTNode], ids: list[int], mains: list[cst.Call], seeds: set[int], functions: set[int],
-    side_names: set[str], local_names: set[str], refuse: Callable[[str], NoBranch],
+    order: list[cst.CSTNode],
+    ids: list[int],
+    mains: list[cst.Call],
+    seeds: set[int],
+    functions: set[int],
+    side_names: set[str],
+    local_names: set[str],
+    refuse: Callable[[str], NoBranch],
 ) -> None:
     """Refuses when a step the join statement evaluates before its last main call (in `order`)
     is anything but a name that is no side output, a literal, a module attribute looked up to be
@@ -1705,20 +1856,28 @@ def _check_steps_before(
         later = next(c for c in mains if at[id(c)] > k)
         if isinstance(step, cst.Name):
             if step.value in side_names:
-                raise refuse(f"{source(later)} runs after the statement reads the side output '{step.value}'; "
-                             "hoisting it would run it before that read")
+                raise refuse(
+                    f"{source(later)} runs after the statement reads the side output '{step.value}'; "
+                    "hoisting it would run it before that read"
+                )
             continue
         if isinstance(step, _PURE_LEAVES) or (id(step) in functions and _global_attribute(step, local_names)):
             continue  # `torch.cat` / `F.silu` looked up to be called: no tensor work
-        what = {cst.IfExp: "a conditional expression", cst.BooleanOperation: "an and/or", cst.Lambda: "a lambda",
-                cst.Comparison: "a chained comparison"}.get(type(step), "")
+        what = {
+            cst.IfExp: "a conditional expression",
+            cst.BooleanOperation: "an and/or",
+            cst.Lambda: "a lambda",
+            cst.Comparison: "a chained comparison",
+        }.get(type(step), "")
         if not what and isinstance(step, (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)):
             what = "a comprehension"
         shown = source(step).strip()
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
         what = f"{what} (`{shown}`)" if what else f"`{shown}`"
-        raise refuse(f"{what} is evaluated before {source(later)}; hoisting the call ahead of it could change "
-                     "what either computes")
+        raise refuse(
+            f"{what} is evaluated before {source(later)}; hoisting the call ahead of it could change "
+            "what either computes"
+        )
 
 
 def _global_attribute(node: cst.CSTNode, local_names: set[str]) -> bool:
@@ -1734,7 +1893,9 @@ def _check_join_statement(join_fact, hoists, hoist_facts, storage: Storage, is_s
     line = join_fact.first_line
     for hoist in hoists:
         if _has_walrus(hoist.call):
-            raise NoBranch(f"line {line}: the side call binds a name with := inside its arguments; msrewrite does not hoist it")
+            raise NoBranch(
+                f"line {line}: the side call binds a name with := inside its arguments; msrewrite does not hoist it"
+            )
     seeds = set(map(id, _seed_calls(join_fact.node, is_seed)))
     node = join_fact.node
     if isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1 and isinstance(node.body[0], cst.AugAssign):
@@ -1769,7 +1930,9 @@ def _check_join_statement(join_fact, hoists, hoist_facts, storage: Storage, is_s
     at = join_fact.index
     for name in sorted(inputs):
         if name in walrus:
-            raise NoBranch(f"line {line} binds '{name}' (:=) before the side call reads it; msrewrite does not hoist the call")
+            raise NoBranch(
+                f"line {line} binds '{name}' (:=) before the side call reads it; msrewrite does not hoist the call"
+            )
         mine = storage.held(name, at)
         hits = storage.written(rest, at, mine) + storage.maybe_written(rest, at, mine)
         if hits:
@@ -1798,7 +1961,13 @@ def _has_walrus(node: cst.CSTNode) -> bool:
 
 # An explicit choice of side calls (a plan from `suggest`, or one written by hand) --------------
 _CONDITIONAL_EXPRESSIONS = (
-    cst.IfExp, cst.BooleanOperation, cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp,
+    cst.IfExp,
+    cst.BooleanOperation,
+    cst.Lambda,
+    cst.ListComp,
+    cst.SetComp,
+    cst.DictComp,
+    cst.GeneratorExp,
 )
 
 
@@ -1848,8 +2017,11 @@ def _conditional_calls(node: cst.CSTNode) -> dict[int, str]:
             if isinstance(n, cst.Call) and around:
                 found[id(n)] = around[-1]
             if isinstance(n, _CONDITIONAL_EXPRESSIONS):
-                around.append({"IfExp": "a conditional expression", "BooleanOperation": "an and/or"}.get(
-                    type(n).__name__, f"a {type(n).__name__}"))
+                around.append(
+                    {"IfExp": "a conditional expression", "BooleanOperation": "an and/or"}.get(
+                        type(n).__name__, f"a {type(n).__name__}"
+                    )
+                )
             return True
 
         def on_leave(self, n: cst.CSTNode) -> None:

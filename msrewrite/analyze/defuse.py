@@ -322,7 +322,9 @@ class _Collector(Visitor):
         # function's names count at the call site.
         self.facts.stores.add(node.name.value)
         inner = StatementFacts(index=-1, node=node, first_line=0, last_line=0)
-        inner_scope = Scope(resolver=self.scope.resolver, closures=dict(self.scope.closures), modules=dict(self.scope.modules))
+        inner_scope = Scope(
+            resolver=self.scope.resolver, closures=dict(self.scope.closures), modules=dict(self.scope.modules)
+        )
         node.body.visit(_Collector(inner, inner_scope))
         own = {p.name.value for p in (*node.params.params, *node.params.kwonly_params, *node.params.posonly_params)}
         own |= inner.stores
@@ -345,8 +347,12 @@ def statement_facts(
     into are recorded as possibly writing their arguments (`may_write`). The last few answers are
     remembered (suggest asks about the same body many times); callers get copies they own."""
     for seen, seen_positions, seen_scope, facts in _recent_facts:  # nodes are immutable
-        if (seen_positions is positions and seen_scope is scope and len(seen) == len(body)
-                and all(a is b for a, b in zip(seen, body, strict=True))):
+        if (
+            seen_positions is positions
+            and seen_scope is scope
+            and len(seen) == len(body)
+            and all(a is b for a, b in zip(seen, body, strict=True))
+        ):
             return [_copy_facts(f) for f in facts]
     facts = _statement_facts(body, positions, scope)
     _recent_facts[:] = [(list(body), positions, scope, facts), *_recent_facts[:3]]
@@ -356,8 +362,7 @@ def statement_facts(
 def _copy_facts(f: StatementFacts) -> StatementFacts:
     """A copy whose sets, lists and dicts are the copy's own."""
     copies: dict[str, Any] = {
-        k.name: type(v)(v) for k in dataclasses.fields(f)
-        if isinstance(v := getattr(f, k.name), (set, list, dict))
+        k.name: type(v)(v) for k in dataclasses.fields(f) if isinstance(v := getattr(f, k.name), (set, list, dict))
     }
     return dataclasses.replace(f, **copies)
 

@@ -220,7 +220,10 @@ def _copy_statements(
 
 
 def _copy_fork(
-    body: list[cst.BaseStatement], facts: list[StatementFacts], uses: list[BufferUse], side: list[StatementFacts],
+    body: list[cst.BaseStatement],
+    facts: list[StatementFacts],
+    uses: list[BufferUse],
+    side: list[StatementFacts],
     side_reads: set[str],
 ) -> int:
     """The body index the copies fork at: after every earlier main statement they depend on."""
@@ -290,9 +293,15 @@ class CopyHelper:
 
     def rebased(self, mapping: dict[str, set[str]]) -> CopyHelper:
         move = lambda paths: _rebase(paths, mapping)  # noqa: E731
-        return CopyHelper(self.label, move(self.reads), move(self.writes),
-                          [(move(d), move(s)) for d, s in self.copies], list(self.blocking), list(self.unseen),
-                          self.other_work)
+        return CopyHelper(
+            self.label,
+            move(self.reads),
+            move(self.writes),
+            [(move(d), move(s)) for d, s in self.copies],
+            list(self.blocking),
+            list(self.unseen),
+            self.other_work,
+        )
 
 
 def _rebase(paths: set[str], mapping: dict[str, set[str]]) -> set[str]:
@@ -386,8 +395,9 @@ class CallBuffers:
                 mapping[name] = mapping.get(name, set()) | _rebase(paths, mapping)
         helper = CopyHelper(label, _rebase(use.reads, mapping), _rebase(use.writes, mapping))
         helper.unseen = sorted(summary.unknown)
-        helper.other_work = ("a collective" if summary.collective else "RNG" if summary.rng
-                             else "stream code" if summary.stream else "")
+        helper.other_work = (
+            "a collective" if summary.collective else "RNG" if summary.rng else "stream code" if summary.stream else ""
+        )
 
         class _Copies(Visitor):
             def visit_Call(self, node: cst.Call) -> None:
@@ -396,8 +406,13 @@ class CallBuffers:
                     dst = _rebase(buffer_use(func.value).reads, mapping)
                     src = _rebase(buffer_use(node.args[0].value).reads, mapping)
                     helper.copies.append((dst, src))
-                    if not any(a.keyword is not None and a.keyword.value == "non_blocking"
-                               and isinstance(a.value, cst.Name) and a.value.value == "True" for a in node.args):
+                    if not any(
+                        a.keyword is not None
+                        and a.keyword.value == "non_blocking"
+                        and isinstance(a.value, cst.Name)
+                        and a.value.value == "True"
+                        for a in node.args
+                    ):
                         helper.blocking.append(f"{label}: {cst.Module(body=[]).code_for_node(node)}")
 
         method.body.visit(_Copies())
@@ -479,7 +494,6 @@ def _refuse_unseen_copy_helper(facts: list[StatementFacts], calls: CallBuffers, 
                     f"line {f.first_line}: {callee} ({helper.label}) calls {helper.unseen[0]}: msrewrite cannot "
                     "see what it does to the KV buffers"
                 )
-
 
 
 def _local_aliases(func: cst.FunctionDef) -> dict[str, set[str]]:

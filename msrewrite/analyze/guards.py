@@ -188,13 +188,18 @@ def negate(test: cst.BaseExpression) -> str:
         flipped = _NEGATED.get(type(target.operator))
         if flipped is not None:
             op: Any = target.operator  # every operator _NEGATED knows has whitespace_before/_after
-            new_op = flipped(whitespace_before=op.whitespace_before, whitespace_after=op.whitespace_after) if flipped not in (
-                cst.IsNot,
-                cst.NotIn,
-            ) else flipped(
-                whitespace_before=op.whitespace_before,
-                whitespace_between=cst.SimpleWhitespace(" "),
-                whitespace_after=op.whitespace_after,
+            new_op = (
+                flipped(whitespace_before=op.whitespace_before, whitespace_after=op.whitespace_after)
+                if flipped
+                not in (
+                    cst.IsNot,
+                    cst.NotIn,
+                )
+                else flipped(
+                    whitespace_before=op.whitespace_before,
+                    whitespace_between=cst.SimpleWhitespace(" "),
+                    whitespace_after=op.whitespace_after,
+                )
             )
             return source(bare.with_changes(comparisons=[target.with_changes(operator=new_op)]))
     if isinstance(bare, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):

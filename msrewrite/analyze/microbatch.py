@@ -37,8 +37,17 @@ class NotApplicable(NothingToDo):
 
 
 COLLECTIVES = frozenset(
-    {"all_reduce", "all_to_all", "all_to_all_single", "all_gather", "all_gather_into_tensor",
-     "reduce_scatter", "reduce_scatter_tensor", "broadcast", "reduce"}
+    {
+        "all_reduce",
+        "all_to_all",
+        "all_to_all_single",
+        "all_gather",
+        "all_gather_into_tensor",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "broadcast",
+        "reduce",
+    }
 )
 COMM_HELPER_WORDS = ("dispatch", "combine", "all_to_all")
 
@@ -158,7 +167,7 @@ class DeepCollectives:
         path = dotted_name(call.func) or ""
         if not path.startswith("self.") or path.count(".") != 1:
             return None
-        name = path[len("self."):]
+        name = path[len("self.") :]
         found = summaries.method_of(cls, name)
         if found is not None:
             return summaries, found[0], found[1]
@@ -180,8 +189,10 @@ class DeepCollectives:
                 continue
             if not isinstance(stmt, cst.SimpleStatementLine):
                 kind = _CONTROL_FLOW.get(type(stmt).__name__, f"a `{type(stmt).__name__.lower()}`")
-                return (f"the collective in {label} sits inside {kind}: the micro-batches could issue it a "
-                        "different number of times, so the comm order cannot be kept")
+                return (
+                    f"the collective in {label} sits inside {kind}: the micro-batches could issue it a "
+                    "different number of times, so the comm order cannot be kept"
+                )
             for inner in all_calls(stmt):
                 if scope.effect_of(inner).collective:
                     why = self._nested_collective(owner, owner_cls, inner, depth + 1)
@@ -190,8 +201,13 @@ class DeepCollectives:
         return ""
 
 
-_CONTROL_FLOW = {"If": "an `if`", "For": "a `for` loop", "While": "a `while` loop", "With": "a `with` block",
-                 "Try": "a `try`"}
+_CONTROL_FLOW = {
+    "If": "an `if`",
+    "For": "a `for` loop",
+    "While": "a `while` loop",
+    "With": "a `with` block",
+    "Try": "a `try`",
+}
 
 
 def shared_write(func: cst.FunctionDef, label: str, deep: DeepCollectives | None = None) -> None:
@@ -343,7 +359,11 @@ def assigned_attributes(node: cst.CSTNode) -> set[str]:
             self._add(node.target)
 
         def _add(self, target: cst.BaseExpression) -> None:
-            if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self":
+            if (
+                isinstance(target, cst.Attribute)
+                and isinstance(target.value, cst.Name)
+                and target.value.value == "self"
+            ):
                 assigned.add(target.attr.value)
 
     node.visit(_Assigned())
@@ -395,8 +415,10 @@ def locate_model(module: cst.Module, target: str | None) -> Located:
         raise NotApplicable(f"{model_name}.forward: already applied, nothing to do")
     layers = layer_classes(model_cls, loop.attr, classes)
     if len(layers) > 1:
-        raise NothingToDo(f"{model_name}: self.{loop.attr} holds layers of several classes ({', '.join(layers)}); "
-                          "micro-batching gives one layer class a forward_microbatch")
+        raise NothingToDo(
+            f"{model_name}: self.{loop.attr} holds layers of several classes ({', '.join(layers)}); "
+            "micro-batching gives one layer class a forward_microbatch"
+        )
     layer_name = layers[0] if layers else None
     layer_forward = forward_of(classes[layer_name]) if layer_name else None
     if layer_name is None or layer_forward is None:
@@ -410,8 +432,16 @@ def _span(stmt: cst.BaseStatement | cst.BaseSmallStatement, positions) -> Source
 
 
 def microbatch_plan(
-    module: cst.Module, *, case: str, path: Path | str | None, mode: str, flag: FlagSpec, target: str | None = None,
-    stream_tag: str = "microbatch_comm", second_group: str | None = None, assume_pure: tuple[str, ...] = (),
+    module: cst.Module,
+    *,
+    case: str,
+    path: Path | str | None,
+    mode: str,
+    flag: FlagSpec,
+    target: str | None = None,
+    stream_tag: str = "microbatch_comm",
+    second_group: str | None = None,
+    assume_pure: tuple[str, ...] = (),
     text: str | None = None,
 ) -> MicrobatchPlan:
     """The micro-batch plan for the file's layer loop, or NothingToDo/BadInput with the reason."""
@@ -427,13 +457,19 @@ def microbatch_plan(
     found = locate_model(module, target)
     layer_label = f"{found.layer}.forward"
     params = found.layer_forward.params
-    if (len(params.params) != 2 or params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) or params.kwonly_params
-            or params.posonly_params or params.star_kwarg is not None):
+    if (
+        len(params.params) != 2
+        or params.star_arg not in (None, cst.MaybeSentinel.DEFAULT)
+        or params.kwonly_params
+        or params.posonly_params
+        or params.star_kwarg is not None
+    ):
         raise NotApplicable(f"{layer_label}: micro-batching needs a layer forward(self, hidden_states)")
     if second_group is not None:
         second_group = existing_attribute(found.layer_cls, second_group, "--second-comm-group")
-    deep = DeepCollectives(ModuleSummaries(module, assume_pure, path=Path(path) if path else None), found.layer,
-                           found.layer_forward)
+    deep = DeepCollectives(
+        ModuleSummaries(module, assume_pure, path=Path(path) if path else None), found.layer, found.layer_forward
+    )
     stages = stages_of(found.layer_forward, deep)
     if second_group and deep.deep_calls:
         raise NothingToDo(
@@ -465,35 +501,49 @@ def microbatch_plan(
         flag=flag,
         mode=mode,
         second_group=second_group or "",
-        summary=(f"{found.model} runs self.{found.loop.attr} as two micro-batches: {len(stages)} stages per "
-                 f"{found.layer}, {sum(s.comm for s in stages)} on the comm stream{deep_note}{group_note}"),
+        summary=(
+            f"{found.model} runs self.{found.loop.attr} as two micro-batches: {len(stages)} stages per "
+            f"{found.layer}, {sum(s.comm for s in stages)} on the comm stream{deep_note}{group_note}"
+        ),
         trust_boundary=tuple(sorted(deep.unseen)),
         assume_pure=tuple(assume_pure),
     )
 
 
-def check_microbatch_plan(module: cst.Module, plan: MicrobatchPlan, text: str | None = None,
-                          path: Path | None = None) -> MicrobatchPlan:
+def check_microbatch_plan(
+    module: cst.Module, plan: MicrobatchPlan, text: str | None = None, path: Path | None = None
+) -> MicrobatchPlan:
     """`plan` (from a plan file) as the analysis derives it from the file with the same options:
     BadInput when the file changed under it (stale), NothingToDo when the analysis would refuse it
     or splits the layer differently. What is carried out is always the derived plan."""
     stale_plan(module, plan, text)
     derived = microbatch_plan(
-        module, case=plan.case, path=path if path is not None else plan.file, mode=plan.mode, flag=plan.flag,
-        target=plan.function, stream_tag=plan.stream_tag, second_group=plan.second_group or None,
-        assume_pure=plan.assume_pure, text=text,
+        module,
+        case=plan.case,
+        path=path if path is not None else plan.file,
+        mode=plan.mode,
+        flag=plan.flag,
+        target=plan.function,
+        stream_tag=plan.stream_tag,
+        second_group=plan.second_group or None,
+        assume_pure=plan.assume_pure,
+        text=text,
     )
     if derived.layer != plan.layer or derived.loop != plan.loop:  # stale_plan saw the same file: a bug
-        raise NothingToDo(f"refused plan for {plan.function}: the analysis finds {derived.layer} at line "
-                          f"{derived.loop.first_line}")
+        raise NothingToDo(
+            f"refused plan for {plan.function}: the analysis finds {derived.layer} at line {derived.loop.first_line}"
+        )
     if derived.stages != plan.stages:
-        raise NothingToDo(f"refused plan for {plan.function}: the analysis splits {plan.layer} into "
-                          f"{describe_stages(derived.stages)}; the plan into {describe_stages(plan.stages)}")
+        raise NothingToDo(
+            f"refused plan for {plan.function}: the analysis splits {plan.layer} into "
+            f"{describe_stages(derived.stages)}; the plan into {describe_stages(plan.stages)}"
+        )
     return derived.with_changes(file=plan.file, summary=plan.summary or derived.summary)
 
 
 def describe_stages(stages) -> str:
     """'L31-35 compute, L36 comm, L37 compute': a plan's stages, for messages."""
+
     def lines(stage) -> str:
         first, last = stage.statements[0].first_line, stage.statements[-1].last_line
         return f"L{first}" if first == last else f"L{first}-{last}"
@@ -512,14 +562,18 @@ def stale_plan(module: cst.Module, plan: MicrobatchPlan, text: str | None = None
             raise
         raise BadInput(f"stale plan for {plan.function}: {exc}") from None
     if f"{found.layer}.forward" != plan.layer:
-        raise BadInput(f"stale plan for {plan.function}: self.{found.loop.attr} holds {found.layer}, not "
-                       f"{plan.layer.rpartition('.')[0]}")
+        raise BadInput(
+            f"stale plan for {plan.function}: self.{found.loop.attr} holds {found.layer}, not "
+            f"{plan.layer.rpartition('.')[0]}"
+        )
     source = text if text is not None else module.code
     model_positions = positions_for(module, plan.function, found.forward, source)
     loop = _span(found.forward.body.body[found.loop.index], model_positions)
     if loop.source != plan.loop.source.strip() or loop.first_line != plan.loop.first_line:
-        raise BadInput(f"stale plan for {plan.function}: line {plan.loop.first_line} is not its layer loop "
-                       f"{plan.loop.source.splitlines()[0]!r}")
+        raise BadInput(
+            f"stale plan for {plan.function}: line {plan.loop.first_line} is not its layer loop "
+            f"{plan.loop.source.splitlines()[0]!r}"
+        )
     positions = positions_for(module, plan.layer, found.layer_forward, source)
     by_line = {positions[s].start.line: s for s in found.layer_forward.body.body}
     for st in plan.statements:
@@ -530,6 +584,9 @@ def stale_plan(module: cst.Module, plan: MicrobatchPlan, text: str | None = None
             raise BadInput(f"stale plan for {plan.layer}: line {st.first_line} no longer reads {st.source.strip()!r}")
     if len(plan.statements) != len(by_line):
         missing = sorted(set(by_line) - {st.first_line for st in plan.statements})
-        raise BadInput(f"stale plan for {plan.layer}: the plan leaves out the statement at line {missing[0]}"
-                       if missing else f"stale plan for {plan.layer}: the plan names statements twice")
+        raise BadInput(
+            f"stale plan for {plan.layer}: the plan leaves out the statement at line {missing[0]}"
+            if missing
+            else f"stale plan for {plan.layer}: the plan names statements twice"
+        )
     return found

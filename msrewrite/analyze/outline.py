@@ -124,7 +124,8 @@ def bound_on_every_path(node: cst.BaseStatement) -> set[str]:
     if isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1 and isinstance(node.body[0], cst.Assign):
         value = node.body[0].value
         if isinstance(value, (cst.Integer, cst.Float, cst.SimpleString)) or (
-                isinstance(value, cst.Name) and value.value in ("None", "True", "False")):
+            isinstance(value, cst.Name) and value.value in ("None", "True", "False")
+        ):
             return set()
     return node_facts(node).stores
 
@@ -182,16 +183,28 @@ def model_stream(cls: cst.ClassDef | None, init: cst.FunctionDef | None, plan: O
     handed in as a constructor argument (`alt_stream=None`, SGLang's layers), and never
     reassigned elsewhere in the class. The edit then runs on that stream instead of a second one.
     Only the plain wait_stream modes (eager, cuda) with a lazily made stream reuse it."""
-    if (cls is None or init is None or plan.mode not in ("eager", "cuda") or plan.stream_source != "lazy"
-            or plan.sync != "wait_stream" or plan.core_limits or not isinstance(cls.body, cst.IndentedBlock)):
+    if (
+        cls is None
+        or init is None
+        or plan.mode not in ("eager", "cuda")
+        or plan.stream_source != "lazy"
+        or plan.sync != "wait_stream"
+        or plan.core_limits
+        or not isinstance(cls.body, cst.IndentedBlock)
+    ):
         return ""
     api = "torch.cuda" if plan.mode == "cuda" else "torch.npu"
     params = {p.name.value: p for p in (*init.params.params, *init.params.kwonly_params)}
-    elsewhere = set().union(*(assigned_self_attrs(m) for m in cls.body.body
-                              if isinstance(m, cst.FunctionDef) and m is not init))
+    elsewhere = set().union(
+        *(assigned_self_attrs(m) for m in cls.body.body if isinstance(m, cst.FunctionDef) and m is not init)
+    )
     for attr, values in _init_assignments(init).items():
-        if "stream" in attr and attr not in elsewhere and all(_is_stream_value(v, api, params) for v in values) \
-                and not _assigned_nested(init, attr, len(values)):
+        if (
+            "stream" in attr
+            and attr not in elsewhere
+            and all(_is_stream_value(v, api, params) for v in values)
+            and not _assigned_nested(init, attr, len(values))
+        ):
             return attr
     return ""
 

@@ -75,7 +75,9 @@ def function_positions(func: cst.FunctionDef, def_line: int) -> dict[cst.CSTNode
     raw = _positions(cst.Module(body=[bare]))
     shift = def_line - 1
     return {
-        node: CodeRange(CodePosition(r.start.line + shift, r.start.column), CodePosition(r.end.line + shift, r.end.column))
+        node: CodeRange(
+            CodePosition(r.start.line + shift, r.start.column), CodePosition(r.end.line + shift, r.end.column)
+        )
         for node, r in raw.items()
     }
 

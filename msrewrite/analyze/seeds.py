@@ -294,10 +294,18 @@ def framework_layers(tree: ast.Module | None, is_seed: Callable[[str], bool]) ->
                 if not (isinstance(item, ast.FunctionDef) and item.name == "__init__"):
                     continue
                 for assign in ast_nodes(item):
-                    if not (isinstance(assign, ast.Assign) and len(assign.targets) == 1 and isinstance(assign.value, ast.Call)):
+                    if not (
+                        isinstance(assign, ast.Assign)
+                        and len(assign.targets) == 1
+                        and isinstance(assign.value, ast.Call)
+                    ):
                         continue
                     target = assign.targets[0]
-                    if not (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self"):
+                    if not (
+                        isinstance(target, ast.Attribute)
+                        and isinstance(target.value, ast.Name)
+                        and target.value.id == "self"
+                    ):
                         continue
                     for keyword in assign.value.keywords:
                         if keyword.arg and is_seed(keyword.arg):

@@ -343,7 +343,9 @@ def _ast_outline(tree: ast.Module):
     body, function node)} to analyse), the first two as analyze_source finds them."""
     classes: dict[str, list[str]] = {}
     names: set[str] = set()
-    last: dict[str, tuple[int, int, ast.FunctionDef | ast.AsyncFunctionDef]] = {}  # the last definition wins, as in analyze_source
+    last: dict[
+        str, tuple[int, int, ast.FunctionDef | ast.AsyncFunctionDef]
+    ] = {}  # the last definition wins, as in analyze_source
     for top, node in enumerate(tree.body):
         if isinstance(node, ast.ClassDef):
             names.add(node.name)
@@ -490,16 +492,18 @@ def _statement(index: int, facts: StatementFacts, positions) -> Statement:
         uses: set[str] = set()
         for arg in call.args:
             uses |= expression_loads(arg.value)
-        calls.append(CallSite(
-            callee=callee,
-            attr=callee.split(".")[0].split("[")[0],
-            first_line=where.start.line,
-            last_line=where.end.line,
-            source=_EMPTY.code_for_node(call),
-            uses=frozenset(uses),
-            whole=target is call,
-            node=call,
-        ))
+        calls.append(
+            CallSite(
+                callee=callee,
+                attr=callee.split(".")[0].split("[")[0],
+                first_line=where.start.line,
+                last_line=where.end.line,
+                source=_EMPTY.code_for_node(call),
+                uses=frozenset(uses),
+                whole=target is call,
+                node=call,
+            )
+        )
     written = facts.mutates | set(facts.may_write)
     self_state = written | facts.self_stores | {t for _, t in facts.links}
     effects = {name for name in ("collective", "rng", "stream") if getattr(facts, name)}

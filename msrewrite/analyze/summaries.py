@@ -78,8 +78,13 @@ class ModuleSummaries:
     """Summaries of one parsed file, computed on demand and cached."""
 
     def __init__(
-        self, module: cst.Module, assume_pure: tuple[str, ...] = (), path: Path | None = None,
-        _reading: _Reading | None = None, _depth: int = 0, _package: bool = False,
+        self,
+        module: cst.Module,
+        assume_pure: tuple[str, ...] = (),
+        path: Path | None = None,
+        _reading: _Reading | None = None,
+        _depth: int = 0,
+        _package: bool = False,
     ) -> None:
         self.assume_pure = set(assume_pure)
         self.assumed: set[str] = set()  # names the reviewer vouched for that were used
@@ -209,10 +214,16 @@ class ModuleSummaries:
         index = packages.index_file(file)
         if index is None:
             return None
-        other = ModuleSummaries(cst.Module(body=[]), tuple(self.assume_pure), file, self._reading, self.depth + 1, package)
+        other = ModuleSummaries(
+            cst.Module(body=[]), tuple(self.assume_pure), file, self._reading, self.depth + 1, package
+        )
         other.classes = _LazyDefinitions(index, index.classes, "class")
         other.functions = _LazyDefinitions(index, index.functions, "def")
-        other.imports, other.module_imports, other.patched = dict(index.imports), dict(index.module_imports), dict(index.patched)
+        other.imports, other.module_imports, other.patched = (
+            dict(index.imports),
+            dict(index.module_imports),
+            dict(index.patched),
+        )
         other.star_imports = list(index.star_imports)
         other.assumed = self.assumed  # names vouched for anywhere count as used
         loaded[file] = other
@@ -237,7 +248,9 @@ class ModuleSummaries:
                 return found
         return None
 
-    def _inherited(self, cls: str, name: str, seen: frozenset = frozenset()) -> tuple[ModuleSummaries, str, cst.FunctionDef] | None:
+    def _inherited(
+        self, cls: str, name: str, seen: frozenset = frozenset()
+    ) -> tuple[ModuleSummaries, str, cst.FunctionDef] | None:
         """Method `name` of `cls` (or a base), also from a base class imported from another
         module: (the module that defines it, its class there, the method)."""
         if cls in seen or cls not in self.classes:
@@ -286,7 +299,9 @@ class ModuleSummaries:
         owner, base, method = hit
         clash = self._overridden(cls, owner, base)
         if clash is not None:
-            return _unknown(call, f"{label} ({base}.{name} uses self.{clash}, which {cls} overrides; not visible to msrewrite)")
+            return _unknown(
+                call, f"{label} ({base}.{name} uses self.{clash}, which {cls} overrides; not visible to msrewrite)"
+            )
         return _apply(owner.function_summary(base, method), call, f"{label} ({base}.{name})", strict=owner.package)
 
     def _external_bases(self, cls: str) -> list[str]:
@@ -351,9 +366,13 @@ class ModuleSummaries:
         params, vararg, kwarg = _signature(cls, func)
         summary = Summary(params=params, vararg=vararg, kwarg=kwarg)
         # A recursive call sees an unknown callee until the summary is done.
-        self._cache[key] = Summary(params=params, vararg=vararg, kwarg=kwarg,
-                                   may_write={p: [f"{func.name.value} (recursive)"] for p in params},
-                                   unknown={f"{func.name.value} (recursive)"})
+        self._cache[key] = Summary(
+            params=params,
+            vararg=vararg,
+            kwarg=kwarg,
+            may_write={p: [f"{func.name.value} (recursive)"] for p in params},
+            unknown={f"{func.name.value} (recursive)"},
+        )
         body = list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else [func.body]
         scope = self.scope_for(cls)
         facts = [node_facts(stmt, scope) for stmt in body]
@@ -398,7 +417,7 @@ class ModuleSummaries:
         # self.helper(...) / self.sub(...) / self.experts[i](...)
         path = _self_path(func)
         if path is None and isinstance(func, cst.Name) and func.value in scope.modules:
-            path = scope.modules[func.value][len("self."):]
+            path = scope.modules[func.value][len("self.") :]
         if path is not None and owner is not None:
             return owner[0]._resolve_self(call, owner[1], path)
         if isinstance(func, cst.Name):
@@ -432,8 +451,12 @@ class ModuleSummaries:
         found = self.find_function(named)
         if found is not None:
             owner_module, fname = found
-            return _apply(owner_module.function_summary(None, owner_module.functions[fname]), call, named,
-                          strict=owner_module.package)
+            return _apply(
+                owner_module.function_summary(None, owner_module.functions[fname]),
+                call,
+                named,
+                strict=owner_module.package,
+            )
         found_cls = self.find_class(named)
         if found_cls is not None:
             return found_cls[0]._construct(call, found_cls[1], named)
@@ -452,8 +475,13 @@ class ModuleSummaries:
                     label = f"super().{attr}"
                     clash = self._overridden(cls, hit[0], hit[1])
                     if clash is not None:
-                        return _unknown(call, f"{label} ({hit[1]}.{attr} uses self.{clash}, which {cls} overrides; not visible to msrewrite)")
-                    return _apply(hit[0].function_summary(hit[1], hit[2]), call, f"{label} ({hit[1]})", strict=hit[0].package)
+                        return _unknown(
+                            call,
+                            f"{label} ({hit[1]}.{attr} uses self.{clash}, which {cls} overrides; not visible to msrewrite)",
+                        )
+                    return _apply(
+                        hit[0].function_summary(hit[1], hit[2]), call, f"{label} ({hit[1]})", strict=hit[0].package
+                    )
         return None
 
     def _construct(self, call: cst.Call, cls: str, label: str) -> CallEffect:
@@ -517,7 +545,9 @@ class ModuleSummaries:
             out.append(value)
         return out
 
-    def _module_value(self, call: cst.Call, value: cst.BaseExpression, label: str, element: bool, rest: str) -> CallEffect | None:
+    def _module_value(
+        self, call: cst.Call, value: cst.BaseExpression, label: str, element: bool, rest: str
+    ) -> CallEffect | None:
         if isinstance(value, cst.Name) and value.value == "None":
             return None
         if isinstance(value, cst.IfExp):
@@ -678,8 +708,11 @@ class _LazyDefinitions(dict):
             node = self._index.definition(name)
             wanted = cst.ClassDef if self._kind == "class" else cst.FunctionDef
             if not isinstance(node, wanted):
-                stub = (f"class {name}(_unreadable_source):\n    pass\n" if self._kind == "class"
-                        else f"def {name}(*args, **kwargs):\n    return _unreadable_source(*args, **kwargs)\n")
+                stub = (
+                    f"class {name}(_unreadable_source):\n    pass\n"
+                    if self._kind == "class"
+                    else f"def {name}(*args, **kwargs):\n    return _unreadable_source(*args, **kwargs)\n"
+                )
                 node = cst.parse_module(stub).body[0]
             dict.__setitem__(self, name, node)
         return dict.__getitem__(self, name)
@@ -708,7 +741,9 @@ class Storage:
             new = dict(state)
             for name in bound:
                 kept = state.get(name, frozenset()) if not whole or name not in f.stores else frozenset()
-                fresh = frozenset({("fresh", f.index, name)}) if name in f.stores and name not in targets else frozenset()
+                fresh = (
+                    frozenset({("fresh", f.index, name)}) if name in f.stores and name not in targets else frozenset()
+                )
                 new[name] = kept | fresh
             changed = True
             while changed:  # links made in one statement can chain (a = x; b = a)
@@ -747,8 +782,10 @@ def _makes_tensor(ctor: str) -> bool:
 
 def _is_record(node: cst.ClassDef) -> bool:
     """A `@dataclass` or a NamedTuple: its constructor only stores its arguments."""
-    decorators = {(dotted_name(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator) or "").split(".")[-1]
-                  for d in node.decorators}
+    decorators = {
+        (dotted_name(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator) or "").split(".")[-1]
+        for d in node.decorators
+    }
     bases = {(dotted_name(b.value) or "").split(".")[-1] for b in node.bases}
     return "dataclass" in decorators or bool(bases & {"NamedTuple", "TypedDict"})
 
@@ -759,8 +796,16 @@ def _is_name(node: cst.BaseExpression, name: str) -> bool:
 
 # Nodes that can hold statements: an assignment is found by descending through these only, never
 # into an expression (which holds none), so a long `__init__` is not walked node by node.
-_STATEMENT_HOLDERS = (cst.BaseCompoundStatement, cst.BaseSuite, cst.SimpleStatementLine, cst.Else, cst.ExceptHandler,
-                      cst.ExceptStarHandler, cst.Finally, cst.MatchCase)
+_STATEMENT_HOLDERS = (
+    cst.BaseCompoundStatement,
+    cst.BaseSuite,
+    cst.SimpleStatementLine,
+    cst.Else,
+    cst.ExceptHandler,
+    cst.ExceptStarHandler,
+    cst.Finally,
+    cst.MatchCase,
+)
 
 
 def _assignments(func: cst.FunctionDef) -> list[cst.Assign | cst.AnnAssign]:
@@ -775,7 +820,9 @@ def _assignments(func: cst.FunctionDef) -> list[cst.Assign | cst.AnnAssign]:
         elif isinstance(node, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
             todo.extend(reversed(node.body))
         elif isinstance(node, _STATEMENT_HOLDERS) and not isinstance(node, cst.FunctionDef):
-            todo.extend(reversed([c for c in node.children if isinstance(c, (*_STATEMENT_HOLDERS, cst.BaseSmallStatement))]))
+            todo.extend(
+                reversed([c for c in node.children if isinstance(c, (*_STATEMENT_HOLDERS, cst.BaseSmallStatement))])
+            )
     return found
 
 
@@ -857,8 +904,9 @@ def _apply(summary: Summary, call: cst.Call, label: str, strict: bool = False) -
     calls anything msrewrite cannot see into may write every argument, not only those the
     unseen call is handed (module state, globals, a dispatch table could reach them)."""
     bound = _bind_args(summary, call)
-    effect = CallEffect(unknown=sorted(summary.unknown), collective=summary.collective, rng=summary.rng,
-                        stream=summary.stream)
+    effect = CallEffect(
+        unknown=sorted(summary.unknown), collective=summary.collective, rng=summary.rng, stream=summary.stream
+    )
     for name in summary.writes:
         effect.writes += bound.get(name, [])
     may_write = dict(summary.may_write)

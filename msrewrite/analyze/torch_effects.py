@@ -25,21 +25,93 @@ from msrewrite.analyze.torch_names import F_FUNCTIONS, NN_MODULES, TENSOR_METHOD
 # they count, since a later write through the result would then write the receiver.
 ALIAS_METHODS = frozenset(
     {
-        "view", "view_as", "reshape", "reshape_as", "flatten", "ravel", "unflatten", "expand", "expand_as",
-        "transpose", "swapaxes", "swapdims", "t", "permute", "movedim", "moveaxis", "squeeze", "unsqueeze",
-        "narrow", "select", "diagonal", "unfold", "as_strided", "detach", "split", "split_with_sizes",
-        "chunk", "unbind", "tensor_split", "hsplit", "vsplit", "dsplit", "to", "type", "type_as", "float",
-        "half", "double", "bfloat16", "int", "long", "short", "bool", "byte", "char", "contiguous", "cpu",
-        "cuda", "npu", "data_ptr_view", "align_to", "refine_names", "rename", "real", "imag", "values",
-        "indices", "coalesce", "view_as_real", "view_as_complex", "__getitem__", "requires_grad_",
-        "untyped_storage", "storage",
+        "view",
+        "view_as",
+        "reshape",
+        "reshape_as",
+        "flatten",
+        "ravel",
+        "unflatten",
+        "expand",
+        "expand_as",
+        "transpose",
+        "swapaxes",
+        "swapdims",
+        "t",
+        "permute",
+        "movedim",
+        "moveaxis",
+        "squeeze",
+        "unsqueeze",
+        "narrow",
+        "select",
+        "diagonal",
+        "unfold",
+        "as_strided",
+        "detach",
+        "split",
+        "split_with_sizes",
+        "chunk",
+        "unbind",
+        "tensor_split",
+        "hsplit",
+        "vsplit",
+        "dsplit",
+        "to",
+        "type",
+        "type_as",
+        "float",
+        "half",
+        "double",
+        "bfloat16",
+        "int",
+        "long",
+        "short",
+        "bool",
+        "byte",
+        "char",
+        "contiguous",
+        "cpu",
+        "cuda",
+        "npu",
+        "data_ptr_view",
+        "align_to",
+        "refine_names",
+        "rename",
+        "real",
+        "imag",
+        "values",
+        "indices",
+        "coalesce",
+        "view_as_real",
+        "view_as_complex",
+        "__getitem__",
+        "requires_grad_",
+        "untyped_storage",
+        "storage",
     }
 )
 # Attributes of a tensor that are tensors sharing its storage; every other attribute read from
 # a local is assumed to alias it too, except these plain metadata fields.
 METADATA_ATTRS = frozenset(
-    {"shape", "dtype", "device", "ndim", "is_cuda", "is_npu", "layout", "requires_grad", "is_leaf", "names",
-     "is_contiguous", "itemsize", "nbytes", "is_sparse", "is_quantized", "is_meta"}
+    {
+        "shape",
+        "dtype",
+        "device",
+        "ndim",
+        "is_cuda",
+        "is_npu",
+        "layout",
+        "requires_grad",
+        "is_leaf",
+        "names",
+        "is_contiguous",
+        "itemsize",
+        "nbytes",
+        "is_sparse",
+        "is_quantized",
+        "is_meta",
+    }
 )
 # Trailing-underscore names that do not write the tensor's data.
 NOT_WRITES = frozenset({"requires_grad_", "share_memory_", "retain_grad_"})
@@ -47,37 +119,170 @@ NOT_WRITES = frozenset({"requires_grad_", "share_memory_", "retain_grad_"})
 # torch functions whose result may share storage with their first argument.
 ALIAS_FUNCTIONS = frozenset(
     {
-        "flatten", "reshape", "squeeze", "unsqueeze", "transpose", "swapaxes", "swapdims", "t", "permute",
-        "movedim", "moveaxis", "narrow", "select", "diagonal", "as_strided", "detach", "split", "chunk",
-        "unbind", "tensor_split", "hsplit", "vsplit", "dsplit", "view_as_real", "view_as_complex", "unflatten",
-        "ravel", "broadcast_to", "expand_copy_view", "dropout", "alpha_dropout", "feature_alpha_dropout",
-        "dropout1d", "dropout2d", "dropout3d", "real", "imag", "conj", "resolve_conj", "resolve_neg",
-        "atleast_1d", "atleast_2d", "atleast_3d", "broadcast_tensors", "meshgrid", "identity",
+        "flatten",
+        "reshape",
+        "squeeze",
+        "unsqueeze",
+        "transpose",
+        "swapaxes",
+        "swapdims",
+        "t",
+        "permute",
+        "movedim",
+        "moveaxis",
+        "narrow",
+        "select",
+        "diagonal",
+        "as_strided",
+        "detach",
+        "split",
+        "chunk",
+        "unbind",
+        "tensor_split",
+        "hsplit",
+        "vsplit",
+        "dsplit",
+        "view_as_real",
+        "view_as_complex",
+        "unflatten",
+        "ravel",
+        "broadcast_to",
+        "expand_copy_view",
+        "dropout",
+        "alpha_dropout",
+        "feature_alpha_dropout",
+        "dropout1d",
+        "dropout2d",
+        "dropout3d",
+        "real",
+        "imag",
+        "conj",
+        "resolve_conj",
+        "resolve_neg",
+        "atleast_1d",
+        "atleast_2d",
+        "atleast_3d",
+        "broadcast_tensors",
+        "meshgrid",
+        "identity",
     }
 )
 # torch.distributed calls that write into their first (tensor) argument.
 WRITES_FIRST_ARG = frozenset(
-    {"recv", "irecv", "all_reduce", "broadcast", "reduce", "all_to_all_single", "all_gather_into_tensor",
-     "reduce_scatter_tensor", "all_gather", "all_to_all", "scatter", "gather", "reduce_scatter"}
+    {
+        "recv",
+        "irecv",
+        "all_reduce",
+        "broadcast",
+        "reduce",
+        "all_to_all_single",
+        "all_gather_into_tensor",
+        "reduce_scatter_tensor",
+        "all_gather",
+        "all_to_all",
+        "scatter",
+        "gather",
+        "reduce_scatter",
+    }
 )
 COLLECTIVE_MODULES = ("dist", "torch.distributed", "distributed")
 RNG_NAMES = frozenset(
-    {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "randperm", "multinomial",
-     "bernoulli", "normal", "poisson", "dropout", "manual_seed", "random_", "normal_", "uniform_",
-     "bernoulli_", "exponential_", "geometric_", "cauchy_", "log_normal_"}
+    {
+        "rand",
+        "randn",
+        "randint",
+        "rand_like",
+        "randn_like",
+        "randint_like",
+        "randperm",
+        "multinomial",
+        "bernoulli",
+        "normal",
+        "poisson",
+        "dropout",
+        "manual_seed",
+        "random_",
+        "normal_",
+        "uniform_",
+        "bernoulli_",
+        "exponential_",
+        "geometric_",
+        "cauchy_",
+        "log_normal_",
+    }
 )
 STREAM_NAMES = frozenset(
-    {"stream", "Stream", "wait_stream", "current_stream", "record_stream", "Event", "synchronize",
-     "npu_stream_switch", "npu_wait_tensor", "set_stream"}
+    {
+        "stream",
+        "Stream",
+        "wait_stream",
+        "current_stream",
+        "record_stream",
+        "Event",
+        "synchronize",
+        "npu_stream_switch",
+        "npu_wait_tensor",
+        "set_stream",
+    }
 )
 # Builtins that build a container holding their arguments (the result aliases them) or do not
 # touch tensors at all.
-CONTAINER_BUILTINS = frozenset({"list", "tuple", "zip", "enumerate", "reversed", "sorted", "iter", "next", "dict",
-                                "set", "frozenset", "map", "filter", "getattr", "max", "min", "sum"})
-PURE_BUILTINS = frozenset({"len", "range", "int", "float", "bool", "str", "isinstance", "issubclass", "hasattr",
-                           "print", "repr", "abs", "round", "any", "all", "type", "id", "hash", "callable",
-                           "divmod", "pow", "format", "super", "ValueError", "RuntimeError", "TypeError",
-                           "NotImplementedError", "AssertionError", "KeyError", "IndexError", "Exception"})
+CONTAINER_BUILTINS = frozenset(
+    {
+        "list",
+        "tuple",
+        "zip",
+        "enumerate",
+        "reversed",
+        "sorted",
+        "iter",
+        "next",
+        "dict",
+        "set",
+        "frozenset",
+        "map",
+        "filter",
+        "getattr",
+        "max",
+        "min",
+        "sum",
+    }
+)
+PURE_BUILTINS = frozenset(
+    {
+        "len",
+        "range",
+        "int",
+        "float",
+        "bool",
+        "str",
+        "isinstance",
+        "issubclass",
+        "hasattr",
+        "print",
+        "repr",
+        "abs",
+        "round",
+        "any",
+        "all",
+        "type",
+        "id",
+        "hash",
+        "callable",
+        "divmod",
+        "pow",
+        "format",
+        "super",
+        "ValueError",
+        "RuntimeError",
+        "TypeError",
+        "NotImplementedError",
+        "AssertionError",
+        "KeyError",
+        "IndexError",
+        "Exception",
+    }
+)
 PURE_MODULES = ("math", "operator", "itertools", "functools", "logger", "logging", "warnings", "os", "einops")
 
 # torch's public names, from a generated table: importing torch here would cost seconds per run
@@ -86,8 +291,9 @@ _TORCH_FUNCTIONS = TORCH_FUNCTIONS
 _F_FUNCTIONS = F_FUNCTIONS
 _NN_MODULES = NN_MODULES
 # nn modules that may return their input itself (or write it with inplace=True).
-IDENTITY_MODULES = frozenset({"Identity", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout",
-                              "Flatten", "Unflatten"})
+IDENTITY_MODULES = frozenset(
+    {"Identity", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "Flatten", "Unflatten"}
+)
 CONTAINER_MODULES = frozenset({"ModuleList", "ModuleDict", "Sequential", "ParameterList", "ParameterDict"})
 
 
@@ -159,7 +365,13 @@ def _common_kwargs(call: cst.Call, effect: CallEffect, first: cst.BaseExpression
 
 
 _TORCH_FUNCTION_MODULES = (
-    "torch", "F", "torch.nn.functional", "nn.functional", "torch.special", "torch.linalg", "torch.fft",
+    "torch",
+    "F",
+    "torch.nn.functional",
+    "nn.functional",
+    "torch.special",
+    "torch.linalg",
+    "torch.fft",
 )
 
 

@@ -105,8 +105,6 @@ def _values_of(node: CSTNode, entry: tuple) -> tuple:
     return values(node)
 
 
-
-
 def _trivia() -> frozenset[type]:
     """Whitespace, comments, operators and brackets: nodes that hold nothing but each other
     (tests/test_walk.py checks that on libcst's field types and on real trees). Named through
@@ -114,16 +112,38 @@ def _trivia() -> frozenset[type]:
     have no base of their own. A class libcst adds later is simply walked (slower, never wrong)."""
     import libcst
 
-    bases = tuple(getattr(libcst, name) for name in (
-        "BaseBinaryOp", "BaseUnaryOp", "BaseBooleanOp", "BaseCompOp", "BaseAugOp", "BaseParenthesizableWhitespace",
-    ))
+    bases = tuple(
+        getattr(libcst, name)
+        for name in (
+            "BaseBinaryOp",
+            "BaseUnaryOp",
+            "BaseBooleanOp",
+            "BaseCompOp",
+            "BaseAugOp",
+            "BaseParenthesizableWhitespace",
+        )
+    )
     names = {
-        "AssignEqual", "Colon", "Comma", "Dot", "ImportStar", "Semicolon",  # punctuation
-        "Comment", "EmptyLine", "Newline", "TrailingWhitespace",  # lines and comments
-        "LeftParen", "RightParen", "LeftSquareBracket", "RightSquareBracket", "LeftCurlyBrace", "RightCurlyBrace",
+        "AssignEqual",
+        "Colon",
+        "Comma",
+        "Dot",
+        "ImportStar",
+        "Semicolon",  # punctuation
+        "Comment",
+        "EmptyLine",
+        "Newline",
+        "TrailingWhitespace",  # lines and comments
+        "LeftParen",
+        "RightParen",
+        "LeftSquareBracket",
+        "RightSquareBracket",
+        "LeftCurlyBrace",
+        "RightCurlyBrace",
     }
     return frozenset(  # __mro__, not issubclass: an ABC's subclass check walks all its subclasses
-        c for name, c in vars(libcst).items()
+        c
+        for name, c in vars(libcst).items()
         if isinstance(c, type) and CSTNode in c.__mro__ and (name in names or any(b in c.__mro__ for b in bases))
     )
 

@@ -38,9 +38,15 @@ def describe_lines(branch: SideBranch) -> str:
     )
     hoisted = ", ".join(h.source for h in branch.hoists)
     main = ", ".join(h.source for h in branch.main_hoists)
-    return "; ".join(p for p in (
-        lines, f"hoisted {hoisted}" if hoisted else "", f"main work {main} hoisted before the join" if main else "",
-    ) if p)
+    return "; ".join(
+        p
+        for p in (
+            lines,
+            f"hoisted {hoisted}" if hoisted else "",
+            f"main work {main} hoisted before the join" if main else "",
+        )
+        if p
+    )
 
 
 @dataclass(frozen=True)
@@ -93,8 +99,10 @@ class CaseOption:
 
     def given(self, values: dict[str, Any]) -> bool:
         """Whether the command line gave this option (a parameter away from its default)."""
-        return any(values.get(pname, spec.default) not in (None, False, [], (), spec.default)
-                   for pname, _kind, spec in self.cli)
+        return any(
+            values.get(pname, spec.default) not in (None, False, [], (), spec.default)
+            for pname, _kind, spec in self.cli
+        )
 
     def checked(self, values: dict[str, Any]) -> dict[str, Any]:
         """This option's given values, each through `check` (a one-line BadInput when one is bad).
@@ -110,46 +118,103 @@ class CaseOption:
             if self.check is None:  # the case's bug, never the user's: refuse rather than pass it on
                 raise BadInput(f"internal error: {self.name} declares no validator; its value is not used")
             try:
-                out[pname] = tuple(self.check(v, self.name) for v in value) if isinstance(value, list) \
+                out[pname] = (
+                    tuple(self.check(v, self.name) for v in value)
+                    if isinstance(value, list)
                     else self.check(value, self.name)
+                )
             except ValueError as exc:
                 raise BadInput(str(exc)) from None
         return out
 
 
 START_AFTER = CaseOption(
-    "--start-after", "--start-after is for cases with one side branch; {case} runs several side streams one after another",
-    (("start_after", str | None, Option(
-        None, "--start-after", help="ge-graph: start the side work only after this main-stream tensor exists.")),),
+    "--start-after",
+    "--start-after is for cases with one side branch; {case} runs several side streams one after another",
+    (
+        (
+            "start_after",
+            str | None,
+            Option(
+                None, "--start-after", help="ge-graph: start the side work only after this main-stream tensor exists."
+            ),
+        ),
+    ),
 )
 ANCHOR = CaseOption(
-    "--anchor", "--anchor is for phased cases; {case} runs its side branch in one piece",
-    (("anchor", list[str] | None, Option(
-        None, "--anchor", help="Phased cases: a main-stream value after which the next side phase starts (repeat).")),),
+    "--anchor",
+    "--anchor is for phased cases; {case} runs its side branch in one piece",
+    (
+        (
+            "anchor",
+            list[str] | None,
+            Option(
+                None,
+                "--anchor",
+                help="Phased cases: a main-stream value after which the next side phase starts (repeat).",
+            ),
+        ),
+    ),
 )
 CORES = CaseOption(
-    "--cores", "--cores and --core-limit are for core-limit cases; {case} does not split cores",
-    (("core_preset", str, Option("a3", "--cores", help="Core-limit cases: device preset a2, a3 or a3-even.")),
-     ("core_limit", str | None, Option(
-         None, "--core-limit", help="Core-limit cases: SIDE_AIC/SIDE_AIV,MAIN_AIC/MAIN_AIV, e.g. 8/16,16/32."))),
+    "--cores",
+    "--cores and --core-limit are for core-limit cases; {case} does not split cores",
+    (
+        ("core_preset", str, Option("a3", "--cores", help="Core-limit cases: device preset a2, a3 or a3-even.")),
+        (
+            "core_limit",
+            str | None,
+            Option(
+                None, "--core-limit", help="Core-limit cases: SIDE_AIC/SIDE_AIV,MAIN_AIC/MAIN_AIV, e.g. 8/16,16/32."
+            ),
+        ),
+    ),
 )
 SECOND_COMM_GROUP = CaseOption(
-    "--second-comm-group", "--second-comm-group is for prefill-microbatch; {case} has no micro-batches",
-    (("second_comm_group", str | None, Option(
-        None, "--second-comm-group",
-        help="prefill-microbatch: the layer's second process group (self.NAME) for micro-batch 1.")),),
+    "--second-comm-group",
+    "--second-comm-group is for prefill-microbatch; {case} has no micro-batches",
+    (
+        (
+            "second_comm_group",
+            str | None,
+            Option(
+                None,
+                "--second-comm-group",
+                help="prefill-microbatch: the layer's second process group (self.NAME) for micro-batch 1.",
+            ),
+        ),
+    ),
 )
 ALLOW_RNG_REORDER = CaseOption(
-    "--allow-rng-reorder", "--allow-rng-reorder is for cases that move calls onto a side stream; {case} moves none",
-    (("allow_rng_reorder", bool, Option(
-        False, "--allow-rng-reorder",
-        help="Move side work that draws random numbers (dropout, torch.rand*) even when the main path draws too.")),),
+    "--allow-rng-reorder",
+    "--allow-rng-reorder is for cases that move calls onto a side stream; {case} moves none",
+    (
+        (
+            "allow_rng_reorder",
+            bool,
+            Option(
+                False,
+                "--allow-rng-reorder",
+                help="Move side work that draws random numbers (dropout, torch.rand*) even when the main path draws too.",
+            ),
+        ),
+    ),
 )
 PROTECT = CaseOption(
-    "--protect", "--protect is for cases that move calls onto a side stream; {case} moves buffer copies, which "
+    "--protect",
+    "--protect is for cases that move calls onto a side stream; {case} moves buffer copies, which "
     "--protect does not snapshot",
-    (("protect", str, Option(
-        "", "--protect", help="clone: snapshot side inputs the main path may write before the join (one copy each).")),),
+    (
+        (
+            "protect",
+            str,
+            Option(
+                "",
+                "--protect",
+                help="clone: snapshot side inputs the main path may write before the join (one copy each).",
+            ),
+        ),
+    ),
 )
 # a general apply option (declared in cli.py), which a case that names its streams itself refuses
 STREAM_TAG = CaseOption(
@@ -157,9 +222,19 @@ STREAM_TAG = CaseOption(
 )
 # every case takes it (each analysis reads the file's summaries): never refused
 ASSUME_PURE = CaseOption(
-    "--assume-pure", "",
-    (("assume_pure", list[str] | None, Option(
-        None, "--assume-pure", help="A callee msrewrite cannot see into that writes none of its arguments (repeat).")),),
+    "--assume-pure",
+    "",
+    (
+        (
+            "assume_pure",
+            list[str] | None,
+            Option(
+                None,
+                "--assume-pure",
+                help="A callee msrewrite cannot see into that writes none of its arguments (repeat).",
+            ),
+        ),
+    ),
 )
 # in the order apply lists them in --help
 CLI_OPTIONS = (START_AFTER, ANCHOR, CORES, SECOND_COMM_GROUP, PROTECT, ASSUME_PURE, ALLOW_RNG_REORDER)
@@ -251,7 +326,9 @@ def parse_own_edit(text: str, what: str) -> cst.Module:
     try:
         return cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
-        raise BadInput(f"internal error: {what} produced code that does not parse (line {exc.raw_line}); nothing written") from None
+        raise BadInput(
+            f"internal error: {what} produced code that does not parse (line {exc.raw_line}); nothing written"
+        ) from None
 
 
 def plan_step(plan: OverlapPlan, old: str, new: str) -> EditStep:
@@ -401,7 +478,11 @@ class Case(_Record):
 
     # -- analysis and edit -----------------------------------------------------------------
     def find(
-        self, path: Path, module: cst.Module, options: Options, text: str | None = None,
+        self,
+        path: Path,
+        module: cst.Module,
+        options: Options,
+        text: str | None = None,
         branch: BranchSpec | None = None,
     ) -> list[Target]:
         """Every function with the case's (or one branch's) side work: a plan each, or why not."""
@@ -410,7 +491,12 @@ class Case(_Record):
         return find_targets(self, path, module, options, branch=branch, text=text)
 
     def plans(
-        self, path: Path, module: cst.Module, options: Options, target: str | None, text: str | None = None,
+        self,
+        path: Path,
+        module: cst.Module,
+        options: Options,
+        target: str | None,
+        text: str | None = None,
     ) -> list[OverlapPlan]:
         """The one plan to carry out (in a list), or NothingToDo / BadInput saying why there is none."""
         self.check_mode(options.mode)
@@ -437,7 +523,12 @@ class Case(_Record):
         return plans
 
     def steps(
-        self, path: Path, text: str, module: cst.Module, options: Options, target: str | None,
+        self,
+        path: Path,
+        text: str,
+        module: cst.Module,
+        options: Options,
+        target: str | None,
     ) -> list[EditStep]:
         """The edit, as reviewable steps (one patch each)."""
         from msrewrite.emit.engine import apply_plans
@@ -484,7 +575,12 @@ class PhasedCase(SeedCase):
         return (*super().kind_args(), ANCHOR)
 
     def steps(
-        self, path: Path, text: str, module: cst.Module, options: Options, target: str | None,
+        self,
+        path: Path,
+        text: str,
+        module: cst.Module,
+        options: Options,
+        target: str | None,
     ) -> list[EditStep]:
         """First inline and flatten the side branch (a refactor that changes no behaviour), then
         issue it in phases."""
@@ -508,13 +604,19 @@ class PhasedCase(SeedCase):
         steps = []
         if inlined_text != text:
             what = self.what[0]
-            steps.append(EditStep(
-                subject=f"{self.name}: inline {what} into {function.rsplit('.', 1)[0]}",
-                body=(f"Refactor only, no change in behaviour: {what} is written out step by step in\n"
-                      f"{function}, each nested call bound to its own name, so the next patch can\n"
-                      "issue the steps in phases."),
-                old=text, new=inlined_text, plans=[],
-            ))
+            steps.append(
+                EditStep(
+                    subject=f"{self.name}: inline {what} into {function.rsplit('.', 1)[0]}",
+                    body=(
+                        f"Refactor only, no change in behaviour: {what} is written out step by step in\n"
+                        f"{function}, each nested call bound to its own name, so the next patch can\n"
+                        "issue the steps in phases."
+                    ),
+                    old=text,
+                    new=inlined_text,
+                    plans=[],
+                )
+            )
         steps.append(plan_step(plans[0], inlined_text, apply_plans(inlined, plans, inlined_text).code))
         return steps
 
@@ -527,7 +629,13 @@ class BranchesCase(SeedCase):
         return (PROTECT, ALLOW_RNG_REORDER)
 
     def _branch_plans(
-        self, spec: BranchSpec, path: Path, module: cst.Module, options: Options, target: str | None, text: str,
+        self,
+        spec: BranchSpec,
+        path: Path,
+        module: cst.Module,
+        options: Options,
+        target: str | None,
+        text: str,
     ) -> tuple[list[OverlapPlan], list[Target]]:
         targets = self.find(path, module, options, text, branch=spec)
         if target:
@@ -541,14 +649,24 @@ class BranchesCase(SeedCase):
         return plans, targets
 
     def steps(
-        self, path: Path, text: str, module: cst.Module, options: Options, target: str | None,
+        self,
+        path: Path,
+        text: str,
+        module: cst.Module,
+        options: Options,
+        target: str | None,
     ) -> list[EditStep]:
         from msrewrite.emit.engine import apply_plans
 
         self.check_mode(options.mode)
-        options = Options(mode=options.mode, flag=options.flag, protect=options.protect,
-                          assume_pure=options.assume_pure, allow_rng_reorder=options.allow_rng_reorder,
-                          extra=options.extra)
+        options = Options(
+            mode=options.mode,
+            flag=options.flag,
+            protect=options.protect,
+            assume_pure=options.assume_pure,
+            allow_rng_reorder=options.allow_rng_reorder,
+            extra=options.extra,
+        )
         steps: list[EditStep] = []
         reasons: list[str] = []
         applied = 0
@@ -593,14 +711,21 @@ class MicrobatchCase(Case):
 
     def refusal(self, option: CaseOption) -> str:
         if option is PROTECT:
-            return ("--protect is for cases that move calls onto a side stream; prefill-microbatch runs "
-                    "each micro-batch on its own slice, with nothing shared to snapshot")
+            return (
+                "--protect is for cases that move calls onto a side stream; prefill-microbatch runs "
+                "each micro-batch on its own slice, with nothing shared to snapshot"
+            )
         if option is START_AFTER:
             return "--start-after is for cases with one side branch; prefill-microbatch forks the whole layer loop"
         return super().refusal(option)
 
     def steps(
-        self, path: Path, text: str, module: cst.Module, options: Options, target: str | None,
+        self,
+        path: Path,
+        text: str,
+        module: cst.Module,
+        options: Options,
+        target: str | None,
     ) -> list[EditStep]:
         """The forked micro-batch path: a model-level plan (analyze/microbatch.py), carried out."""
         from msrewrite.analyze.microbatch import microbatch_plan
@@ -609,9 +734,18 @@ class MicrobatchCase(Case):
 
         self.check_mode(options.mode)
         flag = options.flag or FlagSpec(kind="env", name=self.flag_name)
-        plan = microbatch_plan(module, case=self.name, path=path, mode=options.mode, flag=flag,
-                               target=target, stream_tag=options.stream_tag or self.stream_tag,
-                               second_group=options.second_group, assume_pure=options.assume_pure, text=text)
+        plan = microbatch_plan(
+            module,
+            case=self.name,
+            path=path,
+            mode=options.mode,
+            flag=flag,
+            target=target,
+            stream_tag=options.stream_tag or self.stream_tag,
+            second_group=options.second_group,
+            assume_pure=options.assume_pure,
+            text=text,
+        )
         return [microbatch_step(plan, text, apply_plans(module, [plan], text).code)]  # emit/microbatch.py
 
 

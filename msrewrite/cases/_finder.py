@@ -79,7 +79,11 @@ def branch_marker(case_name: str, branch: BranchSpec | None) -> str | None:
 
 
 def find_targets(
-    case: Case, path: Path, module: cst.Module, options: Options, branch: BranchSpec | None = None,
+    case: Case,
+    path: Path,
+    module: cst.Module,
+    options: Options,
+    branch: BranchSpec | None = None,
     text: str | None = None,
 ) -> list[Target]:
     """Every function with the case's (or one branch's) side work: a plan each, or why not.
@@ -92,7 +96,12 @@ def find_targets(
 
 
 def _copy_targets(
-    case: Case, path: Path, module: cst.Module, options: Options, branch: BranchSpec | None, text: str | None,
+    case: Case,
+    path: Path,
+    module: cst.Module,
+    options: Options,
+    branch: BranchSpec | None,
+    text: str | None,
 ) -> list[Target]:
     """Buffer copies (kvcache-offload): analyze/effects.py, loaded only for them."""
     from msrewrite.analyze.effects import CallBuffers, find_copy_branch
@@ -124,14 +133,27 @@ class _CallFinder:
     """The targets of a case whose side work is calls on submodules (is_seed)."""
 
     def __init__(
-        self, case: Case, path: Path, module: cst.Module, options: Options, branch: BranchSpec | None,
+        self,
+        case: Case,
+        path: Path,
+        module: cst.Module,
+        options: Options,
+        branch: BranchSpec | None,
         text: str | None,
     ) -> None:
-        self.case, self.path, self.module, self.options, self.branch, self.text = case, path, module, options, branch, text
+        self.case, self.path, self.module, self.options, self.branch, self.text = (
+            case,
+            path,
+            module,
+            options,
+            branch,
+            text,
+        )
         source = text if text is not None else module.code
         self.calls = self_calls(source)
-        self.seeds_of = _SeedsPerClass(module, branch.is_seed if branch is not None else case.is_seed, self.calls,
-                                       source)
+        self.seeds_of = _SeedsPerClass(
+            module, branch.is_seed if branch is not None else case.is_seed, self.calls, source
+        )
         self.summaries = ModuleSummaries(module, options.assume_pure, path=path)
 
     def targets(self) -> list[Target]:
@@ -159,7 +181,9 @@ class _CallFinder:
         if func.name.value == "__init__":
             return ""
         seeds_of = self.seeds_of
-        why = framework_overlap(seeds_of.layers(name, cls), self.calls.get(name, ())) or seeds_of.refused_helper(name, cls)
+        why = framework_overlap(seeds_of.layers(name, cls), self.calls.get(name, ())) or seeds_of.refused_helper(
+            name, cls
+        )
         if why and (existing := stream_calls(func)):  # the helper runs on the model's own stream
             why = _already_overlapped(most_telling(existing), cls, func)
         return why
@@ -220,9 +244,11 @@ class _SeedsPerClass:
                 prefix = name.rsplit(".", 1)[0] + "." if cls is not None else ""
                 # cheap: only methods whose own calls (ast) reach a seed can be helpers
                 methods = {
-                    qualified[len(prefix):]
+                    qualified[len(prefix) :]
                     for qualified, callees in self.calls.items()
-                    if cls is not None and qualified.startswith(prefix) and "." not in qualified[len(prefix):]
+                    if cls is not None
+                    and qualified.startswith(prefix)
+                    and "." not in qualified[len(prefix) :]
                     and any(self.is_seed(c) for c in callees)
                 }
                 if self._functions is None:
@@ -258,7 +284,7 @@ class _SeedsPerClass:
     def is_helper(self, name: str, cls: cst.ClassDef | None) -> bool:
         helpers = self.helpers(name, cls)
         short = name.rsplit(".", 1)[-1]
-        return (short in helpers.methods if cls is not None else short in helpers.functions)
+        return short in helpers.methods if cls is not None else short in helpers.functions
 
     def stream_siblings(self, name: str, cls: cst.ClassDef | None, func: cst.FunctionDef) -> list[cst.FunctionDef]:
         """Other methods of the class that run the same side work by hand on a stream."""
@@ -266,11 +292,13 @@ class _SeedsPerClass:
             return []
         prefix = name.rsplit(".", 1)[0] + "."
         seeded = {  # cheap (ast): the methods that call the side work at all
-            qualified[len(prefix):] for qualified, callees in self.calls.items()
+            qualified[len(prefix) :]
+            for qualified, callees in self.calls.items()
             if qualified.startswith(prefix) and any(self.is_seed(c) for c in callees)
         }
         return [
-            s for s in cls.body.body
+            s
+            for s in cls.body.body
             if isinstance(s, cst.FunctionDef) and s is not func and s.name.value in seeded and stream_calls(s)
         ]
 
@@ -278,7 +306,9 @@ class _SeedsPerClass:
 def _already_overlapped(call: cst.Call, cls: cst.ClassDef | None, func: cst.FunctionDef) -> str:
     where = "this function"
     if cls is not None and isinstance(cls.body, cst.IndentedBlock) and not any(call is c for c in stream_calls(func)):
-        owner = next(s for s in cls.body.body if isinstance(s, cst.FunctionDef) and any(call is c for c in stream_calls(s)))
+        owner = next(
+            s for s in cls.body.body if isinstance(s, cst.FunctionDef) and any(call is c for c in stream_calls(s))
+        )
         where = f"{cls.name.value}.{owner.name.value}"
     return (
         f"already overlapped: {where} runs it on a stream of its own (`{code_of(call.func).strip()}`); "
@@ -345,7 +375,10 @@ def branch_plan(case: Case, path: Path, function: str, branch: SideBranch, optio
     facts = branch.facts
     side = [
         SideStatement(
-            f.first_line, f.last_line, code_of(strip_leading(f.node)).strip(), phase=branch.phases.get(f.index, 0),
+            f.first_line,
+            f.last_line,
+            code_of(strip_leading(f.node)).strip(),
+            phase=branch.phases.get(f.index, 0),
             inner_phases=branch.inner_phases.get(f.index, ()),
         )
         for f in branch.statements
@@ -358,7 +391,9 @@ def branch_plan(case: Case, path: Path, function: str, branch: SideBranch, optio
         function=function,
         side=tuple(side),
         # a guarded branch that forks right at its `if` forks before the `if`
-        fork_line=branch.guard.line if branch.guard and branch.fork == branch.guard.index else facts[branch.fork].first_line,
+        fork_line=branch.guard.line
+        if branch.guard and branch.fork == branch.guard.index
+        else facts[branch.fork].first_line,
         # a join past the last statement (a copy joined when the function ends) names the line after it
         join_line=facts[branch.join].first_line if branch.join < len(facts) else facts[-1].last_line + 1,
         side_inputs=tuple(branch.inputs),

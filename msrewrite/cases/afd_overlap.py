@@ -34,10 +34,9 @@ class PointToPoint:
         return module in P2P_MODULES and name in ("send", "recv")
 
 
-
 # Declared examples (tests/test_case_examples.py runs them; README's Cases section shows them).
 # VALID: the send goes out early and the receive waits until the shortcut MLP ran.
-VALID = '''import torch
+VALID = """import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -56,9 +55,9 @@ class AttentionNode(nn.Module):
         ffn_out = torch.empty_like(normed)
         dist.recv(ffn_out, src=self.ffn_rank)
         return hidden_states + ffn_out + shortcut
-'''
+"""
 # INVALID: the shortcut MLP is inside the join statement: no local compute to overlap.
-INVALID = '''import torch
+INVALID = """import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -76,7 +75,7 @@ class AttentionNode(nn.Module):
         ffn_out = torch.empty_like(normed)
         dist.recv(ffn_out, src=self.ffn_rank)
         return hidden_states + ffn_out + self.shortcut_mlp(normed)
-'''
+"""
 
 
 CASE = AsyncCommCase(
@@ -91,5 +90,5 @@ CASE = AsyncCommCase(
     order=7,
     golden_examples=("afd_attention_node",),
     valid=(VALID,),
-    invalid=(Invalid(INVALID, 'no main-path work between the fork and the join: nothing to overlap'),),
+    invalid=(Invalid(INVALID, "no main-path work between the fork and the join: nothing to overlap"),),
 )

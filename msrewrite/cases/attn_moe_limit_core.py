@@ -24,10 +24,9 @@ def is_shortcut_moe(callee: str) -> bool:
     return callee == "mlp"
 
 
-
 # Declared examples (tests/test_case_examples.py runs them; README's Cases section shows them).
 # VALID: the shortcut MoE on a side stream, cores split.
-VALID = '''import torch
+VALID = """import torch
 from torch import nn
 
 
@@ -48,9 +47,9 @@ class MoeBlock(nn.Module):
 def make():
     torch.manual_seed(0)
     return MoeBlock().eval(), (torch.randn(3, 16),)
-'''
+"""
 # INVALID: the only main work is inside the join statement, outside any core budget.
-INVALID = '''import torch
+INVALID = """import torch
 from torch import nn
 
 
@@ -63,7 +62,7 @@ class Layer(nn.Module):
     def forward(self, x):
         shortcut = self.mlp(x)
         return self.attn(x) + shortcut
-'''
+"""
 
 
 CASE = CoreLimitCase(
@@ -80,5 +79,5 @@ CASE = CoreLimitCase(
     mutant_modes=("eager",),
     mutant_examples=("longcat_layer",),
     valid=(VALID,),
-    invalid=(Invalid(INVALID, 'gives the main work between the fork and the join a core budget of its own'),),
+    invalid=(Invalid(INVALID, "gives the main work between the fork and the join a core budget of its own"),),
 )

@@ -29,7 +29,7 @@ Q_QUANT = BranchSpec("q_quant", _calls("q_quant"), "indexer_q", "the q quantizat
 
 # Declared examples (tests/test_case_examples.py runs them; README's Cases section shows them).
 # VALID: the q path and the weights projection on two side streams, k on main.
-VALID = '''import torch
+VALID = """import torch
 from torch import nn
 
 
@@ -53,9 +53,9 @@ class Indexer(nn.Module):
 def make():
     torch.manual_seed(0)
     return Indexer().eval(), (torch.randn(4, 16), torch.randn(4, 16))
-'''
+"""
 # INVALID: no weights projection: only part of the case applies, and nothing is written.
-INVALID = '''import torch
+INVALID = """import torch
 from torch import nn
 
 
@@ -70,7 +70,7 @@ class Indexer(nn.Module):
         q = self.wq_b(qr).view(x.shape[0], self.heads, self.head_dim)
         k = self.wk(x)
         return torch.einsum("shd,td->sht", q, k)
-'''
+"""
 
 
 CASE = BranchesCase(
@@ -87,5 +87,5 @@ CASE = BranchesCase(
     mutant_modes=("eager",),
     mutant_examples=("indexer_prolog",),
     valid=(VALID,),
-    invalid=(Invalid(INVALID, 'only part of the case applies (weights: no side call found)'),),
+    invalid=(Invalid(INVALID, "only part of the case applies (weights: no side call found)"),),
 )

@@ -51,10 +51,9 @@ def is_host_copy(call: cst.Call) -> bool:
     return _names_host(func.value) or _names_host(call.args[0].value)
 
 
-
 # Declared examples (tests/test_case_examples.py runs them; README's Cases section shows them).
 # VALID: the device-to-host copy overlaps the layer's compute.
-VALID = '''import torch
+VALID = """import torch
 from torch import nn
 
 
@@ -84,9 +83,9 @@ class Model(nn.Module):
 def make():
     torch.manual_seed(0)
     return Model().eval(), (torch.randn(4, 16),)
-'''
+"""
 # INVALID: a cache helper's blocking copy would hold the host on the copy stream.
-INVALID = '''import torch
+INVALID = """import torch
 from torch import nn
 
 
@@ -108,7 +107,7 @@ class Layer(nn.Module):
         kv = self.kv_proj(x)
         cache.offload(kv)
         return self.mlp(x) + kv
-'''
+"""
 
 
 CASE = CopyCase(
@@ -127,5 +126,5 @@ CASE = CopyCase(
     mutant_modes=("eager",),
     mutant_examples=("offload_decoder", "offload_cache_decoder"),
     valid=(VALID,),
-    invalid=(Invalid(INVALID, 'copies without non_blocking=True'),),
+    invalid=(Invalid(INVALID, "copies without non_blocking=True"),),
 )

@@ -27,10 +27,9 @@ def describe(branch) -> str:
     return "shared expert on a side stream: " + describe_lines(branch)
 
 
-
 # Declared examples (tests/test_case_examples.py runs them; README's Cases section shows them).
 # VALID: the shared expert reads only the block's input; the routed experts run meanwhile.
-VALID = '''import torch
+VALID = """import torch
 from torch import nn
 
 
@@ -51,9 +50,9 @@ class MoeBlock(nn.Module):
 def make():
     torch.manual_seed(0)
     return MoeBlock().eval(), (torch.randn(3, 16),)
-'''
+"""
 # INVALID: the main path writes the shared expert's input in place before the join.
-INVALID = '''import torch
+INVALID = """import torch
 from torch import nn
 
 
@@ -67,7 +66,7 @@ class MoeBlock(nn.Module):
         shared = self.shared_experts(x)
         x.mul_(2.0)
         return self.experts(x) + shared
-'''
+"""
 
 
 CASE = SeedCase(

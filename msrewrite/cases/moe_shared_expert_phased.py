@@ -23,7 +23,7 @@ from msrewrite.cases.moe_shared_expert import describe, is_shared_expert_call
 
 # Declared examples (tests/test_case_examples.py runs them; README's Cases section shows them).
 # VALID: the shared expert's projections, activation and down projection go out in phases.
-VALID = '''import torch
+VALID = """import torch
 from torch import nn
 
 
@@ -56,9 +56,9 @@ class MoeBlock(nn.Module):
 def make():
     torch.manual_seed(0)
     return MoeBlock().eval(), (torch.randn(3, 16),)
-'''
+"""
 # INVALID: the routed experts read the shared expert's output: nothing runs next to it.
-INVALID = '''import torch
+INVALID = """import torch
 from torch import nn
 
 
@@ -72,7 +72,7 @@ class MoeBlock(nn.Module):
         shared = self.shared_experts(x)
         out = self.experts(shared)
         return out
-'''
+"""
 
 
 CASE = PhasedCase(
@@ -90,5 +90,5 @@ CASE = PhasedCase(
     mutant_modes=("eager",),
     mutant_examples=("deepep_moe",),
     valid=(VALID,),
-    invalid=(Invalid(INVALID, 'no main-path work between the fork and the join: nothing to overlap'),),
+    invalid=(Invalid(INVALID, "no main-path work between the fork and the join: nothing to overlap"),),
 )

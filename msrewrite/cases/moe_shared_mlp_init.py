@@ -20,7 +20,7 @@ from msrewrite.cases.moe_shared_expert import describe, is_shared_expert_call
 
 # Declared examples (tests/test_case_examples.py runs them; README's Cases section shows them).
 # VALID: the shared MLP on a stream the model hands down.
-VALID = '''import torch
+VALID = """import torch
 from torch import nn
 
 
@@ -41,9 +41,9 @@ class MoeBlock(nn.Module):
 def make():
     torch.manual_seed(0)
     return MoeBlock().eval(), (torch.randn(3, 16),)
-'''
+"""
 # INVALID: the main path writes the shared MLP's input in place before the join.
-INVALID = '''import torch
+INVALID = """import torch
 from torch import nn
 
 
@@ -57,7 +57,7 @@ class MoeBlock(nn.Module):
         shared = self.shared_mlp(x)
         x.mul_(2.0)
         return self.experts(x) + shared
-'''
+"""
 
 
 CASE = SeedCase(

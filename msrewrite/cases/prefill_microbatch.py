@@ -36,7 +36,7 @@ from msrewrite.cases._base import Invalid, MicrobatchCase
 
 # Declared examples (tests/test_case_examples.py runs them; README's Cases section shows them).
 # VALID: a straight-line layer with its collectives, under a layer loop.
-VALID = '''import torch
+VALID = """import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -65,9 +65,9 @@ class Model(nn.Module):
         for layer in self.layers:
             hidden_states = layer(hidden_states)
         return hidden_states
-'''
+"""
 # INVALID: a layer forward with an `if`: micro-batching needs straight-line statements.
-INVALID = '''import torch
+INVALID = """import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -97,7 +97,7 @@ class Model(nn.Module):
         for layer in self.layers:
             hidden_states = layer(hidden_states)
         return hidden_states
-'''
+"""
 
 
 CASE = MicrobatchCase(
@@ -112,5 +112,5 @@ CASE = MicrobatchCase(
     order=8,
     golden_examples=("microbatch_moe", "microbatch_moe_submodule"),
     valid=(VALID,),
-    invalid=(Invalid(INVALID, 'micro-batching needs a straight-line layer forward'),),
+    invalid=(Invalid(INVALID, "micro-batching needs a straight-line layer forward"),),
 )

@@ -52,8 +52,17 @@ class CaseCodemod(CodemodCommand):
         options: dict[str, Any] = dict(self.options)  # argparse's values, by ApplyArgs' names
         options["anchors"] = tuple(options.pop("anchor", None) or ())  # argparse's list
         options["assume_pure"] = tuple(options.get("assume_pure") or ())
-        args = ApplyArgs.of(file=path, case=self.case_name, plan_path=None, candidate=None, in_place=False,
-                            output=None, verify=False, harness=None, **options)  # the cases' own: ApplyArgs.extra
+        args = ApplyArgs.of(
+            file=path,
+            case=self.case_name,
+            plan_path=None,
+            candidate=None,
+            in_place=False,
+            output=None,
+            verify=False,
+            harness=None,
+            **options,
+        )  # the cases' own: ApplyArgs.extra
         try:
             chosen_mode, _why = resolve_mode(args.mode, text)
             case, case_options = case_request(args, chosen_mode)

@@ -7,4 +7,6 @@ from msrewrite.codemods._base import CaseCodemod
 
 class IndexerProlog(CaseCodemod):
     CASE = "indexer-prolog"
-    DESCRIPTION = "msrewrite indexer-prolog: indexer prolog: q path and weights projection on two side streams, k path on main."
+    DESCRIPTION = (
+        "msrewrite indexer-prolog: indexer prolog: q path and weights projection on two side streams, k path on main."
+    )

@@ -7,4 +7,6 @@ from msrewrite.codemods._base import CaseCodemod
 
 class MoeSharedExpert(CaseCodemod):
     CASE = "moe-shared-expert"
-    DESCRIPTION = "msrewrite moe-shared-expert: MoE shared expert on a side stream, overlapping the router and routed experts."
+    DESCRIPTION = (
+        "msrewrite moe-shared-expert: MoE shared expert on a side stream, overlapping the router and routed experts."
+    )

@@ -61,7 +61,9 @@ def _relpath(file: Path) -> str:
     return resolved.name
 
 
-def parse_flag(flag: str, flag_default: str, max_tokens: int | None, case_flag: str, gate: str | None = None) -> FlagSpec:
+def parse_flag(
+    flag: str, flag_default: str, max_tokens: int | None, case_flag: str, gate: str | None = None
+) -> FlagSpec:
     """`case_flag`: the switch when --flag is not given (`KIND:NAME`, or a bare NAME for env)."""
     if flag_default not in ("on", "off"):
         raise BadInput(f"--flag-default must be on or off, got {flag_default!r}")
@@ -79,8 +81,12 @@ def parse_flag(flag: str, flag_default: str, max_tokens: int | None, case_flag: 
         else:
             phase = gate
     try:
-        return FlagSpec.parse(flag or (case_flag if ":" in case_flag else f"env:{case_flag}"),
-                              default=flag_default == "on", max_tokens=max_tokens, gate=phase)
+        return FlagSpec.parse(
+            flag or (case_flag if ":" in case_flag else f"env:{case_flag}"),
+            default=flag_default == "on",
+            max_tokens=max_tokens,
+            gate=phase,
+        )
     except ValueError as exc:
         option = "--gate" if phase is not None and "gate" in str(exc) else "--flag"
         raise BadInput(f"{option}: {exc}") from None
@@ -101,8 +107,15 @@ def get_known_case(case_name: str) -> Case:
 
 
 def plans_for_case(
-    file: Path, module, case_name: str | Case, mode: str, target: str | None, flag: FlagSpec, stream_tag: str | None,
-    start_gates: tuple[StartGate, ...] = (), phase_anchors: tuple[str, ...] = (),
+    file: Path,
+    module,
+    case_name: str | Case,
+    mode: str,
+    target: str | None,
+    flag: FlagSpec,
+    stream_tag: str | None,
+    start_gates: tuple[StartGate, ...] = (),
+    phase_anchors: tuple[str, ...] = (),
     core_limits: tuple[int, int, int, int] | None = None,
     text: str | None = None,
     protect: str = "",
@@ -112,25 +125,51 @@ def plans_for_case(
     """The case's one plan for `file` (Case.plans), the case named or given."""
     case = get_known_case(case_name) if isinstance(case_name, str) else case_name
     options = Options(
-        mode=mode, flag=flag, stream_tag=stream_tag, start_gates=start_gates, phase_anchors=phase_anchors,
-        core_limits=core_limits, protect=protect, assume_pure=assume_pure, allow_rng_reorder=allow_rng_reorder,
+        mode=mode,
+        flag=flag,
+        stream_tag=stream_tag,
+        start_gates=start_gates,
+        phase_anchors=phase_anchors,
+        core_limits=core_limits,
+        protect=protect,
+        assume_pure=assume_pure,
+        allow_rng_reorder=allow_rng_reorder,
     )
     return case.plans(file, module, options, target, text)
 
 
 def case_steps(
-    file: Path, text: str, module, case_name: str, mode: str, target: str | None, flag: FlagSpec | None,
-    stream_tag: str | None, start_gates: tuple[StartGate, ...] = (), phase_anchors: tuple[str, ...] = (),
-    core_limits: tuple[int, int, int, int] | None = None, second_group: str | None = None,
-    protect: str = "", assume_pure: tuple[str, ...] = (), allow_rng_reorder: bool = False,
+    file: Path,
+    text: str,
+    module,
+    case_name: str,
+    mode: str,
+    target: str | None,
+    flag: FlagSpec | None,
+    stream_tag: str | None,
+    start_gates: tuple[StartGate, ...] = (),
+    phase_anchors: tuple[str, ...] = (),
+    core_limits: tuple[int, int, int, int] | None = None,
+    second_group: str | None = None,
+    protect: str = "",
+    assume_pure: tuple[str, ...] = (),
+    allow_rng_reorder: bool = False,
     extra: dict | None = None,
 ) -> list[EditStep]:
     """The edit the case named makes, as steps (Case.steps): apply's, golden/regen.py's and verify's.
     `extra`: the case's own options, already checked (Case.own_settings)."""
     options = Options(
-        mode=mode, flag=flag, stream_tag=stream_tag, start_gates=start_gates, phase_anchors=phase_anchors,
-        core_limits=core_limits, protect=protect, assume_pure=assume_pure, allow_rng_reorder=allow_rng_reorder,
-        second_group=second_group, extra=dict(extra or {}),
+        mode=mode,
+        flag=flag,
+        stream_tag=stream_tag,
+        start_gates=start_gates,
+        phase_anchors=phase_anchors,
+        core_limits=core_limits,
+        protect=protect,
+        assume_pure=assume_pure,
+        allow_rng_reorder=allow_rng_reorder,
+        second_group=second_group,
+        extra=dict(extra or {}),
     )
     return get_known_case(case_name).steps(file, text, module, options, target)
 
@@ -140,8 +179,10 @@ def trust_lines(plan: OverlapPlan | MicrobatchPlan) -> list[str]:
     seen = ", ".join(plan.trust_boundary) if plan.trust_boundary else "none: every callee was seen into"
     lines = [f"trust boundary (callees not seen into): {seen}"]
     if isinstance(plan, MicrobatchPlan):  # what no analysis of the source can show
-        lines.append("assumed, not checked: every layer treats the sequences of dim 0 independently (no batch "
-                     "statistics, no routing capacity shared across the batch); verify compares the outputs")
+        lines.append(
+            "assumed, not checked: every layer treats the sequences of dim 0 independently (no batch "
+            "statistics, no routing capacity shared across the batch); verify compares the outputs"
+        )
     if plan.assume_pure:
         lines.append(f"vouched for with --assume-pure: {', '.join(plan.assume_pure)}")
     if plan.rng_reorder:
@@ -189,8 +230,9 @@ def _compile_check(file: Path, src, new_text: str) -> None:
     except SyntaxError as exc:
         needed = _needed_python(src.module)
         advice = f": the file {needed}; run msrewrite with that Python" if needed else ""
-        raise BadInput(f"{file}:{exc.lineno}: Python {_python()} cannot compile the file ({exc.msg}){advice}; "
-                       "nothing written") from None
+        raise BadInput(
+            f"{file}:{exc.lineno}: Python {_python()} cannot compile the file ({exc.msg}){advice}; nothing written"
+        ) from None
     except (RecursionError, MemoryError, ValueError):
         pass
     # our bug, never the user's: refuse to write it
@@ -276,8 +318,10 @@ def _remove_markers(file: Path, in_place: bool) -> int:
 def _microbatch_markers(markers: bool) -> None:
     """--markers cannot mark a model-level micro-batch fork: refused, never ignored."""
     if markers:
-        raise BadInput("--markers: prefill-microbatch has no single side and main window to mark "
-                       "(every layer interleaves the stages of two micro-batches)")
+        raise BadInput(
+            "--markers: prefill-microbatch has no single side and main window to mark "
+            "(every layer interleaves the stages of two micro-batches)"
+        )
 
 
 @dataclass
@@ -325,10 +369,13 @@ class ApplyArgs:
         """The per-case options given (each is refused by a case that does not take it): the
         built-in ones, then the cases' own (those of --case when only they were parsed, else all)."""
         given = {
-            START_AFTER: self.start_after is not None, ANCHOR: bool(self.anchors),
+            START_AFTER: self.start_after is not None,
+            ANCHOR: bool(self.anchors),
             CORES: self.core_limit is not None or self.core_preset != "a3",
-            SECOND_COMM_GROUP: self.second_comm_group is not None, ALLOW_RNG_REORDER: self.allow_rng_reorder,
-            PROTECT: bool(self.protect), STREAM_TAG: self.stream_tag is not None,
+            SECOND_COMM_GROUP: self.second_comm_group is not None,
+            ALLOW_RNG_REORDER: self.allow_rng_reorder,
+            PROTECT: bool(self.protect),
+            STREAM_TAG: self.stream_tag is not None,
         }
         if self.extra:
             from msrewrite.cases._base import own_options
@@ -344,7 +391,13 @@ def run_apply(**kwargs) -> int:
     """`msrewrite apply` (cli.apply's options, as ApplyArgs' fields, and the cases' own)."""
     args = ApplyArgs.of(**kwargs)
     if args.no_markers:
-        if args.case is not None or args.plan_path is not None or args.markers or args.verify or args.output is not None:
+        if (
+            args.case is not None
+            or args.plan_path is not None
+            or args.markers
+            or args.verify
+            or args.output is not None
+        ):
             raise BadInput("--no-markers takes only the edited file (and -i): it removes the profiler ranges")
         return _remove_markers(args.file, args.in_place)
     _check_args(args)
@@ -397,7 +450,8 @@ def _check_args(args: ApplyArgs) -> None:
     if args.force and args.output is None:
         raise BadInput("--force is for -o/--output (replace the patch series in that folder)")
     for value, check, option in (
-        (args.target, validate.qualified_name, "--target"), (args.stream_tag, validate.stream_tag, "--stream-tag"),
+        (args.target, validate.qualified_name, "--target"),
+        (args.stream_tag, validate.stream_tag, "--stream-tag"),
         (args.start_after, validate.identifier, "--start-after"),
         *((name, validate.identifier, "--anchor") for name in args.anchors),
         (args.second_comm_group, validate.attribute, "--second-comm-group"),
@@ -418,8 +472,9 @@ def case_request(args: ApplyArgs, chosen_mode: str) -> tuple[Case, Options]:
     from msrewrite.cases import get_case, require_case
 
     known = get_case(args.case or "")
-    spec = parse_flag(args.flag, args.flag_default, args.max_tokens,
-                      known.flag_name if known else "ENABLE_SIDE_STREAM", args.gate)
+    spec = parse_flag(
+        args.flag, args.flag_default, args.max_tokens, known.flag_name if known else "ENABLE_SIDE_STREAM", args.gate
+    )
     gates: tuple[StartGate, ...] = ()
     if args.start_after:
         if chosen_mode != "ge-graph":
@@ -434,11 +489,21 @@ def case_request(args: ApplyArgs, chosen_mode: str) -> tuple[Case, Options]:
         from msrewrite import cores
 
         budget = cores.resolve(args.core_preset, args.core_limit).as_tuple()
-    return case, case.own_settings(Options(
-        mode=chosen_mode, flag=spec, stream_tag=args.stream_tag, start_gates=gates, phase_anchors=tuple(args.anchors),
-        core_limits=budget, protect=args.protect, assume_pure=args.assume_pure,
-        allow_rng_reorder=args.allow_rng_reorder, second_group=args.second_comm_group,
-    ), args.extra)
+    return case, case.own_settings(
+        Options(
+            mode=chosen_mode,
+            flag=spec,
+            stream_tag=args.stream_tag,
+            start_gates=gates,
+            phase_anchors=tuple(args.anchors),
+            core_limits=budget,
+            protect=args.protect,
+            assume_pure=args.assume_pure,
+            allow_rng_reorder=args.allow_rng_reorder,
+            second_group=args.second_comm_group,
+        ),
+        args.extra,
+    )
 
 
 def _case_edit(args: ApplyArgs, src, chosen_mode: str, why: str) -> list[EditStep]:
@@ -447,19 +512,36 @@ def _case_edit(args: ApplyArgs, src, chosen_mode: str, why: str) -> list[EditSte
         from msrewrite.emit.markers import MARKER_MODES
 
         if chosen_mode not in MARKER_MODES:
-            raise BadInput(f"--markers: {chosen_mode} mode is not supported (eager and cuda only: a range opened "
-                           "while a graph is captured is not replayed with it)")
+            raise BadInput(
+                f"--markers: {chosen_mode} mode is not supported (eager and cuda only: a range opened "
+                "while a graph is captured is not replayed with it)"
+            )
     from msrewrite.cases import get_case
 
     known = get_case(args.case or "")  # a bad flag is refused before the mode is said (case_request parses it again)
-    parse_flag(args.flag, args.flag_default, args.max_tokens, known.flag_name if known else "ENABLE_SIDE_STREAM",
-               args.gate)
+    parse_flag(
+        args.flag, args.flag_default, args.max_tokens, known.flag_name if known else "ENABLE_SIDE_STREAM", args.gate
+    )
     _note(f"mode {chosen_mode} ({'auto: ' if args.mode == 'auto' else ''}{why})")
     _case, options = case_request(args, chosen_mode)  # every field of options is passed on: settled already
-    return case_steps(args.file, src.text, src.module, args.case or "", chosen_mode, args.target, options.flag,
-                      options.stream_tag, options.start_gates, options.phase_anchors, options.core_limits,
-                      options.second_group, protect=options.protect, assume_pure=options.assume_pure,
-                      allow_rng_reorder=options.allow_rng_reorder, extra=options.extra)
+    return case_steps(
+        args.file,
+        src.text,
+        src.module,
+        args.case or "",
+        chosen_mode,
+        args.target,
+        options.flag,
+        options.stream_tag,
+        options.start_gates,
+        options.phase_anchors,
+        options.core_limits,
+        options.second_group,
+        protect=options.protect,
+        assume_pure=options.assume_pure,
+        allow_rng_reorder=options.allow_rng_reorder,
+        extra=options.extra,
+    )
 
 
 def _read_plan_file(args: ApplyArgs, src) -> list:
@@ -509,8 +591,10 @@ def _refuse_case_decisions(args: ApplyArgs) -> None:
             raise BadInput(refusal)
     for option, present in given.items():
         if present and option not in CASE_OPTIONS:  # a case's own option (Case.options)
-            raise BadInput(f"{option.name} is an option of the case that declares it; give it with --case "
-                           "(a plan file carries its plans' own settings)")
+            raise BadInput(
+                f"{option.name} is an option of the case that declares it; give it with --case "
+                "(a plan file carries its plans' own settings)"
+            )
 
 
 def _plan_overrides(args: ApplyArgs, plans: list, chosen_mode: str) -> dict:
@@ -518,28 +602,33 @@ def _plan_overrides(args: ApplyArgs, plans: list, chosen_mode: str) -> dict:
     _refuse_case_decisions(args)
     if any(isinstance(p, MicrobatchPlan) for p in plans):
         if len(plans) > 1:
-            raise BadInput(f"{args.plan_path}: a prefill-microbatch plan forks the whole model: carry it out alone "
-                           "(--candidate N)")
+            raise BadInput(
+                f"{args.plan_path}: a prefill-microbatch plan forks the whole model: carry it out alone (--candidate N)"
+            )
         if args.allow_rng_reorder:
-            raise BadInput("--allow-rng-reorder is for cases that move calls onto a side stream; "
-                           "a prefill-microbatch plan moves none")
+            raise BadInput(
+                "--allow-rng-reorder is for cases that move calls onto a side stream; "
+                "a prefill-microbatch plan moves none"
+            )
         if args.protect:
-            raise BadInput("--protect is for cases that move calls onto a side stream; prefill-microbatch runs "
-                           "each micro-batch on its own slice, with nothing shared to snapshot")
+            raise BadInput(
+                "--protect is for cases that move calls onto a side stream; prefill-microbatch runs "
+                "each micro-batch on its own slice, with nothing shared to snapshot"
+            )
         _microbatch_markers(args.markers)
     overrides: dict = {}
     if args.mode != "auto":
         overrides["mode"] = chosen_mode
     if args.flag or args.flag_default != "on" or args.max_tokens is not None or args.gate is not None:
         base = plans[0].flag
-        overrides["flag"] = parse_flag(args.flag, args.flag_default, args.max_tokens, f"{base.kind}:{base.name}",
-                                        args.gate)
+        overrides["flag"] = parse_flag(
+            args.flag, args.flag_default, args.max_tokens, f"{base.kind}:{base.name}", args.gate
+        )
     if args.stream_tag:
         overrides["stream_tag"] = args.stream_tag
     if args.second_comm_group is not None:  # a micro-batch plan's choice; no other plan has micro-batches
         if not all(isinstance(p, MicrobatchPlan) for p in plans):
-            raise BadInput("--second-comm-group is for prefill-microbatch; the plan file's plans have no "
-                           "micro-batches")
+            raise BadInput("--second-comm-group is for prefill-microbatch; the plan file's plans have no micro-batches")
         overrides["second_group"] = args.second_comm_group
     if args.assume_pure:
         overrides["assume_pure"] = args.assume_pure
@@ -568,8 +657,9 @@ def _plan_file_steps(src, plans: list) -> list[EditStep]:
     for k in range(1, len(plans) + 1):  # one patch per plan, each on top of the previous
         after = apply_plans(src.module, plans[:k], src.text).code
         plan = plans[k - 1]
-        steps.append(microbatch_step(plan, before, after) if isinstance(plan, MicrobatchPlan)
-                     else plan_step(plan, before, after))
+        steps.append(
+            microbatch_step(plan, before, after) if isinstance(plan, MicrobatchPlan) else plan_step(plan, before, after)
+        )
         before = after
     return steps
 
@@ -582,9 +672,11 @@ def _report(plans: list, new_text: str) -> None:
     if any(plan.core_limits for plan in plans):
         _note(CORE_LIMIT_CAVEATS)
     if any(plan.mode == "ge-graph" for plan in plans) and not records_config(new_text):
-        _note("ge-graph: this file does not build torchair's backend; where it is built, write "
-              "get_npu_backend(compiler_config=<this module>._ms_torchair_config(config)) so that "
-              "reduce-overhead, npugraph_ex and debug.run_eagerly compiles keep the side stream off")
+        _note(
+            "ge-graph: this file does not build torchair's backend; where it is built, write "
+            "get_npu_backend(compiler_config=<this module>._ms_torchair_config(config)) so that "
+            "reduce-overhead, npugraph_ex and debug.run_eagerly compiles keep the side stream off"
+        )
 
 
 def _verify(args: ApplyArgs, src, plans: list, plain_steps: list[EditStep], new_text: str) -> int:
@@ -595,16 +687,33 @@ def _verify(args: ApplyArgs, src, plans: list, plain_steps: list[EditStep], new_
     # the plans and the text they address, so verify can issue the side work under other schedules
     several = sum(1 for step in plain_steps if step.plans) > 1
     # (ScheduleSource takes a micro-batch plan too, for the early schedule only; it is annotated OverlapPlan)
-    last = ScheduleSource(src.text, plans) if args.plan_path is not None else (
-        ScheduleSource(plain_steps[-1].old, plain_steps[-1].plans,  # type: ignore[arg-type]  # see above
-                       "later schedules move the last side stream's work only" if several else "",
-                       marked=tuple(p for step in plain_steps[:-1] for p in step.plans
-                                    if isinstance(p, OverlapPlan) and p.markers))
-        if plain_steps[-1].plans else None
+    last = (
+        ScheduleSource(src.text, plans)
+        if args.plan_path is not None
+        else (
+            ScheduleSource(
+                plain_steps[-1].old,
+                plain_steps[-1].plans,  # type: ignore[arg-type]  # see above
+                "later schedules move the last side stream's work only" if several else "",
+                marked=tuple(
+                    p for step in plain_steps[:-1] for p in step.plans if isinstance(p, OverlapPlan) and p.markers
+                ),
+            )
+            if plain_steps[-1].plans
+            else None
+        )
     )
     with contextlib.redirect_stdout(sys.stderr):  # what the user's code prints must not enter the diff
-        return verify_edit(args.file, new_text, function=function, flag=flag_spec, mode=edit_mode,
-                           harness=args.harness, schedule_source=last, quiet=args.quiet)
+        return verify_edit(
+            args.file,
+            new_text,
+            function=function,
+            flag=flag_spec,
+            mode=edit_mode,
+            harness=args.harness,
+            schedule_source=last,
+            quiet=args.quiet,
+        )
 
 
 def _write(args: ApplyArgs, src, steps: list[EditStep], new_text: str) -> None:
@@ -616,14 +725,15 @@ def _write(args: ApplyArgs, src, steps: list[EditStep], new_text: str) -> None:
         _note(f"rewrote {file}")
     elif args.output is not None:
         if src.encoding != "utf-8":  # mail-format patches carry one charset, and git am reads UTF-8
-            raise BadInput(f"-o: {file} is written in {src.encoding} (its coding cookie); patch files are "
-                           "UTF-8: take the diff (without -o) or -i instead; nothing written")
+            raise BadInput(
+                f"-o: {file} is written in {src.encoding} (its coding cookie); patch files are "
+                "UTF-8: take the diff (without -o) or -i instead; nothing written"
+            )
         from msrewrite.output.patch import PatchStep, is_stage_folder, write_apply_script, write_series
 
         relpath = _relpath(file)
         series = [
-            PatchStep(step.subject, step.body, src.on_disk(step.old), src.on_disk(step.new), relpath)
-            for step in steps
+            PatchStep(step.subject, step.body, src.on_disk(step.old), src.on_disk(step.new), relpath) for step in steps
         ]
         paths = write_series(series, args.output, force=args.force)
         if is_stage_folder(args.output):  # SGLang-style patches/stageN/: one script applies every stage

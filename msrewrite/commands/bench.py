@@ -29,8 +29,19 @@ class UserCodeFailed(MsrewriteError):
     exit_code = EXIT_NOTHING_TO_DO
 
 
-def run_bench(*, file: Path, harness: str | None, case: str | None, mode: str, variants: bool, iters: int,
-              warmup: int, dry_run: bool, json_out: bool, timeout: float = DEFAULT_TIMEOUT) -> int:
+def run_bench(
+    *,
+    file: Path,
+    harness: str | None,
+    case: str | None,
+    mode: str,
+    variants: bool,
+    iters: int,
+    warmup: int,
+    dry_run: bool,
+    json_out: bool,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> int:
     from msrewrite.harness import ChildFailed, run_in_child
     from msrewrite.load import read_source
 
@@ -73,8 +84,11 @@ def run_bench(*, file: Path, harness: str | None, case: str | None, mode: str, v
         if kind is None:
             raise NoDevice("no CUDA or NPU device here: bench times on a device (--dry-run runs every step on CPU)")
         chosen = {"cuda": "cuda", "npu": "eager", "cpu": "cuda"}[kind] if mode == "auto" else mode
-        items = ([bench.Variant("as edited", None, text)] if edited
-                 else bench.variants(file, text, case or "", chosen, variants))  # case: given, checked above
+        items = (
+            [bench.Variant("as edited", None, text)]
+            if edited
+            else bench.variants(file, text, case or "", chosen, variants)
+        )  # case: given, checked above
         off = bench.run_variants(file, harness, items, flag_name, kind, iters, warmup, dry_run, phase=progress.phase)
         return kind, chosen, off, items
 
@@ -103,10 +117,22 @@ def _as_json(kind, mode, off, ranked) -> dict:
         lo, hi = t.interval
         return {"median_ms": t.median * 1e3, "ci95_ms": [lo * 1e3, hi * 1e3], "iters": len(t.times)}
 
-    return {"device": kind, "mode": mode, "flag_off": timing(off),
-            "variants": [{"label": v.label, "command": v.command, **timing(v.timing),
-                          "speedup_vs_off": off.median / v.timing.median, "notes": v.notes} for v in ranked],
-            "winner": next((v.command for v in ranked if v.command), None)}
+    return {
+        "device": kind,
+        "mode": mode,
+        "flag_off": timing(off),
+        "variants": [
+            {
+                "label": v.label,
+                "command": v.command,
+                **timing(v.timing),
+                "speedup_vs_off": off.median / v.timing.median,
+                "notes": v.notes,
+            }
+            for v in ranked
+        ],
+        "winner": next((v.command for v in ranked if v.command), None),
+    }
 
 
 def _print(kind, mode, off, ranked, dry_run, iters, warmup) -> None:
@@ -119,8 +145,9 @@ def _print(kind, mode, off, ranked, dry_run, iters, warmup) -> None:
     rows = [["-", "flag off (original path)", _ms(off.median), f"{_ms(lo)}-{_ms(hi)}", "1.00x"]]
     for rank, v in enumerate(ranked, 1):
         lo, hi = v.timing.interval
-        rows.append([str(rank), v.label, _ms(v.timing.median), f"{_ms(lo)}-{_ms(hi)}",
-                     f"{off.median / v.timing.median:.2f}x"])
+        rows.append(
+            [str(rank), v.label, _ms(v.timing.median), f"{_ms(lo)}-{_ms(hi)}", f"{off.median / v.timing.median:.2f}x"]
+        )
     for line in fit_table(["#", "variant (flag on)", "median ms", "95% CI ms", "vs off"], rows, shrink={1: 20}):
         print(line)
     for v in ranked:

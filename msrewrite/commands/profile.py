@@ -44,15 +44,30 @@ def _saving(cost: dict | None) -> float | None:
         return None
     from msrewrite.suggest.cost import BranchCost
 
-    branch = BranchCost(side_time=cost["side_us"] / 1e6, main_time=cost["main_us"] / 1e6,
-                        scope_time=cost["function_us"] / 1e6, side_flops=cost["side_flops"],
-                        main_flops=cost["main_flops"], side_bytes=cost["side_bytes"],
-                        main_bytes=cost["main_bytes"], sync_time=cost["sync_us"] / 1e6, launches=0)
+    branch = BranchCost(
+        side_time=cost["side_us"] / 1e6,
+        main_time=cost["main_us"] / 1e6,
+        scope_time=cost["function_us"] / 1e6,
+        side_flops=cost["side_flops"],
+        main_flops=cost["main_flops"],
+        side_bytes=cost["side_bytes"],
+        main_bytes=cost["main_bytes"],
+        sync_time=cost["sync_us"] / 1e6,
+        launches=0,
+    )
     return branch.saving * 1e6
 
 
-def run_profile(*, trace: Path, edit: Path | None = None, baseline: Path | None = None, json_out: bool = False,
-                threshold: float = 0.1, gantt: bool = False, step: int | None = None) -> int:
+def run_profile(
+    *,
+    trace: Path,
+    edit: Path | None = None,
+    baseline: Path | None = None,
+    json_out: bool = False,
+    threshold: float = 0.1,
+    gantt: bool = False,
+    step: int | None = None,
+) -> int:
     from msrewrite.profile.analysis import analyze
     from msrewrite.profile.gantt import gantt as make_gantt
     from msrewrite.profile.trace import load_trace
@@ -85,8 +100,16 @@ def _us(x: float | None) -> str:
 def _say(text: str, indent: str = "") -> None:
     import textwrap
 
-    print(textwrap.fill(text, width=79, initial_indent=indent, subsequent_indent=indent + "    ",
-                        break_long_words=False, break_on_hyphens=False))
+    print(
+        textwrap.fill(
+            text,
+            width=79,
+            initial_indent=indent,
+            subsequent_indent=indent + "    ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+    )
 
 
 def print_profile(profile) -> None:
@@ -100,8 +123,18 @@ def print_profile(profile) -> None:
         rows = []
         for region in profile.regions:
             for s in region.steps:
-                rows.append([region.name, s.step.replace("ProfilerStep#", "#"), str(s.occurrences), _us(s.side_busy),
-                             _us(s.main_busy), _us(s.overlap), _us(s.exposed), _us(s.tail)])
+                rows.append(
+                    [
+                        region.name,
+                        s.step.replace("ProfilerStep#", "#"),
+                        str(s.occurrences),
+                        _us(s.side_busy),
+                        _us(s.main_busy),
+                        _us(s.overlap),
+                        _us(s.exposed),
+                        _us(s.tail),
+                    ]
+                )
         header = ["region", "step", "n", "side", "main", "overlap", "exposed", "tail"]
         for line in fit_table(header, rows, shrink={0: 12, 1: 4}):
             print(line)
@@ -109,16 +142,22 @@ def print_profile(profile) -> None:
         for region in profile.regions:
             if region.estimate_us is not None:
                 ratio = region.measured_us / region.estimate_us if region.estimate_us else float("nan")
-                _say(f"{region.name}: overlap {region.measured_us:.1f} µs per occurrence vs suggest's estimate "
-                     f"{region.estimate_us:.1f} µs ({ratio:.2f}x)")
+                _say(
+                    f"{region.name}: overlap {region.measured_us:.1f} µs per occurrence vs suggest's estimate "
+                    f"{region.estimate_us:.1f} µs ({ratio:.2f}x)"
+                )
     else:
         _say("no msrewrite regions in the trace (apply --markers, then profile the edited model)")
     if profile.saving_us is not None:
         import statistics
 
         base = statistics.median(profile.baseline_step_us)
-        _say(f"step (median): {statistics.median(profile.step_us):.1f} µs vs baseline {base:.1f} µs: "
-             f"saving {profile.saving_us:.1f} µs ({profile.saving_us / base:.1%})" if base else "step: baseline is empty")
+        _say(
+            f"step (median): {statistics.median(profile.step_us):.1f} µs vs baseline {base:.1f} µs: "
+            f"saving {profile.saving_us:.1f} µs ({profile.saving_us / base:.1%})"
+            if base
+            else "step: baseline is empty"
+        )
         if profile.contention:
             print(f"operators whose busy time grew by more than {profile.threshold:.0%} (contention):")
             for g in profile.contention[:10]:

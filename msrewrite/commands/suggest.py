@@ -60,25 +60,8 @@ def run_suggest(
         raise BadInput(str(exc)) from None
     if phase not in PHASES:
         raise BadInput(f"--phase must be one of {', '.join(PHASES)}, got {phase!r}")
-    empty = []
-    for file in files:
-        try:
-            read_source(Path(file))  # missing, directory, binary, not UTF-8: one clear line
-        except EmptyFile as exc:  # valid Python with nothing in it
-            if len(files) == 1:
-                raise exc.as_nothing_to_do() from None
-            print(f"msrewrite: {exc}, skipped", file=sys.stderr)
-            empty.append(file)
-    files = [f for f in files if f not in empty]
-    if not files:
-        raise NothingToDo("every file is empty, nothing to do")
-    if report is not None and report.exists() and not report.is_dir():
-        raise BadInput(f"--report {report}: exists and is not a folder")
-    if report is not None:
-        try:
-            report.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise BadInput(f"--report {report}: cannot create the folder ({exc.strerror or exc})") from None
+    files = _readable_files(files)
+    _make_report_folder(report)
     shape = parse_shape(input_shape)
     measured = _read_profile(profile_json, report) if profile_json is not None else None
 
@@ -86,20 +69,38 @@ def run_suggest(
     if harness is None and not static and input_shape is None and re.search(r"^def make\(", read_source(first), re.M):
         harness = f"{first}:make"  # the file builds its own model and inputs, as verify assumes
     progress = _progress(quiet) if not static or (len(extra) and jobs > 1) else None
+
+    def analyze(static_tier: bool) -> tuple[int, str]:
+        return _analyze_and_print(
+            first,
+            extra,
+            device,
+            device_profile,
+            phase,
+            static_tier,
+            harness,
+            target,
+            shape,
+            jobs,
+            json_out,
+            report,
+            progress,
+            quiet,
+            measured,
+        )
+
     if not static:  # the traced tier imports and runs user code: all of it in a child, with a timeout
         from msrewrite.harness import ChildFailed, run_in_child
 
         def traced(_child_progress):  # user prints go to stderr there; our output comes back as text
-            return _analyze_and_print(first, extra, device, device_profile, phase, False, harness, target, shape, jobs,
-                                      json_out, report, progress, quiet, measured)
+            return analyze(False)
 
         try:
             code, text = run_in_child(traced, timeout=timeout)
         except ChildFailed as exc:
             raise BadInput(f"{first}: user code {exc}") from None
     else:
-        code, text = _analyze_and_print(first, extra, device, device_profile, phase, True, harness, target, shape, jobs,
-                                        json_out, report, progress, quiet, measured)
+        code, text = analyze(True)
     sys.stdout.write(text)
     return code
 
@@ -117,8 +118,51 @@ def _read_profile(path: Path, report: Path | None) -> dict:
     return data
 
 
-def _analyze_and_print(first, extra, device, device_profile, phase, static, harness, target, shape, jobs, json_out, report,
-                       progress, quiet, measured=None) -> tuple[int, str]:
+def _readable_files(files: list[Path]) -> list[Path]:
+    """The files to analyze: each readable (else one clear line), the empty ones skipped with a note."""
+    empty = []
+    for file in files:
+        try:
+            read_source(Path(file))  # missing, directory, binary, not UTF-8: one clear line
+        except EmptyFile as exc:  # valid Python with nothing in it
+            if len(files) == 1:
+                raise exc.as_nothing_to_do() from None
+            print(f"msrewrite: {exc}, skipped", file=sys.stderr)
+            empty.append(file)
+    files = [f for f in files if f not in empty]
+    if not files:
+        raise NothingToDo("every file is empty, nothing to do")
+    return files
+
+
+def _make_report_folder(report: Path | None) -> None:
+    """--report's folder, made if missing; a file in its place or an unwritable parent is bad input."""
+    if report is not None and report.exists() and not report.is_dir():
+        raise BadInput(f"--report {report}: exists and is not a folder")
+    if report is not None:
+        try:
+            report.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BadInput(f"--report {report}: cannot create the folder ({exc.strerror or exc})") from None
+
+
+def _analyze_and_print(
+    first,
+    extra,
+    device,
+    device_profile,
+    phase,
+    static,
+    harness,
+    target,
+    shape,
+    jobs,
+    json_out,
+    report,
+    progress,
+    quiet,
+    measured=None,
+) -> tuple[int, str]:
     """(exit code, what goes to stdout) of the analysis; stdout is gathered as text so that a traced
     run can hand it back from its child process."""
     import contextlib
@@ -128,8 +172,16 @@ def _analyze_and_print(first, extra, device, device_profile, phase, static, harn
     from msrewrite.suggest.report import write_report
 
     analyses = [
-        analyze(first, device=device_profile, phase=phase, static=static, harness=harness, target=target,
-                input_shape=shape, progress=progress)
+        analyze(
+            first,
+            device=device_profile,
+            phase=phase,
+            static=static,
+            harness=harness,
+            target=target,
+            input_shape=shape,
+            progress=progress,
+        )
     ]
     trace_tier = analyses[0].tiers.get("trace", "")
     if trace_tier.startswith("failed") and not quiet:  # said even when stderr is not a terminal
@@ -149,8 +201,9 @@ def _analyze_and_print(first, extra, device, device_profile, phase, static, harn
     from msrewrite.suggest.microbatch import microbatch_candidates
 
     for analysis in analyses:  # the model-level fork: read from the text, after each file's branches
-        analysis.microbatch = microbatch_candidates(analysis.file, read_source(analysis.file), str(analysis.file),
-                                                    analysis.refused)
+        analysis.microbatch = microbatch_candidates(
+            analysis.file, read_source(analysis.file), str(analysis.file), analysis.refused
+        )
     candidates = [c for a in analyses for c in [*a.candidates, *a.microbatch]]
     with contextlib.redirect_stdout(io.StringIO()) as out:
         if json_out:
@@ -195,7 +248,10 @@ def fit_table(header: list[str], rows: list[list[str]], shrink: dict[int, int], 
     def cell(text: str, w: int) -> str:
         return text if len(text) <= w else text[: w - 1] + "…"
 
-    return [(" " * gap).join(cell(t, w).ljust(w) for t, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
+    return [
+        (" " * gap).join(cell(t, w).ljust(w) for t, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    ]
 
 
 def _print_table(analyses) -> None:
@@ -210,11 +266,23 @@ def _print_table(analyses) -> None:
             if c.cost and c.cost.same_resource:
                 saving += f" (both {c.cost.same_resource}-bound)"
             lines = ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in c.plan.side_lines)
-            rows.append([str(rank), c.plan.function, lines, str(c.plan.join_line), c.case, saving, c.confidence, c.tier])
+            rows.append(
+                [str(rank), c.plan.function, lines, str(c.plan.join_line), c.case, saving, c.confidence, c.tier]
+            )
         for rank, mb in enumerate(analysis.microbatch, len(rows) + 1):  # the model-level fork: no estimate
             layer = mb.plan.statements
-            rows.append([str(rank), mb.plan.function, f"layer {layer[0].first_line}-{layer[-1].last_line}", "-",
-                         mb.case, "N/A", "low", "static"])
+            rows.append(
+                [
+                    str(rank),
+                    mb.plan.function,
+                    f"layer {layer[0].first_line}-{layer[-1].last_line}",
+                    "-",
+                    mb.case,
+                    "N/A",
+                    "low",
+                    "static",
+                ]
+            )
         if rows:
             header = ["#", "function", "side", "join", "case", "saving", "conf.", "tier"]
             if len({row[-1] for row in rows}) == 1:  # one tier for all: the title says which

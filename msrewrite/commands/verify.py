@@ -111,8 +111,19 @@ def run_verify(
     def work(progress):
         _one_thread()
         return verify_files(
-            rewritten, original=original, harness=harness, target=target, flag=spec, mode=mode, atol=atol,
-            rtol=rtol, schedule_source=source, inputs=inputs, progress=progress, schedules=chosen, train=train,
+            rewritten,
+            original=original,
+            harness=harness,
+            target=target,
+            flag=spec,
+            mode=mode,
+            atol=atol,
+            rtol=rtol,
+            schedule_source=source,
+            inputs=inputs,
+            progress=progress,
+            schedules=chosen,
+            train=train,
         )
 
     result = _isolated(work, timeout, json_out, quiet=quiet, harness=harness)
@@ -142,8 +153,16 @@ def _plan_source(plan_path: Path | None, original: Path | None):
 
 
 def verify_edit(
-    file: Path, new_text: str, *, function: str | None, flag: FlagSpec, mode: str, harness: str | None,
-    schedule_source=None, timeout: float = DEFAULT_TIMEOUT, quiet: bool = False,
+    file: Path,
+    new_text: str,
+    *,
+    function: str | None,
+    flag: FlagSpec,
+    mode: str,
+    harness: str | None,
+    schedule_source=None,
+    timeout: float = DEFAULT_TIMEOUT,
+    quiet: bool = False,
 ) -> int:
     """`apply --verify`: check the edit just made without writing anything next to the user's file.
     `function` is the edited Class.method (the model's forward for prefill-microbatch)."""

@@ -89,7 +89,9 @@ def _creator_flag(plan: OverlapPlan) -> str:
 
 
 class _Plumb(cst.CSTTransformer):
-    def __init__(self, receivers: set[str], creators: set[str], target: str, param: str, create: str, case: str) -> None:
+    def __init__(
+        self, receivers: set[str], creators: set[str], target: str, param: str, create: str, case: str
+    ) -> None:
         self.receivers, self.creators, self.target = receivers, creators, target
         self.param, self.create, self.case = param, create, case
         self.classes: list[str] = []
@@ -133,10 +135,12 @@ class _Plumb(cst.CSTTransformer):
         at = next((i for i, stmt in enumerate(body) if constructed_classes(stmt, self.receivers)), None)
         if at is None:
             return updated_node
-        create = parse_block([
-            f"# msrewrite({self.case}): one side stream for every layer, created once with the model.",
-            self.create,
-        ])
+        create = parse_block(
+            [
+                f"# msrewrite({self.case}): one side stream for every layer, created once with the model.",
+                self.create,
+            ]
+        )
         create = with_leading(create, list(leading_lines(body[at])))
         body[at] = strip_leading(body[at])
         body[at:at] = create

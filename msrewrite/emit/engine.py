@@ -67,7 +67,7 @@ def _replacements(edits: list[PlannedEdit]) -> dict[int, cst.FunctionDef]:
         old, new = edit.old_init, edit.new_init
         if old is None or new is None:
             continue
-        added = new.body.body[len(old.body.body):]
+        added = new.body.body[len(old.body.body) :]
         base = replacements.get(id(old), old)
         replacements[id(old)] = base.with_changes(
             params=new.params if new.params is not old.params else base.params,
@@ -77,7 +77,9 @@ def _replacements(edits: list[PlannedEdit]) -> dict[int, cst.FunctionDef]:
 
 
 def apply_plans(
-    module: cst.Module, plans: Sequence[OverlapPlan | MicrobatchPlan], text: str | None = None,
+    module: cst.Module,
+    plans: Sequence[OverlapPlan | MicrobatchPlan],
+    text: str | None = None,
     reschedule: Callable[[PlannedEdit], cst.FunctionDef] | None = None,
 ) -> cst.Module:
     """The module with every plan carried out; plans address the given (unedited) module's lines.
@@ -95,7 +97,9 @@ def apply_plans(
 
 
 def _apply_overlap_plans(
-    module: cst.Module, plans: list[OverlapPlan], text: str | None,
+    module: cst.Module,
+    plans: list[OverlapPlan],
+    text: str | None,
     reschedule: Callable[[PlannedEdit], cst.FunctionDef] | None,
 ) -> cst.Module:
     modes = {p.mode for p in plans}

@@ -108,7 +108,9 @@ def _param(func: cst.FunctionDef, name: str) -> cst.Param | None:
     return None
 
 
-def phase_predicate(gate: str, func: cst.FunctionDef, roots: set[str], qualified: str) -> tuple[str, list[tuple[str, str]]]:
+def phase_predicate(
+    gate: str, func: cst.FunctionDef, roots: set[str], qualified: str
+) -> tuple[str, list[tuple[str, str]]]:
     """(the predicate expression for `gate` in `func`, the framework imports it needs)."""
     if gate == "capture":
         if "sglang" not in roots:
@@ -123,7 +125,9 @@ def phase_predicate(gate: str, func: cst.FunctionDef, roots: set[str], qualified
         if param is None:
             continue
         if name in rebound:  # the fork would read a value the function computed, not the caller's
-            raise BadInput(f"--gate {gate}: {qualified} assigns its parameter {name!r}; the phase cannot be read from it")
+            raise BadInput(
+                f"--gate {gate}: {qualified} assigns its parameter {name!r}; the phase cannot be read from it"
+            )
         expr = (prefill if gate == "prefill" else decode).format(p=name)
         optional = isinstance(param.default, cst.Name) and param.default.value == "None"
         if optional and name == "forward_batch":  # SGLang passes None outside a model runner: not that phase
@@ -209,8 +213,12 @@ def fullgraph_region(module: cst.Module, qualified: str, text: str | None = None
     A class is inside when a compiled class constructs it, directly or through other classes of the
     file (vLLM's model class builds its layers in __init__). `text`, the module's source when the
     caller has it, skips the walk over the whole module when neither name a root needs is in it."""
-    if text is not None and "support_torch_compile" not in text and (
-        "fullgraph" not in text or not _FULLGRAPH_KEYWORD.search(text)  # the substring test first: 100x cheaper
+    if (
+        text is not None
+        and "support_torch_compile" not in text
+        and (
+            "fullgraph" not in text or not _FULLGRAPH_KEYWORD.search(text)  # the substring test first: 100x cheaper
+        )
     ):
         return None
     roots = _compiled_roots(module)
@@ -250,7 +258,7 @@ def check_own_bindings(module: cst.Module, imports: list[tuple[str, str]]) -> No
             if isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
                 source = _dotted(node.module).split(".")[0] if node.module is not None and not node.relative else "."
                 for alias in node.names:
-                    bound = (alias.asname.name if alias.asname else alias.name)
+                    bound = alias.asname.name if alias.asname else alias.name
                     name = bound.value if isinstance(bound, cst.Name) else ""
                     if name in wanted and (source != wanted[name] or alias.asname is not None):
                         raise BadInput(f"the file binds {name} by another import; the edit needs {wanted[name]}'s")

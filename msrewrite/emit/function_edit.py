@@ -121,7 +121,10 @@ class _Edit:
 
 
 def plan_edit(
-    module: cst.Module, positions, plan: OverlapPlan, text: str | None = None,
+    module: cst.Module,
+    positions,
+    plan: OverlapPlan,
+    text: str | None = None,
     words: tuple[str, str] = ("the side branch", "the main path"),
 ) -> PlannedEdit:
     """Carry out `plan` on its function; `words`: (side work, main work) as comments name them."""
@@ -140,8 +143,19 @@ def plan_edit(
     new_func = func.with_changes(body=func.body.with_changes(body=built.body))
     new_init = extend_init(e.init, e.em.init_lines, plan, e.names.stream_attr)
     return PlannedEdit(
-        plan, func, new_func, e.init, new_init, e.em, located.cls, e.names.stream_attr, tuple(side_nodes),
-        built.window, built.guarded_block, tuple(built.phases), tuple(main_assigns),
+        plan,
+        func,
+        new_func,
+        e.init,
+        new_init,
+        e.em,
+        located.cls,
+        e.names.stream_attr,
+        tuple(side_nodes),
+        built.window,
+        built.guarded_block,
+        tuple(built.phases),
+        tuple(main_assigns),
     )
 
 
@@ -230,21 +244,37 @@ def _prepare(module, func, cls, where: Layout, positions, plan: OverlapPlan, wor
     what, main = words
     gates, renames, snapshots = _start_gates(plan, where, taken)
     reused = model_stream(cls, init, plan)  # an attribute name read from the class's __init__
-    ctx = _context(plan, init, config_param, init_sets_flag, gates, names, what, snapshots, phase_gate,
-                   framework_imports, reused)
+    ctx = _context(
+        plan, init, config_param, init_sets_flag, gates, names, what, snapshots, phase_gate, framework_imports, reused
+    )
     em = async_comm(ctx) if plan.sync == "async-comm" else STRATEGIES[plan.mode](ctx)
     if where.main_hoisted and em.main_limit:
-        raise BadInput(f"plan for {plan.function}: core limits on main work hoisted out of the join statement are not supported")
+        raise BadInput(
+            f"plan for {plan.function}: core limits on main work hoisted out of the join statement are not supported"
+        )
     if where.guarded is not None:
         if em.main_limit:
             raise BadInput(f"plan for {plan.function}: core limits on a guarded side branch are not supported")
         if any(i not in where.guarded.inside for i in where.whole):
-            raise BadInput(f"plan for {plan.function}: a guarded side statement lies outside its `if` (line {plan.guard_line})")
+            raise BadInput(
+                f"plan for {plan.function}: a guarded side statement lies outside its `if` (line {plan.guard_line})"
+            )
     return _Edit(plan, func, where, positions, em, names, init, taken, snapshots, renames, what, main, reused)
 
 
-def _context(plan: OverlapPlan, init, config_param, init_sets_flag, gates, names, what, snapshots, phase_gate,
-             framework_imports, model_stream) -> Context:
+def _context(
+    plan: OverlapPlan,
+    init,
+    config_param,
+    init_sets_flag,
+    gates,
+    names,
+    what,
+    snapshots,
+    phase_gate,
+    framework_imports,
+    model_stream,
+) -> Context:
     """The strategies' Context: every user value in it comes from `plan` (validated on
     construction); the others are names read from the source or made by the emitter."""
     return Context(
@@ -398,7 +428,9 @@ def _prelude(e: _Edit) -> list[cst.BaseStatement]:
     if em.async_comm:
         opening = f"msrewrite({e.label}): {e.what} start as soon as their tensors exist, overlapping {e.main}."
     elif e.model_stream:
-        opening = f"msrewrite({e.label}): {e.what} runs on the model's own side stream self.{e.model_stream} during {e.main}."
+        opening = (
+            f"msrewrite({e.label}): {e.what} runs on the model's own side stream self.{e.model_stream} during {e.main}."
+        )
     else:
         opening = f"msrewrite({e.label}): {e.what} runs on side stream {literal(plan.stream_tag)} during {e.main}."
     notes = [comment(opening)]
@@ -416,8 +448,10 @@ def _fork_block(e: _Edit, side_nodes: list[cst.BaseStatement], runs: _Runs):
         inner = side_nodes
     clones = parse_block([f"{new} = {old}.clone()" for old, new in e.snapshots.items()])
     if clones:
-        note = (f"msrewrite({e.label}): the main path may write {', '.join(e.snapshots)} before the join: "
-                "the side stream reads a copy.")
+        note = (
+            f"msrewrite({e.label}): the main path may write {', '.join(e.snapshots)} before the join: "
+            "the side stream reads a copy."
+        )
         clones = with_leading(clones, [comment(note)])
     on_branch = [*clones, *parse_block(em.on_head), *with_block(em.with_open, inner)]
     prelude = _prelude(e)
@@ -439,7 +473,9 @@ def _join_block(e: _Edit, runs: _Runs, hoist_assigns: list[cst.BaseStatement]):
     join_cond = conjoin(em.on_cond, runs.join_guard) if runs.join_guard else em.on_cond
     join_stmt = body[join] if join < len(body) else cst.SimpleStatementLine(body=[cst.Pass()])
     main_assigns: list[cst.BaseStatement] = [assign(temp, call) for call, temp in where.main_hoisted]
-    if where.hoists or where.main_hoisted:  # every hoisted call in one pass (a deep_replace rebuilds the tree, losing the others)
+    if (
+        where.hoists or where.main_hoisted
+    ):  # every hoisted call in one pass (a deep_replace rebuilds the tree, losing the others)
         temps = {id(call): temp for call, temp in [*where.hoists, *where.also_hoisted, *where.main_hoisted]}
         join_stmt = rewritten(join_stmt, ReplaceCalls(temps))
     if where.main_hoisted:
@@ -482,8 +518,10 @@ def _join_with_main_hoists(e: _Edit, runs: _Runs, join_cond: str, join_on, join_
     block = if_block(join_cond, [*main_assigns, *join_on, strip_leading(join_stmt)], e.em.off_cond, off)
     lead = list(leading_lines(body[runs.join_run[0]])) if runs.join_run else list(leading_lines(body[join]))
     main_names = ", ".join(dict.fromkeys(code_of(call.func) for call, _temp in e.where.main_hoisted))
-    notes = [f"msrewrite({e.label}): with the flag on, {main_names} runs here, during {e.what}"
-             + (", then" if join_on else ".")]
+    notes = [
+        f"msrewrite({e.label}): with the flag on, {main_names} runs here, during {e.what}"
+        + (", then" if join_on else ".")
+    ]
     if join_on:
         notes.append(f"the side stream is joined before the first use of {', '.join(e.plan.side_outputs)}.")
     return with_leading(block, lead + [comment(n) for n in notes])

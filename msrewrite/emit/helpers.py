@@ -11,16 +11,16 @@ HELPER_PREFIX = "_ms_"
 
 # Module-level guarded imports, keyed by the name they bind.
 GUARDED_IMPORTS = {
-    "torch_npu": '''\
+    "torch_npu": """\
 try:
     import torch_npu  # noqa: F401  (registers torch.npu)
 except ImportError:  # no NPU stack: the side stream stays off
     torch_npu = None
-''',
+""",
     # torch_npu registers `torchair` as a lazy proxy that loads the real package on first attribute
     # access, so a torchair that fails to initialise passes `import torchair` and would raise inside
     # forward. Importing a name from it forces the load here; any failure turns the side stream off.
-    "torchair": '''\
+    "torchair": """\
 try:
     import torch_npu  # noqa: F401  (torchair ships inside torch_npu and is registered by it)
     import torchair
@@ -29,7 +29,7 @@ except Exception:  # no NPU stack, or torchair fails to initialise: the side str
     torchair = None
 
 _MS_GE_GRAPH = True  # compiled graphs are GE graphs: this edit's mode, until _ms_torchair_config says
-''',
+""",
 }
 
 STREAM_CACHE = "_MS_SIDE_STREAMS = {}  # tag -> stream, one per process, shared by every layer\n"

@@ -50,7 +50,9 @@ class _Namer:
 def _bare(expr: cst.BaseExpression) -> cst.BaseExpression:
     """`expr` without its outer parentheses, unless they hold it together across lines
     (`(a\n if c\n else b)` is only valid Python inside them)."""
-    if not getattr(expr, "lpar", None) or "\n" in cst.Module(body=[]).code_for_node(expr.with_changes(lpar=[], rpar=[])):
+    if not getattr(expr, "lpar", None) or "\n" in cst.Module(body=[]).code_for_node(
+        expr.with_changes(lpar=[], rpar=[])
+    ):
         return expr
     return expr.with_changes(lpar=[], rpar=[])
 
@@ -118,7 +120,9 @@ class _Rebase(cst.CSTTransformer):
     """Inside an inlined forward: self -> self.<sub>, parameters -> arguments, locals -> fresh names,
     parameters left to their defaults -> those constants (`values`)."""
 
-    def __init__(self, sub: str | None, renames: dict[str, str], values: dict[str, cst.BaseExpression] | None = None) -> None:
+    def __init__(
+        self, sub: str | None, renames: dict[str, str], values: dict[str, cst.BaseExpression] | None = None
+    ) -> None:
         self.sub, self.renames, self.values = sub, renames, values or {}
 
     def leave_Attribute(self, original, updated):
@@ -157,13 +161,15 @@ def _constant(node: cst.BaseExpression | None) -> bool:
     return isinstance(node, (cst.Integer, cst.Float, cst.SimpleString))
 
 
-def _bind_params(call: cst.Call, params: list[cst.Param]) -> tuple[list[tuple[cst.Param, cst.Arg]], list[cst.Param]] | None:
+def _bind_params(
+    call: cst.Call, params: list[cst.Param]
+) -> tuple[list[tuple[cst.Param, cst.Arg]], list[cst.Param]] | None:
     """(parameters given positionally with their arguments, the rest left to constant defaults), or
     None when the call passes keywords, stars, too many arguments, or leaves out one without a
     constant default."""
     if any(a.keyword is not None or a.star for a in call.args) or len(call.args) > len(params):
         return None
-    rest = params[len(call.args):]
+    rest = params[len(call.args) :]
     if any(not _constant(p.default) for p in rest):
         return None
     return list(zip(params, call.args, strict=False)), rest  # params beyond the args: `rest`
@@ -261,8 +267,9 @@ def _inline_call(
     return flatten(result, namer, out, False, inline)
 
 
-def _bind_arguments(given, defaulted, stored: set[str], sequential: bool, prefix: str, namer: _Namer,
-                    out: list[cst.BaseStatement]) -> tuple[dict[str, str], dict[str, cst.BaseExpression]]:
+def _bind_arguments(
+    given, defaulted, stored: set[str], sequential: bool, prefix: str, namer: _Namer, out: list[cst.BaseStatement]
+) -> tuple[dict[str, str], dict[str, cst.BaseExpression]]:
     """(parameter -> the caller's name for it, parameter -> the constant it defaults to); the
     arguments that need a local of their own are assigned to one in `out`."""
     renames: dict[str, str] = {}
@@ -285,8 +292,9 @@ def _bind_arguments(given, defaulted, stored: set[str], sequential: bool, prefix
     return renames, values
 
 
-def _inline_sequential(body, sub, prefix, given, defaulted, renames, values, namer: _Namer,
-                       out: list[cst.BaseStatement], inline) -> cst.BaseExpression | None:
+def _inline_sequential(
+    body, sub, prefix, given, defaulted, renames, values, namer: _Namer, out: list[cst.BaseStatement], inline
+) -> cst.BaseExpression | None:
     """A forward of one assignment per statement: one name per binding, in order. A parameter the
     forward rebinds reads the caller's argument until then (`x = self.act_fn(gate_up)` ->
     `shared_expert_x = ...`), no copy first."""
@@ -307,8 +315,11 @@ def _inline_sequential(body, sub, prefix, given, defaulted, renames, values, nam
             else:
                 current[name] = namer(f"{prefix}{name}", suffix="")
         target = small.targets[0].target.visit(_Rebase(sub, current, {}))
-        out.append(cst.SimpleStatementLine(body=[small.with_changes(
-            targets=[small.targets[0].with_changes(target=target)], value=_bare(value))]))
+        out.append(
+            cst.SimpleStatementLine(
+                body=[small.with_changes(targets=[small.targets[0].with_changes(target=target)], value=_bare(value))]
+            )
+        )
     result = _expression(_returned(body[-1]).visit(_Rebase(sub, current, consts)))
     return flatten(result, namer, out, False, inline)
 
@@ -358,8 +369,14 @@ def _structured_method(cls: cst.ClassDef | None, name: str) -> cst.FunctionDef |
     if method is None or not isinstance(method.body, cst.IndentedBlock) or method.decorators:
         return None
     params = method.params
-    if (params.star_arg is not cst.MaybeSentinel.DEFAULT and params.star_arg is not None) or params.kwonly_params \
-            or params.star_kwarg or params.posonly_params or not params.params or params.params[0].name.value != "self":
+    if (
+        (params.star_arg is not cst.MaybeSentinel.DEFAULT and params.star_arg is not None)
+        or params.kwonly_params
+        or params.star_kwarg
+        or params.posonly_params
+        or not params.params
+        or params.params[0].name.value != "self"
+    ):
         return None
     body = _without_docstring(list(method.body.body))
     if not body or not isinstance(body[-1], cst.SimpleStatementLine) or len(body[-1].body) != 1:
@@ -371,8 +388,11 @@ def _structured_method(cls: cst.ClassDef | None, name: str) -> cst.FunctionDef |
     def plain(statements) -> bool:
         for stmt in statements:
             if isinstance(stmt, cst.SimpleStatementLine):
-                if not all(isinstance(small, (cst.Assign, cst.AugAssign, cst.Pass)) or
-                           (isinstance(small, cst.AnnAssign) and small.value is not None) for small in stmt.body):
+                if not all(
+                    isinstance(small, (cst.Assign, cst.AugAssign, cst.Pass))
+                    or (isinstance(small, cst.AnnAssign) and small.value is not None)
+                    for small in stmt.body
+                ):
                     return False
             elif isinstance(stmt, cst.If):
                 if not _plain_if(stmt, plain):
@@ -381,8 +401,10 @@ def _structured_method(cls: cst.ClassDef | None, name: str) -> cst.FunctionDef |
                 return False
         return True
 
-    if not plain(body[:-1]) or _has_any(method.body, (cst.Yield, cst.Await, cst.Global, cst.Nonlocal, cst.Lambda,
-                                                         cst.FunctionDef, cst.ClassDef, cst.NamedExpr)):
+    if not plain(body[:-1]) or _has_any(
+        method.body,
+        (cst.Yield, cst.Await, cst.Global, cst.Nonlocal, cst.Lambda, cst.FunctionDef, cst.ClassDef, cst.NamedExpr),
+    ):
         return None
     return method
 
@@ -443,14 +465,21 @@ def _returned(stmt: cst.BaseStatement) -> cst.BaseExpression:
 
 def _without_docstring(body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
     first = body[0] if body else None
-    if isinstance(first, cst.SimpleStatementLine) and len(first.body) == 1 and isinstance(first.body[0], cst.Expr) \
-            and isinstance(first.body[0].value, (cst.SimpleString, cst.ConcatenatedString)):
+    if (
+        isinstance(first, cst.SimpleStatementLine)
+        and len(first.body) == 1
+        and isinstance(first.body[0], cst.Expr)
+        and isinstance(first.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    ):
         return body[1:]
     return body
 
 
 def _inline_structured(
-    call: cst.Call, method: cst.FunctionDef, target: str, namer: _Namer,
+    call: cst.Call,
+    method: cst.FunctionDef,
+    target: str,
+    namer: _Namer,
     flatten_block: Callable[[list[cst.BaseStatement]], list[cst.BaseStatement]],
 ) -> list[cst.BaseStatement] | None:
     """`target = self.helper(args)` as the statements of `helper` (a _structured_method), `self`
@@ -576,21 +605,29 @@ class _Flattener:
         if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
             return [stmt]
         small = stmt.body[0]
-        if not (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name)):
+        if not (
+            isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name)
+        ):
             return [stmt]
         if not self._seeds(small.value):
             return [stmt]
         value = small.value
         cls, namer = self.cls, self.namer
         callee = self_callee(value.func) if isinstance(value, cst.Call) else None
-        if (isinstance(value, cst.Call) and callee and "." not in callee and callee not in self.subclasses
-                and _simple_method(cls, callee) is None):
+        if (
+            isinstance(value, cst.Call)
+            and callee
+            and "." not in callee
+            and callee not in self.subclasses
+            and _simple_method(cls, callee) is None
+        ):
             # a helper with `if` blocks (`shared = None; if self.shared_expert is not None: ...`)
             method = _structured_method(cls, callee)
             target = small.targets[0].target
             assert isinstance(target, cst.Name)  # checked at the top
-            inlined = (_inline_structured(value, method, target.value, namer, self.inlined)
-                       if method is not None else None)
+            inlined = (
+                _inline_structured(value, method, target.value, namer, self.inlined) if method is not None else None
+            )
             if inlined:
                 inlined[0] = inlined[0].with_changes(leading_lines=stmt.leading_lines)
                 return inlined

@@ -68,12 +68,18 @@ def _guarded_if(body, spans, positions, plan: OverlapPlan) -> GuardedIf:
     if not isinstance(node, cst.If) or not isinstance(node.body, cst.IndentedBlock):
         raise BadInput(f"stale plan for {plan.function}: line {plan.guard_line} is not an `if` with a block")
     first = min(s.first_line for s in plan.side)
-    found = guard_path(node, lambda part: part in positions and positions[part].start.line <= first <= positions[part].end.line)
+    found = guard_path(
+        node, lambda part: part in positions and positions[part].start.line <= first <= positions[part].end.line
+    )
     if isinstance(found, str) or not isinstance(found[1], cst.IndentedBlock):
-        raise BadInput(f"stale plan for {plan.function}: no block of the `if` at line {plan.guard_line} holds line {first}")
+        raise BadInput(
+            f"stale plan for {plan.function}: no block of the `if` at line {plan.guard_line} holds line {first}"
+        )
     expected = path_condition(found[0])
     if plan.guard != expected:  # the guard is emitted as code: it must be the `if`'s own condition
-        raise BadInput(f"stale plan for {plan.function}: the `if` at line {plan.guard_line} tests {expected!r}, not {plan.guard!r}")
+        raise BadInput(
+            f"stale plan for {plan.function}: the `if` at line {plan.guard_line} tests {expected!r}, not {plan.guard!r}"
+        )
     return GuardedIf(index, node, found[0], found[1])
 
 
@@ -145,7 +151,9 @@ def main_hoist_calls(
             )
         temp = hoist.hoist or ""  # the plan's checks give every main hoist its temporary
         if temp in taken:
-            raise BadInput(f"plan for {plan.function}: main hoist temporary {temp!r} is a name the function already uses")
+            raise BadInput(
+                f"plan for {plan.function}: main hoist temporary {temp!r} is a name the function already uses"
+            )
         taken.add(temp)
         found.append((calls[0], temp))
     inner = [a for a, _ in found for b, _ in found if a is not b and contains(b, a)]
@@ -249,7 +257,9 @@ def layout(func: cst.FunctionDef, positions, plan: OverlapPlan) -> Layout:
     else:
         fork = _find_index(spans, plan.fork_line, "fork", plan)
     if guarded is not None and fork > guarded.index:
-        raise BadInput(f"plan for {plan.function}: a guarded side branch must fork before its `if` (line {plan.guard_line})")
+        raise BadInput(
+            f"plan for {plan.function}: a guarded side branch must fork before its `if` (line {plan.guard_line})"
+        )
     at_end = plan.join_line == spans[-1][1] + 1  # join when the function falls off its end
     join = len(body) if at_end else _find_index(spans, plan.join_line, "join", plan)
     where = Layout(body, spans, guarded, fork, join)

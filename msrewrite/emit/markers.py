@@ -73,11 +73,15 @@ def marker_name(plan: OverlapPlan, role: str) -> str:
 
 def check(plan: OverlapPlan) -> None:
     if plan.mode not in MARKER_MODES:
-        raise BadInput(f"--markers: {plan.mode} mode is not supported (eager and cuda only: a range opened "
-                       "while a graph is captured is not replayed with it)")
+        raise BadInput(
+            f"--markers: {plan.mode} mode is not supported (eager and cuda only: a range opened "
+            "while a graph is captured is not replayed with it)"
+        )
     if plan.phase_anchors or plan.sync == "async-comm":
-        raise BadInput(f"--markers: {plan.function}: a {'phased' if plan.phase_anchors else 'async-comm'} "
-                       "plan has no single side window to mark")
+        raise BadInput(
+            f"--markers: {plan.function}: a {'phased' if plan.phase_anchors else 'async-comm'} "
+            "plan has no single side window to mark"
+        )
 
 
 def _is_stream_with(stmt: cst.CSTNode, api: str) -> str | None:
@@ -86,8 +90,11 @@ def _is_stream_with(stmt: cst.CSTNode, api: str) -> str | None:
         return None
     call = stmt.items[0].item
     if isinstance(call, cst.Call) and m.matches(
-        call, m.Call(func=m.Attribute(value=m.Attribute(value=m.Name("torch"), attr=m.Name(api)),
-                                      attr=m.Name("stream")), args=[m.Arg(value=m.Name())])
+        call,
+        m.Call(
+            func=m.Attribute(value=m.Attribute(value=m.Name("torch"), attr=m.Name(api)), attr=m.Name("stream")),
+            args=[m.Arg(value=m.Name())],
+        ),
     ):
         stream = call.args[0].value
         return stream.value if isinstance(stream, cst.Name) else None
@@ -99,8 +106,12 @@ def _tests_stream(node: cst.If, stream: str) -> bool:
     test = node.test
     while isinstance(test, cst.BooleanOperation):
         test = test.left
-    return m.matches(test, m.Comparison(left=m.Name(stream), comparisons=[m.ComparisonTarget(operator=m.IsNot(),
-                                                                                           comparator=m.Name("None"))]))
+    return m.matches(
+        test,
+        m.Comparison(
+            left=m.Name(stream), comparisons=[m.ComparisonTarget(operator=m.IsNot(), comparator=m.Name("None"))]
+        ),
+    )
 
 
 def _line(code: str) -> cst.SimpleStatementLine:
@@ -153,8 +164,11 @@ class _Mark(cst.CSTTransformer):
                 at = next((k for k, s in enumerate(body) if _is_stream_with(s, api) == stream), None)
                 if at is not None and not state["fork"]:
                     block = body[at]
-                    inner = [_line(f"{side_id} = {START}({literal(marker_name(plan, 'side'))}, {stream})"),
-                             *block.body.body, _line(f"{END}({side_id})")]
+                    inner = [
+                        _line(f"{side_id} = {START}({literal(marker_name(plan, 'side'))}, {stream})"),
+                        *block.body.body,
+                        _line(f"{END}({side_id})"),
+                    ]
                     body[at] = block.with_changes(body=block.body.with_changes(body=inner))
                     body.insert(at + 1, _line(f"{main_id} = {START}({literal(marker_name(plan, 'main'))}, {current})"))
                     state["fork"] = True
@@ -168,7 +182,9 @@ class _Mark(cst.CSTTransformer):
 
         new = func.visit(Blocks())
         if not (state["fork"] and state["join"]):
-            raise BadInput(f"--markers: {qualname}: could not find the fork and join of side stream {plan.stream_tag!r}")
+            raise BadInput(
+                f"--markers: {qualname}: could not find the fork and join of side stream {plan.stream_tag!r}"
+            )
         return cst.ensure_type(new, cst.FunctionDef)
 
 
@@ -199,8 +215,12 @@ def _plan_stream(func: cst.FunctionDef, plan: OverlapPlan) -> str | None:
         def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
             if found or len(node.body) != 1 or not isinstance(node.body[0], cst.Assign):
                 return
-            if not any(line.comment is not None and line.comment.value.startswith(opening)
-                       and " runs on " in line.comment.value for line in node.leading_lines):
+            if not any(
+                line.comment is not None
+                and line.comment.value.startswith(opening)
+                and " runs on " in line.comment.value
+                for line in node.leading_lines
+            ):
                 return
             targets = node.body[0].targets
             if len(targets) == 1 and isinstance(targets[0].target, cst.Name):
@@ -250,6 +270,7 @@ def remove(text: str) -> str:
             body = [s for s in updated.body if not is_range_line(s)]
             return updated.with_changes(body=body) if len(body) != len(updated.body) else updated
 
-    body = [s for s in module.visit(Strip()).body
-            if not (isinstance(s, cst.FunctionDef) and s.name.value in (START, END))]
+    body = [
+        s for s in module.visit(Strip()).body if not (isinstance(s, cst.FunctionDef) and s.name.value in (START, END))
+    ]
     return module.with_changes(body=body).code

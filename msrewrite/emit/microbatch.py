@@ -69,7 +69,11 @@ class _Group(cst.CSTTransformer):
 
 
 def layer_microbatch_method(
-    func: cst.FunctionDef, api: str, stream_tag: str, stages: list[Stage], second_group: str | None = None,
+    func: cst.FunctionDef,
+    api: str,
+    stream_tag: str,
+    stages: list[Stage],
+    second_group: str | None = None,
 ) -> cst.FunctionDef:
     """`forward_microbatch(self, x_mb0, x_mb1)` for a layer whose forward is `forward(self, x)`, its
     body split into `stages` (the plan's).
@@ -204,7 +208,6 @@ def model_microbatch_method(func: cst.FunctionDef, loop, dim: int) -> cst.Functi
     )
 
 
-
 # The whole edit -----------------------------------------------------------------------------------
 def _call_args(func: cst.FunctionDef) -> str:
     p = func.params
@@ -253,8 +256,14 @@ def _flag_lines(plan: MicrobatchPlan, init: cst.FunctionDef, roots: set[str]):
 
 
 def _model_init(model_cls: cst.ClassDef) -> cst.FunctionDef:
-    init = next((s for s in model_cls.body.body  # type: ignore[union-attr]
-                 if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
+    init = next(
+        (
+            s
+            for s in model_cls.body.body  # type: ignore[union-attr]
+            if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"
+        ),
+        None,
+    )
     if init is None:  # the layer loop's self.<layers> is found in __init__, so there is one
         raise BadInput(f"{model_cls.name.value} has no __init__ to read the switch in")
     return init

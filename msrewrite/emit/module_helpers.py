@@ -24,9 +24,8 @@ from msrewrite.errors import BadInput
 
 
 def _is_future(stmt: cst.BaseStatement) -> bool:
-    return (
-        isinstance(stmt, cst.SimpleStatementLine)
-        and any(isinstance(s, cst.ImportFrom) and code_of(s.module or cst.Name("")) == "__future__" for s in stmt.body)
+    return isinstance(stmt, cst.SimpleStatementLine) and any(
+        isinstance(s, cst.ImportFrom) and code_of(s.module or cst.Name("")) == "__future__" for s in stmt.body
     )
 
 
@@ -35,9 +34,15 @@ def _from_import_of(stmt: cst.BaseStatement, module: str) -> bool:
     if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
         return False
     imp = stmt.body[0]
-    return (isinstance(imp, cst.ImportFrom) and not imp.relative and imp.module is not None
-            and code_of(imp.module) == module and not isinstance(imp.names, cst.ImportStar)
-            and imp.lpar is None and stmt.trailing_whitespace.comment is None)
+    return (
+        isinstance(imp, cst.ImportFrom)
+        and not imp.relative
+        and imp.module is not None
+        and code_of(imp.module) == module
+        and not isinstance(imp.names, cst.ImportStar)
+        and imp.lpar is None
+        and stmt.trailing_whitespace.comment is None
+    )
 
 
 def _wanted(emissions: list[Emission]):
@@ -85,9 +90,7 @@ def _check_own_helpers(module: cst.Module, keys: list[str], bound: set[str], mod
     for key in keys:
         name = helper_text.defined_name(key)
         if name in bound and key in helper_text.FUNCTIONS:
-            existing = next(
-                s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == name
-            )
+            existing = next(s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == name)
             if code_of(strip_leading(existing)).strip() != helper_text.FUNCTIONS[key].strip():
                 raise BadInput(
                     f"the file already has {name}() for another execution mode; "
@@ -102,13 +105,12 @@ def _insert_helpers(module: cst.Module, body: list[cst.BaseStatement], parts: li
     # in the file's own line endings: a multi-line docstring keeps its newlines as written
     block = list(cst.parse_module(helpers.replace("\n", module.default_newline)).body)
     block = [
-        s.with_changes(leading_lines=[cst.EmptyLine()] * (2 if isinstance(s, cst.FunctionDef) else 1))
-        if i
-        else s
+        s.with_changes(leading_lines=[cst.EmptyLine()] * (2 if isinstance(s, cst.FunctionDef) else 1)) if i else s
         for i, s in enumerate(block)
     ]
     existing_helper = [
-        i for i, s in enumerate(body)
+        i
+        for i, s in enumerate(body)
         if isinstance(s, cst.FunctionDef) and s.name.value.startswith(helper_text.HELPER_PREFIX)
     ]
     if existing_helper:

@@ -80,7 +80,9 @@ def _flat_body(edit: PlannedEdit) -> list[cst.BaseStatement]:
     return body[:start] + block + body[start + 1 :]
 
 
-def _unflat_body(edit: PlannedEdit, flat: list[cst.BaseStatement], insertions: list[tuple[int, int]]) -> list[cst.BaseStatement]:
+def _unflat_body(
+    edit: PlannedEdit, flat: list[cst.BaseStatement], insertions: list[tuple[int, int]]
+) -> list[cst.BaseStatement]:
     """`flat` with the guarded block put back into its `if`; each (at, count) of `insertions` added
     `count` statements at `at` of the flat body as `edit.window` counts it."""
     if edit.guarded_block is None:
@@ -108,7 +110,10 @@ def _issues(edit: PlannedEdit) -> list[_Issue]:
     if edit.window is None or not edit.side_nodes:
         raise NoSchedule(f"{edit.plan.function}: no side block at the fork")
     start, end = edit.window
-    issues = [_Issue(start - 1, edit.side_nodes), *(_Issue(at, nodes) for at, nodes in sorted(edit.phases, key=lambda p: p[0]))]
+    issues = [
+        _Issue(start - 1, edit.side_nodes),
+        *(_Issue(at, nodes) for at, nodes in sorted(edit.phases, key=lambda p: p[0])),
+    ]
     for k, issue in enumerate(issues):
         issue.lo = issue.at + 1
         issue.hi = issues[k + 1].at if k + 1 < len(issues) else end
@@ -152,9 +157,13 @@ def _split_main_hoists(edit: PlannedEdit) -> PlannedEdit:
     flat = _flat_body(edit)
     join_if = flat[end] if end < len(flat) else None
     n = len(edit.main_hoisted)
-    inner = list(join_if.body.body) if isinstance(join_if, cst.If) and isinstance(join_if.body, cst.IndentedBlock) else []
+    inner = (
+        list(join_if.body.body) if isinstance(join_if, cst.If) and isinstance(join_if.body, cst.IndentedBlock) else []
+    )
     if [id(node) for node in inner[:n]] != [id(node) for node in edit.main_hoisted]:
-        raise NoSchedule(f"{edit.plan.function}: the join block does not open with the main calls hoisted out of the join")
+        raise NoSchedule(
+            f"{edit.plan.function}: the join block does not open with the main calls hoisted out of the join"
+        )
     assert isinstance(join_if, cst.If)
     alone = [
         join_if.with_changes(body=join_if.body.with_changes(body=[node]), orelse=None, leading_lines=())
@@ -168,8 +177,9 @@ def _split_main_hoists(edit: PlannedEdit) -> PlannedEdit:
     if guarded is not None and end < guarded[1]:
         guarded = (guarded[0], guarded[1] + n, guarded[2])
     new_func = edit.new_func.with_changes(body=edit.new_func.body.with_changes(body=body))
-    return dataclasses.replace(edit, new_func=new_func, window=(start, end + n), guarded_block=guarded,
-                               main_hoisted=tuple(alone))
+    return dataclasses.replace(
+        edit, new_func=new_func, window=(start, end + n), guarded_block=guarded, main_hoisted=tuple(alone)
+    )
 
 
 def reschedule(edit: PlannedEdit, schedule: str) -> cst.FunctionDef:
@@ -297,8 +307,10 @@ def variant(source: ScheduleSource, schedule: str) -> str:
     """The edited file's text under `schedule` (NoSchedule when the edit has no movable block)."""
     if any(isinstance(plan, MicrobatchPlan) for plan in source.plans):
         if schedule != "early":  # early is the edit itself: verify checks the plans reproduce it
-            raise NoSchedule("prefill-microbatch is a model-level fork: each stage waits on the event of the "
-                             "stage before it, with no side block to move")
+            raise NoSchedule(
+                "prefill-microbatch is a model-level fork: each stage waits on the event of the "
+                "stage before it, with no side block to move"
+            )
         from msrewrite.load import parse_source
 
         module = parse_source(Path(source.plans[0].file or "<edit>"), source.text)
@@ -314,8 +326,9 @@ def variant(source: ScheduleSource, schedule: str) -> str:
 
 
 @lru_cache(maxsize=64)
-def _variant(text: str, plans: tuple[OverlapPlan, ...], schedule: str,
-             marked: tuple[OverlapPlan, ...] = ()) -> tuple[str, tuple[tuple[int, str], ...]]:
+def _variant(
+    text: str, plans: tuple[OverlapPlan, ...], schedule: str, marked: tuple[OverlapPlan, ...] = ()
+) -> tuple[str, tuple[tuple[int, str], ...]]:
     from msrewrite.load import parse_source
 
     module = parse_source(Path(plans[0].file or "<edit>"), text)
@@ -367,8 +380,10 @@ def _old_flat(edit: PlannedEdit, old: list[cst.BaseStatement]) -> list[cst.BaseS
         return old
     nested = [
         stmt
-        for node in old if isinstance(node, cst.If)
-        for block in (node.body, getattr(node.orelse, "body", None)) if isinstance(block, cst.IndentedBlock)
+        for node in old
+        if isinstance(node, cst.If)
+        for block in (node.body, getattr(node.orelse, "body", None))
+        if isinstance(block, cst.IndentedBlock)
         for stmt in block.body
     ]
     return old + nested

@@ -46,8 +46,10 @@ class _FindRecorded(Visitor):
     def visit_Call(self, node: cst.Call) -> None:
         if _callee(node) == "get_npu_backend":
             self.found |= any(
-                arg.keyword is not None and arg.keyword.value == "compiler_config"
-                and isinstance(arg.value, cst.Call) and _callee(arg.value) == RECORDER
+                arg.keyword is not None
+                and arg.keyword.value == "compiler_config"
+                and isinstance(arg.value, cst.Call)
+                and _callee(arg.value) == RECORDER
                 for arg in node.args
             )
 

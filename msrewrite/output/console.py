@@ -126,8 +126,10 @@ def run_guarded(app: Callable[[], object]) -> NoReturn:
         code = 0
     except UnicodeEncodeError as exc:
         char = exc.object[exc.start : exc.start + 1]
-        code = _error(f"cannot print {char!r} in this terminal's encoding ({exc.encoding}); "
-                      "set PYTHONIOENCODING=utf-8 or a UTF-8 locale")
+        code = _error(
+            f"cannot print {char!r} in this terminal's encoding ({exc.encoding}); "
+            "set PYTHONIOENCODING=utf-8 or a UTF-8 locale"
+        )
     except RecursionError:
         code = _error("the input is nested too deeply for msrewrite (Python's recursion limit)")
     except OSError as exc:

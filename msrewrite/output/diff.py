@@ -42,10 +42,7 @@ def unified_diff(old: str, new: str, relpath: str, git_header: bool = False) -> 
             lines[i] = line + "\n\\ No newline at end of file\n"
     body = "".join(lines)
     if git_header and body:
-        header = (
-            f"diff --git a/{relpath} b/{relpath}\n"
-            f"index {git_blob_id(old)[:12]}..{git_blob_id(new)[:12]} 100644\n"
-        )
+        header = f"diff --git a/{relpath} b/{relpath}\nindex {git_blob_id(old)[:12]}..{git_blob_id(new)[:12]} 100644\n"
         body = header + body
     return body
 

@@ -73,8 +73,9 @@ def folder_lock(folder: Path, label: str):
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                     break  # a file system without flock: rely on the content check
                 if time.monotonic() > deadline:
-                    raise BadInput(f"{label}: another msrewrite run holds the lock on its folder; "
-                                   "nothing written, try again") from None
+                    raise BadInput(
+                        f"{label}: another msrewrite run holds the lock on its folder; nothing written, try again"
+                    ) from None
                 time.sleep(0.05)
         yield
     finally:
@@ -95,8 +96,10 @@ def write_in_place(path: Path, data: bytes, read_digest: str) -> Path:
                 with open(real, "rb") as handle:
                     current = handle.read()
                 if file_digest(current) != read_digest:
-                    raise BadInput(f"{path}: changed on disk since msrewrite read it (saved in an editor, or "
-                                   "another run); nothing written, run again on the new version")
+                    raise BadInput(
+                        f"{path}: changed on disk since msrewrite read it (saved in an editor, or "
+                        "another run); nothing written, run again on the new version"
+                    )
                 if info.st_nlink > 1:
                     _write_linked(path, real, data, current)
                     return real

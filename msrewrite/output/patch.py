@@ -87,8 +87,10 @@ def write_series(steps: list[PatchStep], folder: Path, force: bool = False) -> l
     if folder.is_dir():
         old = _numbered_patches(folder)
         if old and not force:
-            raise BadInput(f"{label}: already holds {len(old)} patch file(s) ({old[0].name}, ...); "
-                           "pass --force to replace them, or choose an empty folder")
+            raise BadInput(
+                f"{label}: already holds {len(old)} patch file(s) ({old[0].name}, ...); "
+                "pass --force to replace them, or choose an empty folder"
+            )
     elif folder.exists():
         raise BadInput(f"{label}: exists and is not a folder")
     else:

@@ -57,8 +57,13 @@ def intersect(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> l
 
 def clipped(kernels: list[Span], stream: str, window: Span) -> list[tuple[float, float]]:
     """The union of `stream`'s kernels cut to `window`."""
-    return union([(max(k.start, window.start), min(k.end, window.end))
-                  for k in kernels if k.stream == stream and k.end > window.start and k.start < window.end])
+    return union(
+        [
+            (max(k.start, window.start), min(k.end, window.end))
+            for k in kernels
+            if k.stream == stream and k.end > window.start and k.start < window.end
+        ]
+    )
 
 
 class KernelIndex:
@@ -86,8 +91,7 @@ class KernelIndex:
             return []
         starts, reach, ks = self.streams[stream]
         lo, hi = bisect.bisect_right(reach, window.start), bisect.bisect_left(starts, window.end)
-        return union([(max(k.start, window.start), min(k.end, window.end))
-                      for k in ks[lo:hi] if k.end > window.start])
+        return union([(max(k.start, window.start), min(k.end, window.end)) for k in ks[lo:hi] if k.end > window.start])
 
 
 # Results -------------------------------------------------------------------------------------------
@@ -117,9 +121,15 @@ class RegionStep:
     tail: float
 
     def to_dict(self) -> dict:
-        return {"step": self.step, "occurrences": self.occurrences, "side_busy_us": _r(self.side_busy),
-                "main_busy_us": _r(self.main_busy), "overlap_us": _r(self.overlap), "exposed_us": _r(self.exposed),
-                "tail_us": _r(self.tail)}
+        return {
+            "step": self.step,
+            "occurrences": self.occurrences,
+            "side_busy_us": _r(self.side_busy),
+            "main_busy_us": _r(self.main_busy),
+            "overlap_us": _r(self.overlap),
+            "exposed_us": _r(self.exposed),
+            "tail_us": _r(self.tail),
+        }
 
 
 @dataclass
@@ -143,7 +153,9 @@ class Region:
 
     def to_dict(self, names: dict[str, str]) -> dict:
         return {
-            "region": self.name, "case": self.case, "tag": self.tag,
+            "region": self.name,
+            "case": self.case,
+            "tag": self.tag,
             "side_stream": names.get(self.side_stream, self.side_stream),
             "main_stream": names.get(self.main_stream, self.main_stream),
             "occurrences": len(self.occurrences),
@@ -166,8 +178,13 @@ class Growth:
         return (self.measured_us - self.baseline_us) / self.baseline_us
 
     def to_dict(self) -> dict:
-        return {"operator": self.operator, "kind": self.kind, "baseline_us_per_step": _r(self.baseline_us),
-                "measured_us_per_step": _r(self.measured_us), "growth": _r(self.ratio)}
+        return {
+            "operator": self.operator,
+            "kind": self.kind,
+            "baseline_us_per_step": _r(self.baseline_us),
+            "measured_us_per_step": _r(self.measured_us),
+            "growth": _r(self.ratio),
+        }
 
 
 @dataclass
@@ -189,8 +206,10 @@ class Profile:
     def to_dict(self) -> dict:
         names = self.trace.stream_names
         return {
-            "trace": self.trace.source, "format": self.trace.format,
-            "steps": len(self.step_us), "step_us": [_r(s) for s in self.step_us],
+            "trace": self.trace.source,
+            "format": self.trace.format,
+            "steps": len(self.step_us),
+            "step_us": [_r(s) for s in self.step_us],
             "baseline_step_us": None if self.baseline_step_us is None else [_r(s) for s in self.baseline_step_us],
             "saving_per_step_us": None if self.saving_us is None else _r(self.saving_us),
             "regions": [r.to_dict(names) for r in self.regions],
@@ -226,6 +245,7 @@ def _step_finder(steps: list[Span]):
     def step_of(t: float) -> str:
         i = bisect.bisect_right(reach, t)
         return steps[i].name if i < len(steps) and starts[i] <= t else "-"
+
     return step_of
 
 
@@ -243,23 +263,49 @@ def regions(trace: Trace) -> list[Region]:
     for (case, tag), roles in pairs.items():
         side, main = roles["side"], roles["main"]
         if len(side) != len(main):
-            raise BadInput(f"{trace.source}: region {case}:{tag} has {len(side)} side and {len(main)} main "
-                           f"windows on the device; they must pair up (a range cut off by the trace's end?)")
+            raise BadInput(
+                f"{trace.source}: region {case}:{tag} has {len(side)} side and {len(main)} main "
+                f"windows on the device; they must pair up (a range cut off by the trace's end?)"
+            )
         occurrences = []
         assert index is not None  # built whenever there are pairs
         for s, m in zip(side, main, strict=True):
             side_u, main_u = index.clipped(s.stream, s), index.clipped(m.stream, m)
-            occurrences.append(Occurrence(
-                step=step_of(min(s.start, m.start)), side=s, main=m,
-                side_busy=length(side_u), main_busy=length(main_u),
-                overlap=length(intersect(side_u, main_u)), tail=max(0.0, s.end - m.end)))
+            occurrences.append(
+                Occurrence(
+                    step=step_of(min(s.start, m.start)),
+                    side=s,
+                    main=m,
+                    side_busy=length(side_u),
+                    main_busy=length(main_u),
+                    overlap=length(intersect(side_u, main_u)),
+                    tail=max(0.0, s.end - m.end),
+                )
+            )
         by_step: dict[str, list[Occurrence]] = defaultdict(list)
         for o in occurrences:
             by_step[o.step].append(o)
-        out.append(Region(case, tag, side[0].stream, main[0].stream, occurrences, [
-            RegionStep(step, len(os_), sum(o.side_busy for o in os_), sum(o.main_busy for o in os_),
-                       sum(o.overlap for o in os_), sum(o.exposed for o in os_), sum(o.tail for o in os_))
-            for step, os_ in by_step.items()]))
+        out.append(
+            Region(
+                case,
+                tag,
+                side[0].stream,
+                main[0].stream,
+                occurrences,
+                [
+                    RegionStep(
+                        step,
+                        len(os_),
+                        sum(o.side_busy for o in os_),
+                        sum(o.main_busy for o in os_),
+                        sum(o.overlap for o in os_),
+                        sum(o.exposed for o in os_),
+                        sum(o.tail for o in os_),
+                    )
+                    for step, os_ in by_step.items()
+                ],
+            )
+        )
     return sorted(out, key=lambda r: r.name)
 
 
@@ -290,8 +336,12 @@ def contention(trace: Trace, baseline: Trace, threshold: float) -> list[Growth]:
     return sorted(grown, key=lambda g: -(g.measured_us - g.baseline_us))
 
 
-def analyze(trace: Trace, baseline: Trace | None = None, estimates: dict[tuple[str, str], float | None] | None = None,
-            threshold: float = DEFAULT_THRESHOLD) -> Profile:
+def analyze(
+    trace: Trace,
+    baseline: Trace | None = None,
+    estimates: dict[tuple[str, str], float | None] | None = None,
+    threshold: float = DEFAULT_THRESHOLD,
+) -> Profile:
     found = regions(trace)
     notes = []
     for region in found:
@@ -302,7 +352,9 @@ def analyze(trace: Trace, baseline: Trace | None = None, estimates: dict[tuple[s
         if missing:
             notes.append(f"planned but not in the trace (no markers? run apply --markers): {', '.join(missing)}")
     for name in sorted(set(trace.host_only_markers)):
-        notes.append(f"{name}: a host-only range, never seen on a device stream (NPU: mstx.range_start needs the stream)")
+        notes.append(
+            f"{name}: a host-only range, never seen on a device stream (NPU: mstx.range_start needs the stream)"
+        )
     profile = Profile(trace, found, [s.dur for s in step_windows(trace)], threshold=threshold, notes=notes)
     if baseline is not None:
         profile.baseline_step_us = [s.dur for s in step_windows(baseline)]

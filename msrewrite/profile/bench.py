@@ -60,7 +60,7 @@ class Variant:
 
 
 def device_kind() -> str | None:
-    """"cuda", "npu" (torch_npu imports and sees a device), or None. torch_npu is never installed here."""
+    """ "cuda", "npu" (torch_npu imports and sees a device), or None. torch_npu is never installed here."""
     import torch
 
     if torch.cuda.is_available():
@@ -136,8 +136,11 @@ def variants(file: Path, text: str, case: str, mode: str, every: bool) -> list[V
         from msrewrite.emit.schedules import NoSchedule, ScheduleSource, variant
 
         try:
-            out.append(Variant("side work at its original place (late)", None,
-                               variant(ScheduleSource(last_old, plans), "late")))
+            out.append(
+                Variant(
+                    "side work at its original place (late)", None, variant(ScheduleSource(last_old, plans), "late")
+                )
+            )
         except NoSchedule as exc:  # async-comm side work: no side stream to defer
             out[0].notes.append(f"no original-place variant: {exc}")
     if known.phased and plans:
@@ -161,13 +164,32 @@ def variants(file: Path, text: str, case: str, mode: str, every: bool) -> list[V
         unique.append(v)
     for v in unique:
         if v.options is not None:
-            v.command = " ".join(["msrewrite", "apply", "--case", case, "--mode", mode, *map(shlex.quote, v.options),
-                                  shlex.quote(str(file))])
+            v.command = " ".join(
+                [
+                    "msrewrite",
+                    "apply",
+                    "--case",
+                    case,
+                    "--mode",
+                    mode,
+                    *map(shlex.quote, v.options),
+                    shlex.quote(str(file)),
+                ]
+            )
     return unique
 
 
-def run_variants(file: Path, harness: str, items: list[Variant], flag_name: str, kind: str, iters: int, warmup: int,
-                 dry_run: bool, phase: Callable[[str], None] = lambda _name: None) -> Timing:
+def run_variants(
+    file: Path,
+    harness: str,
+    items: list[Variant],
+    flag_name: str,
+    kind: str,
+    iters: int,
+    warmup: int,
+    dry_run: bool,
+    phase: Callable[[str], None] = lambda _name: None,
+) -> Timing:
     """Time each variant flag on (in place) and the first one flag off; returns the flag-off timing.
     Runs user code: `msrewrite bench` calls it in a child (harness.run_in_child), `phase` telling
     the parent where the user code is."""
@@ -201,6 +223,7 @@ def run_variants(file: Path, harness: str, items: list[Variant], flag_name: str,
                     os.environ.pop(flag_name, None)
                 else:
                     os.environ[flag_name] = old
+
         return switch()
 
     with tempfile.TemporaryDirectory(prefix="msrewrite-bench-") as folder:

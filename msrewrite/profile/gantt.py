@@ -32,8 +32,7 @@ def gantt(profile: Profile, step_index: int | None = None) -> str:
         marked = {o.step for r in profile.regions for o in r.occurrences}
         step_index = next((k for k, s in enumerate(steps) if s.name in marked), 0)
     step = steps[min(step_index, len(steps) - 1)]
-    lines = ["gantt", f"    title {_label(step.name)} in us from its start",
-             "    dateFormat x", "    axisFormat %L"]
+    lines = ["gantt", f"    title {_label(step.name)} in us from its start", "    dateFormat x", "    axisFormat %L"]
     inside = [k for k in trace.kernels if k.end > step.start and k.start < step.end]
     markers = [m for m in trace.markers if m.end > step.start and m.start < step.end]
     counter = 0
@@ -49,7 +48,9 @@ def gantt(profile: Profile, step_index: int | None = None) -> str:
         lines.append(f"    section {_label(trace.stream_names.get(stream, stream))}")
         for m in (m for m in markers if m.stream == stream):
             role = MARKER.match(m.name)
-            lines.append(task(_label(f"{role['tag']} {role['role']} window" if role else m.name), m.start, m.end, "crit, "))
+            lines.append(
+                task(_label(f"{role['tag']} {role['role']} window" if role else m.name), m.start, m.end, "crit, ")
+            )
         kernels = [k for k in inside if k.stream == stream]
         for k in kernels[:MAX_TASKS_PER_STREAM]:
             lines.append(task(_label(k.name), k.start, k.end))

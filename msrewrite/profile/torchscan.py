@@ -55,15 +55,55 @@ def _key(name: bytes) -> bytes:
 # groups: 1 cat, 2 name, 3 pid, 4 tid, 5 ts, 6 dur, 7 "{" when args is there, 8 the args object's
 # inner text, 9 flag. Keys before "ph" are not read: json keeps a repeated key's last value, so
 # they lose to these, except an args there when none follows (group 7 empty: json decides).
-_NEEDED = (rb'"(' + _ALT + rb')"' + _SEP + _key(b"name") + rb'"([^"]*+)"' + _SEP
-           + _key(b"pid") + rb"([^,]*+)," + _W + _key(b"tid") + rb"([^,]*+)," + _W
-           + _key(b"ts") + rb"([^,]*+)," + _W + _key(b"dur") + rb"([^,}]*+)"
-           + rb"(?:," + _W + _key(b"args") + rb"(\{)([^}]*+)\})?"
-           + _W + rb"\}(?=" + _W + rb"(?:," + _W + rb"\{|\]))")
+_NEEDED = (
+    rb'"('
+    + _ALT
+    + rb')"'
+    + _SEP
+    + _key(b"name")
+    + rb'"([^"]*+)"'
+    + _SEP
+    + _key(b"pid")
+    + rb"([^,]*+),"
+    + _W
+    + _key(b"tid")
+    + rb"([^,]*+),"
+    + _W
+    + _key(b"ts")
+    + rb"([^,]*+),"
+    + _W
+    + _key(b"dur")
+    + rb"([^,}]*+)"
+    + rb"(?:,"
+    + _W
+    + _key(b"args")
+    + rb"(\{)([^}]*+)\})?"
+    + _W
+    + rb"\}(?="
+    + _W
+    + rb"(?:,"
+    + _W
+    + rb"\{|\]))"
+)
 _OTHER_CAT = rb'"(?!(?:' + _ALT + rb')")[^"]*+"'
 _NOT_X = rb'"(?!X")[^"]*+"'
-_SCAN = re.compile(rb'"ph"(?<!\\"ph")(?:' + _W + rb":" + _W + rb'(?:"X"' + _SEP + _key(b"cat") + rb"(?:" + _NEEDED
-                   + rb"|" + _OTHER_CAT + rb")|" + _NOT_X + rb")|(?=(.)))", re.S)
+_SCAN = re.compile(
+    rb'"ph"(?<!\\"ph")(?:'
+    + _W
+    + rb":"
+    + _W
+    + rb'(?:"X"'
+    + _SEP
+    + _key(b"cat")
+    + rb"(?:"
+    + _NEEDED
+    + rb"|"
+    + _OTHER_CAT
+    + rb")|"
+    + _NOT_X
+    + rb")|(?=(.)))",
+    re.S,
+)
 _CORRELATION = re.compile(rb'"correlation"' + _W + rb":" + _W + rb"([^,}]*+)")
 _ASCII_ESCAPE = re.compile(rb"\\u00[0-7]")
 _SPACE = b" \t\n\r"
@@ -144,7 +184,12 @@ def _segment(buf: bytes, pos: int, cut: int) -> Segment:
     rows = _SCAN.findall(buf, pos, cut + 1)
     if any(map(itemgetter(8), rows)):
         return Segment(events=_decode_run(buf[pos:cut]))
-    groups: dict[str, list[tuple]] = {"device": [], "gpu_user_annotation": [], "user_annotation": [], "cuda_runtime": []}
+    groups: dict[str, list[tuple]] = {
+        "device": [],
+        "gpu_user_annotation": [],
+        "user_annotation": [],
+        "cuda_runtime": [],
+    }
     route = {c.encode(): groups["device" if c in DEVICE_CATS else c].append for c in CATS}
     for row in filter(itemgetter(0), rows):  # file order kept within each group
         route[row[0]](row)
@@ -237,7 +282,9 @@ class Values:
         cache = self.names
         for raw in set(raws).difference(cache):
             # a JSON string literal decodes to a str
-            cache[raw] = cast(str, _decoded(b'"' + raw + b'"')) if b"\\" in raw else raw.decode("utf-8", "surrogatepass")
+            cache[raw] = (
+                cast(str, _decoded(b'"' + raw + b'"')) if b"\\" in raw else raw.decode("utf-8", "surrogatepass")
+            )
         return list(map(cache.__getitem__, raws))
 
     def value(self, raw: bytes) -> object:

@@ -266,9 +266,16 @@ class _TorchEvents:
                 new_streams.append((pair, _stream_key(pid, tid), f"stream {first.get('stream', tid)}"))
         stream_of = dict(self.stream_of)
         stream_of.update((pair, key) for pair, key, _ in new_streams)
-        spans = list(map(tuple.__new__, repeat(Span), zip(values.name_list(device.names), starts, ends,
-                                                           map(stream_of.__getitem__, pairs), strict=False)))
-        correlated = list(zip(torchscan.ints(device.correlations, _correlation), compress(spans, device.has), strict=False))
+        spans = list(
+            map(
+                tuple.__new__,
+                repeat(Span),
+                zip(values.name_list(device.names), starts, ends, map(stream_of.__getitem__, pairs), strict=False),
+            )
+        )
+        correlated = list(
+            zip(torchscan.ints(device.correlations, _correlation), compress(spans, device.has), strict=False)
+        )
 
         def keep_device() -> None:
             self.stream_of.update((pair, key) for pair, key, _ in new_streams)
@@ -276,6 +283,7 @@ class _TorchEvents:
                 self.trace.stream_names.setdefault(key, label)
             self.trace.kernels.extend(spans)
             self.kernel_of.update(correlated)
+
         return keep_device
 
     def _runtime_rows(self, runtime: torchscan.Columns) -> Callable[[], None]:
@@ -284,8 +292,14 @@ class _TorchEvents:
         torchscan.floats(runtime.dur, "dur", _num)
         tids = list(compress(runtime.tids, runtime.has))
         tid_of = {t: _hashable(self.values.value(t), "tid") for t in dict.fromkeys(tids)}
-        calls = list(zip(map(tid_of.__getitem__, tids), compress(starts, runtime.has),
-                         torchscan.ints(runtime.correlations, _correlation), strict=False))
+        calls = list(
+            zip(
+                map(tid_of.__getitem__, tids),
+                compress(starts, runtime.has),
+                torchscan.ints(runtime.correlations, _correlation),
+                strict=False,
+            )
+        )
 
         def keep_launches() -> None:
             if len(tid_of) == 1:
@@ -294,6 +308,7 @@ class _TorchEvents:
                 return
             for tid, start, correlation in calls:
                 self.launches[tid].append((start, correlation))
+
         return keep_launches
 
     def _range_rows(self, columns: dict[str, torchscan.Columns]) -> Callable[[], None] | None:
@@ -326,6 +341,7 @@ class _TorchEvents:
                 else:
                     stream, args = rest
                     self.device_ranges[(name, self._range_id(args))].append(Span(name, start, end, stream))
+
         return keep_ranges
 
     def finish(self) -> None:
@@ -348,8 +364,9 @@ class _TorchEvents:
             by_stream: dict[str, list[Span]] = defaultdict(list)
             for span in spans:
                 by_stream[span.stream].append(span)
-            windows.append([Span(name, min(s.start for s in ks), max(s.end for s in ks), st)
-                            for st, ks in by_stream.items()])
+            windows.append(
+                [Span(name, min(s.start for s in ks), max(s.end for s in ks), st) for st, ks in by_stream.items()]
+            )
         _add_windows(trace, windows)
         trace.kernels.sort(key=_by_time)
 
@@ -416,7 +433,9 @@ def _load_npu(path: Path, keep=_npu_keep) -> Trace:
             events.append(ev)  # the process table may come after the events
     hardware = {pid for pid, name in process.items() if name == "Ascend Hardware"}
     if not hardware:
-        raise BadInput(f"{folder / 'trace_view.json'}: no 'Ascend Hardware' process (profiled without the NPU activity?)")
+        raise BadInput(
+            f"{folder / 'trace_view.json'}: no 'Ascend Hardware' process (profiled without the NPU activity?)"
+        )
     windows: list[list[Span]] = []
     for ev in events:  # only the events used are timed (so only their ts and dur must be numbers)
         name = str(ev.get("name", ""))
@@ -431,8 +450,11 @@ def _load_npu(path: Path, keep=_npu_keep) -> Trace:
         start = _num(ev.get("ts"), "ts")
         span_end = start + _num(ev.get("dur", 0), "dur")
         stream = _stream_key(ev.get("pid"), ev.get("tid"))
-        (windows.append([Span(name, start, span_end, stream)]) if window
-         else trace.kernels.append(Span(name, start, span_end, stream)))
+        (
+            windows.append([Span(name, start, span_end, stream)])
+            if window
+            else trace.kernels.append(Span(name, start, span_end, stream))
+        )
         trace.stream_names.setdefault(stream, threads.get((ev.get("pid"), ev.get("tid")), f"stream {ev.get('tid')}"))
     on_device = {w[0].name for w in windows}
     trace.host_only_markers = sorted(set(trace.host_only_markers) - on_device)

@@ -1,7 +1,7 @@
 """CPU stand-ins for the stream APIs msrewrite emits (torch.npu, torch_npu, torchair, torch.cuda).
 
-    with install() as rt:
-        ...  # multi-stream model code runs on CPU; rt.record_ops() / rt.graph_mode()
+with install() as rt:
+    ...  # multi-stream model code runs on CPU; rt.record_ops() / rt.graph_mode()
 """
 
 from msrewrite.runtime.active import active_runtime

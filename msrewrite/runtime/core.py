@@ -165,4 +165,3 @@ class StreamRuntime:
 
     def close(self) -> None:
         self.listeners.clear()
-

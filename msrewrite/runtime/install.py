@@ -33,8 +33,9 @@ class _Patches:
     def set_module(self, name: str, module) -> None:
         saved: Any = sys.modules.get(name, _MISSING)  # a module, or _MISSING
         sys.modules[name] = module
-        self._undo.append(lambda: sys.modules.pop(name, None) if saved is _MISSING
-                          else sys.modules.__setitem__(name, saved))
+        self._undo.append(
+            lambda: sys.modules.pop(name, None) if saved is _MISSING else sys.modules.__setitem__(name, saved)
+        )
 
     def restore(self) -> None:
         while self._undo:
@@ -78,11 +79,16 @@ def _fake_record_stream(self, s):  # noqa: ARG001 - torch_npu 2.10's signature
     raise RuntimeError("tensor.record_stream is not supported on torch.compile! (torch_npu 2.10 stand-in)")
 
 
-def _apply(patches: _Patches, runtime: StreamRuntime, torchair_init_error: BaseException | None,
-           torch_npu_version: str = "2.14") -> None:
+def _apply(
+    patches: _Patches,
+    runtime: StreamRuntime,
+    torchair_init_error: BaseException | None,
+    torch_npu_version: str = "2.14",
+) -> None:
     npu_modules = build_npu_modules()
-    torchair_modules = (build_torchair_modules() if torchair_init_error is None
-                        else build_failing_torchair_modules(torchair_init_error))
+    torchair_modules = (
+        build_torchair_modules() if torchair_init_error is None else build_failing_torchair_modules(torchair_init_error)
+    )
     for name, module in {**npu_modules, **torchair_modules}.items():
         patches.set_module(name, module)
     patches.set_attr(torch, "npu", npu_modules["torch.npu"])
@@ -92,13 +98,13 @@ def _apply(patches: _Patches, runtime: StreamRuntime, torchair_init_error: BaseE
     if torch_npu_version == "2.10":
         vars(npu_modules["torch.npu"])["fake_record_stream"] = _fake_record_stream
     original_is_compiling = torch.compiler.is_compiling
-    patches.set_attr(torch.compiler, "is_compiling",
-                     lambda: runtime.compiling or original_is_compiling())
+    patches.set_attr(torch.compiler, "is_compiling", lambda: runtime.compiling or original_is_compiling())
 
 
 @contextlib.contextmanager
-def install(graph_mode: bool = False, torchair_init_error: BaseException | None = None,
-            torch_npu_version: str = "2.14") -> Iterator[StreamRuntime]:
+def install(
+    graph_mode: bool = False, torchair_init_error: BaseException | None = None, torch_npu_version: str = "2.14"
+) -> Iterator[StreamRuntime]:
     """Run torch.npu / torch_npu / torchair / torch.cuda stream code on CPU inside the block.
 
     ``torch_npu_version`` "2.10" models that release's npugraph_ex lowering of record_stream inside

@@ -134,9 +134,21 @@ class mstx:  # noqa: N801 - torch_npu's spelling
 def build_npu_modules() -> dict[str, types.ModuleType]:
     """Module objects for sys.modules: torch.npu, its npugraph_ex.scope, and torch_npu."""
     npu = types.ModuleType("torch.npu", "msrewrite stand-in for torch_npu.npu (CPU only)")
-    for name in ("stream", "current_stream", "default_stream", "set_stream", "synchronize",
-                 "is_available", "device_count", "current_device", "set_device", "is_initialized",
-                 "set_stream_limit", "get_stream_limit", "reset_stream_limit"):
+    for name in (
+        "stream",
+        "current_stream",
+        "default_stream",
+        "set_stream",
+        "synchronize",
+        "is_available",
+        "device_count",
+        "current_device",
+        "set_device",
+        "is_initialized",
+        "set_stream_limit",
+        "get_stream_limit",
+        "reset_stream_limit",
+    ):
         setattr(npu, name, globals()[name])
     scope = types.ModuleType("torch.npu.npugraph_ex.scope")
     vars(scope)["limit_core_num"] = npugraph_ex_limit_core_num

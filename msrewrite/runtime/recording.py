@@ -52,7 +52,8 @@ class ModuleStack:
         key = (id(root), id(innermost))
         if key not in self._paths:
             self._paths[key] = next(
-                (name for name, mod in root.named_modules(remove_duplicate=False) if mod is innermost), "?")
+                (name for name, mod in root.named_modules(remove_duplicate=False) if mod is innermost), "?"
+            )
         return self._paths[key]
 
 
@@ -75,6 +76,7 @@ class RecordOpsMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         file, line = location(user_frame(sys._getframe(1)))
-        self.ops.append(OpRecord(str(func), self.runtime.current_stream().name, file, line,
-                                 self.modules.current_path()))
+        self.ops.append(
+            OpRecord(str(func), self.runtime.current_stream().name, file, line, self.modules.current_path())
+        )
         return func(*args, **(kwargs or {}))

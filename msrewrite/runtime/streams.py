@@ -21,8 +21,9 @@ class Stream:
     device_type = "npu"
     _HIDDEN_KWARGS = {"stream_id", "device_index", "device_type", "is_sync_launch", "stream_ptr"}
 
-    def __init__(self, device=None, priority=0, *, _runtime: StreamRuntime | None = None,
-                 _name: str | None = None, **kwargs):
+    def __init__(
+        self, device=None, priority=0, *, _runtime: StreamRuntime | None = None, _name: str | None = None, **kwargs
+    ):
         unknown = set(kwargs) - self._HIDDEN_KWARGS
         if unknown:
             raise TypeError(f"Stream() got unexpected keyword argument(s) {sorted(unknown)}")

@@ -136,7 +136,8 @@ class CompilerConfig:
         self.mode = "max-autotune"
         self.ge_config = types.SimpleNamespace(aicore_num=None, enable_single_stream=False, oo_level=None)
         self.experimental_config = types.SimpleNamespace(
-            cc_parallel_enable=False, topology_sorting_strategy=None, frozen_parameter=False)
+            cc_parallel_enable=False, topology_sorting_strategy=None, frozen_parameter=False
+        )
         self.debug = types.SimpleNamespace(graph_dump=types.SimpleNamespace(type=None), run_eagerly=False)
 
 
@@ -144,7 +145,9 @@ _COMPILE_MODES = ("max-autotune", "reduce-overhead", "npugraph_ex")
 
 
 def get_npu_backend(
-    *, compiler_config: CompilerConfig | None = None, custom_decompositions=None  # noqa: ARG001 - torchair's signature
+    *,
+    compiler_config: CompilerConfig | None = None,
+    custom_decompositions=None,  # noqa: ARG001 - torchair's signature
 ):
     """A dynamo backend that runs the captured graph eagerly, with the semantics of the config's mode:
     max-autotune is a GE graph, reduce-overhead and npugraph_ex an aclgraph (a real stream per tag,
@@ -214,8 +217,12 @@ def build_torchair_modules() -> dict[str, types.ModuleType]:
     ops = types.ModuleType("torchair.ops")
     for name in ("npu_stream_switch", "npu_wait_tensor", "limit_core_num", "super_kernel"):
         setattr(scope, name, globals()[name])
-    for name in ("npu_create_tagged_event", "npu_tagged_event_record", "npu_tagged_event_wait",
-                 "npu_record_tagged_stream"):
+    for name in (
+        "npu_create_tagged_event",
+        "npu_tagged_event_record",
+        "npu_tagged_event_wait",
+        "npu_record_tagged_stream",
+    ):
         setattr(ops, name, globals()[name])
     vars(torchair).update(scope=scope, ops=ops, CompilerConfig=CompilerConfig, get_npu_backend=get_npu_backend)
     torchair.__path__ = []
@@ -243,4 +250,3 @@ class _LazyTorchair(types.ModuleType):
 def build_failing_torchair_modules(error: BaseException) -> dict[str, types.ModuleType]:
     """Only the proxy: ``import torchair.scope`` finds no loaded submodule and fails like the real load."""
     return {"torchair": _LazyTorchair(error)}
-

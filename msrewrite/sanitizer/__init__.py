@@ -1,9 +1,9 @@
 """A stream sanitizer for multi-stream model code running on the CPU stand-ins.
 
-    with install() as rt:
-        with Sanitizer(rt, user_files=[model_file]) as san:
-            san.check_output(model(x))
-        san.findings
+with install() as rt:
+    with Sanitizer(rt, user_files=[model_file]) as san:
+        san.check_output(model(x))
+    san.findings
 """
 
 from msrewrite.sanitizer.findings import KINDS, Finding

@@ -115,10 +115,13 @@ class Sanitizer(RuntimeListener):
             if info.alloc_stream is not stream and stream not in info.recorded and not info.lifetime_reported:
                 info.lifetime_reported = True
                 self._report(
-                    "lifetime", here, here,
+                    "lifetime",
+                    here,
+                    here,
                     f"tensor allocated on {info.alloc_stream.name} is returned at {fmt(here)} to "
                     f"{stream.name} without record_stream({stream.name}): its memory can be reused by "
-                    f"{info.alloc_stream.name} while {stream.name} still reads it")
+                    f"{info.alloc_stream.name} while {stream.name} still reads it",
+                )
 
     # --- ops -----------------------------------------------------------------------
     def _on_op(self, func, args, kwargs, out) -> None:
@@ -158,8 +161,9 @@ class Sanitizer(RuntimeListener):
             for read in info.reads.values():
                 if not self.clocks.covers(stream, read.seq, read.stream):
                     self._conflict("race-war", read, stream, loc, "writes", "read")
-        elif info.last_write is not None and not self.clocks.covers(stream, info.last_write.seq,
-                                                                     info.last_write.stream):
+        elif info.last_write is not None and not self.clocks.covers(
+            stream, info.last_write.seq, info.last_write.stream
+        ):
             self._conflict("race-waw", info.last_write, stream, loc, "writes", "written")
         info.last_write = Access(stream, seq, loc, dict(self.clocks.clock(stream)))
         info.reads = {}
@@ -169,9 +173,13 @@ class Sanitizer(RuntimeListener):
         if self.runtime.in_graph_mode:
             self.clocks.merge(stream, earlier.snapshot)  # GE inserts the cross-stream edge itself
             return
-        self._report(kind, earlier.loc, loc,
-                     f"{stream.name} {verb} at {fmt(loc)} a tensor {past} on {earlier.stream.name} at "
-                     f"{fmt(earlier.loc)} with no event or wait_stream ordering them")
+        self._report(
+            kind,
+            earlier.loc,
+            loc,
+            f"{stream.name} {verb} at {fmt(loc)} a tensor {past} on {earlier.stream.name} at "
+            f"{fmt(earlier.loc)} with no event or wait_stream ordering them",
+        )
 
     def _note_use(self, info: StorageInfo, stream, seq, loc) -> None:
         if stream is not info.alloc_stream and not self.runtime.in_graph_mode:
@@ -193,10 +201,13 @@ class Sanitizer(RuntimeListener):
             info.lifetime_reported = True
             alloc = info.alloc_stream.name
             self._report(
-                "lifetime", use.loc, here,
+                "lifetime",
+                use.loc,
+                here,
                 f"tensor allocated on {alloc} is used on {stream.name} at {fmt(use.loc)} and {how} at "
                 f"{fmt(here)} with neither record_stream({stream.name}) nor {alloc} waiting for "
-                f"{stream.name}: its memory can be reused while {stream.name} may still run")
+                f"{stream.name}: its memory can be reused while {stream.name} may still run",
+            )
             return
 
     # --- storages ----------------------------------------------------------------------
@@ -288,10 +299,13 @@ class Sanitizer(RuntimeListener):
         discarded = self._discarded_waits.pop((key, stream), None)
         if discarded is not None:
             self._report(
-                "ge-discarded-wait", discarded, loc,
+                "ge-discarded-wait",
+                discarded,
+                loc,
                 f"npu_wait_tensor result is discarded at {fmt(discarded)} but the original tensor is "
                 f"used on {stream.name} at {fmt(loc)}: GE drops the unused wait; rebind "
-                f"`x = npu_wait_tensor(x, dep)` and use the result")
+                f"`x = npu_wait_tensor(x, dep)` and use the result",
+            )
 
     def on_api_call(self, family, api, frame) -> None:
         if frame is None:
@@ -304,9 +318,12 @@ class Sanitizer(RuntimeListener):
             first_loc, first_api = seen[others[0]]
             here = location(frame)
             self._report(
-                "mixed-api", first_loc, here,
+                "mixed-api",
+                first_loc,
+                here,
                 f"{frame.f_code.co_name}() mixes {others[0]} {first_api} at {fmt(first_loc)} with "
-                f"{family} {api} at {fmt(here)}: use one mode family per function")
+                f"{family} {api} at {fmt(here)}: use one mode family per function",
+            )
 
     # --- reporting ---------------------------------------------------------------------
     def _check_unjoined(self, stream, here: Location, when: str) -> None:
@@ -320,9 +337,12 @@ class Sanitizer(RuntimeListener):
             if pending and ("unjoined", other, pending[0]) not in self._reported:
                 self._reported.add(("unjoined", other, pending[0]))
                 self._report(
-                    "unjoined", pending[0], here,
+                    "unjoined",
+                    pending[0],
+                    here,
                     f"work on {other.name} from {fmt(pending[0])} ({len(pending)} op(s)) is not joined "
-                    f"into {stream.name} when {when} at {fmt(here)}")
+                    f"into {stream.name} when {when} at {fmt(here)}",
+                )
 
     def _report(self, kind: str, first: Location, second: Location, message: str) -> None:
         key = (kind, first, second)

@@ -7,12 +7,28 @@ import ast
 from msrewrite.sanitizer.findings import Finding, fmt
 
 _TORCHAIR_CALLS = {
-    "npu_stream_switch", "npu_wait_tensor", "super_kernel", "npu_create_tagged_event",
-    "npu_tagged_event_record", "npu_tagged_event_wait", "npu_record_tagged_stream", "NpuStreamSwitch",
+    "npu_stream_switch",
+    "npu_wait_tensor",
+    "super_kernel",
+    "npu_create_tagged_event",
+    "npu_tagged_event_record",
+    "npu_tagged_event_wait",
+    "npu_record_tagged_stream",
+    "NpuStreamSwitch",
 }
 _NATIVE_CALLS = {
-    "Stream", "Event", "stream", "current_stream", "default_stream", "set_stream", "wait_stream",
-    "wait_event", "record_event", "record_stream", "set_stream_limit", "reset_stream_limit",
+    "Stream",
+    "Event",
+    "stream",
+    "current_stream",
+    "default_stream",
+    "set_stream",
+    "wait_stream",
+    "wait_event",
+    "record_event",
+    "record_stream",
+    "set_stream_limit",
+    "reset_stream_limit",
 }
 _STREAM_MODULES = ("torch.npu", "torch_npu", "torch.cuda", "npu", "cuda")
 
@@ -72,8 +88,13 @@ def static_mixed_api(source: str, filename: str = "<source>") -> list[Finding]:
         (tline, tname), (nline, nname) = calls.first["torchair"], calls.first["native"]
         (first_line, first_name), (second_line, second_name) = sorted([(tline, tname), (nline, nname)])
         first, second = (filename, first_line), (filename, second_line)
-        findings.append(Finding(
-            "mixed-api", f"{func.name}() mixes {first_name} at {fmt(first)} with {second_name} at "
-            f"{fmt(second)}: torchair scope/ops and native torch.npu streams belong to different modes",
-            first, second))
+        findings.append(
+            Finding(
+                "mixed-api",
+                f"{func.name}() mixes {first_name} at {fmt(first)} with {second_name} at "
+                f"{fmt(second)}: torchair scope/ops and native torch.npu streams belong to different modes",
+                first,
+                second,
+            )
+        )
     return findings

@@ -389,8 +389,10 @@ def static_candidates(module: ModuleInfo, file: str, refused: list[dict] | None 
             if candidate is not None:
                 candidate.syncs = _static_syncs(info, candidate)
                 candidate.cost_shapes = "static (no cost model)"
-                candidate.notes.append("static tier: independence from the source's facts (names, in-place writes, "
-                                       "aliases); run without --static to check the traced op graph")
+                candidate.notes.append(
+                    "static tier: independence from the source's facts (names, in-place writes, "
+                    "aliases); run without --static to check the traced op graph"
+                )
                 found.append(candidate)
     return found
 
@@ -416,8 +418,10 @@ def _static_choices(info: FunctionInfo) -> list[SideChoice]:
         preds = list(dag.predecessors(join))
         for i, a in enumerate(preds):
             for b in preds[i + 1 :]:
-                for side, main in ((ancestors[a] - ancestors[b], ancestors[b] - ancestors[a]),
-                                   (ancestors[b] - ancestors[a], ancestors[a] - ancestors[b])):
+                for side, main in (
+                    (ancestors[a] - ancestors[b], ancestors[b] - ancestors[a]),
+                    (ancestors[b] - ancestors[a], ancestors[a] - ancestors[b]),
+                ):
                     choice = _static_choice(info, dag, side, main, join)
                     if choice is not None and choice not in choices:
                         choices.append(choice)

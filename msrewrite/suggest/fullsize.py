@@ -82,7 +82,11 @@ def record_full_size(harness: Harness, model_module: types.ModuleType, model_fil
 def _is_expert_loop(module: torch.nn.Module) -> bool:
     """An experts module that runs the modeling file's own loop (no experts_implementation switch)."""
     forward = type(module).forward
-    return type(module).__name__.endswith("Experts") and not hasattr(forward, "__wrapped__") and bool(_expert_weights(module))
+    return (
+        type(module).__name__.endswith("Experts")
+        and not hasattr(forward, "__wrapped__")
+        and bool(_expert_weights(module))
+    )
 
 
 def _expert_weights(module: torch.nn.Module) -> list[torch.Tensor]:

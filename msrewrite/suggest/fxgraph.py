@@ -199,7 +199,9 @@ def trace_module(qualname: str, path: str, module: torch.nn.Module, cap: _Captur
         if graph is None:
             oracle = {leaf: out for leaf, out in cap.outputs.items()}
             try:
-                graph = MetaLeafTracer(leaves, oracle).trace(module, meta_args=_to_meta(tensors), concrete_args=dict(concrete))
+                graph = MetaLeafTracer(leaves, oracle).trace(
+                    module, meta_args=_to_meta(tensors), concrete_args=dict(concrete)
+                )
                 tracer_name = "meta-leaf"
             except Exception as exc:  # noqa: BLE001
                 return FxResult(qualname, path, None, f"leaf: {reason}; meta-leaf: {_one_line(exc)}")
@@ -316,7 +318,7 @@ def module_node_for_callee(dag: nx.DiGraph, callee: str) -> list[str]:
 
 
 def independence(dag: nx.DiGraph, side_callees: list[str], main_callees: list[str]) -> str:
-    """"independent", "dependent (a -> b)" or "unavailable (why)" for two sets of submodule calls."""
+    """ "independent", "dependent (a -> b)" or "unavailable (why)" for two sets of submodule calls."""
     side = [n for c in side_callees for n in module_node_for_callee(dag, c)]
     main = [n for c in main_callees for n in module_node_for_callee(dag, c)]
     if not side:

@@ -142,7 +142,9 @@ def submodule_of_ops(scope: Scope, ops: frozenset[int], by_index: dict[int, OpRe
 
 def call_for_submodule(stmt: Statement, submodule: str):
     """The `self.<sub>(...)` call of a statement that runs module path component `submodule`."""
-    wanted = submodule.replace(".", "[", 1) + "]" if "." in submodule and submodule.split(".")[1].isdigit() else submodule
+    wanted = (
+        submodule.replace(".", "[", 1) + "]" if "." in submodule and submodule.split(".")[1].isdigit() else submodule
+    )
     for call in stmt.calls:
         if call.callee == wanted or call.callee == submodule:
             return call
@@ -192,4 +194,9 @@ def sync_points(reduced: DiGraph, position: dict, side: set) -> dict[str, int]:
                 syncs, covered = syncs + 1, need[v]
         return syncs
 
-    return {"fork": count(fork_edges), "join": count(join_edges), "fork_edges": len(fork_edges), "join_edges": len(join_edges)}
+    return {
+        "fork": count(fork_edges),
+        "join": count(join_edges),
+        "fork_edges": len(fork_edges),
+        "join_edges": len(join_edges),
+    }

@@ -75,15 +75,26 @@ def microbatch_candidates(file: Path, text: str, display: str, refused: list[dic
         return []  # the other tiers say why the file cannot be read
     case = get_case(CASE)
     assert case is not None  # CASE is a built-in case
-    models = [s.name.value for s in module.body if isinstance(s, cst.ClassDef)
-              if (f := forward_of(s)) is not None and find_layer_loop(f) is not None]
+    models = [
+        s.name.value
+        for s in module.body
+        if isinstance(s, cst.ClassDef)
+        if (f := forward_of(s)) is not None and find_layer_loop(f) is not None
+    ]
     found = []
     for model in models:
         function = f"{model}.forward"
         try:
-            plan = microbatch_plan(module, case=CASE, path=display, mode=mode if mode in case.modes else "eager",
-                                   flag=FlagSpec(name=case.flag_name), target=model, stream_tag=case.stream_tag,
-                                   text=text)
+            plan = microbatch_plan(
+                module,
+                case=CASE,
+                path=display,
+                mode=mode if mode in case.modes else "eager",
+                flag=FlagSpec(name=case.flag_name),
+                target=model,
+                stream_tag=case.stream_tag,
+                text=text,
+            )
             if mode not in case.modes:  # a fork to make, in a file of a mode the case does not emit
                 raise MsrewriteError(f"the file is {mode} code; {CASE} supports {', '.join(case.modes)}")
             # what the emitter refuses is not proposed; apply_plans takes a MicrobatchPlan too (alone)
@@ -91,8 +102,9 @@ def microbatch_candidates(file: Path, text: str, display: str, refused: list[dic
         except NotApplicable:  # nothing to fork here: not a refusal
             continue
         except MsrewriteError as exc:
-            refused.append({"function": function, "side": [f"{CASE} of the layer loop"], "tier": "static",
-                            "reason": str(exc)})
+            refused.append(
+                {"function": function, "side": [f"{CASE} of the layer loop"], "tier": "static", "reason": str(exc)}
+            )
             continue
         found.append(MicrobatchCandidate(plan, f"msrewrite apply --case {CASE} --target {model} {display}"))
     return found

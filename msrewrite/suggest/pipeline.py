@@ -34,7 +34,9 @@ def analyze(
     display = str(file)
     if static:
         module = analyze_static(file)  # only the forwards that can hold a candidate (see analyze/stmtgraph.py)
-        analysis = FileAnalysis(file=file, module=module, candidates=[], tiers={}, device=device, phase=phase, target=target)
+        analysis = FileAnalysis(
+            file=file, module=module, candidates=[], tiers={}, device=device, phase=phase, target=target
+        )
         analysis.tiers = {"trace": "skipped (--static)", "static": "ok"}
         analysis.candidates = rank(static_candidates(module, display, analysis.refused))
         return analysis

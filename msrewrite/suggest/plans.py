@@ -29,7 +29,5 @@ def window_statements(info: FunctionInfo, plan: OverlapPlan) -> list[Statement]:
     """Main-path statements between the fork and the join: the work the side overlaps with."""
     side_lines = {s.first_line for s in plan.side if s.hoist is None}
     return [
-        s
-        for s in info.statements
-        if plan.fork_line <= s.first_line < plan.join_line and s.first_line not in side_lines
+        s for s in info.statements if plan.fork_line <= s.first_line < plan.join_line and s.first_line not in side_lines
     ]

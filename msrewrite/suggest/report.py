@@ -74,7 +74,9 @@ def write_report(analysis: FileAnalysis, folder: Path) -> Path:
 
 
 # Module level -------------------------------------------------------------------------------------
-def _modules(analysis: FileAnalysis, info: FunctionInfo, best: Candidate | None) -> tuple[list[ModuleNode], list[tuple]]:
+def _modules(
+    analysis: FileAnalysis, info: FunctionInfo, best: Candidate | None
+) -> tuple[list[ModuleNode], list[tuple]]:
     plan = best.plan if best else None
     side_lines = {s.first_line for s in plan.side if s.hoist is None} if plan else set()
     hoists = [s for s in plan.side if s.hoist] if plan else []
@@ -113,7 +115,16 @@ def _modules(analysis: FileAnalysis, info: FunctionInfo, best: Candidate | None)
                 outputs=[hoists[0].hoist or ""],  # hoists are the side entries with a hoist
                 side_effect="none",
             )
-            sub_ops = [op for op in node.ops if g.submodule_of_ops(scope, frozenset([op.index]), {op.index: op}) == {call.callee.replace("[", ".").rstrip("]")}] if scope else []
+            sub_ops = (
+                [
+                    op
+                    for op in node.ops
+                    if g.submodule_of_ops(scope, frozenset([op.index]), {op.index: op})
+                    == {call.callee.replace("[", ".").rstrip("]")}
+                ]
+                if scope
+                else []
+            )
             hoist_node.ops = sub_ops
             node.ops = [op for op in node.ops if op not in sub_ops]
             nodes.append(hoist_node)
@@ -196,10 +207,15 @@ def render(analysis: FileAnalysis) -> str:
     out += _section2(best)
     nodes, edges = _modules(analysis, info, best) if info else ([], [])
     out += ["## 3. 整网模块清单", ""]
-    out += ["| module_id | module_name | module_type | inputs | outputs | side_effect | resource_hint |", "|---|---|---|---|---|---|---|"]
+    out += [
+        "| module_id | module_name | module_type | inputs | outputs | side_effect | resource_hint |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for n in nodes:
         kind = "Side Path" if n.side else "Main Path"
-        out.append(f"| {n.id} | {n.name} ({n.lines}) | {kind} | {', '.join(n.inputs) or '-'} | {', '.join(n.outputs) or '-'} | {n.side_effect} | {_resource(n, analysis.device)} |")
+        out.append(
+            f"| {n.id} | {n.name} ({n.lines}) | {kind} | {', '.join(n.inputs) or '-'} | {', '.join(n.outputs) or '-'} | {n.side_effect} | {_resource(n, analysis.device)} |"
+        )
     if not nodes:
         out.append("| N/A | no candidate function | - | - | - | - | - |")
     out += ["", "## 4. 整网模块依赖清单", "", "| from | to | dependency_type | reason |", "|---|---|---|---|"]
@@ -211,7 +227,15 @@ def render(analysis: FileAnalysis) -> str:
         for u, v, data in fx.dag.edges(data=True):
             via = f" via {', '.join(data['via'][:6])}" if data["via"] else ""
             out.append(f"| fx_{u} | fx_{v} | {data['kind']} | torch.fx module graph{via} |")
-    out += ["", "## 5. 整网模块 DAG", "", "```mermaid", _mermaid(nodes, edges) if nodes else _empty_mermaid(), "```", ""]
+    out += [
+        "",
+        "## 5. 整网模块 DAG",
+        "",
+        "```mermaid",
+        _mermaid(nodes, edges) if nodes else _empty_mermaid(),
+        "```",
+        "",
+    ]
     if fx is not None and info is not None:  # fx is only looked up for an info
         out += _fx_section(fx, info, best)
     out += _section6(analysis, nodes, best)
@@ -277,7 +301,15 @@ def _fmt_us(seconds: float | None) -> str:
 
 def _section2(best: Candidate | None) -> list[str]:
     if not best:
-        return ["## 2. 目标优化点", "", "- 希望获得的 overlap: none found", "- 预期并行对象: N/A", "- 预期收益: N/A", "- 本轮不处理的范围: N/A", ""]
+        return [
+            "## 2. 目标优化点",
+            "",
+            "- 希望获得的 overlap: none found",
+            "- 预期并行对象: N/A",
+            "- 预期收益: N/A",
+            "- 本轮不处理的范围: N/A",
+            "",
+        ]
     side = "; ".join(s.source for s in best.plan.side)
     bound = f", critical-path bound ×{best.cost.bound:.3f}" if best.cost else ""
     return [
@@ -297,8 +329,10 @@ def _syncs(c: Candidate) -> str:
     if not c.syncs:
         return "N/A"
     s = c.syncs
-    return (f"{c.min_syncs} ({s['fork']} fork + {s['join']} join; {s['fork_edges']} main->side and "
-            f"{s['join_edges']} side->main edges after transitive reduction)")
+    return (
+        f"{c.min_syncs} ({s['fork']} fork + {s['join']} join; {s['fork_edges']} main->side and "
+        f"{s['join_edges']} side->main edges after transitive reduction)"
+    )
 
 
 def _section6(analysis: FileAnalysis, nodes: list[ModuleNode], best: Candidate | None) -> list[str]:
@@ -315,7 +349,10 @@ def _section6(analysis: FileAnalysis, nodes: list[ModuleNode], best: Candidate |
     else:
         out.append("- N/A")
     out += ["", "### 6.3 待验证模块组", ""]
-    out += [f"- {c.plan.function} {c.plan.side_lines} ({c.case}, {_fmt_us(c.estimated_saving)}, {c.min_syncs} syncs{', too small' if c.cost and c.cost.too_small else ''})" for c in pending[:8]] or ["- none"]
+    out += [
+        f"- {c.plan.function} {c.plan.side_lines} ({c.case}, {_fmt_us(c.estimated_saving)}, {c.min_syncs} syncs{', too small' if c.cost and c.cost.too_small else ''})"
+        for c in pending[:8]
+    ] or ["- none"]
     if analysis.refused:  # independent in the graph, but the branch finder (and apply --plan) refuses the move
         out += ["", f"Refused by the branch finder ({len(analysis.refused)}; `apply --plan` would refuse them too):"]
         out += [f"- {r['function']} {', '.join(r['side'])}: {r['reason']}" for r in analysis.refused[:8]]
@@ -350,31 +387,72 @@ def _section8(analysis: FileAnalysis, nodes: list[ModuleNode]) -> list[str]:
         out += [f"### 8.{number} {node.name} ({node.lines})", "", "#### 算子清单", ""]
         if not ops:
             out += ["N/A (static tier or no tensor ops)", "", "#### 算子依赖清单", "", "N/A", "", "#### 算子 DAG", ""]
-            out += ["```mermaid", f'flowchart LR\n    subgraph {node.id}_ops[{label(node.name)}]\n        {node.id}_stmt["{label(node.lines)}"]\n    end', "```", ""]
+            out += [
+                "```mermaid",
+                f'flowchart LR\n    subgraph {node.id}_ops[{label(node.name)}]\n        {node.id}_stmt["{label(node.lines)}"]\n    end',
+                "```",
+                "",
+            ]
         else:
             ids = {op.index for op in ops}
-            out += ["| op_id | op_name | op_type | inputs | outputs | side_effect | resource_hint |", "|---|---|---|---|---|---|---|"]
+            out += [
+                "| op_id | op_name | op_type | inputs | outputs | side_effect | resource_hint |",
+                "|---|---|---|---|---|---|---|",
+            ]
             for op in ops:
                 shapes_in = ", ".join("x".join(map(str, t.shape)) for t in op.inputs[:3]) or "-"
                 shapes_out = ", ".join("x".join(map(str, t.shape)) for t in op.outputs[:2]) or "-"
                 effect = "in-place write" if op.writes else ("host sync" if op.is_sync else "none")
-                out.append(f"| op{op.index} | {op.name} | {kind_of(op)} | {shapes_in} | {shapes_out} | {effect} | {op_time(op, analysis.device) * 1e9:.0f} ns |")
+                out.append(
+                    f"| op{op.index} | {op.name} | {kind_of(op)} | {shapes_in} | {shapes_out} | {effect} | {op_time(op, analysis.device) * 1e9:.0f} ns |"
+                )
             if len(node.ops) > MAX_OPS:
                 out.append(f"| ... | {len(node.ops) - MAX_OPS} more ops | | | | | |")
             out += ["", "#### 算子依赖清单", "", "| from | to | dependency_type | reason |", "|---|---|---|---|"]
             op_edges = [(d, op.index) for op in ops for d in sorted(op.deps) if d in ids]
             for d, o in op_edges:
                 out.append(f"| op{d} | op{o} | data | storage def-use |")
-            out += ["", "#### 算子 DAG", "", "```mermaid", "flowchart LR", f"    subgraph {node.id}_ops[{label(node.name)}]"]
+            out += [
+                "",
+                "#### 算子 DAG",
+                "",
+                "```mermaid",
+                "flowchart LR",
+                f"    subgraph {node.id}_ops[{label(node.name)}]",
+            ]
             out += [f'        {node.id}_op{op.index}["{label(op.name)}"]' for op in ops]
             out += ["    end"] + [f"    {node.id}_op{d} --> {node.id}_op{o}" for d, o in op_edges] + ["```", ""]
         roots = [op for op in ops if not (op.deps & {o.index for o in ops})]
-        out += ["#### 算子并行性结论", "", "##### 模块内主串行链", "", " -> ".join(f"op{o.index}" for o in ops[:12]) or "N/A"]
-        out += ["", "##### 模块内可并行算子组", "", f"- {len(roots)} independent entry op(s): {', '.join(f'op{o.index}' for o in roots[:8]) or 'N/A'}"]
+        out += [
+            "#### 算子并行性结论",
+            "",
+            "##### 模块内主串行链",
+            "",
+            " -> ".join(f"op{o.index}" for o in ops[:12]) or "N/A",
+        ]
+        out += [
+            "",
+            "##### 模块内可并行算子组",
+            "",
+            f"- {len(roots)} independent entry op(s): {', '.join(f'op{o.index}' for o in roots[:8]) or 'N/A'}",
+        ]
         out += ["", "##### 模块内待验证算子组", "", "- N/A (needs kernel_details.csv from a profile)"]
-        out += ["", "##### 模块内建议流分组", "", f"- {'Stream1 / Side Path' if node.side else 'Stream0 / Main Path'}: all ops of this module"]
-        out += ["", "#### 模块内结论", "", "- 必须串行: ops chained by storage def-use above", "- 可以并行: see entry ops", "- 待验证: resource overlap (needs hardware)",
-                f"- 可能的流切换点·同步点: {'fork before / join after this module' if node.side else 'none inside'}", ""]
+        out += [
+            "",
+            "##### 模块内建议流分组",
+            "",
+            f"- {'Stream1 / Side Path' if node.side else 'Stream0 / Main Path'}: all ops of this module",
+        ]
+        out += [
+            "",
+            "#### 模块内结论",
+            "",
+            "- 必须串行: ops chained by storage def-use above",
+            "- 可以并行: see entry ops",
+            "- 待验证: resource overlap (needs hardware)",
+            f"- 可能的流切换点·同步点: {'fork before / join after this module' if node.side else 'none inside'}",
+            "",
+        ]
     return out
 
 
@@ -383,12 +461,18 @@ def _profile_acceptance(analysis: FileAnalysis) -> list[str]:
     out = ["### 11.5 Profile acceptance", ""]
     data = analysis.profile
     if not data:
-        return out + ["N/A (apply --markers, profile the model on the device, then `msrewrite profile TRACE "
-                      "--baseline OFF_TRACE --json > profile.json` and `suggest --report DIR --profile profile.json`)", ""]
+        return out + [
+            "N/A (apply --markers, profile the model on the device, then `msrewrite profile TRACE "
+            "--baseline OFF_TRACE --json > profile.json` and `suggest --report DIR --profile profile.json`)",
+            "",
+        ]
     estimates = {(c.plan.case, c.plan.region_tag): c.estimated_saving for c in analysis.candidates}
-    out += [f"trace: `{data.get('trace')}` ({data.get('format')}, {data.get('steps')} steps)", "",
-            "| region | estimate µs | measured overlap µs | measured / estimate | exposed µs/step | tail µs/step | occurrences |",
-            "|---|---|---|---|---|---|---|"]
+    out += [
+        f"trace: `{data.get('trace')}` ({data.get('format')}, {data.get('steps')} steps)",
+        "",
+        "| region | estimate µs | measured overlap µs | measured / estimate | exposed µs/step | tail µs/step | occurrences |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for region in data.get("regions", []):
         estimate = region.get("estimated_saving_per_occurrence_us")
         saving = estimates.get((region.get("case"), region.get("tag")))
@@ -400,41 +484,75 @@ def _profile_acceptance(analysis: FileAnalysis) -> list[str]:
         tail = sum(s.get("tail_us", 0) for s in steps) / len(steps)
         ratio = f"{measured / estimate:.2f}x" if estimate and measured is not None else "N/A"
         shown = f"{estimate:.1f}" if estimate is not None else "N/A"
-        out.append(f"| {region.get('region')} | {shown} | {measured} | {ratio} | {exposed:.1f} | {tail:.1f} | "
-                   f"{region.get('occurrences')} |")
+        out.append(
+            f"| {region.get('region')} | {shown} | {measured} | {ratio} | {exposed:.1f} | {tail:.1f} | "
+            f"{region.get('occurrences')} |"
+        )
     if not data.get("regions"):
         out.append("| N/A | no marked region in the trace (apply --markers) | - | - | - | - | - |")
     saving = data.get("saving_per_step_us")
     out += ["", f"- 步时间收益 (vs baseline): {'N/A (no --baseline)' if saving is None else f'{saving} µs per step'}"]
     grown = data.get("contention") or []
-    out.append(f"- 资源竞争 (busy time grew > {data.get('contention_threshold', 0.1):.0%}): "
-               + (", ".join(f"{g['operator'][:40]} +{g['growth']:.0%}" for g in grown[:5]) or "none"))
+    out.append(
+        f"- 资源竞争 (busy time grew > {data.get('contention_threshold', 0.1):.0%}): "
+        + (", ".join(f"{g['operator'][:40]} +{g['growth']:.0%}" for g in grown[:5]) or "none")
+    )
     return out + [""]
 
 
 def _sections9to12(analysis: FileAnalysis, best: Candidate | None) -> list[str]:
     na = "N/A (analysis only; needs an NPU run)"
     return [
-        "## 9. 实施记录", "",
-        "### 9.1 方案选择", "",
+        "## 9. 实施记录",
+        "",
+        "### 9.1 方案选择",
+        "",
         f"- 主 API 路径: `{best.command}`" if best else f"- 主 API 路径: {na}",
         "- enable 开关: env:ENABLE_MOE_SHARED_EXPERT_STREAM (msrewrite apply default)",
         "- 保留的回退路径: flag off runs the original statement order",
         "- 关键同步设计: side waits main at the fork; main waits side at the join",
-        "- 是否引入控核/stream limit/prefetch: no", "",
-        "### 9.2 关键改动", "", "| 状态 | 内容 | 文件 |", "|---|---|---|",
-        f"| planned | {best.plan.summary} | {analysis.file.name} |" if best else f"| N/A | {na} | - |", "",
-        "### 9.3 当前实现结论", "", f"- 已实现的 overlap: {na}", "- 未覆盖并行点: see §6.3", "- 主要风险: resource contention between the two streams; sync cost on tiny shapes", "",
-        "## 10. 调试记录", "",
-        f"### 10.1 依赖/同步\n\n{na}", "", f"### 10.2 精度/功能\n\n{na}", "", f"### 10.3 性能无收益\n\n{na}", "",
-        f"### 10.4 图模式/runtime 限制\n\n{na}", "", f"### 10.5 当前调试结论\n\n{na}", "",
-        "## 11. 验收结果", "",
-        "### 11.1 功能\n\n- 是否通过: N/A (run `msrewrite verify` after apply)", "",
-        f"### 11.2 同步\n\n{na}", "", f"### 11.3 性能\n\n- 优化前: {na}\n- 优化后: {na}\n- 结论: {na}", "",
-        f"### 11.4 Profile\n\n{'see §11.5' if analysis.profile else na}", "",
+        "- 是否引入控核/stream limit/prefetch: no",
+        "",
+        "### 9.2 关键改动",
+        "",
+        "| 状态 | 内容 | 文件 |",
+        "|---|---|---|",
+        f"| planned | {best.plan.summary} | {analysis.file.name} |" if best else f"| N/A | {na} | - |",
+        "",
+        "### 9.3 当前实现结论",
+        "",
+        f"- 已实现的 overlap: {na}",
+        "- 未覆盖并行点: see §6.3",
+        "- 主要风险: resource contention between the two streams; sync cost on tiny shapes",
+        "",
+        "## 10. 调试记录",
+        "",
+        f"### 10.1 依赖/同步\n\n{na}",
+        "",
+        f"### 10.2 精度/功能\n\n{na}",
+        "",
+        f"### 10.3 性能无收益\n\n{na}",
+        "",
+        f"### 10.4 图模式/runtime 限制\n\n{na}",
+        "",
+        f"### 10.5 当前调试结论\n\n{na}",
+        "",
+        "## 11. 验收结果",
+        "",
+        "### 11.1 功能\n\n- 是否通过: N/A (run `msrewrite verify` after apply)",
+        "",
+        f"### 11.2 同步\n\n{na}",
+        "",
+        f"### 11.3 性能\n\n- 优化前: {na}\n- 优化后: {na}\n- 结论: {na}",
+        "",
+        f"### 11.4 Profile\n\n{'see §11.5' if analysis.profile else na}",
+        "",
         *_profile_acceptance(analysis),
-        "## 12. 最终结论", "",
-        f"- 最适合多流的位置: {best.plan.function} lines {best.plan.side_lines}" if best else "- 最适合多流的位置: none found",
+        "## 12. 最终结论",
+        "",
+        f"- 最适合多流的位置: {best.plan.function} lines {best.plan.side_lines}"
+        if best
+        else "- 最适合多流的位置: none found",
         f"- 模块级主结论: {best.plan.summary}" if best else "- 模块级主结论: N/A",
         "- 算子级主结论: see §8",
         f"- 是否建议保留: {'yes, pending measurement' if best and best.estimated_saving and best.estimated_saving > 0 else 'measure first'}",

@@ -42,7 +42,6 @@ class OpRecord:
     is_sync: bool = False
     estimate: tuple[float, float] | None = None  # (FLOPs, bytes) of an analytic stand-in op
 
-
     def line_in(self, qualname: str) -> int | None:
         """Line of the innermost frame of `qualname` (the function being analyzed)."""
         for name, line in reversed(self.frames):
