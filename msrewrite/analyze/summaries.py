@@ -384,6 +384,7 @@ class ModuleSummaries:
             summary.may_write = {p: unseen[:MAX_WRITERS] for p in every}
             summary.returns = set(every)
             summary.unknown = set(unseen)
+            _note_kinds(summary, facts)  # the collectives, RNG and stream work it was seen to do still count
             self._cache[key] = summary
             return summary
         for index, item in enumerate(facts):
@@ -391,9 +392,7 @@ class ModuleSummaries:
         _param_effects(summary, facts, [*params, *(n for n in (vararg, kwarg) if n)], scope)
         for f in facts:
             summary.unknown |= f.unknown_callees
-            summary.collective |= f.collective
-            summary.rng |= f.rng
-            summary.stream |= f.stream
+        _note_kinds(summary, facts)
         self._cache[key] = summary
         return summary
 
@@ -615,6 +614,14 @@ class ModuleSummaries:
             base = (owner._external_bases(name) or ["no forward"])[0]
             return _unknown(call, f"{label} ({ctor} from {base}, not visible to msrewrite)")
         return _apply(owner.function_summary(name, forward[1]), call, f"{label} ({ctor})", strict=owner.package)
+
+
+def _note_kinds(summary: Summary, facts: list[StatementFacts]) -> None:
+    """Whether the function holds collectives, RNG or stream work, from the statements it was seen to run."""
+    for f in facts:
+        summary.collective |= f.collective
+        summary.rng |= f.rng
+        summary.stream |= f.stream
 
 
 def _signature(cls: str | None, func: cst.FunctionDef) -> tuple[list[str], str | None, str | None]:
