@@ -199,6 +199,9 @@ RANDOM_OPS = re.compile(
     r"^aten\.(bernoulli|native_dropout|dropout|rand|randn|randint|randperm|rand_like|randn_like|randint_like|"
     r"normal|uniform|multinomial|exponential|geometric|cauchy|log_normal|random)_?\."
 )
+# torch.distributed's collectives and point-to-point ops as the dispatcher sees them (c10d.allreduce_,
+# _c10d_functional.all_gather_into_tensor); waiting on one is not one
+COLLECTIVE_OPS = re.compile(r"^(c10d|_c10d_functional)\.(?!wait)")
 
 
 @dataclass
@@ -580,7 +583,7 @@ def _run_scenario(job: _Job, scenario: Scenario) -> list[RunResult] | None:
             elif spec.name == "flag on, late schedule":
                 late_ops = ops
     if early_ops is not None:
-        _check_rng_order(job.result, scenario, early_ops, late_ops if "late" in job.variant_paths else None)
+        _check_order(job.result, scenario, early_ops, late_ops if "late" in job.variant_paths else None)
     _compare_runs(job, scenario, runs)
     return runs
 
@@ -705,47 +708,69 @@ def _compare_runs(job: _Job, scenario: Scenario, runs: list[RunResult]) -> None:
         job.result.problems.append(problem)
 
 
-def _check_rng_order(result, scenario, early_ops, late_ops=None) -> None:
-    """Random draws on the side stream and main-path draws between the fork and the join: the order
-    of the draws changes (a device may run the side work anywhere in that window).
+@dataclass(frozen=True)
+class _Ordered:
+    """Ops whose order against the main path's own is part of the result."""
+
+    problem: str  # the problem's key
+    ops: re.Pattern[str]
+    verb: str  # "draws random numbers"
+    nouns: str  # "the draws"
+
+
+ORDERED = (
+    _Ordered("rng-order", RANDOM_OPS, "draws random numbers", "the draws"),
+    _Ordered("collective-order", COLLECTIVE_OPS, "runs a collective", "the collectives"),
+)
+
+
+def _check_order(result, scenario, early_ops, late_ops=None) -> None:
+    """Random draws (or collectives) on the side stream and main-path ones between the fork and
+    the join: their order changes (a device may run the side work anywhere in that window).
 
     The early run issues the side work at the fork, the late run just before the join, so the
-    main draws in the window are those the late run issues before its first side op and the early
-    run after it. Without a late run, any main draw next to a side draw counts."""
-    early = _draws(early_ops)
-    if not early.side or not early.main:
-        return
-    window_draw = early.main[0]
-    if late_ops is not None:
-        late = _draws(late_ops)
-        if late.main_before_side <= early.main_before_side:
-            return  # the main path draws only before the fork or after the join: same order
-        window_draw = early.main[min(early.main_before_side, len(early.main) - 1)]
-    side = early.side[0]
-    line = (
-        f"rng-order: {scenario.label('flag on')}: the side stream draws random numbers ({side.name} at "
-        f"{Path(side.file).name}:{side.line}) and so does the main path between the fork and the join "
-        f"({window_draw.name} at {Path(window_draw.file).name}:{window_draw.line}): moving the side work changes "
-        "the order of the draws"
-    )
-    if line not in result.problems:
-        result.problems.append(line)
+    main ops in the window are those the late run issues before its first side op and the early
+    run after it. Without a late run, any main op next to a side one counts."""
+    for kind in ORDERED:
+        groups = {op.group for op in early_ops if kind.ops.match(op.name)}
+        for group in sorted(groups):  # collectives on different communicators keep their own orders
+            _check_kind_order(result, scenario, kind, group, early_ops, late_ops)
+
+
+def _check_kind_order(result, scenario, kind: _Ordered, group: str, early_ops, late_ops) -> None:
+    early = _ordered_ops(early_ops, kind.ops, group)
+    if early.side and early.main:
+        window_op = early.main[0]
+        if late_ops is not None:
+            late = _ordered_ops(late_ops, kind.ops, group)
+            if late.main_before_side <= early.main_before_side:
+                return  # the main path runs them only before the fork or after the join: same order
+            window_op = early.main[min(early.main_before_side, len(early.main) - 1)]
+        side = early.side[0]
+        line = (
+            f"{kind.problem}: {scenario.label('flag on')}: the side stream {kind.verb} ({side.name} at "
+            f"{Path(side.file).name}:{side.line}) and so does the main path between the fork and the join "
+            f"({window_op.name} at {Path(window_op.file).name}:{window_op.line}): moving the side work changes "
+            f"the order of {kind.nouns}"
+        )
+        if line not in result.problems:
+            result.problems.append(line)
 
 
 @dataclass
-class _Draws:
-    side: list  # random draws on a side stream, in issue order
-    main: list  # random draws on the main stream, in issue order
-    main_before_side: int  # main draws issued before the first side-stream op
+class _OrderedOps:
+    side: list  # matching ops on a side stream, in issue order
+    main: list  # matching ops on the main stream, in issue order
+    main_before_side: int  # main ones issued before the first side-stream op
 
 
-def _draws(ops) -> _Draws:
-    found = _Draws([], [], 0)
+def _ordered_ops(ops, pattern: re.Pattern[str], group: str = "") -> _OrderedOps:
+    found = _OrderedOps([], [], 0)
     seen_side = False
     for op in ops:
         on_side = op.stream != "main"
         seen_side = seen_side or on_side
-        if RANDOM_OPS.match(op.name):
+        if pattern.match(op.name) and op.group == group:
             if on_side:
                 found.side.append(op)
             else:

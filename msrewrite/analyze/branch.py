@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import libcst as cst
 from libcst.metadata import CodeRange
@@ -45,6 +46,9 @@ from msrewrite.analyze.guards import (
 from msrewrite.analyze.outline import unique_name
 from msrewrite.analyze.summaries import Storage, unseen_writers
 from msrewrite.analyze.walk import Visitor, walk
+
+if TYPE_CHECKING:
+    from msrewrite.analyze.torch_effects import CallEffect
 
 
 @dataclass
@@ -573,13 +577,14 @@ class _Search:
         if not main_hoists and not any(f.has_call and f.self_calls for f in window):
             raise self._nothing_to_overlap(join, fork, pushed_by, storage)
         self._check_side_writes(whole, hoist_facts, join, main, storage, every_input)
+        self._check_module_state([*whole, *hoist_facts], [h.call for h in hoists], main, storage)
 
         if guard is not None:
             _check_guard(guard, facts, fork, join, side_idx, guard.size)
         rebound = sorted({name for f in window for name in f.stores if name in inputs})
         maybe = _maybe_outputs(outputs, whole)
         phases, inner_phases, chosen_anchors = self._phases(whole, fork, join, side_idx, inputs)
-        rng = _rng_reorder(facts, whole, hoists, start, join, side_idx, self.scope, bool(main_hoists))
+        rng = _check_order(facts, whole, hoists, start, join, side_idx, self.scope, bool(main_hoists))
         return SideBranch(
             rng_reorder=rng,
             phases=phases,
@@ -1083,6 +1088,38 @@ class _Search:
                 f"{'it does' if len(every) == 1 else 'they do'} not"
             )
 
+    def _check_module_state(
+        self, side: list[StatementFacts], side_calls: list[cst.Call], main: list[StatementFacts], storage: Storage
+    ) -> None:
+        """Refuses when the main path, between the side's start and the join, writes module state
+        (`self.scale.mul_(2)`, a write through a view of it, `self.x = ...`) that the side work
+        reads or writes, or the side work writes state the main path reads there: on a device the
+        side stream may run before or after that write. Side inputs are checked by storage; module
+        state is read by name (`self.<attr>`), so it is checked by attribute."""
+        scope = self.scope
+        side_reads = set().union(
+            *(_state_read(f.node, scope) for f in side), *(_state_read(c, scope) for c in side_calls)
+        )
+        side_writes = {path: (f, name) for f in side for path, name in _state_written(f, storage).items()}
+        for g in main:
+            for path, name in _state_written(g, storage).items():
+                hit = next((q for q in sorted(side_reads | set(side_writes)) if _same_state(path, q)), None)
+                if hit is not None:
+                    via = f" (through '{name}')" if name != path else ""
+                    raise NoBranch(
+                        f"line {g.first_line} writes module state '{path}'{via} while the side stream "
+                        f"{'writes' if hit not in side_reads else 'reads'} {'it' if hit == path else repr(hit)}"
+                    )
+            reads = _state_read(g.node, scope)
+            for path, (f, name) in side_writes.items():
+                hit = next((q for q in sorted(reads) if _same_state(path, q)), None)
+                if hit is not None:
+                    via = f" (through '{name}')" if name != path else ""
+                    raise NoBranch(
+                        f"line {f.first_line}: the side branch writes module state '{path}'{via}, which the main "
+                        f"path reads between the fork and the join (line {g.first_line}: '{hit}')"
+                    )
+
     def _side_writes(
         self,
         whole: list[StatementFacts],
@@ -1120,10 +1157,45 @@ class _Search:
         return None, unseen_hits
 
 
-def _random_draws(node: cst.CSTNode, scope: Scope, skip: tuple[cst.Call, ...] = ()) -> tuple[list[str], list[str]]:
-    """(the calls in `node` that draw random numbers, the callees not seen into that may), outside
+@dataclass(frozen=True)
+class _OrderedWork:
+    """Work whose order against the main path's own is part of the result: random draws, whose
+    order decides every value drawn after them, or collectives, whose order on a communicator
+    every rank must agree on."""
+
+    verb: str  # "draws random numbers"
+    nouns: str  # "the draws"
+    may: str  # what a callee msrewrite cannot see into may do
+    both: str  # what moving the side work does when both paths hold it
+    unseen: str  # the same when one path reaches a callee msrewrite cannot see into
+    holds: Callable[[CallEffect], bool]
+
+
+RNG = _OrderedWork(
+    "draws random numbers",
+    "the draws",
+    "may draw too",
+    "on a side stream the order of the draws changes, and with it every random value in train mode",
+    "their order may change in train mode",
+    lambda effect: effect.rng,
+)
+COLLECTIVES = _OrderedWork(
+    "runs a collective",
+    "the collectives",
+    "may run one too",
+    "on two streams nothing fixes their order any more (a graph compiler or a second communicator may "
+    "run either first), and ranks that disagree on it hang",
+    "their order may change, and ranks that disagree on it hang",
+    lambda effect: effect.collective,
+)
+
+
+def _ordered_calls(
+    node: cst.CSTNode, scope: Scope, kind: _OrderedWork, skip: tuple[cst.Call, ...] = ()
+) -> tuple[list[str], list[str]]:
+    """(the calls in `node` that do `kind`'s work, the callees not seen into that may), outside
     the calls in `skip` (hoisted side calls inside a join statement)."""
-    draws: list[str] = []
+    found: list[str] = []
     unseen: list[str] = []
 
     class _Calls(Visitor):
@@ -1131,8 +1203,8 @@ def _random_draws(node: cst.CSTNode, scope: Scope, skip: tuple[cst.Call, ...] = 
             if any(call is s for s in skip):
                 return False
             effect = scope.effect_of(call)
-            if effect.rng:
-                draws.append(source(call.func))
+            if kind.holds(effect):
+                found.append(source(call.func))
             unseen.extend(u for u in effect.unknown if u not in unseen)
             return True
 
@@ -1143,71 +1215,144 @@ def _random_draws(node: cst.CSTNode, scope: Scope, skip: tuple[cst.Call, ...] = 
             return False
 
     node.visit(_Calls())
-    return list(dict.fromkeys(draws)), unseen
+    return list(dict.fromkeys(found)), unseen
 
 
 def _few(names: list[str]) -> str:
     return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
-def _rng_reorder(
-    facts, whole, hoists, start: int, join: int, side_idx: set[int], scope: Scope, main_hoists: bool = False
-) -> str:
-    """Why the side work's random draws change order against the main path's, or "".
+def _reordered(
+    kind: _OrderedWork,
+    facts,
+    whole,
+    hoists,
+    start: int,
+    join: int,
+    side_idx: set[int],
+    scope: Scope,
+    main_hoists: bool = False,
+) -> tuple[str, str]:
+    """(Why the side work's `kind` of work changes order against the main path's, or "";
+    the callee not seen into that the reason rests on, or "").
 
     The side work is issued at the fork, and a device (a graph compiler too) may run it anywhere
-    up to the join: when the side work draws and so do the main statements of that window (from
-    the fork, or from the side's own place if that is earlier, to the join; with hoisted calls,
-    the rest of the join statement too), the draws may come in another order, and every random
-    value after the first moved draw changes in train mode. A callee msrewrite cannot see into
-    may draw too. Dropout with p=0, or used only in eval, cannot be told apart here: it counts."""
-    side_draws: list[str] = []
+    up to the join: when the side work holds such work and so do the main statements of that
+    window (from the fork, or from the side's own place if that is earlier, to the join; with
+    hoisted calls, the rest of the join statement too), it may come in another order. A callee
+    msrewrite cannot see into may hold it too. Dropout with p=0, or used only in eval, cannot be
+    told apart here: it counts."""
+    side_found: list[str] = []
     side_unseen: list[str] = []
     side_line = 0
-    for f in whole:
-        draws, unseen = _random_draws(f.node, scope)
-        side_line = side_line or (f.first_line if draws else 0)
-        side_draws += [d for d in draws if d not in side_draws]
+    for line, node in [*((f.first_line, f.node) for f in whole), *((h.first_line, h.call) for h in hoists)]:
+        found, unseen = _ordered_calls(node, scope, kind)
+        side_line = side_line or (line if found else 0)
+        side_found += [d for d in found if d not in side_found]
         side_unseen += [u for u in unseen if u not in side_unseen]
-    for h in hoists:
-        draws, unseen = _random_draws(h.call, scope)
-        side_line = side_line or (h.first_line if draws else 0)
-        side_draws += [d for d in draws if d not in side_draws]
-        side_unseen += [u for u in unseen if u not in side_unseen]
-    if not side_draws and not side_unseen:
-        return ""  # the common case: nothing on the side can draw
+    if not side_found and not side_unseen:
+        return "", ""  # the common case: nothing on the side holds such work
     main: list[tuple[int, list[str], list[str]]] = []
     for f in facts[start:join]:
         if f.index not in side_idx:
-            main.append((f.first_line, *_random_draws(f.node, scope)))
+            main.append((f.first_line, *_ordered_calls(f.node, scope, kind)))
     if hoists or main_hoists:  # the rest of the join statement (main calls hoisted out of it too)
-        main.append(
-            (
-                facts[join].first_line,
-                *_random_draws(facts[join].node, scope, tuple(c for h in hoists for c in (h.call, *h.also))),
-            )
-        )
-    main_draw = next(((line, draws) for line, draws, _ in main if draws), None)
+        skip = tuple(c for h in hoists for c in (h.call, *h.also))
+        main.append((facts[join].first_line, *_ordered_calls(facts[join].node, scope, kind, skip)))
+    main_found = next(((line, found) for line, found, _ in main if found), None)
     main_unseen = next(((line, unseen) for line, _, unseen in main if unseen), None)
-    if side_draws and main_draw is not None:
+    if side_found and main_found is not None:
         return (
-            f"the side branch draws random numbers (line {side_line}: {_few(side_draws)}) and so does the main "
-            f"path between the fork and the join (line {main_draw[0]}: {_few(main_draw[1])}): on a side "
-            "stream the order of the draws changes, and with it every random value in train mode"
-        )
-    if side_draws and main_unseen is not None:
+            f"the side branch {kind.verb} (line {side_line}: {_few(side_found)}) and so does the main "
+            f"path between the fork and the join (line {main_found[0]}: {_few(main_found[1])}): {kind.both}"
+        ), ""
+    if side_found and main_unseen is not None:
         return (
-            f"the side branch draws random numbers (line {side_line}: {_few(side_draws)}) and the main path "
+            f"the side branch {kind.verb} (line {side_line}: {_few(side_found)}) and the main path "
             f"between the fork and the join calls {main_unseen[1][0]} (line {main_unseen[0]}), which msrewrite "
-            "cannot see into and which may draw too: their order may change in train mode"
-        )
-    if main_draw is not None and side_unseen:
+            f"cannot see into and which {kind.may}: {kind.unseen}"
+        ), main_unseen[1][0]
+    if main_found is not None and side_unseen:
         return (
-            f"the main path draws random numbers between the fork and the join (line {main_draw[0]}: "
-            f"{_few(main_draw[1])}) and the side branch calls {side_unseen[0]}, which msrewrite cannot "
-            "see into and which may draw too: their order may change in train mode"
-        )
-    return ""
+            f"the main path {kind.verb} between the fork and the join (line {main_found[0]}: "
+            f"{_few(main_found[1])}) and the side branch calls {side_unseen[0]}, which msrewrite cannot "
+            f"see into and which {kind.may}: {kind.unseen}"
+        ), side_unseen[0]
+    return "", ""
+
+
+def _state_key(path: str) -> str:
+    """Module state at the grain storage tracks it: `self.experts` for `self.experts.w1.weight`."""
+    return ".".join(path.split(".")[:2])
+
+
+def _same_state(a: str, b: str) -> bool:
+    return a == b or "self" in (a, b)
+
+
+def _state_read(node: cst.CSTNode, scope: Scope) -> set[str]:
+    """The module state a statement (or call) reads: each `self.<attr>` it names, and all of
+    `self` where it calls one of the class's own methods or hands `self` on (what those read is
+    not tracked)."""
+    found: set[str] = set()
+    attrs = scope.state_attrs
+
+    class _Reads(Visitor):
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            root: cst.BaseExpression = node
+            while isinstance(root, (cst.Attribute, cst.Subscript)):
+                root = root.value
+            if not (isinstance(root, cst.Name) and root.value == "self"):
+                return True
+            chain = dotted_name(node)
+            if chain is None:
+                return True  # self.experts[i].w: the inner self.experts is found below
+            found.add(_state_key(chain))
+            return False
+
+        def visit_Call(self, call: cst.Call) -> None:
+            func = call.func
+            if (
+                isinstance(func, cst.Attribute)
+                and isinstance(func.value, cst.Name)
+                and func.value.value == "self"
+                and (attrs is None or func.attr.value not in attrs)
+            ):
+                found.add("self")  # self.helper(...): a method
+            if any(isinstance(a.value, cst.Name) and a.value.value == "self" for a in call.args):
+                found.add("self")
+
+        def visit_FunctionDef(self, _n: cst.FunctionDef) -> bool:
+            return False
+
+    node.visit(_Reads())
+    return found
+
+
+def _state_written(f: StatementFacts, storage: Storage) -> dict[str, str]:
+    """Module state `f` writes: `self.<attr>` -> the name it writes it through (itself, a view of
+    it, or `self` handed to a callee that writes it); rebinding `self.<attr>` counts too."""
+    out: dict[str, str] = {}
+    for name in sorted(f.mutates):
+        if name == "self" or name.startswith("self."):
+            out.setdefault(_state_key(name), name)
+        for kind, *rest in storage._around(name, f.index):
+            held = rest[-1] if kind in ("free", "param") else ""
+            if held == "self" or held.startswith("self."):
+                out.setdefault(_state_key(held), name)
+    for name in sorted(f.self_stores):
+        out.setdefault(_state_key(name), name)
+    return out
+
+
+def _check_order(*window) -> str:
+    """Refuses side work whose collectives change order against the main path's; returns why its
+    random draws do, or "" (the reviewer may allow that: --allow-rng-reorder)."""
+    collectives, unseen = _reordered(COLLECTIVES, *window)
+    if collectives:
+        vouch = f", or pass {_vouch_options([unseen])} if it runs none" if unseen else ""
+        raise NoBranch(f"{collectives}; msrewrite keeps collectives in the program's order{vouch}")
+    return _reordered(RNG, *window)[0]
 
 
 def _side_only_if(f: StatementFacts, func: cst.FunctionDef, facts: list[StatementFacts]) -> bool:

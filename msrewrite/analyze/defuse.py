@@ -90,6 +90,9 @@ class Scope:
     resolver: CallResolver | None = None
     closures: dict[str, StatementFacts] = field(default_factory=dict)  # nested def -> its effects
     modules: dict[str, str] = field(default_factory=dict)  # local name -> "self.experts[]"
+    # `self.<attr>` names the class's `__init__` assigns (submodules, tensors, config); None when
+    # there is no class: `self.<other>(...)` is then a method, whose reads of module state are unseen
+    state_attrs: frozenset[str] | None = None
 
     def effect_of(self, call: cst.Call) -> CallEffect:
         known = torch_call_effect(call)

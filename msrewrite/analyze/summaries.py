@@ -402,7 +402,8 @@ class ModuleSummaries:
         owner: tuple[ModuleSummaries, str] | None = (self, cls) if cls is not None else None
         if owner is None and function in self.patched:
             owner = self.find_class(self.patched[function])
-        return Scope(resolver=lambda call, scope: self.resolve(call, scope, owner))
+        attrs = frozenset(owner[0].attribute_values(owner[1])) if owner is not None else None
+        return Scope(resolver=lambda call, scope: self.resolve(call, scope, owner), state_attrs=attrs)
 
     # resolution ----------------------------------------------------------------------------
     def _vouched(self, *names: str) -> bool:
@@ -581,12 +582,15 @@ class ModuleSummaries:
         if element:
             return _unknown(call, f"{label} (indexed {leaf}, not visible to msrewrite)")
         if rest and "." not in rest and _makes_tensor(ctor):
-            # self.weight.float(), self.bias.squeeze(0): a tensor method on module state
-            as_method = call.with_changes(func=cst.Attribute(value=cst.Name("_ms_state"), attr=cst.Name(rest)))
-            known = torch_call_effect(as_method)
+            # self.weight.float(), self.bias.squeeze(0): a tensor method on module state, looked up
+            # on a stand-in receiver (the table knows tensor methods by name, not `self.` chains),
+            # whose writes and aliases are then the state's own
+            state = cst.Name(_STATE_RECEIVER)
+            known = torch_call_effect(call.with_changes(func=cst.Attribute(value=state, attr=cst.Name(rest))))
             if known is not None:
-                known.writes = [w for w in known.writes if not _is_name(w, "_ms_state")]
-                known.returns = [r for r in known.returns if not _is_name(r, "_ms_state")]
+                receiver = call.func.value if isinstance(call.func, cst.Attribute) else call.func
+                known.writes = [receiver if _is_name(w, _STATE_RECEIVER) else w for w in known.writes]
+                known.returns = [receiver if _is_name(r, _STATE_RECEIVER) else r for r in known.returns]
                 return known
         if self._vouched(leaf, ctor):
             return _vouched_effect(call)
@@ -795,6 +799,10 @@ def _is_record(node: cst.ClassDef) -> bool:
     }
     bases = {(dotted_name(b.value) or "").split(".")[-1] for b in node.bases}
     return "dataclass" in decorators or bool(bases & {"NamedTuple", "TypedDict"})
+
+
+# a name no table knows as a module (`torch`, `dist`) or as msrewrite's own `_ms_` helpers
+_STATE_RECEIVER = "module_state_tensor"
 
 
 def _is_name(node: cst.BaseExpression, name: str) -> bool:

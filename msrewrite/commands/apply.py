@@ -178,6 +178,11 @@ def trust_lines(plan: OverlapPlan | MicrobatchPlan) -> list[str]:
     """What the edit takes on trust, and what protecting it costs: printed with every edit."""
     seen = ", ".join(plan.trust_boundary) if plan.trust_boundary else "none: every callee was seen into"
     lines = [f"trust boundary (callees not seen into): {seen}"]
+    if plan.trust_boundary and isinstance(plan, OverlapPlan):  # what the order checks cannot see either
+        lines.append(
+            "assumed of them, not checked: they run no stream code of their own, and no two of them on either "
+            "side of the fork both run collectives or both draw random numbers"
+        )
     if isinstance(plan, MicrobatchPlan):  # what no analysis of the source can show
         lines.append(
             "assumed, not checked: every layer treats the sequences of dim 0 independently (no batch "

@@ -19,6 +19,23 @@ class OpRecord:
     file: str
     line: int
     module_path: str | None  # dotted path from the outermost running module ("" for the root)
+    group: str = ""  # a collective's process group (its name), where the op is one
+
+
+def _group_of(name: str, args) -> str:
+    """The process group a torch.distributed op runs on: c10d ops carry the group as a boxed
+    object, functional collectives by its name (their last string argument)."""
+    if name.startswith("c10d."):
+        import torch.distributed as dist
+
+        boxed = next((a for a in args if isinstance(a, torch.ScriptObject)), None)
+        try:
+            return dist.ProcessGroup.unbox(boxed).group_name if boxed is not None else ""
+        except (RuntimeError, TypeError):  # a boxed object that is not a group
+            return ""
+    if name.startswith("_c10d_functional."):
+        return next((a for a in reversed(args) if isinstance(a, str)), "")
+    return ""
 
 
 class ModuleStack:
@@ -76,7 +93,9 @@ class RecordOpsMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         file, line = location(user_frame(sys._getframe(1)))
+        name = str(func)
+        group = _group_of(name, args) if name.startswith(("c10d.", "_c10d_functional.")) else ""
         self.ops.append(
-            OpRecord(str(func), self.runtime.current_stream().name, file, line, self.modules.current_path())
+            OpRecord(name, self.runtime.current_stream().name, file, line, self.modules.current_path(), group)
         )
         return func(*args, **(kwargs or {}))

@@ -1,0 +1,178 @@
+"""Module state (`self.<attr>` tensors) around a side branch.
+
+A tensor method on module state (`self.scale.float()`, `self.bias.view(-1)`) takes its effect from
+the tensor-method table, with the state as its receiver: it is not stream code (it once read as
+msrewrite's own `_ms_` helpers, which kept a side-only `if` from moving whole), and what it returns
+aliases the state. Module state one side of the fork writes and the other reads or writes (by
+name, through a view, or inside one of the class's methods) is refused: on a device the side
+stream may run before or after the write. Each refusal has an edited twin that verifies clean,
+and verify catches the refused race when it is forced."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from msrewrite.analyze.summaries import ModuleSummaries
+from msrewrite.commands.apply import case_steps
+from msrewrite.errors import NothingToDo
+from msrewrite.load import load
+from msrewrite.plan import FlagSpec
+from msrewrite.verify import verify_files
+
+FLAG = FlagSpec(kind="env", name="ENABLE_MOE_SHARED_EXPERT_STREAM")
+
+MODEL = """import torch
+from torch import nn
+
+
+class MoE(nn.Module):
+    def __init__(self, d=16):
+        super().__init__()
+        self.gate = nn.Linear(d, 4)
+        self.experts = nn.Linear(d, d)
+        self.shared_experts = nn.Linear(d, d)
+        self.dense_mlp = nn.Linear(d, d)
+        self.use_shared = False
+        self.scale = nn.Parameter(torch.full((d,), 0.5))
+
+    def forward(self, hidden_states):
+        if self.use_shared:
+            shared = self.shared_experts(hidden_states)
+        else:
+{else_branch}
+        logits = self.gate(hidden_states)
+        routed = self.experts(hidden_states) * logits.softmax(-1)[..., :1] * self.scale
+        return routed + shared
+
+
+def make():
+    torch.manual_seed(0)
+    return MoE().eval(), (torch.randn(2, 16),)
+"""
+# the `else` reads module state: the whole `if` is side work and moves
+SAFE = "            shared = self.dense_mlp(hidden_states) * self.scale.float()\n"
+
+
+def _edit(tmp_path: Path, name: str, text: str):
+    path = tmp_path / f"{name}.py"
+    path.write_text(text)
+    src = load(path)
+    step = case_steps(path, src.text, src.module, "moe-shared-expert", "eager", None, FLAG, None)[-1]
+    return path, step
+
+
+def test_a_tensor_method_on_module_state_is_not_stream_code():
+    module = cst.parse_module(MODEL.replace("{else_branch}\n", SAFE))
+    scope = ModuleSummaries(module).scope_for("MoE", "forward")
+    effect = scope.effect_of(cst.parse_expression("self.scale.float()"))
+    assert not effect.stream and not effect.unknown and not effect.writes
+    view = scope.effect_of(cst.parse_expression("self.scale.view(-1)"))
+    assert [cst.Module(body=[]).code_for_node(r) for r in view.returns] == ["self.scale"]
+
+
+def test_the_whole_if_moves_when_its_else_only_reads_module_state(tmp_path):
+    _, step = _edit(tmp_path, "safe", MODEL.replace("{else_branch}\n", SAFE))
+    assert step.plans[0].side_lines == [[16, 19]], step.plans[0].side_lines
+
+
+@pytest.mark.slow  # runs the model through verify
+def test_the_whole_if_edit_verifies_clean(tmp_path):
+    path, step = _edit(tmp_path, "safe", MODEL.replace("{else_branch}\n", SAFE))
+    edited = tmp_path / "safe_ms.py"
+    edited.write_text(step.new)
+    result = verify_files(edited, original=path, inputs=0)
+    assert result.ok, result.problems
+
+
+# Module state between the fork and the join: the side work reads `self.<attr>` by name, not
+# through an input, so a main-path write to it is checked by attribute.
+STATE = """import torch
+from torch import nn
+
+
+class MoE(nn.Module):
+    def __init__(self, d=16):
+        super().__init__()
+        self.experts = nn.Linear(d, d)
+        self.shared_experts = nn.Linear(d, d)
+        self.scale = nn.Buffer(torch.full((d,), 0.5))
+        self.calls = nn.Buffer(torch.zeros(()))
+
+    def _routed(self, hidden_states):
+        return self.experts(hidden_states) * self.scale
+
+    def forward(self, hidden_states):
+{body}        return routed + shared
+
+
+def make():
+    torch.manual_seed(0)
+    return MoE().eval(), (torch.randn(2, 16),)
+"""
+# name -> (forward body up to the return, what the refusal says)
+STATE_REFUSED = {
+    "main-writes-what-the-side-reads": (
+        "        shared = self.shared_experts(hidden_states) * self.scale\n"
+        "        routed = self.experts(hidden_states)\n"
+        "        self.scale.mul_(1.5)\n",
+        "line 19 writes module state 'self.scale' while the side stream reads it",
+    ),
+    "main-writes-it-through-a-view": (
+        "        shared = self.shared_experts(hidden_states) * self.scale\n"
+        "        routed = self.experts(hidden_states)\n"
+        "        view = self.scale.view(-1)\n"
+        "        view.mul_(1.5)\n",
+        "line 20 writes module state 'self.scale' (through 'view') while the side stream reads it",
+    ),
+    "side-writes-what-the-main-path-reads": (
+        "        shared = self.shared_experts(hidden_states) * self.scale.mul_(1.0)\n"
+        "        routed = self.experts(hidden_states) * self.scale\n",
+        "the side branch writes module state 'self.scale'",
+    ),
+    # what a method of the class reads is not tracked: all of `self`
+    "main-writes-what-a-side-method-reads": (
+        "        shared = self.shared_experts(hidden_states) + self._routed(hidden_states)\n"
+        "        routed = self.experts(hidden_states)\n"
+        "        self.scale.mul_(1.5)\n",
+        "line 19 writes module state 'self.scale' while the side stream reads 'self'",
+    ),
+}
+# the main path writes state the side work never reads: edited
+STATE_EDITED = (
+    "        shared = self.shared_experts(hidden_states) * self.scale\n"
+    "        routed = self.experts(hidden_states)\n"
+    "        self.calls.add_(1)\n"
+)
+
+
+@pytest.mark.parametrize("name", list(STATE_REFUSED))
+def test_module_state_written_on_one_side_and_used_on_the_other_is_refused(tmp_path, name):
+    body, reason = STATE_REFUSED[name]
+    with pytest.raises(NothingToDo) as refused:
+        _edit(tmp_path, name.replace("-", "_"), STATE.replace("{body}", body))
+    assert reason in str(refused.value), str(refused.value)
+
+
+def test_module_state_the_side_never_reads_may_be_written(tmp_path):
+    _, step = _edit(tmp_path, "other_state", STATE.replace("{body}", STATE_EDITED))
+    assert step.plans[0].side_lines == [[17, 17]]
+
+
+@pytest.mark.slow  # runs the model through verify
+def test_verify_agrees_on_both(tmp_path):
+    """The edit verifies clean; the same edit with the main path writing the state the side
+    reads is the race the analysis refuses, and verify reports it."""
+    path, step = _edit(tmp_path, "other_state", STATE.replace("{body}", STATE_EDITED))
+    edited = tmp_path / "other_state_ms.py"
+    edited.write_text(step.new)
+    assert verify_files(edited, original=path, inputs=0).ok
+    racy = tmp_path / "racy.py"
+    racy.write_text(path.read_text().replace("self.calls.add_(1)", "self.scale.mul_(1.5)"))
+    racy_edit = tmp_path / "racy_ms.py"
+    racy_edit.write_text(step.new.replace("self.calls.add_(1)", "self.scale.mul_(1.5)"))
+    result = verify_files(racy_edit, original=racy, inputs=0)
+    assert not result.ok
+    assert any("race" in p for p in result.problems), result.problems
