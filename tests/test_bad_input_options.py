@@ -18,15 +18,13 @@ import copy
 import dataclasses
 import hashlib
 import json
-import os
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from helpers import EXAMPLES, ROOT, run_cli
+from helpers import EXAMPLES, ROOT, run_main
 from msrewrite import validate
 from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement, StartGate, load_plans
 
@@ -518,19 +516,21 @@ def snapshot(folder: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory):
+    """Every row through the CLI's main() in this process (a row that runs user code is forked
+    from the fork server): the exit code and both streams a subprocess would give, without a
+    Python and torch start-up per row."""
+
     def run(row: Row):
         folder = tmp_path_factory.mktemp(row.id)
         make_files(folder)
         before = snapshot(folder)
-        result = run_cli(*[_fill(a, folder) for a in row.args], cwd=folder)
+        result = run_main(*[_fill(a, folder) for a in row.args], cwd=folder)
         return result, before, snapshot(folder)
 
-    tmp_path_factory.getbasetemp()  # made on first use: not by several threads at once (under xdist it is not there yet)
-    with ThreadPoolExecutor(max_workers=max(2, min(8, 2 * (os.cpu_count() or 1)))) as pool:
-        return dict(zip((r.id for r in ROWS), pool.map(run, ROWS), strict=True))
+    return {row.id: run(row) for row in ROWS}
 
 
-@pytest.mark.slow  # the CLI in subprocesses
+@pytest.mark.slow  # a row may run user code (verify) in a forked child
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
 def test_bad_option_or_plan(outcomes, row):
     result, before, after = outcomes[row.id]
