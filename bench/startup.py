@@ -18,13 +18,19 @@ With --instructions, each side runs once more under valgrind (cachegrind, no cac
 and the ratio of instructions executed is reported too: machine load does not move it, so it is
 the figure to compare across commits on a shared machine (each run takes about 30 s). Usage:
 
-    python bench/startup.py [--pairs 9 | 0] [--file F] [--only apply|suggest|cases] [--instructions] [--json OUT]
+    python bench/startup.py [--pairs 9 | 0] [--pin CPU] [--file F] [--only apply|suggest|cases] [--instructions] [--json OUT]
+
+Each timed figure is the median of the per-pair ratios with a distribution-free 95% interval;
+a target counts as met only when the interval's upper end is within it. `--pin CPU` runs every
+timed process on one CPU, away from the scheduler moving it (pick one the machine's other work
+is not bound to).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import resource
@@ -51,11 +57,12 @@ def default_file() -> Path:
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
-def timed(argv: list[str], expect: tuple[int, ...]) -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of one run of argv."""
+def timed(argv: list[str], expect: tuple[int, ...], cpu: int | None = None) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one run of argv; on CPU `cpu` alone when given."""
+    pin = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=ENV)
+    done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=ENV, preexec_fn=pin)
     elapsed = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode not in expect:
@@ -63,21 +70,45 @@ def timed(argv: list[str], expect: tuple[int, ...]) -> tuple[float, float]:
     return elapsed, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def paired(tool: list[str], bare: list[str], pairs: int, expect: tuple[int, ...] = (0,)) -> dict:
-    timed(tool, expect), timed(bare, (0,))  # warm the page cache
+def median_interval(values: list[float]) -> tuple[float, float]:
+    """A distribution-free 95% confidence interval for the median: the order statistics whose
+    ranks bound it with probability >= 0.95 under the binomial(n, 1/2) law (the whole range
+    when n is too small for that)."""
+    ordered, n = sorted(values), len(values)
+    below = 0.0
+    for k in range(n // 2):
+        below += math.comb(n, k) / 2**n  # P(fewer than k+1 values below the median)
+        if 2 * (below + math.comb(n, k + 1) / 2**n) > 0.05:
+            return ordered[k], ordered[n - 1 - k]
+    return ordered[0], ordered[-1]
+
+
+def paired(
+    tool: list[str], bare: list[str], pairs: int, expect: tuple[int, ...] = (0,), cpu: int | None = None
+) -> dict:
+    """Alternating pairs. The figure is the median of the per-pair ratios (both runs of a pair see
+    the same load), with its 95% interval; the ratio of the fastest runs is given too (load only
+    ever adds time, so the minimum is the least disturbed run of each side)."""
+    timed(tool, expect, cpu), timed(bare, (0,), cpu)  # warm the page cache
     tool_s, bare_s = [], []
     for k in range(pairs):
         if k % 2:
-            bare_s.append(timed(bare, (0,)))
-            tool_s.append(timed(tool, expect))
+            bare_s.append(timed(bare, (0,), cpu))
+            tool_s.append(timed(tool, expect, cpu))
         else:
-            tool_s.append(timed(tool, expect))
-            bare_s.append(timed(bare, (0,)))
-    result: dict[str, Any] = {"pairs": pairs}
+            tool_s.append(timed(tool, expect, cpu))
+            bare_s.append(timed(bare, (0,), cpu))
+    result: dict[str, Any] = {"pairs": pairs, "cpu_pinned": cpu}
     for k, what in enumerate(("wall", "cpu")):
-        tool_m = statistics.median(t[k] for t in tool_s)
-        bare_m = statistics.median(t[k] for t in bare_s)
-        result[what] = {"tool_s": round(tool_m, 4), "bare_s": round(bare_m, 4), "ratio": round(tool_m / bare_m, 3)}
+        ratios = [t[k] / b[k] for t, b in zip(tool_s, bare_s, strict=True)]
+        low, high = median_interval(ratios)
+        result[what] = {
+            "tool_s": round(statistics.median(t[k] for t in tool_s), 4),
+            "bare_s": round(statistics.median(b[k] for b in bare_s), 4),
+            "ratio": round(statistics.median(ratios), 3),
+            "ratio_95": [round(low, 3), round(high, 3)],
+            "ratio_of_fastest": round(min(t[k] for t in tool_s) / min(b[k] for b in bare_s), 3),
+        }
     return result
 
 
@@ -104,6 +135,9 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--only", choices=("apply", "suggest", "cases"), action="append")
     parser.add_argument("--instructions", action="store_true", help="also count instructions under valgrind")
+    parser.add_argument(
+        "--pin", type=int, default=None, metavar="CPU", help="run every timed process on this CPU alone"
+    )
     args = parser.parse_args()
     if args.instructions and shutil.which("valgrind") is None:
         raise SystemExit("bench/startup.py: --instructions needs valgrind on PATH")
@@ -131,13 +165,16 @@ def main() -> int:
             continue
         result: dict = {"target": target}
         if args.pairs:
-            result.update(paired(tool, bare, args.pairs, expect))
-            wall, cpu = result["wall"], result["cpu"]
-            verdict = "" if target is None else (" ok" if wall["ratio"] <= target else f" OVER {target}x")
-            print(
-                f"{name:8} wall {wall['tool_s']:.3f} s vs {wall['bare_s']:.3f} s bare: {wall['ratio']:.2f}x{verdict};"
-                f" cpu {cpu['tool_s']:.3f} s vs {cpu['bare_s']:.3f} s: {cpu['ratio']:.2f}x (medians of {args.pairs} pairs)"
-            )
+            result.update(paired(tool, bare, args.pairs, expect, args.pin))
+            for what in ("wall", "cpu"):
+                fig = result[what]
+                low, high = fig["ratio_95"]
+                verdict = "" if target is None else (" ok" if high <= target else f" not shown <= {target}x")
+                print(
+                    f"{name:8} {what:4} {fig['tool_s']:.3f} s vs {fig['bare_s']:.3f} s bare: {fig['ratio']:.3f}x "
+                    f"(95% {low:.3f}-{high:.3f}x{verdict}; fastest runs {fig['ratio_of_fastest']:.3f}x; "
+                    f"{args.pairs} pairs{'' if args.pin is None else f', CPU {args.pin}'})"
+                )
         if args.instructions:
             timed(tool, expect)  # bytecode caches written before the count
             tool_i, bare_i = instructions(tool, expect), instructions(bare, (0,))
