@@ -27,9 +27,10 @@ from __future__ import annotations
 import types
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from msrewrite.records import record
 
 if TYPE_CHECKING:
     import argparse
@@ -41,7 +42,7 @@ class UsageError(Exception):
     """Bad command line: printed as one `msrewrite: error: ...` line, exit 2."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Param:
     """One option or argument of a command, declared as typer's Option / Argument would be."""
 

@@ -15,9 +15,8 @@ Device totals (per die, as torch_npu sees one device):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from msrewrite.errors import BadInput
+from msrewrite.records import record
 
 DEVICE_CORES = {"a2": (20, 40), "a3": (24, 48)}
 PRESETS = {
@@ -27,7 +26,7 @@ PRESETS = {
 }
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CoreBudget:
     side_aicore: int
     side_vector: int

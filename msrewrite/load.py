@@ -6,13 +6,13 @@ import os
 import re
 import stat
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import libcst as cst
 
 from msrewrite.errors import BadInput, EmptyFile
+from msrewrite.records import record
 
 # Largest file read, in bytes (apply/suggest/verify --max-bytes). The biggest transformers
 # modeling file is about 0.3 MB; this only stops a runaway input (a log, a dump, /dev/zero).
@@ -39,7 +39,7 @@ def set_max_bytes(limit: int | None) -> None:
     max_bytes = limit
 
 
-@dataclass
+@record
 class SourceFile:
     """A loaded model file: its text as parsed, its libcst module, and what writing it back needs."""
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, ClassVar
 
 from msrewrite import validate
+from msrewrite.records import record
 
 MODES = ("eager", "npugraph-ex", "ge-graph", "cuda")
 FLAG_KINDS = ("env", "attr", "sglang", "vllm-ascend")
@@ -29,7 +30,7 @@ MAX_PLAN_ERRORS = 3  # shown in the one error line; the rest are counted
 PLAN_FILE_STREAM_TAG = "shared_expert"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class FlagSpec:
     """How the overlap is switched on and off.
 
@@ -84,7 +85,7 @@ class FlagSpec:
         return text
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SideStatement:
     """One statement of the side branch.
 
@@ -123,7 +124,7 @@ class SideStatement:
             raise ValueError(f"side phase must be a phase number >= 0, got {validate.shown(self.phase)}")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class StartGate:
     """Start the side work on `tensor` only after `anchor` (a main-stream value) exists.
 
@@ -140,7 +141,7 @@ class StartGate:
         validate.identifier(self.anchor, "start gate anchor")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class OverlapPlan:
     """Move `side` onto a secondary stream, forking before `fork_line` and joining before `join_line`."""
 
@@ -397,7 +398,7 @@ def microbatch_flag_error(flag: FlagSpec) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SourceSpan:
     """One statement of the file, by its lines and its text (matched against the file, never pasted)."""
 
@@ -414,7 +415,7 @@ class SourceSpan:
             raise ValueError(f"statement source must be text, got {validate.shown(self.source)}")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class MicrobatchStage:
     """Consecutive statements of the layer's forward: compute (main stream) or comm (comm stream)."""
 
@@ -427,7 +428,7 @@ class MicrobatchStage:
             raise ValueError("a stage needs at least one statement")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class MicrobatchPlan:
     """Fork `function`'s layer loop (`loop`, over self.<layers> filled with `layer`'s class) into a
     `forward_microbatch` path: two micro-batches, each layer split into `stages` at its collectives,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -46,12 +46,13 @@ from msrewrite.analyze.guards import (
 from msrewrite.analyze.outline import unique_name
 from msrewrite.analyze.summaries import Storage, unseen_writers
 from msrewrite.analyze.walk import Visitor, walk
+from msrewrite.records import record
 
 if TYPE_CHECKING:
     from msrewrite.analyze.torch_effects import CallEffect
 
 
-@dataclass
+@record
 class Hoist:
     """A side call lifted out of the join statement into a temporary of its own (`temp`)."""
 
@@ -64,7 +65,7 @@ class Hoist:
     also: tuple[cst.Call, ...] = ()
 
 
-@dataclass
+@record
 class SideBranch:
     """The side work of a function: the statements and hoisted calls that move, and where they fork and join."""
 
@@ -1157,7 +1158,7 @@ class _Search:
         return None, unseen_hits
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class _OrderedWork:
     """Work whose order against the main path's own is part of the result: random draws, whose
     order decides every value drawn after them, or collectives, whose order on a communicator

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Set
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import libcst as cst
@@ -24,9 +24,10 @@ from libcst.metadata import CodeRange
 
 from msrewrite.analyze.torch_effects import METADATA_ATTRS, CallEffect, dotted, torch_call_effect
 from msrewrite.analyze.walk import Visitor
+from msrewrite.records import record
 
 
-@dataclass
+@record
 class StatementFacts:
     """What one top-level statement of a function reads, binds and writes, and the calls it makes."""
 
@@ -82,7 +83,7 @@ def _root_name(node: cst.BaseExpression) -> str | None:
 CallResolver = Callable[[cst.Call, "Scope"], CallEffect]
 
 
-@dataclass
+@record
 class Scope:
     """What the statements of one function share: local closures and the submodules behind
     loop variables (`for expert in self.experts`)."""

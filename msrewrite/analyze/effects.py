@@ -23,7 +23,7 @@ is refused, naming it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import libcst as cst
 from libcst.metadata import CodeRange
@@ -31,6 +31,7 @@ from libcst.metadata import CodeRange
 from msrewrite.analyze.branch import NoBranch, SideBranch
 from msrewrite.analyze.defuse import StatementFacts, all_calls, is_docstring, statement_facts
 from msrewrite.analyze.walk import Visitor
+from msrewrite.records import record
 
 INPLACE_WRITES = frozenset({"copy_", "index_copy_", "index_put_", "scatter_", "fill_", "zero_", "add_", "mul_"})
 
@@ -47,7 +48,7 @@ def buffer_path(node: cst.BaseExpression) -> str | None:
     return None
 
 
-@dataclass
+@record
 class BufferUse:
     reads: set[str] = field(default_factory=set)
     writes: set[str] = field(default_factory=set)
@@ -278,7 +279,7 @@ def _copy_join(
 
 
 # Calls followed through the file's summaries ------------------------------------------------------
-@dataclass
+@record
 class CopyHelper:
     """What a followed method does to buffers, as paths rooted at its receiver and arguments once
     rebased to a call site (`self.host_kv` in OffloadCache.offload -> `cache.host_kv`)."""

@@ -24,13 +24,13 @@ reads is rebound or written in place between the fork and the `if`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import libcst as cst
 
 from msrewrite.analyze.defuse import StatementFacts, dotted_name
 from msrewrite.analyze.walk import Visitor
+from msrewrite.records import record
 
 _EMPTY = cst.Module(body=[])
 _SHAPE_ATTRS = frozenset({"shape", "ndim", "is_cuda", "device", "dtype"})
@@ -51,7 +51,7 @@ _NEGATED = {
 }
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Guard:
     """The `if` at top-level statement `index` runs the side branch in its `body` (or `orelse`)
     when `condition` (already negated for the `else:` branch) holds."""

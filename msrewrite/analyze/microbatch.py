@@ -18,7 +18,6 @@ when it is the plan the analysis makes (`check_microbatch_plan`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import libcst as cst
@@ -29,6 +28,7 @@ from msrewrite.analyze.positions import positions_for
 from msrewrite.analyze.walk import Visitor
 from msrewrite.errors import BadInput, NothingToDo
 from msrewrite.plan import FlagSpec, MicrobatchPlan, MicrobatchStage, SourceSpan, microbatch_flag_error
+from msrewrite.records import record
 
 
 class NotApplicable(NothingToDo):
@@ -79,7 +79,7 @@ def _indented(func: cst.FunctionDef) -> list[cst.BaseStatement]:
     return list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else []
 
 
-@dataclass
+@record
 class Stage:
     comm: bool
     statements: list[cst.BaseStatement]
@@ -274,7 +274,7 @@ def _attribute_stores(stmt: cst.CSTNode) -> set[tuple[str, str]]:
 
 
 # The model: its layer loop -----------------------------------------------------------------------
-@dataclass
+@record
 class LayerLoop:
     index: int  # body index of the `for` statement
     var: str  # the loop variable (`layer`)
@@ -381,7 +381,7 @@ def existing_attribute(cls: cst.ClassDef, name: str, what: str) -> str:
     return name
 
 
-@dataclass
+@record
 class Located:
     """The classes and functions a micro-batch edit touches, in a parsed module."""
 

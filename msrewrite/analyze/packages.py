@@ -18,9 +18,11 @@ modification time.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from msrewrite.records import record
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -103,7 +105,7 @@ def _walk(dotted: str, roots: tuple[str, ...]) -> Path | None:
     return None
 
 
-@dataclass
+@record
 class SourceIndex:
     """What a module defines and imports, from a fast `ast` pass; each definition is parsed with
     libcst only when a summary needs it (`definition`)."""

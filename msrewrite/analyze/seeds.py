@@ -17,7 +17,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import libcst as cst
 
@@ -25,6 +25,7 @@ from msrewrite.analyze.defuse import dotted_name, node_facts, self_callee
 from msrewrite.analyze.guards import assigned_self_attrs, source
 from msrewrite.analyze.positions import ast_calls, ast_nodes
 from msrewrite.analyze.walk import Visitor
+from msrewrite.records import record
 
 # a call that drives streams or events by hand: wait_stream, torch.cuda.stream, npu_stream_switch,
 # aux_stream(), current_stream, record_event / wait_event ...
@@ -89,7 +90,7 @@ def uses_api(calls: list[cst.Call], family: str) -> bool:
 
 
 # Helpers -------------------------------------------------------------------------------------------
-@dataclass
+@record
 class Helpers:
     """Helpers of one class (and the file's free functions) that do only side work."""
 

@@ -26,7 +26,7 @@ re-derived by the branch finder (plancheck.py) before it is printed.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 import libcst as cst
@@ -38,11 +38,12 @@ from msrewrite.analyze.digraph import DiGraph
 from msrewrite.analyze.positions import function_positions
 from msrewrite.analyze.summaries import ModuleSummaries, Storage
 from msrewrite.errors import BadInput
+from msrewrite.records import record
 
 _EMPTY = cst.Module(body=[])
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CallSite:
     """A `self.<sub>(...)` call inside a statement."""
 
@@ -56,7 +57,7 @@ class CallSite:
     node: cst.Call | None = field(default=None, compare=False, repr=False)  # for the branch finder
 
 
-@dataclass
+@record
 class Statement:
     """One top-level statement: a view of its StatementFacts (defuse.py) for suggest."""
 
@@ -81,7 +82,7 @@ class Statement:
         return f"L{self.first_line}" if self.first_line == self.last_line else f"L{self.first_line}-{self.last_line}"
 
 
-@dataclass
+@record
 class FunctionInfo:
     qualname: str  # "Class.method" or "function"
     params: tuple[str, ...]
@@ -194,7 +195,7 @@ def _storage_access(statements: list[Statement], params: tuple[str, ...]) -> tup
     return reads, writes
 
 
-@dataclass
+@record
 class ModuleInfo:
     path: Path
     functions: dict[str, FunctionInfo]

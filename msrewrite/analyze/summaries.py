@@ -23,7 +23,7 @@ arguments", and the summary names it so a refusal can say what msrewrite could n
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 import libcst as cst
@@ -32,13 +32,14 @@ from msrewrite.analyze import packages
 from msrewrite.analyze.defuse import Scope, StatementFacts, alias_roots, dotted_name, node_facts
 from msrewrite.analyze.torch_effects import CallEffect, nn_module_effect, positional, torch_call_effect
 from msrewrite.analyze.walk import Visitor
+from msrewrite.records import record
 
 # Activation lookups that hand out stateless, functional activations.
 ACTIVATION_TABLES = frozenset({"ACT2FN", "ACT2CLS"})
 ACTIVATION_FACTORIES = frozenset({"get_activation", "get_act_fn"})
 
 
-@dataclass
+@record
 class Summary:
     """Effects of calling one function with arguments bound to `params`."""
 
@@ -66,7 +67,7 @@ MAX_BYTES_READ = 3_000_000
 MAX_WRITERS = 1024
 
 
-@dataclass
+@record
 class _Reading:
     """Modules read for one analysis (shared by every ModuleSummaries it loads)."""
 

@@ -14,11 +14,12 @@ code; what stays unknown "may write its tensor arguments").
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import libcst as cst
 
 from msrewrite.analyze.torch_names import F_FUNCTIONS, NN_MODULES, TENSOR_METHODS, TORCH_FUNCTIONS
+from msrewrite.records import record
 
 # Tensor methods whose result may share storage with the receiver. Some only sometimes do
 # (`x.to(x.dtype)`, `x.contiguous()` on a contiguous tensor, `x.reshape(..)` when it can view):
@@ -302,7 +303,7 @@ def is_inplace_name(name: str) -> bool:
     return name.endswith("_") and not name.startswith("_") and name not in NOT_WRITES
 
 
-@dataclass
+@record
 class CallEffect:
     """What one call does: expressions it writes, expressions its result may alias, expressions a
     callee msrewrite cannot see into may write (with that callee's description), and the callees

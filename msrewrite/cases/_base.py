@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from msrewrite.cliargs import Option
 from msrewrite.errors import BadInput, NothingToDo
+from msrewrite.records import record
 
 if TYPE_CHECKING:
     from typing import dataclass_transform  # Python 3.11+; only type checkers read it
@@ -49,7 +50,7 @@ def describe_lines(branch: SideBranch) -> str:
     )
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class BranchSpec:
     """One side stream of a several-stream case: its side calls and its stream tag.
 
@@ -64,7 +65,7 @@ class BranchSpec:
     optional: bool = False  # absent in some models (int8 quantization): skipped, not an error
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CaseOption:
     """An apply option only some cases take: its name, the one line that refuses it elsewhere
     (`{case}` is the case's name), and its command-line parameters as cli.py declares options:
@@ -278,7 +279,7 @@ def own_options(case: str | None = None) -> tuple[CaseOption, ...]:
 CASE_OPTIONS = (START_AFTER, ANCHOR, CORES, SECOND_COMM_GROUP, ALLOW_RNG_REORDER, PROTECT, STREAM_TAG)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Invalid:
     """A snippet the case must refuse, and a substring of the reason it gives."""
 
@@ -286,7 +287,7 @@ class Invalid:
     reason: str
 
 
-@dataclass
+@record
 class Options:
     """The user's choices for one run of a case (mode, switch, stream tag, gates, effects options)."""
 
@@ -304,7 +305,7 @@ class Options:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@record
 class EditStep:
     """One reviewable step of an edit: one patch of a series."""
 

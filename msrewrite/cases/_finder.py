@@ -6,7 +6,6 @@ reason there is none. Case.find() calls it; prefill-microbatch has its own model
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,13 +30,14 @@ from msrewrite.analyze.summaries import ModuleSummaries
 from msrewrite.analyze.walk import Visitor
 from msrewrite.emit.templates import code_of, strip_leading
 from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement, StartGate
+from msrewrite.records import record
 
 if TYPE_CHECKING:
     from msrewrite.analyze.effects import CallBuffers
     from msrewrite.cases._base import BranchSpec, Case, Options
 
 
-@dataclass
+@record
 class Target:
     """A function with the case's side work: its plan, or the reason there is none."""
 

@@ -6,7 +6,6 @@ import contextlib
 import dataclasses
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from msrewrite import validate
@@ -34,6 +33,7 @@ from msrewrite.load import git_root, load, read_source
 from msrewrite.modes import resolve_mode
 from msrewrite.output.diff import unified_diff
 from msrewrite.plan import FlagSpec, MicrobatchPlan, OverlapPlan, StartGate, load_plans
+from msrewrite.records import record
 
 # The documented limits of torch_npu / torchair core budgets (docs: torchair core_limit.md and
 # npugraph_ex limit_cores.md), said once whenever an edit splits cores.
@@ -329,7 +329,7 @@ def _microbatch_markers(markers: bool) -> None:
         )
 
 
-@dataclass
+@record
 class ApplyArgs:
     """`msrewrite apply`'s command line, as cli.apply hands it over."""
 

@@ -26,7 +26,6 @@ Where the lines go is read by emit/locate.py; what they say comes from the mode'
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import libcst as cst
@@ -59,10 +58,11 @@ from msrewrite.emit.templates import (
 )
 from msrewrite.errors import BadInput, NothingToDo
 from msrewrite.plan import OverlapPlan
+from msrewrite.records import record
 from msrewrite.validate import literal
 
 
-@dataclass
+@record
 class PlannedEdit:
     """One plan carried out on its function (and `__init__`): the old and new definitions."""
 
@@ -91,7 +91,7 @@ class PlannedEdit:
     main_hoisted: tuple[cst.BaseStatement, ...] = ()
 
 
-@dataclass
+@record
 class _Edit:
     """One plan on its way into its function: where its lines go, and what they say."""
 
@@ -388,7 +388,7 @@ def _gated_phase(e: _Edit, p: int, anchor: str, nodes: list[cst.BaseStatement], 
 
 
 # The fork -------------------------------------------------------------------------------------------
-@dataclass
+@record
 class _Runs:
     """Runs of side statements left at their original place (they form the off path); the ones
     that sit at the fork and right before the join go into those blocks' `else:`."""
@@ -539,7 +539,7 @@ def _wrap(with_line: str, nodes: list[cst.BaseStatement], label: str) -> list[cs
     return with_leading(block, lead + [comment(note)])
 
 
-@dataclass
+@record
 class _Built:
     body: list[cst.BaseStatement]
     window: tuple[int, int] | None

@@ -17,12 +17,12 @@ statements ending in `return` is left as a call.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import libcst as cst
 
 from msrewrite.analyze.defuse import function_names, node_facts, self_callee
 from msrewrite.analyze.walk import Visitor
+from msrewrite.records import record
 
 _OP_NAMES = {
     cst.Multiply: "mul",
@@ -33,7 +33,7 @@ _OP_NAMES = {
 }
 
 
-@dataclass
+@record
 class _Namer:
     taken: set[str]
     keeps_underscore: bool = False  # the function never names `_`: an inlined `x, _ = ...` may bind it

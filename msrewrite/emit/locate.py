@@ -4,7 +4,7 @@ and text: a plan that no longer matches the file is stale and refused)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import libcst as cst
 
@@ -15,9 +15,10 @@ from msrewrite.analyze.walk import Visitor
 from msrewrite.emit.templates import code_of, strip_leading
 from msrewrite.errors import BadInput
 from msrewrite.plan import OverlapPlan
+from msrewrite.records import record
 
 
-@dataclass
+@record
 class Located:
     """A function of the module and its enclosing class (None for a module-level function)."""
 
@@ -40,7 +41,7 @@ def _find_index(spans: list[tuple[int, int]], line: int, what: str, plan: Overla
 
 
 # Guarded side branches ------------------------------------------------------------------------------
-@dataclass
+@record
 class GuardedIf:
     """The top-level `if` (statement `index`) whose block, reached through `path` (nested `if`s,
     `elif`s), holds a guarded plan's side statements."""
@@ -219,7 +220,7 @@ def split_by_phase(node: cst.BaseStatement, phases: tuple[int, ...]) -> dict[int
 
 
 # The layout of one plan's function body ---------------------------------------------------------------
-@dataclass
+@record
 class Layout:
     """A plan's places in its function's body (`body`: the guarded `if`'s block spliced in place of
     the `if`, so that every index below is one of that flat body)."""

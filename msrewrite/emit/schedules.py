@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import lru_cache
 from pathlib import Path
 
@@ -38,6 +38,7 @@ from msrewrite.analyze.outline import unique_name
 from msrewrite.emit.engine import PlannedEdit, apply_plans
 from msrewrite.emit.templates import code_of, comment, if_block, parse_block, strip_leading
 from msrewrite.plan import MicrobatchPlan, OverlapPlan
+from msrewrite.records import record
 
 SCHEDULES = ("early", "late", "interleaved")
 
@@ -46,7 +47,7 @@ class NoSchedule(Exception):
     """This edit's structure has no movable side block (async comm, several waits)."""
 
 
-@dataclass
+@record
 class ScheduleSource:
     """The last step of an edit: the text it was made on and the plans carried out on it."""
 
@@ -95,7 +96,7 @@ def _unflat_body(
     return flat[:new_start] + [rebuilt] + flat[new_end:]
 
 
-@dataclass
+@record
 class _Issue:
     """One place the edit issues side work: the `if` at flat index `at` (the fork, or a phase's
     re-entry after its anchor), and the statements it runs on the side stream there."""

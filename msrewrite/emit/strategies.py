@@ -7,12 +7,13 @@ streams and events (npugraph-ex), torchair's in-graph scopes (ge-graph), and tor
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from msrewrite.records import record
 from msrewrite.validate import literal
 
 
-@dataclass
+@record
 class Names:
     """Identifiers the emitted code binds, chosen to avoid every name the function already uses."""
 
@@ -27,7 +28,7 @@ class Names:
     side_done: str = "side_done_event"
 
 
-@dataclass
+@record
 class Context:
     """What a sync strategy writes its code from: the plan's branch, switch and stream, and the class it edits."""
 
@@ -59,7 +60,7 @@ class Context:
     model_stream: str = ""  # self.<attr> already holding a side stream of this API family: reused
 
 
-@dataclass
+@record
 class Emission:
     """The code lines a sync strategy produced, by where the emitter puts them."""
 

@@ -9,16 +9,16 @@ import re
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from msrewrite import __version__
 from msrewrite.errors import BadInput
 from msrewrite.output.diff import diffstat, unified_diff
 from msrewrite.output.inplace import signals_interrupt
+from msrewrite.records import record
 
 
-@dataclass
+@record
 class PatchStep:
     subject: str
     body: str

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -10,6 +10,7 @@ from msrewrite.analyze import digraph
 from msrewrite.analyze.digraph import DiGraph
 from msrewrite.analyze.stmtgraph import FunctionInfo, ModuleInfo, Statement
 from msrewrite.plan import OverlapPlan
+from msrewrite.records import record
 from msrewrite.suggest import graph as g
 from msrewrite.suggest.plans import SideChoice, apply_command, window_statements
 from msrewrite.suggest.profiles import DeviceProfile
@@ -19,7 +20,7 @@ if TYPE_CHECKING:  # torch stays unimported on the static path
     from msrewrite.suggest.trace import OpRecord, Trace
 
 
-@dataclass
+@record
 class Candidate:
     plan: OverlapPlan
     tier: str  # "trace" or "static"

@@ -10,10 +10,10 @@ bound; decode (few tokens, bandwidth- and launch-bound) is where it is most real
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
+from msrewrite.records import record
 from msrewrite.suggest.profiles import PROFILES, DeviceProfile, profile  # noqa: F401  (re-exported)
 from msrewrite.suggest.trace import OpRecord
 
@@ -111,7 +111,7 @@ def op_time(op: OpRecord, device: DeviceProfile) -> float:
 
 
 # Branches ---------------------------------------------------------------------------------------
-@dataclass(frozen=True)
+@record(frozen=True)
 class BranchCost:
     side_time: float  # s, the branch moved to the side stream
     main_time: float  # s, the main-path work it overlaps with

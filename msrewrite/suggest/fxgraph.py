@@ -24,7 +24,7 @@ import re
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import networkx as nx
@@ -33,10 +33,12 @@ import torch.fx
 from torch.fx.experimental.meta_tracer import MetaTracer
 from torch.utils._pytree import tree_map
 
+from msrewrite.records import record
+
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict)
 
 
-@dataclass
+@record
 class FxResult:
     qualname: str  # "DeepseekV3MoE.forward"
     path: str  # module path in the traced model ("mlp"; "" for the root)
@@ -62,7 +64,7 @@ class FxResult:
         return f"{modules} module nodes"
 
 
-@dataclass
+@record
 class _Capture:
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)

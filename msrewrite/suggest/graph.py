@@ -11,18 +11,19 @@ source allows the move.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from msrewrite.analyze.digraph import DiGraph, transitive_reduction
 from msrewrite.analyze.stmtgraph import FunctionInfo, Statement
+from msrewrite.records import record
 
 if TYPE_CHECKING:
     from msrewrite.suggest.trace import OpRecord, Trace
 
 
-@dataclass
+@record
 class Scope:
     qualname: str  # "DeepseekV3MoE.forward"
     path: str  # module path of the instance analyzed ("" for the root)
@@ -30,7 +31,7 @@ class Scope:
     stmt_of: dict[int, int] = field(default_factory=dict)  # op index -> statement index
 
 
-@dataclass
+@record
 class BranchPair:
     """Two independent op sets meeting at a join op."""
 

@@ -13,11 +13,11 @@ candidate carries no estimate and low confidence (time it with `msrewrite bench`
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from msrewrite.plan import MicrobatchPlan
+from msrewrite.records import record
 
 CASE = "prefill-microbatch"
 _LOOP = re.compile(r"^[ \t]*for (\w+) in self\.\w+:[ \t]*\r?\n[ \t]*(\w+) = \1\(\2\)[ \t]*(?:#.*)?$", re.M)
@@ -26,7 +26,7 @@ _COMM = re.compile(r"(?:all_reduce|all_to_all|all_gather|reduce_scatter|broadcas
 NOTE = f"no cost model for micro-batching: time it with `msrewrite bench --case {CASE}`"
 
 
-@dataclass
+@record
 class MicrobatchCandidate:
     plan: MicrobatchPlan
     command: str

@@ -7,13 +7,12 @@ same branch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from msrewrite.analyze.stmtgraph import CallSite, FunctionInfo, Statement
 from msrewrite.plan import OverlapPlan
+from msrewrite.records import record
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SideChoice:
     statements: tuple[int, ...]  # indices of whole statements that move
     hoist: tuple[int, CallSite] | None = None  # (join statement index, call lifted out of it)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from msrewrite.records import record
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DeviceProfile:
     name: str
     peak_flops: float  # dense bf16/fp16 FLOP/s of one device (one torch device)

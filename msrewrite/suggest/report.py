@@ -8,11 +8,12 @@ call is its own module); operators come from the trace when there is one.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from msrewrite.analyze.stmtgraph import FunctionInfo, ModuleInfo
+from msrewrite.records import record
 from msrewrite.suggest import graph as g
 from msrewrite.suggest.candidates import Candidate
 from msrewrite.suggest.mermaid import label, node_id
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 MAX_OPS = 40  # per module in §8; the rest is summarized
 
 
-@dataclass
+@record
 class FileAnalysis:
     file: Path
     module: ModuleInfo | None
@@ -48,7 +49,7 @@ class FileAnalysis:
         return "trace" if self.tiers.get("trace") == "ok" else "static"
 
 
-@dataclass
+@record
 class ModuleNode:
     id: str
     name: str
