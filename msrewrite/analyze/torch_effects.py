@@ -288,6 +288,9 @@ PURE_MODULES = ("math", "operator", "itertools", "functools", "logger", "logging
 
 # torch's public names, from a generated table: importing torch here would cost seconds per run
 _TENSOR_METHODS = TENSOR_METHODS
+# A method of a string literal is str's own (like str(x), it only formats its arguments)
+_STRING_LITERALS = (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)
+_STR_METHODS = frozenset(name for name in dir(str) if not name.startswith("_"))
 _TORCH_FUNCTIONS = TORCH_FUNCTIONS
 _F_FUNCTIONS = F_FUNCTIONS
 _NN_MODULES = NN_MODULES
@@ -446,6 +449,8 @@ def _method_effect(call: cst.Call, func: cst.Attribute) -> CallEffect | None:
     receiver = func.value
     if method in ("wait_stream", "record_stream", "wait_event", "record_event", "wait", "record", "synchronize"):
         return CallEffect(stream=True)  # stream and event order: no tensor data written
+    if isinstance(receiver, _STRING_LITERALS) and method in _STR_METHODS:
+        return CallEffect.pure()  # "-".join(names), "{}:{}".format(a, b): a new string, nothing written
     owner = dotted(receiver) or ""
     if owner.startswith("self.") and owner.count(".") == 1 and is_inplace_name(method) and method in _TENSOR_METHODS:
         return CallEffect(writes=[receiver], returns=[receiver])  # self.cache.copy_(x): module state
