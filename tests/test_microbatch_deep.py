@@ -11,6 +11,7 @@ from msrewrite.analyze.microbatch import microbatch_plan
 from msrewrite.emit.microbatch import microbatch_edit
 from msrewrite.errors import NothingToDo
 from msrewrite.plan import FlagSpec
+from msrewrite.verify import verify_files
 
 SOURCE = (EXAMPLES / "microbatch_moe_submodule.py").read_text()
 FLAG = FlagSpec(name="ENABLE_PREFILL_MICROBATCH")
@@ -78,3 +79,67 @@ def test_a_submodule_writing_its_own_state_is_refused_naming_it():
         r"self.seen in MoE.forward, which both micro-batches share",
     ):
         edit(source)
+
+
+# A collective inside a function of a package msrewrite reads (here a sibling package) beside a
+# kernel it cannot see into: the package function's summary keeps the collective it saw, so the
+# statement calling it is a comm stage; a collective under an `if` there is refused as one in a
+# submodule is.
+TP_KERNELS = """import torch
+import torch.distributed as dist
+
+_fused_scale = getattr(torch, "mul")  # a kernel msrewrite cannot see into
+
+
+def tp_reduce(x):
+    y = _fused_scale(x, 1.0)
+{reduce}    return y
+"""
+STRAIGHT = "    dist.all_reduce(y)\n"
+GUARDED = "    if y.shape[0] > 2:\n        dist.all_reduce(y)\n"
+
+
+def _with_package(tmp_path, reduce: str):
+    (tmp_path / "tpkern").mkdir()
+    (tmp_path / "tpkern" / "__init__.py").write_text(TP_KERNELS.replace("{reduce}", reduce))
+    source = SOURCE.replace("from torch import nn\n", "from torch import nn\nfrom tpkern import tp_reduce\n").replace(
+        "        hidden_states = hidden_states + self.o_proj(attn)\n",
+        "        hidden_states = hidden_states + tp_reduce(self.o_proj(attn))\n",
+    )
+    path = tmp_path / "model.py"
+    path.write_text(source)
+    module = cst.parse_module(source)
+    return path, module
+
+
+def test_a_package_function_with_a_collective_beside_an_unseen_kernel_is_a_comm_stage(tmp_path):
+    path, module = _with_package(tmp_path, STRAIGHT)
+    plan = microbatch_plan(module, case="prefill-microbatch", path=path, mode="eager", flag=FLAG)
+    code = microbatch_edit(module, plan).code
+    assert "hidden_states_mb0 = hidden_states_mb0 + tp_reduce(self.o_proj(attn_mb0))" in code
+    assert plan.trust_boundary == ("_fused_scale (not visible to msrewrite)",), plan.trust_boundary
+
+
+def test_a_collective_under_an_if_in_a_package_function_is_refused(tmp_path):
+    path, module = _with_package(tmp_path, GUARDED)
+    with pytest.raises(NothingToDo, match=r"the collective in tp_reduce\(\) sits inside an `if`"):
+        microbatch_plan(module, case="prefill-microbatch", path=path, mode="eager", flag=FLAG)
+
+
+def test_an_unseen_kernel_alone_in_a_package_function_is_refused(tmp_path):
+    path, module = _with_package(tmp_path, "")
+    with pytest.raises(
+        NothingToDo,
+        match=r"tp_reduce\(self.o_proj\(attn\)\)` calls _fused_scale \(not visible to msrewrite\): a collective in it",
+    ):
+        microbatch_plan(module, case="prefill-microbatch", path=path, mode="eager", flag=FLAG)
+
+
+@pytest.mark.slow  # runs the model through verify (a one-process gloo group)
+def test_the_package_comm_stage_edit_verifies(tmp_path):
+    path, module = _with_package(tmp_path, STRAIGHT)
+    plan = microbatch_plan(module, case="prefill-microbatch", path=path, mode="eager", flag=FLAG)
+    edited = tmp_path / "model_ms.py"
+    edited.write_text(microbatch_edit(module, plan).code)
+    result = verify_files(edited, original=path, inputs=0)
+    assert result.ok, result.problems

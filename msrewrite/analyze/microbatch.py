@@ -25,6 +25,7 @@ import libcst as cst
 from msrewrite import validate
 from msrewrite.analyze.defuse import all_calls, dotted_name, node_facts
 from msrewrite.analyze.positions import positions_for
+from msrewrite.analyze.torch_effects import torch_call_effect
 from msrewrite.analyze.walk import Visitor
 from msrewrite.errors import BadInput, NothingToDo
 from msrewrite.plan import FlagSpec, MicrobatchPlan, MicrobatchStage, SourceSpan, microbatch_flag_error
@@ -162,10 +163,17 @@ class DeepCollectives:
                 return deeper
         return [], ""
 
-    def _callee(self, summaries, cls: str, call: cst.Call):
-        """(summaries, class, def) a `self.x(...)` call runs: a method, or a submodule's forward."""
+    def _callee(self, summaries, cls: str | None, call: cst.Call):
+        """(summaries, class, def) a call runs: a method or a submodule's forward for `self.x(...)`,
+        a function of this file or of a package msrewrite reads for `f(...)` / `m.f(...)` (class
+        None)."""
         path = dotted_name(call.func) or ""
-        if not path.startswith("self.") or path.count(".") != 1:
+        if not path.startswith("self."):
+            if torch_call_effect(call) is not None:
+                return None  # dist.all_reduce and the rest of the table: known by name, not read
+            found = summaries.find_function(path) if path else None
+            return (found[0], None, found[0].functions[found[1]]) if found is not None else None
+        if cls is None or path.count(".") != 1:
             return None
         name = path[len("self.") :]
         found = summaries.method_of(cls, name)
@@ -182,7 +190,7 @@ class DeepCollectives:
             return ""  # a collective the table knows by name (dist.*), or a module followed no further
         owner, owner_cls, method = found
         scope = owner.scope_for(owner_cls, method.name.value)
-        label = f"{owner_cls}.{method.name.value}"
+        label = f"{owner_cls}.{method.name.value}" if owner_cls is not None else f"{method.name.value}()"
         for stmt in method.body.body:
             facts = node_facts(stmt, scope)
             if not facts.collective:
