@@ -176,3 +176,85 @@ def test_verify_agrees_on_both(tmp_path):
     result = verify_files(racy_edit, original=racy, inputs=0)
     assert not result.ok
     assert any("race" in p for p in result.problems), result.problems
+
+
+# State written inside a callee: a submodule's forward writing its own buffer, a module-level
+# tensor. The callee's summary carries them (Summary.state_writes), so the call writes its
+# receiver (`self.shared_experts`) or the module-level name.
+CALLEE_STATE = """import torch
+from torch import nn
+
+_SCALE = torch.ones(16)
+
+
+class Shared(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+        self.calls = 0
+        self.last = nn.Buffer(torch.zeros(d))
+
+    def forward(self, x):
+        self.calls += 1  # a Python number on the host: not device state
+        y = self.lin(x) * _SCALE
+        self.last.copy_(y[0])
+        return y
+
+
+class MoE(nn.Module):
+    def __init__(self, d=16):
+        super().__init__()
+        self.experts = nn.Linear(d, d)
+        self.shared_experts = Shared(d)
+
+    def forward(self, hidden_states):
+        shared = self.shared_experts(hidden_states)
+{window}        routed = self.experts(hidden_states)
+        return routed + shared
+
+
+def make():
+    torch.manual_seed(0)
+    return MoE().eval(), (torch.randn(2, 16),)
+"""
+CALLEE_REFUSED = {
+    "main-reads-what-the-side-submodule-writes": (
+        "        hidden_states = hidden_states + self.shared_experts.last\n",
+        "line 28: the side branch writes module state 'self.shared_experts', which the main path reads between "
+        "the fork and the join (line 29: 'self.shared_experts')",
+    ),
+    "main-writes-a-module-level-tensor-the-side-callee-reads": (
+        "        _SCALE.mul_(2.0)\n",
+        "line 29: the main path writes the module-level '_SCALE' in place between the fork and the join; the side "
+        "work may read it",
+    ),
+}
+# the main path neither reads the side submodule's state nor writes a module-level name
+CALLEE_EDITED = "        hidden_states = hidden_states * 2.0\n"
+
+
+@pytest.mark.parametrize("name", list(CALLEE_REFUSED))
+def test_state_written_inside_a_callee_is_seen(tmp_path, name):
+    window, reason = CALLEE_REFUSED[name]
+    with pytest.raises(NothingToDo) as refused:
+        _edit(tmp_path, name.replace("-", "_"), CALLEE_STATE.replace("{window}", window))
+    assert reason in str(refused.value), str(refused.value)
+
+
+@pytest.mark.slow  # runs the model through verify
+def test_callee_state_edit_verifies_and_the_refused_race_does_not(tmp_path):
+    path, step = _edit(tmp_path, "callee_ok", CALLEE_STATE.replace("{window}", CALLEE_EDITED))
+    assert step.plans[0].side_lines == [[28, 28]]
+    edited = tmp_path / "callee_ok_ms.py"
+    edited.write_text(step.new)
+    assert verify_files(edited, original=path, inputs=0).ok
+    for racy_line in (
+        "        _SCALE.mul_(2.0)\n",
+        "        hidden_states = hidden_states + self.shared_experts.last\n",
+    ):
+        racy = tmp_path / "racy.py"
+        racy.write_text(path.read_text().replace(CALLEE_EDITED, racy_line))
+        racy_edit = tmp_path / "racy_ms.py"
+        racy_edit.write_text(step.new.replace(CALLEE_EDITED, racy_line))
+        result = verify_files(racy_edit, original=racy, inputs=0)
+        assert not result.ok and any("race" in p for p in result.problems), (racy_line, result.problems)

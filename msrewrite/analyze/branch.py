@@ -1097,6 +1097,7 @@ class _Search:
         reads or writes, or the side work writes state the main path reads there: on a device the
         side stream may run before or after that write. Side inputs are checked by storage; module
         state is read by name (`self.<attr>`), so it is checked by attribute."""
+        self._check_globals(side, main)
         scope = self.scope
         side_reads = set().union(
             *(_state_read(f.node, scope) for f in side), *(_state_read(c, scope) for c in side_calls)
@@ -1119,6 +1120,22 @@ class _Search:
                     raise NoBranch(
                         f"line {f.first_line}: the side branch writes module state '{path}'{via}, which the main "
                         f"path reads between the fork and the join (line {g.first_line}: '{hit}')"
+                    )
+
+    def _check_globals(self, side: list[StatementFacts], main: list[StatementFacts]) -> None:
+        """Refuses a module-level name (`_BUF`, a cache table) written in place on either side of
+        the fork between the side's start and the join, itself or inside a callee: which globals
+        a callee reads is not tracked, so the other side may read it while it is written."""
+        local = self.local_names | {"self"}
+        for where, facts in (("the main path", main), ("the side branch", side)):
+            for f in facts:
+                written = sorted(n for n in f.mutates if n.split(".")[0] not in local)
+                if written:
+                    other = "the side work" if where == "the main path" else "the main path"
+                    raise NoBranch(
+                        f"line {f.first_line}: {where} writes the module-level '{written[0]}' in place between the "
+                        f"fork and the join; {other} may read it (msrewrite does not track which module-level "
+                        "names a callee reads)"
                     )
 
     def _side_writes(

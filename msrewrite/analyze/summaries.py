@@ -49,6 +49,9 @@ class Summary:
     may_write: dict[str, list[str]] = field(default_factory=dict)
     returns: set[str] = field(default_factory=set)  # parameters the result may alias
     unknown: set[str] = field(default_factory=set)  # callees not seen into
+    # state beyond the arguments written in place: "self" (the object's own attributes) and
+    # module-level names; a caller counts them as writes of the receiver and of those names
+    state_writes: set[str] = field(default_factory=set)
     collective: bool = False
     rng: bool = False
     stream: bool = False
@@ -303,7 +306,8 @@ class ModuleSummaries:
             return _unknown(
                 call, f"{label} ({base}.{name} uses self.{clash}, which {cls} overrides; not visible to msrewrite)"
             )
-        return _apply(owner.function_summary(base, method), call, f"{label} ({base}.{name})", strict=owner.package)
+        receiver = call.func if name == "forward" or not isinstance(call.func, cst.Attribute) else call.func.value
+        return _apply(owner.function_summary(base, method), call, f"{label} ({base}.{name})", owner.package, receiver)
 
     def _external_bases(self, cls: str) -> list[str]:
         """Bases that are neither same-file classes nor torch's nn.Module (they may define methods)."""
@@ -377,6 +381,9 @@ class ModuleSummaries:
         body = list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else [func.body]
         scope = self.scope_for(cls)
         facts = [node_facts(stmt, scope) for stmt in body]
+        for index, item in enumerate(facts):
+            item.index = index
+        summary.state_writes = _state_writes(facts, func, self._scalar_attrs(cls))
         if self.package and any(f.unknown_callees for f in facts):
             # a package's function with an unseen call may write every argument (_apply, strict);
             # every unseen call of it is named, so that one refusal lists all a reviewer must vouch for
@@ -388,14 +395,27 @@ class ModuleSummaries:
             _note_kinds(summary, facts)  # the collectives, RNG and stream work it was seen to do still count
             self._cache[key] = summary
             return summary
-        for index, item in enumerate(facts):
-            item.index = index
         _param_effects(summary, facts, [*params, *(n for n in (vararg, kwarg) if n)], scope)
         for f in facts:
             summary.unknown |= f.unknown_callees
         _note_kinds(summary, facts)
         self._cache[key] = summary
         return summary
+
+    def _scalar_attrs(self, cls: str | None) -> frozenset[str]:
+        """Attributes `__init__` sets only to number, string, bool or None literals."""
+        if cls is None:
+            return frozenset()
+        literal = (cst.Integer, cst.Float, cst.SimpleString)
+        return frozenset(
+            name
+            for name, values in self.attribute_values(cls).items()
+            if values
+            and all(
+                isinstance(v, literal) or (isinstance(v, cst.Name) and v.value in ("None", "True", "False"))
+                for v in values
+            )
+        )
 
     def scope_for(self, cls: str | None, function: str | None = None) -> Scope:
         """A scope whose resolver looks calls up in this file, from inside class `cls` (or a free
@@ -469,7 +489,7 @@ class ModuleSummaries:
         for base in self._bases(cls):
             found = self._method(base, attr)
             if found is not None:
-                return _apply(self.function_summary(cls, found[1]), call, f"super().{attr}")
+                return _apply(self.function_summary(cls, found[1]), call, f"super().{attr}", receiver=_SELF)
             if base not in self.classes and (where := self.find_class(base)) is not None:
                 hit = where[0]._inherited(where[1], attr)
                 if hit is not None:
@@ -481,7 +501,7 @@ class ModuleSummaries:
                             f"{label} ({hit[1]}.{attr} uses self.{clash}, which {cls} overrides; not visible to msrewrite)",
                         )
                     return _apply(
-                        hit[0].function_summary(hit[1], hit[2]), call, f"{label} ({hit[1]})", strict=hit[0].package
+                        hit[0].function_summary(hit[1], hit[2]), call, f"{label} ({hit[1]})", hit[0].package, _SELF
                     )
         return None
 
@@ -509,7 +529,7 @@ class ModuleSummaries:
             if method is not None and not rest:
                 if self._vouched(head, f"self.{head}"):
                     return _vouched_effect(call)
-                return _apply(self.function_summary(cls, method[1]), call, f"self.{head}", strict=self.package)
+                return _apply(self.function_summary(cls, method[1]), call, f"self.{head}", self.package, _SELF)
         if self._vouched(head, label):
             return _vouched_effect(call)
         values = self.attribute_values(cls).get(head)
@@ -618,7 +638,7 @@ class ModuleSummaries:
                 return inherited
             base = (owner._external_bases(name) or ["no forward"])[0]
             return _unknown(call, f"{label} ({ctor} from {base}, not visible to msrewrite)")
-        return _apply(owner.function_summary(name, forward[1]), call, f"{label} ({ctor})", strict=owner.package)
+        return _apply(owner.function_summary(name, forward[1]), call, f"{label} ({ctor})", owner.package, call.func)
 
 
 def _note_kinds(summary: Summary, facts: list[StatementFacts]) -> None:
@@ -638,6 +658,36 @@ def _signature(cls: str | None, func: cst.FunctionDef) -> tuple[list[str], str |
     vararg = func.params.star_arg.name.value if isinstance(func.params.star_arg, cst.Param) else None
     kwarg = func.params.star_kwarg.name.value if func.params.star_kwarg is not None else None
     return params, vararg, kwarg
+
+
+def _state_writes(facts: list[StatementFacts], func: cst.FunctionDef, scalars: frozenset[str]) -> set[str]:
+    """What `func` writes in place beyond its arguments: "self" for its object's attributes
+    (`self.last.copy_(y)`, through a local alias too) and module-level names (`_BUF.mul_(2)`).
+    `self.calls += 1` on an attribute `__init__` sets only to literals (`scalars`) rebinds a
+    Python number on the host: no device memory is written."""
+    own = {p.name.value for p in (*func.params.posonly_params, *func.params.params, *func.params.kwonly_params)}
+    own |= {p.name.value for p in (func.params.star_arg, func.params.star_kwarg) if isinstance(p, cst.Param)}
+    self_name = next(iter(p.name.value for p in (*func.params.posonly_params, *func.params.params)), None)
+    local = (own - {self_name}) | {name for f in facts for name in f.stores}
+    storage = Storage(facts, sorted(local))
+    found: set[str] = set()
+
+    def note(name: str) -> None:
+        root = name.split(".")[0]
+        if root == self_name and self_name in ("self", "cls"):
+            found.add("self")
+        elif root not in local and root != self_name:
+            found.add(root)
+
+    for f in facts:
+        for name in f.mutates:
+            if name.count(".") == 1 and name.split(".")[0] == self_name and name.split(".")[1] in scalars:
+                continue
+            note(name)
+            for kind, *rest in storage._around(name, f.index):
+                if kind == "free":
+                    note(rest[-1])
+    return found
 
 
 def _param_effects(summary: Summary, facts: list[StatementFacts], names: list[str], scope: Scope) -> None:
@@ -802,6 +852,8 @@ def _is_record(node: cst.ClassDef) -> bool:
     return "dataclass" in decorators or bool(bases & {"NamedTuple", "TypedDict"})
 
 
+_SELF = cst.Name("self")
+
 # a name no table knows as a module (`torch`, `dist`) or as msrewrite's own `_ms_` helpers
 _STATE_RECEIVER = "module_state_tensor"
 
@@ -915,16 +967,25 @@ def _bind_args(summary: Summary, call: cst.Call) -> dict[str, list[cst.BaseExpre
     return bound
 
 
-def _apply(summary: Summary, call: cst.Call, label: str, strict: bool = False) -> CallEffect:
+def _apply(
+    summary: Summary, call: cst.Call, label: str, strict: bool = False, receiver: cst.BaseExpression | None = None
+) -> CallEffect:
     """The effect of `call` from the callee's summary. `strict` (a package's code): a callee that
     calls anything msrewrite cannot see into may write every argument, not only those the
-    unseen call is handed (module state, globals, a dispatch table could reach them)."""
+    unseen call is handed (module state, globals, a dispatch table could reach them).
+    `receiver`: the object a method or forward runs on, written when the callee writes `self`'s
+    state; module-level names the callee writes are written here by name."""
     bound = _bind_args(summary, call)
     effect = CallEffect(
         unknown=sorted(summary.unknown), collective=summary.collective, rng=summary.rng, stream=summary.stream
     )
     for name in summary.writes:
         effect.writes += bound.get(name, [])
+    for name in sorted(summary.state_writes):
+        if name != "self":
+            effect.writes.append(cst.Name(name))
+        elif receiver is not None:
+            effect.writes.append(receiver)
     may_write = dict(summary.may_write)
     if strict and summary.unknown:
         unseen = sorted(summary.unknown)[:MAX_WRITERS]
