@@ -414,6 +414,33 @@ def test_raise_between_fork_and_join_is_an_exit(tmp_path):
     assert "can raise before the join" in refusal(tmp_path, model(body))
 
 
+def test_assert_between_fork_and_join_is_an_exit(tmp_path):
+    """An `assert` is a raise when its test fails: the function would leave with the side stream
+    unjoined and its inputs still in use there."""
+    body = """
+    s = self.shared_experts(x)
+    w = self.gate(x)
+    assert torch.isfinite(w).all(), "router produced non-finite weights"
+    y = self.experts(x, w)
+    return y + s
+    """
+    assert "line 115 can raise before the join" in refusal(tmp_path, model(body))
+
+
+@pytest.mark.slow  # runs the model through verify
+def test_assert_before_the_fork_stays_and_the_edit_verifies(tmp_path):
+    body = """
+    assert x.shape[-1] == 16, "hidden size"
+    s = self.shared_experts(x)
+    w = self.gate(x)
+    y = self.experts(x, w)
+    return y + s
+    """
+    plan, text = verified(tmp_path, model(body))
+    assert plan.side_lines == [[114, 114]]
+    assert '        assert x.shape[-1] == 16, "hidden size"\n' in text
+
+
 def test_every_edit_prints_its_trust_boundary(tmp_path):
     from helpers import run_main
 

@@ -455,7 +455,7 @@ def _find_side_branch(
 
 
 def _exit_line(node: cst.CSTNode, positions: dict[cst.CSTNode, CodeRange]) -> int | None:
-    """The line of the first `return` or `raise` in `node` (nested functions aside)."""
+    """The line of the first `return`, `raise` or `assert` in `node` (nested functions aside)."""
     found: list[cst.CSTNode] = []
 
     class _Exits(Visitor):
@@ -463,6 +463,9 @@ def _exit_line(node: cst.CSTNode, positions: dict[cst.CSTNode, CodeRange]) -> in
             found.append(n)
 
         def visit_Raise(self, n: cst.Raise) -> None:
+            found.append(n)
+
+        def visit_Assert(self, n: cst.Assert) -> None:
             found.append(n)
 
         def visit_FunctionDef(self, _n: cst.FunctionDef) -> bool:

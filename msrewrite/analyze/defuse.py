@@ -318,6 +318,10 @@ class _Collector(Visitor):
         self.facts.exits = True
         self.facts.raises = True
 
+    def visit_Assert(self, _node: cst.Assert) -> None:  # a raise when its test is false
+        self.facts.exits = True
+        self.facts.raises = True
+
     def visit_Yield(self, _node: cst.Yield) -> None:
         self.facts.exits = True
 
