@@ -441,6 +441,75 @@ def test_assert_before_the_fork_stays_and_the_edit_verifies(tmp_path):
     assert '        assert x.shape[-1] == 16, "hidden size"\n' in text
 
 
+# Functions written or computed inside forward: a nested def's writes to its parameters reach
+# the arguments it is called with, a function handed to a call (`map(lambda t: t.mul_(2), xs)`)
+# may be called on any other argument, and a computed callee (`getattr(x, "mul_")`) may be bound
+# to any object its expression names.
+CALLED_WRITES = {
+    "nested-def-writes-its-parameter": (
+        """
+    s = self.shared_experts(x)
+    def scale(t):
+        t.mul_(2.0)
+    scale(x)
+    w = self.gate(x)
+    y = self.experts(x, w)
+    return y + s
+    """,
+        "line 116 writes 'x' in place while the side stream reads it",
+    ),
+    "lambda-handed-to-map": (
+        """
+    s = self.shared_experts(x)
+    list(map(lambda t: t.mul_(2.0), [x]))
+    w = self.gate(x)
+    y = self.experts(x, w)
+    return y + s
+    """,
+        "line 114 writes 'x' in place while the side stream reads it",
+    ),
+    "computed-callee": (
+        """
+    s = self.shared_experts(x)
+    getattr(x, "mul_")(2.0)
+    w = self.gate(x)
+    y = self.experts(x, w)
+    return y + s
+    """,
+        """line 114: getattr(x, "mul_") (not visible to msrewrite) may write 'x' which the side stream reads""",
+    ),
+}
+CALLED_PURE = {
+    "nested-def-reads-its-parameter": """
+    s = self.shared_experts(x)
+    def scale(t):
+        return t * 2.0
+    w = self.gate(scale(x))
+    y = self.experts(x, w)
+    return y + s
+    """,
+    "pure-lambda-handed-to-map": """
+    s = self.shared_experts(x)
+    w = sum(map(lambda t: t * 0.5, [self.gate(x), self.gate(x)]))
+    y = self.experts(x, w)
+    return y + s
+    """,
+}
+
+
+@pytest.mark.parametrize("name", list(CALLED_WRITES))
+def test_writes_by_functions_made_in_forward_are_seen(tmp_path, name):
+    body, reason = CALLED_WRITES[name]
+    assert reason in refusal(tmp_path, model(body))
+
+
+@pytest.mark.slow  # runs the model through verify
+@pytest.mark.parametrize("name", list(CALLED_PURE))
+def test_functions_made_in_forward_that_write_nothing_are_edited_and_verify(tmp_path, name):
+    plan, _ = verified(tmp_path, model(CALLED_PURE[name]))
+    assert plan.side_lines == [[113, 113]]
+
+
 def test_every_edit_prints_its_trust_boundary(tmp_path):
     from helpers import run_main
 

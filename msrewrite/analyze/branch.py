@@ -1664,7 +1664,8 @@ def _unseen_refusal(hits: list[_Unseen], side: list[_SideUnseen]) -> str:
         room -= len(_by_layer(callees))
     main_callees = [c for _, callees, _ in hits for c in callees]
     if not side:
-        return "; ".join(clauses) + f"; pass --protect clone or {_vouch_options(main_callees)}"
+        vouch = _vouch_options(main_callees)
+        return "; ".join(clauses) + f"; pass --protect clone{'' if vouch.startswith(' (') else ' or '}{vouch}"
     side_callees = [c for _, callees, *_ in side for c in callees]
     line, callees, name, reader = side[0]
     clauses.append(

@@ -90,6 +90,8 @@ class Scope:
 
     resolver: CallResolver | None = None
     closures: dict[str, StatementFacts] = field(default_factory=dict)  # nested def -> its effects
+    # nested def -> (its parameters in order, those it may write in place): bound at each call
+    closure_params: dict[str, tuple[tuple[str, ...], frozenset[str]]] = field(default_factory=dict)
     modules: dict[str, str] = field(default_factory=dict)  # local name -> "self.experts[]"
     # `self.<attr>` names the class's `__init__` assigns (submodules, tensors, config); None when
     # there is no class: `self.<other>(...)` is then a method, whose reads of module state are unseen
@@ -296,6 +298,10 @@ class _Collector(Visitor):
             for name, why in closure.may_write.items():
                 self.facts.may_write.setdefault(name, why)
             self.facts.unknown_callees |= closure.unknown_callees
+            params, written_params = self.scope.closure_params.get(node.func.value, ((), frozenset()))
+            for arg in _bound_to(node, params, written_params):
+                self._write(arg)
+        self._functions_passed(node)
         if id(node) in self.after_calls:
             return
         effect = self.scope.effect_of(node)
@@ -334,15 +340,67 @@ class _Collector(Visitor):
             resolver=self.scope.resolver, closures=dict(self.scope.closures), modules=dict(self.scope.modules)
         )
         node.body.visit(_Collector(inner, inner_scope))
-        own = {p.name.value for p in (*node.params.params, *node.params.kwonly_params, *node.params.posonly_params)}
-        own |= inner.stores
+        params = tuple(
+            p.name.value for p in (*node.params.posonly_params, *node.params.params, *node.params.kwonly_params)
+        )
+        star = {p.name.value for p in (node.params.star_arg, node.params.star_kwarg) if isinstance(p, cst.Param)}
+        written = frozenset((inner.mutates | set(inner.may_write)) & (set(params) | star))
+        # a write through *args / **kwargs reaches every argument
+        self.scope.closure_params[node.name.value] = (params, written | ({"*"} if written & star else set()))
+        own = set(params) | star | inner.stores
         inner.mutates -= own
         inner.may_write = {k: v for k, v in inner.may_write.items() if k not in own}
         self.scope.closures[node.name.value] = inner
         return False
 
     def visit_Lambda(self, _node: cst.Lambda) -> bool:
-        return False
+        return False  # its body runs where it is called: _functions_passed
+
+    def _functions_passed(self, call: cst.Call) -> None:
+        """`map(lambda t: t.mul_(2), xs)`, `apply_all(f, xs)`: a function handed to a call may be
+        called on any other argument, so where it writes its parameters, every other argument
+        counts as written; a lambda's writes to the enclosing function's names count here."""
+        for arg in call.args:
+            value = arg.value
+            if isinstance(value, cst.Lambda):
+                inner = StatementFacts(index=-1, node=value, first_line=0, last_line=0)  # type: ignore[arg-type]
+                value.body.visit(_Collector(inner, self.scope))
+                own = {
+                    p.name.value
+                    for p in (*value.params.posonly_params, *value.params.params, *value.params.kwonly_params)
+                }
+                own |= {
+                    p.name.value for p in (value.params.star_arg, value.params.star_kwarg) if isinstance(p, cst.Param)
+                }
+                self.facts.mutates |= inner.mutates - own
+                for name, why in inner.may_write.items():
+                    if name not in own:
+                        self.facts.may_write.setdefault(name, why)
+                self.facts.unknown_callees |= inner.unknown_callees
+                writes_params = bool((inner.mutates | set(inner.may_write)) & own)
+            elif isinstance(value, cst.Name) and value.value in self.scope.closure_params:
+                writes_params = bool(self.scope.closure_params[value.value][1])
+            else:
+                continue
+            if writes_params:
+                for other in call.args:
+                    if other is not arg:
+                        self._write(other.value)
+
+
+def _bound_to(call: cst.Call, params: tuple[str, ...], written: frozenset[str]) -> list[cst.BaseExpression]:
+    """The arguments of `call` bound to the parameters in `written` (every argument when the call
+    or the function spreads them: `f(*xs)`, a write through `*args`)."""
+    if not written:
+        return []
+    if "*" in written or any(a.star for a in call.args):
+        return [a.value for a in call.args]
+    bound = []
+    for position, arg in enumerate(a for a in call.args if a.keyword is None):
+        if position < len(params) and params[position] in written:
+            bound.append(arg.value)
+    bound += [a.value for a in call.args if a.keyword is not None and a.keyword.value in written]
+    return bound
 
 
 _recent_facts: list[tuple[list, object, object, list[StatementFacts]]] = []  # suggest asks the same body many times

@@ -29,7 +29,7 @@ from pathlib import Path
 import libcst as cst
 
 from msrewrite.analyze import packages
-from msrewrite.analyze.defuse import Scope, StatementFacts, alias_roots, dotted_name, node_facts
+from msrewrite.analyze.defuse import Scope, StatementFacts, alias_roots, dotted_name, expression_loads, node_facts
 from msrewrite.analyze.torch_effects import CallEffect, nn_module_effect, positional, torch_call_effect
 from msrewrite.analyze.walk import Visitor
 from msrewrite.records import record
@@ -1013,9 +1013,13 @@ def _apply_template(template: CallEffect, call: cst.Call) -> CallEffect:
 
 def _unknown(call: cst.Call, why: str) -> CallEffect:
     args = [a.value for a in call.args]
-    receiver = []
+    receiver: list[cst.BaseExpression] = []
     if isinstance(call.func, cst.Attribute) and _self_path(call.func) is None:
         receiver = [call.func.value]  # obj.method(x) may write obj too
+    elif not isinstance(call.func, (cst.Name, cst.Attribute)):
+        # a computed callee (`getattr(x, "mul_")(2)`, `table[k](x)`) may be bound to any object its
+        # expression names
+        receiver = [cst.Name(n) for n in sorted(expression_loads(call.func)) if n != "self"]
     return CallEffect(returns=args + receiver, may_writes=[(e, why) for e in args + receiver], unknown=[why])
 
 
