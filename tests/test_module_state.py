@@ -258,3 +258,38 @@ def test_callee_state_edit_verifies_and_the_refused_race_does_not(tmp_path):
         racy_edit.write_text(step.new.replace(CALLEE_EDITED, racy_line))
         result = verify_files(racy_edit, original=racy, inputs=0)
         assert not result.ok and any("race" in p for p in result.problems), (racy_line, result.problems)
+
+
+# Through a local alias only what the alias was bound from counts as the callee's state: an
+# attribute of self, not a local an unseen call or a method may have returned, nor a dict of results.
+ALIASED = CALLEE_STATE.replace(
+    "        self.last.copy_(y[0])\n",
+    "{write}",
+)
+ALIAS_OF_STATE = "        buf = self.last\n        buf.copy_(y[0])\n"
+NOT_STATE = (
+    "        parts = {}\n"
+    "        parts['scale'] = self.scale_of(y)\n"
+    "        parts['scale'].mul_(1.0)\n"
+    "        y = y * parts['scale']\n"
+)
+SCALE_OF = "    def scale_of(self, y):\n        return y.abs().mean()\n\n    def forward(self, x):\n"
+
+
+def test_a_write_through_an_alias_of_the_callees_state_counts(tmp_path):
+    source = ALIASED.replace("{write}", ALIAS_OF_STATE).replace(
+        "{window}", CALLEE_REFUSED["main-reads-what-the-side-submodule-writes"][0]
+    )
+    with pytest.raises(NothingToDo, match="the side branch writes module state 'self.shared_experts'"):
+        _edit(tmp_path, "alias_of_state", source)
+
+
+@pytest.mark.slow  # runs the model through verify
+def test_a_dict_of_method_results_is_not_the_callees_state(tmp_path):
+    source = ALIASED.replace("{write}", NOT_STATE).replace("    def forward(self, x):\n", SCALE_OF, 1)
+    source = source.replace("{window}", CALLEE_REFUSED["main-reads-what-the-side-submodule-writes"][0])
+    path, step = _edit(tmp_path, "not_state", source)
+    edited = tmp_path / "not_state_ms.py"
+    edited.write_text(step.new)
+    result = verify_files(edited, original=path, inputs=0)
+    assert result.ok, result.problems

@@ -1128,8 +1128,9 @@ class _Search:
     def _check_globals(self, side: list[StatementFacts], main: list[StatementFacts]) -> None:
         """Refuses a module-level name (`_BUF`, a cache table) written in place on either side of
         the fork between the side's start and the join, itself or inside a callee: which globals
-        a callee reads is not tracked, so the other side may read it while it is written."""
-        local = self.local_names | {"self"}
+        a callee reads is not tracked, so the other side may read it while it is written. The
+        module's imported modules, classes and functions are not tensors."""
+        local = self.local_names | {"self"} | self.scope.module_names
         for where, facts in (("the main path", main), ("the side branch", side)):
             for f in facts:
                 written = sorted(n for n in f.mutates if n.split(".")[0] not in local)

@@ -96,6 +96,8 @@ class Scope:
     # `self.<attr>` names the class's `__init__` assigns (submodules, tensors, config); None when
     # there is no class: `self.<other>(...)` is then a method, whose reads of module state are unseen
     state_attrs: frozenset[str] | None = None
+    # names the module binds to modules, classes and functions (`np`, `MoE`, `helper`): not tensors
+    module_names: frozenset[str] = frozenset()
 
     def effect_of(self, call: cst.Call) -> CallEffect:
         known = torch_call_effect(call)

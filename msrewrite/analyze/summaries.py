@@ -383,7 +383,8 @@ class ModuleSummaries:
         facts = [node_facts(stmt, scope) for stmt in body]
         for index, item in enumerate(facts):
             item.index = index
-        summary.state_writes = _state_writes(facts, func, self._scalar_attrs(cls))
+        not_tensors = frozenset((*self.module_imports, *self.imports, *self.classes, *self.functions))
+        summary.state_writes = _state_writes(facts, func, self._scalar_attrs(cls), not_tensors)
         if self.package and any(f.unknown_callees for f in facts):
             # a package's function with an unseen call may write every argument (_apply, strict);
             # every unseen call of it is named, so that one refusal lists all a reviewer must vouch for
@@ -424,7 +425,11 @@ class ModuleSummaries:
         if owner is None and function in self.patched:
             owner = self.find_class(self.patched[function])
         attrs = frozenset(owner[0].attribute_values(owner[1])) if owner is not None else None
-        return Scope(resolver=lambda call, scope: self.resolve(call, scope, owner), state_attrs=attrs)
+        return Scope(
+            resolver=lambda call, scope: self.resolve(call, scope, owner),
+            state_attrs=attrs,
+            module_names=frozenset((*self.module_imports, *self.classes, *self.functions)),
+        )
 
     # resolution ----------------------------------------------------------------------------
     def _vouched(self, *names: str) -> bool:
@@ -660,11 +665,19 @@ def _signature(cls: str | None, func: cst.FunctionDef) -> tuple[list[str], str |
     return params, vararg, kwarg
 
 
-def _state_writes(facts: list[StatementFacts], func: cst.FunctionDef, scalars: frozenset[str]) -> set[str]:
+def _state_writes(
+    facts: list[StatementFacts], func: cst.FunctionDef, scalars: frozenset[str], modules: frozenset[str]
+) -> set[str]:
     """What `func` writes in place beyond its arguments: "self" for its object's attributes
     (`self.last.copy_(y)`, through a local alias too) and module-level names (`_BUF.mul_(2)`).
     `self.calls += 1` on an attribute `__init__` sets only to literals (`scalars`) rebinds a
-    Python number on the host: no device memory is written."""
+    Python number on the host: no device memory is written.
+    Through a local alias only what the alias was bound from counts: an attribute of `self`
+    (`buf = self.last`), or a module-level name this module neither imports nor defines as a
+    class or function (`modules`): a local an unseen call may have returned "its receiver"
+    (`np.arange(n)`, `MMEncoderAttention.build(x)`, `self.helper()`) or a dict filled with
+    results is not that module, class or object. A direct write (`self.x.mul_(2)`, an imported
+    `BUF.mul_(2)`) always counts; a classmethod's own state only through `cls.<attr>` itself."""
     own = {p.name.value for p in (*func.params.posonly_params, *func.params.params, *func.params.kwonly_params)}
     own |= {p.name.value for p in (func.params.star_arg, func.params.star_kwarg) if isinstance(p, cst.Param)}
     self_name = next(iter(p.name.value for p in (*func.params.posonly_params, *func.params.params)), None)
@@ -672,8 +685,10 @@ def _state_writes(facts: list[StatementFacts], func: cst.FunctionDef, scalars: f
     storage = Storage(facts, sorted(local))
     found: set[str] = set()
 
-    def note(name: str) -> None:
+    def note(name: str, through_alias: bool) -> None:
         root = name.split(".")[0]
+        if through_alias and (root in modules or root == self_name == "cls" or name == self_name):
+            return
         if root == self_name and self_name in ("self", "cls"):
             found.add("self")
         elif root not in local and root != self_name:
@@ -683,10 +698,10 @@ def _state_writes(facts: list[StatementFacts], func: cst.FunctionDef, scalars: f
         for name in f.mutates:
             if name.count(".") == 1 and name.split(".")[0] == self_name and name.split(".")[1] in scalars:
                 continue
-            note(name)
+            note(name, False)
             for kind, *rest in storage._around(name, f.index):
                 if kind == "free":
-                    note(rest[-1])
+                    note(rest[-1], True)
     return found
 
 
