@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib
+import importlib.machinery
 import importlib.util
 import inspect
 import itertools
@@ -160,7 +161,8 @@ def load_module(path: Path, package: str | None = None, name: str | None = None)
     existing = sys.modules.get(name)
     if existing is not None and _same_file(getattr(existing, "__file__", None), path):
         return existing
-    spec = importlib.util.spec_from_file_location(name, path)
+    loader = _CodeCachingLoader(name, str(path)) if path.suffix == ".py" else None
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
     if spec is None or spec.loader is None:
         raise BadInput(f"cannot import {path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
@@ -180,6 +182,29 @@ def load_module(path: Path, package: str | None = None, name: str | None = None)
         if folder is not None and folder in sys.path:
             sys.path.remove(folder)
     return module
+
+
+class _CodeCachingLoader(importlib.machinery.SourceFileLoader):
+    """The file's loader, with its compiled code kept for the same path and the same bytes:
+    verify loads the edited file afresh for every run (about 20 per verify, a fresh module each so
+    module-level state belongs to that run's runtime), and with no byte-code cache to read
+    (PYTHONDONTWRITEBYTECODE=1, say) each load compiled it again. The code object is immutable
+    and the module is still executed afresh each time; a changed file has other bytes and is
+    compiled anew."""
+
+    def source_to_code(self, data, path, *, _optimize=-1):  # type: ignore[override]  # typeshed: a staticmethod
+        key = (path, bytes(data), _optimize)
+        code = _CODE.get(key)
+        if code is None:
+            code = super().source_to_code(data, path, _optimize=_optimize)
+            if len(_CODE) >= _CODE_ENTRIES:
+                _CODE.pop(next(iter(_CODE)))
+            _CODE[key] = code
+        return code
+
+
+_CODE: dict[tuple[Any, bytes, int], types.CodeType] = {}
+_CODE_ENTRIES = 64
 
 
 def _import_package(path: Path, package: str, forced: bool) -> None:

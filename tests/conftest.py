@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 
 from helpers import GitRepo, UnitLayerViolation, unit_layer_guard
+
+# One OpenMP thread in every test process and every process it starts (they inherit the
+# environment): the tests run tiny models, as `msrewrite verify`'s child does under its own
+# torch.set_num_threads(1) (msrewrite/commands/verify.py), and with pytest-xdist's workers on a
+# 2-core machine a pool per process oversubscribes the cores: OpenMP's workers spin at each
+# parallel region while the other thread waits for a core, and an in-process verify_files run
+# took 8-9 s instead of 0.4 s under load. Set before torch is imported (test modules import it; helpers.py does not).
+os.environ["OMP_NUM_THREADS"] = "1"
+if "torch" in sys.modules:  # a plugin imported it first: the variable is read at import
+    sys.modules["torch"].set_num_threads(1)
 
 
 @pytest.fixture

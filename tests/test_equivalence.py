@@ -7,6 +7,7 @@ stream sanitizer reports nothing.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from pathlib import Path
@@ -45,12 +46,20 @@ FLAG = FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM")
 
 def rewrite(module_name: str, cls: str, mode: str, folder: Path) -> tuple[Path, Path, str]:
     original = Path(importlib.import_module(module_name).__file__)
+    edited = folder / original.name
+    edited.write_text(_edited_text(module_name, cls, mode))
+    return original, edited, module_name.rsplit(".", 1)[0]
+
+
+@functools.cache
+def _edited_text(module_name: str, cls: str, mode: str) -> str:
+    """The edit of a real block (the same text for every test of this worker that asks: the
+    analysis of a transformers modeling file takes seconds, and two tests edit the same pairs)."""
+    original = Path(importlib.import_module(module_name).__file__)
     src = load(original)
     case = CASE_OF.get(cls, "moe-shared-expert")
     plans = plans_for_case(original, src.module, case, mode, cls, FLAG, None)
-    edited = folder / original.name
-    edited.write_text(apply_plans(src.module, plans).code)
-    return original, edited, module_name.rsplit(".", 1)[0]
+    return apply_plans(src.module, plans).code
 
 
 @pytest.mark.parametrize("cls,mode", PAIRS)

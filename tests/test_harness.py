@@ -106,3 +106,30 @@ def test_broken_import_is_one_line_bad_input(tmp_path: Path) -> None:
     with pytest.raises(BadInput) as info:
         load_module(broken)
     assert "\n" not in str(info.value) and "not_a_module_anywhere_xyz" in str(info.value)
+
+
+def test_each_load_is_a_fresh_module_and_the_same_bytes_compile_once(tmp_path: Path, monkeypatch) -> None:
+    """verify loads the edited file for every run: a fresh module (its own module-level state)
+    each time, compiled once for the same path and bytes, and again once the bytes change."""
+    import builtins
+
+    model = tmp_path / "counted_model.py"
+    model.write_text("STATE = []\n\ndef value():\n    return 1\n")
+    compiled: list[str] = []
+    real_compile = builtins.compile
+
+    def counting(source, filename, *args, **kwargs):
+        compiled.append(str(filename))
+        return real_compile(source, filename, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "compile", counting)
+    first = load_module(model, name="_counted_a")
+    first.STATE.append("written by the first run")
+    second = load_module(model, name="_counted_b")
+    assert first is not second and second.STATE == [] and second.value() == 1
+    assert second.__file__ == first.__file__ == str(model)
+    assert compiled.count(str(model)) == 1, compiled
+    model.write_text("STATE = []\n\ndef value():\n    return 2\n")
+    third = load_module(model, name="_counted_c")
+    assert third.value() == 2 and first.value() == 1
+    assert compiled.count(str(model)) == 2, compiled

@@ -1,5 +1,7 @@
 """User code runs in a child process: a harness or model that hangs, exits, dies or prints never
-makes `verify` pass silently, hang, or corrupt its --json output. Through the console entry point."""
+makes `verify` pass silently, hang, or corrupt its --json output. Through the console entry point,
+except the bad options at the end (no user code misbehaves there): run_main, forked from the fork
+server, gives the same exit code and streams without a start-up."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import os
 
 import pytest
 
-from helpers import run_cli
+from helpers import run_cli, run_main
 from msrewrite.commands.apply import case_steps
 from msrewrite.load import load
 from msrewrite.plan import FlagSpec
@@ -145,15 +147,20 @@ def test_forking_user_code_reports_once(files, where):
     assert proc.stdout.count('"ok"') == 1, proc.stdout
 
 
+def verify_in_process(files, *extra: str):
+    edited, original = files
+    return run_main("verify", str(edited), "--original", str(original), "--inputs", "0", *extra)
+
+
 def test_misspelled_flag_is_bad_input(files):
-    proc = verify(files, "", "--flag", "env:ENABLE_MOE_SHARED_EXPERT_STREEM")
+    proc = verify_in_process(files, "--flag", "env:ENABLE_MOE_SHARED_EXPERT_STREEM")
     assert proc.returncode == 2
     assert "no such flag" in one_error_line(proc)
 
 
 @pytest.mark.parametrize("value", ["nan", "inf"])
 def test_non_finite_tolerance_is_bad_input(files, value):
-    proc = verify(files, "", "--atol", value)
+    proc = verify_in_process(files, "--atol", value)
     assert proc.returncode == 2
     assert "--atol and --rtol must be finite" in one_error_line(proc)
 
