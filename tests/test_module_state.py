@@ -293,3 +293,28 @@ def test_a_dict_of_method_results_is_not_the_callees_state(tmp_path):
     edited.write_text(step.new)
     result = verify_files(edited, original=path, inputs=0)
     assert result.ok, result.problems
+
+
+# A callee that writes an argument handed `None` (or another builtin) writes no module-level
+# name; handed a module-level tensor, it does.
+FILL = CALLEE_STATE.replace(
+    "class MoE(nn.Module):",
+    "def fill(t, out):\n    if out is not None:\n        out.copy_(t[0])\n    return t\n\n\nclass MoE(nn.Module):",
+)
+
+
+def test_a_module_level_tensor_handed_to_a_writing_callee_is_refused(tmp_path):
+    source = FILL.replace("{window}", "        hidden_states = fill(hidden_states * 2.0, _SCALE)\n")
+    with pytest.raises(NothingToDo, match="writes the module-level '_SCALE' in place"):
+        _edit(tmp_path, "fill_global", source)
+
+
+@pytest.mark.slow  # runs the model through verify
+def test_none_handed_to_a_writing_callee_is_no_module_level_write(tmp_path):
+    path, step = _edit(
+        tmp_path, "fill_none", FILL.replace("{window}", "        hidden_states = fill(hidden_states * 2.0, None)\n")
+    )
+    edited = tmp_path / "fill_none_ms.py"
+    edited.write_text(step.new)
+    result = verify_files(edited, original=path, inputs=0)
+    assert result.ok, result.problems

@@ -23,6 +23,7 @@ arguments", and the summary names it so a refusal can say what msrewrite could n
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import field
 from pathlib import Path
 
@@ -691,7 +692,7 @@ def _state_writes(
             return
         if root == self_name and self_name in ("self", "cls"):
             found.add("self")
-        elif root not in local and root != self_name:
+        elif root not in local and root != self_name and root not in _BUILTIN_NAMES:
             found.add(root)
 
     for f in facts:
@@ -868,6 +869,7 @@ def _is_record(node: cst.ClassDef) -> bool:
 
 
 _SELF = cst.Name("self")
+_BUILTIN_NAMES = frozenset(dir(builtins))  # `None` handed to a callee that writes its argument
 
 # a name no table knows as a module (`torch`, `dist`) or as msrewrite's own `_ms_` helpers
 _STATE_RECEIVER = "module_state_tensor"
