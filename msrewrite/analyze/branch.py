@@ -15,7 +15,6 @@ The move is refused, with a reason, when it would change what the code computes:
 
 from __future__ import annotations
 
-import builtins
 import dataclasses
 from collections.abc import Callable
 from dataclasses import field
@@ -45,7 +44,7 @@ from msrewrite.analyze.guards import (
     source,
 )
 from msrewrite.analyze.outline import unique_name
-from msrewrite.analyze.summaries import Storage, unseen_writers
+from msrewrite.analyze.summaries import BUILTIN_NAMES, Storage, unseen_writers
 from msrewrite.analyze.walk import Visitor, walk
 from msrewrite.records import record
 
@@ -1131,7 +1130,7 @@ class _Search:
         the fork between the side's start and the join, itself or inside a callee: which globals
         a callee reads is not tracked, so the other side may read it while it is written. The
         module's imported modules, classes and functions are not tensors."""
-        local = self.local_names | {"self"} | self.scope.module_names | _BUILTIN_NAMES
+        local = self.local_names | {"self"} | self.scope.module_names | BUILTIN_NAMES
         for where, facts in (("the main path", main), ("the side branch", side)):
             for f in facts:
                 written = sorted(n for n in f.mutates if n.split(".")[0] not in local)
@@ -1302,10 +1301,6 @@ def _reordered(
             f"see into and which {kind.may}: {kind.unseen}"
         ), side_unseen[0]
     return "", ""
-
-
-# `None`, `True`, `print`: a callee writing its argument may be handed one; never a tensor
-_BUILTIN_NAMES = frozenset(dir(builtins))
 
 
 def _state_key(path: str) -> str:

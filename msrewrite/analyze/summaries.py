@@ -692,7 +692,7 @@ def _state_writes(
             return
         if root == self_name and self_name in ("self", "cls"):
             found.add("self")
-        elif root not in local and root != self_name and root not in _BUILTIN_NAMES:
+        elif root not in local and root != self_name and root not in BUILTIN_NAMES:
             found.add(root)
 
     for f in facts:
@@ -869,7 +869,8 @@ def _is_record(node: cst.ClassDef) -> bool:
 
 
 _SELF = cst.Name("self")
-_BUILTIN_NAMES = frozenset(dir(builtins))  # `None` handed to a callee that writes its argument
+# `None`, `True`, `print`: a callee writing its argument may be handed one; never a tensor
+BUILTIN_NAMES = frozenset(dir(builtins))
 
 # a name no table knows as a module (`torch`, `dist`) or as msrewrite's own `_ms_` helpers
 _STATE_RECEIVER = "module_state_tensor"
