@@ -146,7 +146,7 @@ def _idempotent(result: FileResult, check: Check, path: Path, new: str, case, mo
 
     module = cst.parse_module(new)
     try:
-        plans_for_case(path, module, case.name, mode, None, FlagSpec(name=case.flag_name), None)
+        plans_for_case(path, module, case.name, mode, None, FlagSpec(name=case.flag_name), None, text=new)
     except NothingToDo as exc:
         if "already applied" in str(exc):
             return True
@@ -156,7 +156,7 @@ def _idempotent(result: FileResult, check: Check, path: Path, new: str, case, mo
     else:
         result.failures.append(f"{check.what}: second apply on the output found more to do")
         return False
-    targets = find_targets(case, path, module, Options(mode=mode, flag=FlagSpec(name=case.flag_name)))
+    targets = find_targets(case, path, module, Options(mode=mode, flag=FlagSpec(name=case.flag_name)), text=new)
     if not any(t.applied for t in targets):
         result.failures.append(f"{check.what}: second apply does not see the edit as applied")
         return False
@@ -225,7 +225,7 @@ def _apply_suggested(result: FileResult, path: Path, src, plan, mode: str) -> No
     check = Check(f"suggest-plan/{mode}", "edited")
     result.checks.append(check)
     try:
-        new = apply_plans(src.module, [plan.with_changes(mode=mode)]).code
+        new = apply_plans(src.module, [plan.with_changes(mode=mode)], src.text).code
     except MsrewriteError as exc:
         check.outcome, check.message = ("nothing" if isinstance(exc, NothingToDo) else "bad-input"), str(exc)
         return
@@ -240,30 +240,43 @@ def _apply_suggested(result: FileResult, path: Path, src, plan, mode: str) -> No
 
 
 def _sweep_cases(result: FileResult, path: Path, all_modes: bool) -> None:
-    """Every case, in eager mode first; in its other modes too when eager edits."""
+    """Every case, in eager mode first; in its other modes too when eager edits. The file is read
+    and parsed once, as one `apply` run does (libcst trees are immutable: the cases share it)."""
     from msrewrite.cases import all_cases
+    from msrewrite.errors import MsrewriteError
+    from msrewrite.load import load
 
+    try:
+        src = load(path)
+    except MsrewriteError as exc:
+        src = exc
+    except Exception as exc:
+        result.crashes.append(f"load: {_crash_text(exc)}")
+        return
     for case in all_cases():
         modes = ["eager"] + ([m for m in case.modes if m != "eager"] if all_modes else [])
         for mode in modes:
-            if not _apply_case(result, path, case, mode):
+            if not _apply_case(result, path, src, case, mode):
                 break  # targets do not depend on the mode: the other modes find nothing too
 
 
-def _apply_case(result: FileResult, path: Path, case, mode: str) -> bool:
-    """One case in one mode, checked; False when eager mode found nothing to do."""
+def _apply_case(result: FileResult, path: Path, src, case, mode: str) -> bool:
+    """One case in one mode, checked; False when eager mode found nothing to do. `src` is the
+    loaded file, or the refusal loading it gave (every case records it)."""
     from msrewrite.commands.apply import plans_for_case
     from msrewrite.emit.engine import apply_plans
     from msrewrite.errors import MsrewriteError, NothingToDo
-    from msrewrite.load import load
     from msrewrite.plan import FlagSpec
 
     check = Check(f"{case.name}/{mode}", "edited")
     result.checks.append(check)
     try:
-        src = load(path)
-        plans = plans_for_case(path, src.module, case.name, mode, None, FlagSpec(name=case.flag_name), None)
-        new = apply_plans(src.module, plans).code
+        if isinstance(src, MsrewriteError):
+            raise src
+        plans = plans_for_case(
+            path, src.module, case.name, mode, None, FlagSpec(name=case.flag_name), None, text=src.text
+        )
+        new = apply_plans(src.module, plans, src.text).code
     except MsrewriteError as exc:
         check.outcome = "nothing" if isinstance(exc, NothingToDo) else "bad-input"
         check.message = str(exc)
