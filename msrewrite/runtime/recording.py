@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import torch
 from torch.nn.modules import module as nn_module
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from msrewrite.runtime.frames import location, user_frame
+from msrewrite.torch_modes import DispatchMode
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class ModuleStack:
         return self._paths[key]
 
 
-class RecordOpsMode(TorchDispatchMode):
+class RecordOpsMode(DispatchMode):
     def __init__(self, runtime, ops: list[OpRecord]):
         super().__init__()
         self.runtime = runtime

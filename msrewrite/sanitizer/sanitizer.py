@@ -13,7 +13,6 @@ import weakref
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from msrewrite.runtime import RuntimeListener, Stream, StreamRuntime
@@ -21,6 +20,7 @@ from msrewrite.runtime.frames import location, normalize_files, user_frame
 from msrewrite.sanitizer.access import classify
 from msrewrite.sanitizer.clocks import VectorClocks
 from msrewrite.sanitizer.findings import Finding, Location, fmt
+from msrewrite.torch_modes import DispatchMode
 
 _HOST_SYNC_OPS = {"aten._local_scalar_dense.default"}  # .item() waits for the current stream
 
@@ -43,7 +43,7 @@ class StorageInfo:
     lifetime_reported: bool = False
 
 
-class _DispatchMode(TorchDispatchMode):
+class _DispatchMode(DispatchMode):
     def __init__(self, sanitizer: Sanitizer):
         super().__init__()
         self.sanitizer = sanitizer

@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+from msrewrite.torch_modes import DispatchMode
 
 # Ops that only describe tensors; they cost nothing and order nothing.
 METADATA_OPS = {"prim.device.default", "aten.sym_size.int", "aten.sym_stride.int", "aten.sym_numel.default"}
@@ -60,7 +61,7 @@ class Trace:
     notes: list[str] = field(default_factory=list)
 
 
-class _Recorder(TorchDispatchMode):
+class _Recorder(DispatchMode):
     def __init__(self, model_file: Path, root: torch.nn.Module) -> None:
         super().__init__()
         self.model_file = str(Path(model_file).resolve())
