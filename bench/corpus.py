@@ -244,8 +244,9 @@ def _sweep_cases(result: FileResult, path: Path, all_modes: bool) -> None:
     and parsed once, as one `apply` run does (libcst trees are immutable: the cases share it)."""
     from msrewrite.cases import all_cases
     from msrewrite.errors import MsrewriteError
-    from msrewrite.load import load
+    from msrewrite.load import SourceFile, load
 
+    src: SourceFile | MsrewriteError
     try:
         src = load(path)
     except MsrewriteError as exc:
