@@ -312,9 +312,7 @@ def variant(source: ScheduleSource, schedule: str) -> str:
                 "prefill-microbatch is a model-level fork: each stage waits on the event of the "
                 "stage before it, with no side block to move"
             )
-        from msrewrite.load import parse_source
-
-        module = parse_source(Path(source.plans[0].file or "<edit>"), source.text)
+        module = _parsed(Path(source.plans[0].file or "<edit>"), source.text)
         source.window_statements = []
         return apply_plans(module, list(source.plans), source.text).code
     for plan in source.plans:
@@ -326,13 +324,27 @@ def variant(source: ScheduleSource, schedule: str) -> str:
     return text
 
 
+_recent_parses: list[tuple[str, cst.Module]] = []
+
+
+def _parsed(path: Path, text: str) -> cst.Module:
+    """The parsed text: one parse for finding the plans again and every schedule's variant, which
+    all start from the same unedited text (libcst trees are immutable, so they can share it)."""
+    from msrewrite.load import parse_source
+
+    for seen, module in _recent_parses:
+        if seen == text:
+            return module
+    module = parse_source(path, text)
+    _recent_parses[:] = [(text, module), *_recent_parses[:1]]
+    return module
+
+
 @lru_cache(maxsize=64)
 def _variant(
     text: str, plans: tuple[OverlapPlan, ...], schedule: str, marked: tuple[OverlapPlan, ...] = ()
 ) -> tuple[str, tuple[tuple[int, str], ...]]:
-    from msrewrite.load import parse_source
-
-    module = parse_source(Path(plans[0].file or "<edit>"), text)
+    module = _parsed(Path(plans[0].file or "<edit>"), text)
     windows: list[list[tuple[int, str]]] = []
 
     def move(edit: PlannedEdit) -> cst.FunctionDef:
@@ -458,7 +470,6 @@ def _derive(text: str, original_name: str, original_text: str, mode: str, flag):
     from msrewrite.cases import require_case
     from msrewrite.cases._base import Options
     from msrewrite.errors import MsrewriteError
-    from msrewrite.load import parse_source
 
     original = Path(original_name)
     cases = {m.group(1) for m in _MARKER.finditer(text)}
@@ -466,7 +477,7 @@ def _derive(text: str, original_name: str, original_text: str, mode: str, flag):
         return None, "no single msrewrite case marker in the edited file (pass --plan PLANS.json)"
     case = cases.pop()
     try:
-        module = parse_source(original, original_text)
+        module = _parsed(original, original_text)
         steps = require_case(case).steps(original, original_text, module, Options(mode=mode, flag=flag), None)
     except MsrewriteError as exc:
         return None, f"apply --case {case} does not reproduce the edit ({exc})"
