@@ -58,8 +58,8 @@ def _edited_text(module_name: str, cls: str, mode: str) -> str:
     original = Path(importlib.import_module(module_name).__file__)
     src = load(original)
     case = CASE_OF.get(cls, "moe-shared-expert")
-    plans = plans_for_case(original, src.module, case, mode, cls, FLAG, None)
-    return apply_plans(src.module, plans).code
+    plans = plans_for_case(original, src.module, case, mode, cls, FLAG, None, text=src.text)
+    return apply_plans(src.module, plans, src.text).code
 
 
 @pytest.mark.parametrize("cls,mode", PAIRS)
