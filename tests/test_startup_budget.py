@@ -177,3 +177,30 @@ def test_apply_imports_only_what_it_uses():
     imported, dataclasses_made = done.stdout.strip().splitlines()
     assert imported == "[]", imported
     assert dataclasses_made == "[]", f"dataclasses on apply's path (make them records): {dataclasses_made}"
+
+
+@pytest.mark.slow  # runs verify
+def test_verify_parses_the_unedited_file_once(monkeypatch):
+    """Finding the plans again and the late and interleaved variants all start from the original."""
+    import msrewrite.load
+    from msrewrite.emit import schedules
+    from msrewrite.verify import verify_files
+
+    original = EXAMPLES / "deepseek_moe.py"
+    text = original.read_text()
+    parses = []
+    parse_source = msrewrite.load.parse_source
+
+    def counted(path, source, *args, **kwargs):
+        if source == text:
+            parses.append(path)
+        return parse_source(path, source, *args, **kwargs)
+
+    monkeypatch.setattr(msrewrite.load, "parse_source", counted)
+    monkeypatch.setattr(schedules, "_recent_parses", [])
+    schedules._derive.cache_clear()
+    schedules._variant.cache_clear()
+    golden = ROOT / "golden" / "moe-shared-expert" / "eager" / "deepseek_moe.py"
+    result = verify_files(golden, original=original, inputs=0, train=False)
+    assert result.ok and result.schedules == ["early", "late", "interleaved"], (result.problems, result.schedules)
+    assert len(parses) == 1, parses
