@@ -1,5 +1,6 @@
 """msrewrite's TorchDispatchModes run their handler without importing torch._dynamo (about 3 s,
-most of a small model's `verify`), and through torch's dynamo-disabled handler once it is loaded."""
+most of a small model's `verify`), and through torch's dynamo-disabled handler once it is loaded;
+suggest's fx tracers record stack traces without fx's filter, which imports it too."""
 
 from __future__ import annotations
 
@@ -74,7 +75,9 @@ from msrewrite.suggest.profiles import profile
 
 result = verify_files(Path(sys.argv[1]), original=Path(sys.argv[2]), inputs=0, train=False)
 assert not result.problems, result.problems
-assert analyze(Path(sys.argv[2]), device=profile("a3")).candidates
+# a model fx's plain leaf tracer takes (the meta-leaf tracer runs torch's meta functions, which import dynamo)
+traced = analyze(Path(sys.argv[3]), device=profile("a3"), harness=f"{sys.argv[3]}:make")
+assert traced.candidates and traced.tiers["fx"].startswith("HunyuanMoE: ok (leaf tracer"), traced.tiers
 print("dynamo after verify and a traced suggest:", "torch._dynamo" in sys.modules)
 
 from msrewrite.torch_modes import DispatchMode
@@ -94,7 +97,7 @@ print("compiled under a mode:", "aten.mul.Tensor" in seen)
 def test_verify_and_traced_suggest_leave_dynamo_unloaded_and_compile_still_runs_under_a_mode():
     golden = ROOT / "golden" / "moe-shared-expert" / "eager" / "deepseek_moe.py"
     run = subprocess.run(
-        [sys.executable, "-c", CHILD, str(golden), str(EXAMPLES / "deepseek_moe.py")],
+        [sys.executable, "-c", CHILD, str(golden), str(EXAMPLES / "deepseek_moe.py"), str(EXAMPLES / "hunyuan_moe.py")],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -103,3 +106,29 @@ def test_verify_and_traced_suggest_leave_dynamo_unloaded_and_compile_still_runs_
     assert run.returncode == 0, run.stderr
     assert "dynamo after verify and a traced suggest: False" in run.stdout, run.stdout
     assert "compiled under a mode: True" in run.stdout, run.stdout
+
+
+class _TwoBranches(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first = torch.nn.Linear(4, 4)
+        self.second = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.first(x)
+        return y + self.second(x)
+
+
+def test_fx_stack_traces_give_the_forward_lines_of_each_leaf_call():
+    import inspect
+
+    from msrewrite.suggest.fxgraph import LeafTracer, module_dag
+
+    model = _TwoBranches()
+    graph = LeafTracer({"first", "second"}).trace(model)
+    lines = {d["target"]: d["line"] for _, d in module_dag(graph, __file__).nodes(data=True) if d["kind"] == "module"}
+    source, start = inspect.getsourcelines(_TwoBranches.forward)
+    at = {name: start + next(i for i, text in enumerate(source) if f"self.{name}(" in text) for name in lines}
+    assert lines == at
+    frames = next(n for n in graph.nodes if n.op == "call_module" and n.target == "second").stack_trace
+    assert frames.splitlines()[-1].strip() == f'File "{__file__}", line {at["second"]}, in forward', frames

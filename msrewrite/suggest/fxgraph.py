@@ -20,7 +20,10 @@ submodules have no path between them in that DAG is independent at module level 
 from __future__ import annotations
 
 import inspect
+import os
 import re
+import sys
+import types
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -123,22 +126,50 @@ def capture(root: torch.nn.Module, args: tuple, kwargs: dict, paths: list[str]) 
     return captures
 
 
-class LeafTracer(torch.fx.Tracer):
+_TORCH_DIR = os.path.join(os.path.dirname(os.path.realpath(torch.__file__)), "")
+
+
+class _StackRecording:
+    """Each node's stack trace, the frames from the first `forward` on outside torch, as fx's
+    `record_stack_traces` writes them (module_dag reads their lines). fx's own filter calls
+    torch.fx.experimental.symbolic_shapes.uninteresting_files(), which imports torch._dynamo
+    and torch._inductor: about 2.5 s, most of a traced suggest of a small model."""
+
+    def create_node(self, *args: Any, **kwargs: Any) -> torch.fx.Node:
+        node = super().create_node(*args, **kwargs)  # type: ignore[misc]
+        if not node.stack_trace:
+            node.stack_trace = _user_stack(sys._getframe(1))
+        return node
+
+
+def _user_stack(frame: types.FrameType | None) -> str:
+    frames = []
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    frames.reverse()  # outermost first, as a traceback reads
+    first = next((i for i, f in enumerate(frames) if f.f_code.co_name == "forward"), len(frames))
+    return "\n".join(
+        f'  File "{f.f_code.co_filename}", line {f.f_lineno}, in {f.f_code.co_name}'
+        for f in frames[first:]
+        if not os.path.realpath(f.f_code.co_filename).startswith(_TORCH_DIR)
+    )
+
+
+class LeafTracer(_StackRecording, torch.fx.Tracer):
     def __init__(self, leaves: set[str]) -> None:
         super().__init__()
         self.leaves = leaves
-        self.record_stack_traces = True
 
     def is_leaf_module(self, _m: torch.nn.Module, module_qualified_name: str) -> bool:
         return module_qualified_name in self.leaves
 
 
-class MetaLeafTracer(MetaTracer):
+class MetaLeafTracer(_StackRecording, MetaTracer):
     def __init__(self, leaves: set[str], oracle: dict[str, Any]) -> None:
         super().__init__()
         self.leaves = leaves
         self.oracle = oracle
-        self.record_stack_traces = True
 
     def is_leaf_module(self, _m: torch.nn.Module, module_qualified_name: str) -> bool:
         return module_qualified_name in self.leaves
