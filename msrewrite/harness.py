@@ -104,7 +104,7 @@ class Harness:
         cls = getattr(other_module, self.target, None)
         if not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):
             raise BadInput(f"{getattr(other_module, '__file__', other_module)} has no nn.Module class {self.target}")
-        torch.manual_seed(self.seed)
+        manual_seed(self.seed)
         try:
             module = cls(*self.init_args, **self.init_kwargs)
         except Exception as exc:  # user code: report, do not crash
@@ -259,7 +259,7 @@ def build_harness(
     """Build the module to analyze or verify, with random weights, eval mode, float32."""
     path = Path(path)
     model_module = load_module(path, package=package)
-    torch.manual_seed(seed)
+    manual_seed(seed)
     if harness:
         built = _from_user_harness(harness, path, target)
     elif input_shape is not None:
@@ -483,6 +483,16 @@ def init_custom_parameters(module: torch.nn.Module, std: float) -> None:
                     param.zero_()
                 else:
                     param.fill_(1.0)
+
+
+def manual_seed(seed: int) -> None:
+    """torch.manual_seed for a CPU run: the CPU generator, and CUDA's once CUDA is initialized.
+    torch.manual_seed also queues a seed for each device not initialized yet, each with the
+    whole Python stack (traceback.format_stack): a tenth of a small model's verify. A device
+    first initialized during a run gets its own fixed default seed, the same in every run."""
+    torch.random.default_generator.manual_seed(seed)
+    if torch.cuda.is_initialized():
+        torch.cuda.manual_seed_all(seed)
 
 
 def clone_tree(value: Any) -> Any:

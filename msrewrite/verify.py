@@ -222,13 +222,13 @@ def run_module(built, scenario: Scenario, seed: int = 0, restore: bool = False) 
     Train runs enable grad and compare the buffers after the forward (running statistics, caches);
     every run starts from the same RNG seed, so dropout draws match when their order does.
     `restore` puts the module's parameters and buffers back afterwards (a module run again)."""
-    from msrewrite.harness import clone_tree, exit_if_forked
+    from msrewrite.harness import clone_tree, exit_if_forked, manual_seed
 
     module = built.module
     state = {k: v.detach().clone() for k, v in module.state_dict(keep_vars=True).items()} if restore else {}
     args, kwargs = scenario.inputs or (built.args, built.kwargs)
     module.train(scenario.training)
-    torch.manual_seed(seed)
+    manual_seed(seed)
     try:
         with torch.enable_grad() if scenario.training else torch.no_grad():
             out = module(*clone_tree(args), **clone_tree(kwargs))

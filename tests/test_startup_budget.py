@@ -182,6 +182,8 @@ def test_apply_imports_only_what_it_uses():
 @pytest.mark.slow  # runs verify
 def test_verify_parses_the_unedited_file_once(monkeypatch):
     """Finding the plans again and the late and interleaved variants all start from the original."""
+    import torch
+
     import msrewrite.load
     from msrewrite.emit import schedules
     from msrewrite.verify import verify_files
@@ -201,6 +203,12 @@ def test_verify_parses_the_unedited_file_once(monkeypatch):
     schedules._derive.cache_clear()
     schedules._variant.cache_clear()
     golden = ROOT / "golden" / "moe-shared-expert" / "eager" / "deepseek_moe.py"
+    seeded = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", seeded.append)
     result = verify_files(golden, original=original, inputs=0, train=False)
     assert result.ok and result.schedules == ["early", "late", "interleaved"], (result.problems, result.schedules)
     assert len(parses) == 1, parses
+    # torch.manual_seed queues a seed, with the whole stack, for CUDA and each other device not
+    # initialized: verify seeds the CPU generator itself (harness.manual_seed); the one call left
+    # is the example's own make()
+    assert seeded == [0]
