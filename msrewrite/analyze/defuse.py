@@ -342,10 +342,7 @@ class _Collector(Visitor):
             resolver=self.scope.resolver, closures=dict(self.scope.closures), modules=dict(self.scope.modules)
         )
         node.body.visit(_Collector(inner, inner_scope))
-        params = tuple(
-            p.name.value for p in (*node.params.posonly_params, *node.params.params, *node.params.kwonly_params)
-        )
-        star = {p.name.value for p in (node.params.star_arg, node.params.star_kwarg) if isinstance(p, cst.Param)}
+        params, star = parameter_names(node.params)
         written = frozenset((inner.mutates | set(inner.may_write)) & (set(params) | star))
         # a write through *args / **kwargs reaches every argument
         self.scope.closure_params[node.name.value] = (params, written | ({"*"} if written & star else set()))
@@ -367,13 +364,8 @@ class _Collector(Visitor):
             if isinstance(value, cst.Lambda):
                 inner = StatementFacts(index=-1, node=value, first_line=0, last_line=0)  # type: ignore[arg-type]
                 value.body.visit(_Collector(inner, self.scope))
-                own = {
-                    p.name.value
-                    for p in (*value.params.posonly_params, *value.params.params, *value.params.kwonly_params)
-                }
-                own |= {
-                    p.name.value for p in (value.params.star_arg, value.params.star_kwarg) if isinstance(p, cst.Param)
-                }
+                named, star = parameter_names(value.params)
+                own = set(named) | star
                 self.facts.mutates |= inner.mutates - own
                 for name, why in inner.may_write.items():
                     if name not in own:
@@ -388,6 +380,14 @@ class _Collector(Visitor):
                 for other in call.args:
                     if other is not arg:
                         self._write(other.value)
+
+
+def parameter_names(params: cst.Parameters) -> tuple[tuple[str, ...], frozenset[str]]:
+    """(the named parameters in order: positional-only, positional, keyword-only; the names of
+    *args and **kwargs)."""
+    named = tuple(p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params))
+    star = frozenset(p.name.value for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param))
+    return named, star
 
 
 def _bound_to(call: cst.Call, params: tuple[str, ...], written: frozenset[str]) -> list[cst.BaseExpression]:

@@ -30,7 +30,15 @@ from pathlib import Path
 import libcst as cst
 
 from msrewrite.analyze import packages
-from msrewrite.analyze.defuse import Scope, StatementFacts, alias_roots, dotted_name, expression_loads, node_facts
+from msrewrite.analyze.defuse import (
+    Scope,
+    StatementFacts,
+    alias_roots,
+    dotted_name,
+    expression_loads,
+    node_facts,
+    parameter_names,
+)
 from msrewrite.analyze.torch_effects import CallEffect, nn_module_effect, positional, torch_call_effect
 from msrewrite.analyze.walk import Visitor
 from msrewrite.records import record
@@ -679,8 +687,8 @@ def _state_writes(
     (`np.arange(n)`, `MMEncoderAttention.build(x)`, `self.helper()`) or a dict filled with
     results is not that module, class or object. A direct write (`self.x.mul_(2)`, an imported
     `BUF.mul_(2)`) always counts; a classmethod's own state only through `cls.<attr>` itself."""
-    own = {p.name.value for p in (*func.params.posonly_params, *func.params.params, *func.params.kwonly_params)}
-    own |= {p.name.value for p in (func.params.star_arg, func.params.star_kwarg) if isinstance(p, cst.Param)}
+    named, star = parameter_names(func.params)
+    own = set(named) | star
     self_name = next(iter(p.name.value for p in (*func.params.posonly_params, *func.params.params)), None)
     local = (own - {self_name}) | {name for f in facts for name in f.stores}
     storage = Storage(facts, sorted(local))
