@@ -23,6 +23,9 @@ from msrewrite.sanitizer.findings import Finding, Location, fmt
 from msrewrite.torch_modes import DispatchMode
 
 _HOST_SYNC_OPS = {"aten._local_scalar_dense.default"}  # .item() waits for the current stream
+# a constant made from Python data just now (`x[:4] = 0`, `torch.tensor(...)` in a forward): on a
+# device it is copied in on the current stream, not made before the sanitizer on the default one
+_LIFTED_CONSTANT_OPS = {"aten.lift_fresh.default", "aten.lift_fresh_copy.default"}
 
 
 @dataclass
@@ -127,6 +130,8 @@ class Sanitizer(RuntimeListener):
     def _on_op(self, func, args, kwargs, out) -> None:
         stream = self.runtime.current_stream()
         loc = self._here()
+        if str(func) in _LIFTED_CONSTANT_OPS and args and isinstance(args[0], torch.Tensor):
+            self._info(args[0], alloc_stream=stream)
         reads, writes, fresh = classify(func, args, kwargs, out)
         seq = self.clocks.launch(stream)
         self._launches.setdefault(stream, []).append((seq, loc))
