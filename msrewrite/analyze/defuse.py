@@ -124,6 +124,9 @@ class Scope:
     # far, and those of them msrewrite's own edit made (`s = _ms_side_stream(...)`)
     stream_locals: set[str] = field(default_factory=set)
     own_streams: set[str] = field(default_factory=set)
+    # `self.<attr>`s `__init__` sets from msrewrite's own helpers (`_ms_stream_events(...)`):
+    # `fork_event, join_event = self.<attr>` binds its own events
+    own_stream_attrs: frozenset[str] = frozenset()
 
     def effect_of(self, call: cst.Call) -> CallEffect:
         known = torch_call_effect(call)
@@ -239,8 +242,16 @@ class _Collector(Visitor):
             target.visit(self)
 
     def visit_Assign(self, node: cst.Assign) -> bool:
+        own_attr = (dotted_name(node.value) or "").removeprefix("self.") in self.scope.own_stream_attrs
         for target in node.targets:
-            if isinstance(target.target, cst.Name):
+            bound = target.target
+            if own_attr and isinstance(bound, (cst.Name, cst.Tuple)):
+                items = [bound] if isinstance(bound, cst.Name) else [e.value for e in bound.elements]
+                for item in items:
+                    if isinstance(item, cst.Name):
+                        self.scope.stream_locals.add(item.value)
+                        self.scope.own_streams.add(item.value)
+            elif isinstance(target.target, cst.Name):
                 name = target.target.value
                 self.scope.stream_locals.discard(name)
                 self.scope.own_streams.discard(name)

@@ -538,10 +538,17 @@ class ModuleSummaries:
         owner: tuple[ModuleSummaries, str] | None = (self, cls) if cls is not None else None
         if owner is None and function in self.patched:
             owner = self.find_class(self.patched[function])
-        attrs = frozenset(owner[0].attribute_values(owner[1])) if owner is not None else None
+        values = owner[0].attribute_values(owner[1]) if owner is not None else {}
+        attrs = frozenset(values) if owner is not None else None
+        own = frozenset(
+            name
+            for name, found in values.items()
+            if found and all(isinstance(v, cst.Call) and (dotted_name(v.func) or "").startswith("_ms_") for v in found)
+        )
         return Scope(
             resolver=lambda call, scope: self.resolve(call, scope, owner),
             state_attrs=attrs,
+            own_stream_attrs=own,
             module_names=frozenset((*self.module_imports, *self.classes, *self.functions)),
         )
 
