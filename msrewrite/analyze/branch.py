@@ -26,6 +26,7 @@ from libcst.metadata import CodeRange
 from msrewrite.analyze.defuse import (
     Scope,
     StatementFacts,
+    alias_roots,
     all_calls,
     dotted_name,
     expression_loads,
@@ -551,10 +552,11 @@ class _Search:
         # Storage each input may share (views, containers, attributes), from the bindings before the join.
         storage = Storage(facts, self.params)
         groups = self._input_groups(units, inputs, storage)
-        fork, pushed_by = self._fork_after_writes(units, groups, storage, side_idx, fork)
+        fork, pushed_by = self._fork_after_barriers(
+            units, side_idx, hoists, *self._fork_after_writes(units, groups, storage, side_idx, fork)
+        )
         fork = self._fork_after_anchors(fork, join, side_idx)
         self._check_rebound_inputs(units, inputs, side_idx, fork)
-
         start = min([fork, *side_idx])
         if hoists:
             _check_join_statement(facts[join], hoists, hoist_facts, storage, self.is_seed, self.scope)
@@ -596,7 +598,7 @@ class _Search:
             phase_anchors=chosen_anchors,
             maybe_outputs=maybe,
             protected_inputs=protected,
-            trust_boundary=sorted({u for f in [*whole, *hoist_facts, *window] for u in f.unknown_callees}),
+            trust_boundary=self._trust_boundary([*whole, *hoist_facts, *window], fork, side_idx),
             main_hoists=main_hoists,
             statements=whole,
             hoists=hoists,
@@ -608,6 +610,12 @@ class _Search:
             facts=facts,
             guard=guard,
         )
+
+    def _trust_boundary(self, moved: list[StatementFacts], fork: int, side_idx: set[int]) -> list[str]:
+        """The callees not seen into of the side work and the window, and of the waits before the
+        fork that msrewrite could not see into (it took them as stream ordering: the fork follows them)."""
+        waits = [f for f in self.facts[:fork] if f.barrier and f.index not in side_idx]
+        return sorted({u for f in [*moved, *waits] for u in f.unknown_callees})
 
     def _input_groups(self, units: list[_Unit], inputs: list[str], storage: Storage) -> dict[str, frozenset]:
         """The objects each side input names where the side reads it."""
@@ -921,6 +929,36 @@ class _Search:
                         pushed_by = (g.index, _own_first(hit, name)[0] if hit else name, name)
         return fork, pushed_by
 
+    def _fork_after_barriers(
+        self,
+        units: list[_Unit],
+        side_idx: set[int],
+        hoists: list[Hoist],
+        fork: int,
+        pushed_by: tuple[int, str, str] | None,
+    ) -> tuple[int, tuple[int, str, str] | None]:
+        """The fork after every main statement that orders streams (`ev.wait()`,
+        `stream.synchronize()`, `torch.npu.synchronize()`, a helper doing one, an unseen wait) and
+        comes before a side unit in the original order: the side stream waits on the main stream
+        only as far as the fork, so work started above a wait would not wait for what the wait
+        orders (a copy on another stream, a gather). `pushed_by`: what held the fork back so far;
+        (statement, "", "") when the last such wait holds it back."""
+        for index, _, _ in units:
+            for g in self.facts[:index]:
+                if g.index not in side_idx and g.barrier and g.index + 1 > fork:
+                    fork, pushed_by = g.index + 1, (g.index, "", "")
+        if hoists and self.facts[units[-1][0]].barrier:
+            # the hoisted call and a wait in the join statement itself: which ran first is the
+            # statement's evaluation order, which the hoist would change
+            join_fact = self.facts[units[-1][0]]
+            own = node_facts(join_fact.node, self.scope, after_calls=frozenset(id(h.call) for h in hoists))
+            if own.barrier:
+                raise NoBranch(
+                    f"line {join_fact.first_line}: the join statement also orders streams (a wait or synchronize); "
+                    "msrewrite does not hoist the side call out of it"
+                )
+        return fork, pushed_by
+
     def _fork_after_anchors(self, fork: int, join: int, side_idx: set[int]) -> int:
         """The fork after every start anchor's definition."""
         for anchor in self.anchors:
@@ -1026,6 +1064,8 @@ class _Search:
             hint = "; pass --protect clone to snapshot it at the fork" if f.index >= fork else ""
             via = _alias_origin(storage, self.facts, known[0], group, f.index, self.scope) if known[0] != name else ""
             via = f" ('{known[0]}' {via.removeprefix(', which ').rstrip(',')})" if via else ""
+            callee = _writing_callee(f.node, known[0], self.scope)
+            via += f" (inside {callee}, with every override and patch of it in the file)" if callee else ""
             raise NoBranch(
                 f"line {f.first_line} writes '{known[0]}' in place while the side stream reads it{via}{hint}"
             )
@@ -1050,7 +1090,12 @@ class _Search:
         elif pushed_by is not None and pushed_by[0] + 1 == fork:
             at, written, name = pushed_by
             line = facts[at].first_line
-            if written == name:
+            if not written:
+                why = (
+                    f" (the fork waits for line {line}, which orders streams (a wait or synchronize): "
+                    "the side work must not start before it)"
+                )
+            elif written == name:
                 why = f" (the fork waits for line {line}, which writes '{name}' before the side work reads it)"
             else:
                 via = _alias_origin(
@@ -1592,6 +1637,19 @@ def _phase_split_lines(f: StatementFacts, func: cst.FunctionDef, facts: list[Sta
         return True
 
     return lines if walk(f.node) and len(lines) > 1 else None
+
+
+def _writing_callee(node: cst.CSTNode, name: str, scope: Scope) -> str:
+    """The first call in `node` that the file's summaries (not the torch table) say writes `name`:
+    a method, helper or submodule, named so that a refusal says where the write is."""
+    from msrewrite.analyze.torch_effects import torch_call_effect
+
+    for call in all_calls(node):
+        if torch_call_effect(call) is not None:
+            continue
+        if any(name in alias_roots(w, scope) for w in scope.effect_of(call).writes):
+            return f"{dotted_name(call.func) or 'a call'}(...)"
+    return ""
 
 
 def _writes(storage: Storage, f: StatementFacts, tokens: frozenset) -> bool:

@@ -22,7 +22,14 @@ from typing import Any
 import libcst as cst
 from libcst.metadata import CodeRange
 
-from msrewrite.analyze.torch_effects import METADATA_ATTRS, CallEffect, dotted, torch_call_effect
+from msrewrite.analyze.torch_effects import (
+    METADATA_ATTRS,
+    CallEffect,
+    dotted,
+    is_ordering_call,
+    is_stream_object,
+    torch_call_effect,
+)
 from msrewrite.analyze.walk import Visitor
 from msrewrite.records import record
 
@@ -52,6 +59,8 @@ class StatementFacts:
     collective: bool = False
     rng: bool = False
     stream: bool = False
+    # stream ordering (an event or stream wait, a synchronize): later work must not start before it
+    barrier: bool = False
 
 
 # 'self.shared_expert.down_proj' for an attribute chain of names, else None (one implementation,
@@ -70,6 +79,19 @@ def self_callee(func: cst.BaseExpression) -> str | None:
     if isinstance(node, cst.Name) and node.value == "self" and parts:
         return ".".join(reversed(parts))
     return None
+
+
+def _stream_value(node: cst.BaseExpression) -> bool:
+    """A stream or event object (or None): `torch.npu.Event()`, msrewrite's own
+    `_ms_side_stream(...)`, `torch.npu.Stream() if on else None`."""
+    if isinstance(node, cst.IfExp):
+        branches = (node.body, node.orelse)
+        return any(_stream_value(b) for b in branches) and all(
+            _stream_value(b) or (isinstance(b, cst.Name) and b.value == "None") for b in branches
+        )
+    if isinstance(node, cst.Call) and (dotted(node.func) or "").startswith("_ms_"):
+        return True
+    return is_stream_object(node)
 
 
 def _root_name(node: cst.BaseExpression) -> str | None:
@@ -98,6 +120,13 @@ class Scope:
     state_attrs: frozenset[str] | None = None
     # names the module binds to modules, classes and functions (`np`, `MoE`, `helper`): not tensors
     module_names: frozenset[str] = frozenset()
+    # locals bound to a stream or event object (`ev = torch.npu.Event()`) in the statements seen so
+    # far, and those of them msrewrite's own edit made (`s = _ms_side_stream(...)`)
+    stream_locals: set[str] = field(default_factory=set)
+    own_streams: set[str] = field(default_factory=set)
+    # `self.<attr>`s `__init__` sets from msrewrite's own helpers (`_ms_stream_events(...)`):
+    # `fork_event, join_event = self.<attr>` binds its own events
+    own_stream_attrs: frozenset[str] = frozenset()
 
     def effect_of(self, call: cst.Call) -> CallEffect:
         known = torch_call_effect(call)
@@ -105,6 +134,16 @@ class Scope:
             return known
         if isinstance(call.func, cst.Name) and call.func.value in self.closures:
             return CallEffect()  # its writes are added at the call site (free variables)
+        if is_ordering_call(call):
+            receiver = call.func.value  # type: ignore[attr-defined]
+            if isinstance(receiver, cst.Name) and receiver.value in self.stream_locals:
+                # ev = torch.npu.Event(); ev.wait(). msrewrite's own fork and join of another side
+                # stream (`side.wait_stream(current)`, `current.wait_stream(side)`) order only that
+                # branch's outputs, which are names: data dependences already keep their readers after it
+                names = {receiver.value, *(a.value.value for a in call.args if isinstance(a.value, cst.Name))}
+                return CallEffect(stream=True, barrier=not names & self.own_streams)
+            if self.resolver is None:  # nothing to resolve it with: it may order streams
+                return CallEffect(stream=True, barrier=True)
         if self.resolver is None:
             return CallEffect()
         return self.resolver(call, self)
@@ -203,7 +242,23 @@ class _Collector(Visitor):
             target.visit(self)
 
     def visit_Assign(self, node: cst.Assign) -> bool:
+        own_attr = (dotted_name(node.value) or "").removeprefix("self.") in self.scope.own_stream_attrs
         for target in node.targets:
+            bound = target.target
+            if own_attr and isinstance(bound, (cst.Name, cst.Tuple)):
+                items = [bound] if isinstance(bound, cst.Name) else [e.value for e in bound.elements]
+                for item in items:
+                    if isinstance(item, cst.Name):
+                        self.scope.stream_locals.add(item.value)
+                        self.scope.own_streams.add(item.value)
+            elif isinstance(target.target, cst.Name):
+                name = target.target.value
+                self.scope.stream_locals.discard(name)
+                self.scope.own_streams.discard(name)
+                if _stream_value(node.value):
+                    self.scope.stream_locals.add(name)
+                if isinstance(node.value, cst.Call) and (dotted(node.value.func) or "").startswith("_ms_"):
+                    self.scope.own_streams.add(name)
             self._store_target(target.target, node.value)
             if isinstance(node.value, cst.Subscript):  # expert = self.experts[i]
                 self._bind_module(target.target, node.value.value)
@@ -300,6 +355,7 @@ class _Collector(Visitor):
             for name, why in closure.may_write.items():
                 self.facts.may_write.setdefault(name, why)
             self.facts.unknown_callees |= closure.unknown_callees
+            self.facts.barrier |= closure.barrier
             params, written_params = self.scope.closure_params.get(node.func.value, ((), frozenset()))
             for arg in _bound_to(node, params, written_params):
                 self._write(arg)
@@ -318,6 +374,7 @@ class _Collector(Visitor):
         self.facts.collective |= effect.collective
         self.facts.rng |= effect.rng
         self.facts.stream |= effect.stream
+        self.facts.barrier |= effect.barrier
 
     def visit_Return(self, _node: cst.Return) -> None:
         self.facts.exits = True
@@ -371,6 +428,7 @@ class _Collector(Visitor):
                     if name not in own:
                         self.facts.may_write.setdefault(name, why)
                 self.facts.unknown_callees |= inner.unknown_callees
+                self.facts.barrier |= inner.barrier
                 writes_params = bool((inner.mutates | set(inner.may_write)) & own)
             elif isinstance(value, cst.Name) and value.value in self.scope.closure_params:
                 writes_params = bool(self.scope.closure_params[value.value][1])

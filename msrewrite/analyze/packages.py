@@ -118,6 +118,10 @@ class SourceIndex:
     module_imports: dict[str, str]  # `import a.b as m`: m -> a.b; `import a.b`: a -> a
     patched: dict[str, str]  # function -> the class it is assigned to (Cls.forward = fn)
     star_imports: list[tuple[int, str]] = field(default_factory=list)  # `from <dots><module> import *`
+    bases: dict[str, list[str]] = field(default_factory=dict)  # class -> its bases, dotted
+    # (class, attribute) -> each module-level `Cls.attr = value`: the function's name, or None
+    # for any other value (a lambda, a call)
+    patches: dict[tuple[str, str], list[str | None]] = field(default_factory=dict)
 
     parsed: dict = field(default_factory=dict)  # name -> its libcst node (None: does not parse alone)
 
@@ -160,6 +164,30 @@ def index_file(path: Path) -> SourceIndex | None:
     return _parsed[key]
 
 
+def _dotted(node) -> str | None:
+    import ast
+
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return ".".join([node.id, *reversed(parts)])
+    return None
+
+
+def _note_patch(index: SourceIndex, stmt) -> None:
+    """`Cls.attr = value` at module level: a method replaced (or set) from outside the class."""
+    import ast
+
+    for target in stmt.targets:
+        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name):
+            value = stmt.value.id if isinstance(stmt.value, ast.Name) else None
+            index.patches.setdefault((target.value.id, target.attr), []).append(value)
+            if value is not None:
+                index.patched[value] = target.value.id
+
+
 def _index(text: str) -> SourceIndex:
     import ast
 
@@ -178,6 +206,8 @@ def _index(text: str) -> SourceIndex:
                 index.classes.discard(stmt.name)  # a later definition of the name wins
                 index.functions.discard(stmt.name)
                 (index.classes if isinstance(stmt, ast.ClassDef) else index.functions).add(stmt.name)
+                if isinstance(stmt, ast.ClassDef):
+                    index.bases[stmt.name] = [n for n in (_dotted(b) for b in stmt.bases) if n]
             elif isinstance(stmt, ast.ImportFrom):
                 for alias in stmt.names:
                     if alias.name != "*":
@@ -191,10 +221,8 @@ def _index(text: str) -> SourceIndex:
                     else:
                         head = alias.name.split(".")[0]
                         index.module_imports[head] = head
-            elif isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Name):
-                for target in stmt.targets:
-                    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name):
-                        index.patched[stmt.value.id] = target.value.id
+            elif isinstance(stmt, ast.Assign):
+                _note_patch(index, stmt)
 
     visit(tree.body)
     return index

@@ -15,7 +15,9 @@ Edges of the statement DAG (`FunctionInfo.graph`), u -> v when v must stay after
   uses) follow aliases, so a write through `h = x.view(-1)` orders against every reader and writer
   of x's object (read after write, write after read, write after write); a name an unseen callee
   may write counts as written. Statements that write `self` state, exit (return/yield/raise) or do
-  collective, RNG or stream work are also kept in order among themselves;
+  collective, RNG or stream work are also kept in order among themselves, and a statement that
+  orders streams (an event wait, a synchronize: `barrier` in the facts) stays before everything
+  after it;
 - "name": v rebinds a name u reads or binds (write after read/write by name), which renaming
   removes; left out with renaming=True.
 Where the facts are unsure (an unseen callee, a compound statement binding on some paths) they
@@ -73,7 +75,7 @@ class Statement:
     compound: bool = False
     writes_self: bool = False
     exits: bool = False  # return / yield / raise
-    effects: frozenset[str] = frozenset()  # "collective", "rng", "stream": kept in order
+    effects: frozenset[str] = frozenset()  # "collective", "rng", "stream", "barrier": kept in order
     node: cst.BaseStatement | None = field(default=None, compare=False, repr=False)
     facts: StatementFacts | None = field(default=None, compare=False, repr=False)  # what apply reads
 
@@ -130,9 +132,12 @@ class _Walk:
         self.last_write: dict[object, int] = {}  # storage token -> the statement that wrote it last
         self.token_readers: dict[object, list[int]] = {}
         self.state_writer: int | None = None
+        self.barrier: int | None = None  # the last statement that orders streams
 
     def step(self, stmt: Statement, reads: dict, writes: dict) -> None:
         dag, i = self.dag, stmt.index
+        if self.barrier is not None:  # nothing moves above a wait: it orders all that follows
+            _link(dag, self.barrier, i, "state", "barrier")
         for name in stmt.uses:  # read after write, by name
             if name in self.last_def:
                 _link(dag, self.last_def[name], i, "data", name)
@@ -156,6 +161,8 @@ class _Walk:
             if self.state_writer is not None:
                 _link(self.dag, self.state_writer, i, "state", "self")
             self.state_writer = i
+        if "barrier" in stmt.effects:
+            self.barrier = i
         for token in reads:
             self.token_readers.setdefault(token, []).append(i)
         for token in writes:
@@ -507,7 +514,7 @@ def _statement(index: int, facts: StatementFacts, positions) -> Statement:
         )
     written = facts.mutates | set(facts.may_write)
     self_state = written | facts.self_stores | {t for _, t in facts.links}
-    effects = {name for name in ("collective", "rng", "stream") if getattr(facts, name)}
+    effects = {name for name in ("collective", "rng", "stream", "barrier") if getattr(facts, name)}
     return Statement(
         index=index,
         first_line=facts.first_line,

@@ -39,7 +39,15 @@ from msrewrite.analyze.defuse import (
     node_facts,
     parameter_names,
 )
-from msrewrite.analyze.torch_effects import CallEffect, nn_module_effect, positional, torch_call_effect
+from msrewrite.analyze.torch_effects import (
+    ORDERING_METHODS,
+    CallEffect,
+    is_ordering_call,
+    is_stream_object,
+    nn_module_effect,
+    positional,
+    torch_call_effect,
+)
 from msrewrite.analyze.walk import Visitor
 from msrewrite.records import record
 
@@ -64,6 +72,7 @@ class Summary:
     collective: bool = False
     rng: bool = False
     stream: bool = False
+    barrier: bool = False  # orders streams or events (an event wait, a synchronize): see CallEffect
     vararg: str | None = None
     kwarg: str | None = None
 
@@ -109,6 +118,10 @@ class ModuleSummaries:
         self.depth = _depth  # import hops from the user's file
         self.package = _package  # read from an installed package: its callees count only if proven
         self.patched: dict[str, str] = {}  # free function -> the class it is assigned to (Cls.forward = fn)
+        # (class, attribute) -> each module-level `Cls.attr = value`: the function's name, or None
+        # for any other value (a lambda, a call): what a call of that method may run instead
+        self.patches: dict[tuple[str, str], list[str | None]] = {}
+        self._class_bases: dict[str, list[str]] | None = None  # class -> its bases (read modules: the index's)
         self.star_imports: list[tuple[int, str]] = []  # `from <dots><module> import *`, in order
         self._reading = _reading if _reading is not None else _Reading()
         for stmt in _top_level(module.body):
@@ -141,11 +154,16 @@ class ModuleSummaries:
                 elif full:
                     head = full.split(".")[0]
                     self.module_imports[head] = head
-        elif isinstance(small, cst.Assign) and isinstance(small.value, cst.Name):
+        elif isinstance(small, cst.Assign):
             for target in small.targets:
                 name = dotted_name(target.target) or ""
-                if name.count(".") == 1:
-                    self.patched[small.value.value] = name.split(".")[0]
+                if name.count(".") != 1:
+                    continue
+                owner, attr = name.split(".")
+                value = small.value.value if isinstance(small.value, cst.Name) else None
+                self.patches.setdefault((owner, attr), []).append(value)
+                if value is not None:
+                    self.patched[value] = owner
 
     # classes ----------------------------------------------------------------------------
     def find_class(self, name: str) -> tuple[ModuleSummaries, str] | None:
@@ -238,9 +256,96 @@ class ModuleSummaries:
             dict(index.patched),
         )
         other.star_imports = list(index.star_imports)
+        other.patches = {k: list(v) for k, v in index.patches.items()}
+        other._class_bases = {k: list(v) for k, v in index.bases.items()}
         other.assumed = self.assumed  # names vouched for anywhere count as used
         loaded[file] = other
         return other
+
+    # virtual dispatch --------------------------------------------------------------------
+    def _all_bases(self) -> dict[str, list[str]]:
+        """Every class of this module -> its bases (dotted), without parsing a read module's classes."""
+        if self._class_bases is None:
+            self._class_bases = {name: self._bases(name) for name in list(self.classes)}
+        return self._class_bases
+
+    def subclasses(self, cls: str) -> list[str]:
+        """The classes of this module that derive from `cls` (directly or through each other), in order."""
+        bases = self._all_bases()
+        found: list[str] = []
+        todo = [cls]
+        while todo:
+            parent = todo.pop(0)
+            for name, parents in bases.items():
+                if name not in found and name != cls and any(b.split(".")[-1] == parent for b in parents):
+                    found.append(name)
+                    todo.append(name)
+        return found
+
+    def _ancestors(self, cls: str) -> list[str]:
+        """`cls` and its bases defined in this module."""
+        out: list[str] = []
+        todo = [cls]
+        while todo:
+            name = todo.pop(0)
+            if name in out:
+                continue
+            out.append(name)
+            todo += [b.split(".")[-1] for b in self._all_bases().get(name, [])]
+        return out
+
+    def _dispatch_effects(self, call: cst.Call, cls: str, name: str, label: str, subclasses: bool) -> list[CallEffect]:
+        """What else `<cls instance>.name(...)` may run: the overrides of `name` in the subclasses of
+        `cls` this module defines (with `subclasses`: the object may be of any of them) and every
+        module-level `Cls.name = f` on `cls`, its bases or those subclasses."""
+        effects: list[CallEffect] = []
+        classes = self._ancestors(cls) + (self.subclasses(cls) if subclasses else [])
+        if subclasses:
+            for sub in self.subclasses(cls):
+                node = self.classes.get(sub)
+                if node is None or not isinstance(node.body, cst.IndentedBlock):
+                    continue
+                for stmt in node.body.body:
+                    if isinstance(stmt, cst.FunctionDef) and stmt.name.value == name:
+                        summary = self.function_summary(sub, stmt)
+                        effects.append(
+                            _apply(summary, call, f"{label} ({sub}.{name}, an override)", self.package, _SELF)
+                        )
+        for owner in classes:
+            for value in self.patches.get((owner, name), []):
+                where = f"{label} ({owner}.{name} = {value or '...'} at module level"
+                if value is not None and value in self.functions:
+                    summary = self.function_summary(owner, self.functions[value])
+                    effects.append(_apply(summary, call, where + ")", self.package, _SELF))
+                else:
+                    effects.append(_unknown(call, f"{where}, not visible to msrewrite)"))
+        return effects
+
+    def _hooks(self, cls: str, attr: str) -> list[str]:
+        """`self.<attr>.register_forward_hook(...)` / `register_forward_pre_hook(...)` /
+        `register_module_forward_hook` in a method of `cls` (or its bases and subclasses here):
+        hooks run inside every call of that submodule."""
+        found: list[str] = []
+
+        class _Hooks(Visitor):
+            def __init__(self, owner: str) -> None:
+                self.owner = owner
+
+            def visit_Call(self, call: cst.Call) -> None:
+                func = call.func
+                if (
+                    isinstance(func, cst.Attribute)
+                    and func.attr.value.startswith("register_")
+                    and "hook" in func.attr.value
+                    and dotted_name(func.value) == f"self.{attr}"
+                ):
+                    found.append(f"{self.owner}: self.{attr}.{func.attr.value}")
+
+        for owner in [*self._ancestors(cls), *self.subclasses(cls)]:
+            node = self.classes.get(owner)
+            if node is not None:
+                node.visit(_Hooks(owner))
+        return found
 
     def _bases(self, cls: str) -> list[str]:
         node = self.classes.get(cls)
@@ -433,10 +538,17 @@ class ModuleSummaries:
         owner: tuple[ModuleSummaries, str] | None = (self, cls) if cls is not None else None
         if owner is None and function in self.patched:
             owner = self.find_class(self.patched[function])
-        attrs = frozenset(owner[0].attribute_values(owner[1])) if owner is not None else None
+        values = owner[0].attribute_values(owner[1]) if owner is not None else {}
+        attrs = frozenset(values) if owner is not None else None
+        own = frozenset(
+            name
+            for name, found in values.items()
+            if found and all(isinstance(v, cst.Call) and (dotted_name(v.func) or "").startswith("_ms_") for v in found)
+        )
         return Scope(
             resolver=lambda call, scope: self.resolve(call, scope, owner),
             state_attrs=attrs,
+            own_stream_attrs=own,
             module_names=frozenset((*self.module_imports, *self.classes, *self.functions)),
         )
 
@@ -543,10 +655,17 @@ class ModuleSummaries:
             if method is not None and not rest:
                 if self._vouched(head, f"self.{head}"):
                     return _vouched_effect(call)
-                return _apply(self.function_summary(cls, method[1]), call, f"self.{head}", self.package, _SELF)
+                own = _apply(self.function_summary(cls, method[1]), call, f"self.{head}", self.package, _SELF)
+                # `self` may be of a subclass that overrides the method, or the method patched
+                return _union([own, *self._dispatch_effects(call, cls, head, f"self.{head}", subclasses=True)])
         if self._vouched(head, label):
             return _vouched_effect(call)
-        values = self.attribute_values(cls).get(head)
+        values = list(self.attribute_values(cls).get(head) or [])
+        for sub in self.subclasses(cls):  # a subclass's __init__ may put another module there
+            values += [v for v in self.attribute_values(sub).get(head, []) if not any(v is w for w in values)]
+        hooks = self._hooks(cls, head) if values and not rest else []
+        if hooks:
+            return _unknown(call, f"{label} (a hook runs in its call, {hooks[0]}; not visible to msrewrite)")
         if not values and not element and not rest:
             inherited = self._inherited_effect(call, cls, head, label)
             if inherited is not None:
@@ -560,6 +679,10 @@ class ModuleSummaries:
             effect = self._module_value(call, value, label, element, rest)
             if effect is not None:
                 effects.append(effect)
+        if not effects and rest:
+            # `self.input_ready = None` in __init__, `self.input_ready.wait()` in forward: None has
+            # no methods, so the object is set elsewhere (by a caller, at run time)
+            return _unknown(call, f"{label} (None in __init__, set elsewhere; not visible to msrewrite)")
         return _union(effects)
 
     def _through_self_aliases(self, cls: str, values: list[cst.BaseExpression]) -> list[cst.BaseExpression]:
@@ -596,6 +719,8 @@ class ModuleSummaries:
             if known is not None:
                 return known
         if isinstance(value, cst.Call):
+            if is_stream_object(value) and not element and rest in ORDERING_METHODS:
+                return CallEffect(stream=True, barrier=True)  # self.comm_stream = torch.npu.Stream()
             return self._constructed_value(call, value, label, element, rest)
         return _unknown(call, f"{label} (set from {_short(value)}, not visible to msrewrite)")
 
@@ -652,7 +777,9 @@ class ModuleSummaries:
                 return inherited
             base = (owner._external_bases(name) or ["no forward"])[0]
             return _unknown(call, f"{label} ({ctor} from {base}, not visible to msrewrite)")
-        return _apply(owner.function_summary(name, forward[1]), call, f"{label} ({ctor})", owner.package, call.func)
+        own = _apply(owner.function_summary(name, forward[1]), call, f"{label} ({ctor})", owner.package, call.func)
+        patched = owner._dispatch_effects(call, name, "forward", f"{label} ({ctor})", subclasses=False)
+        return _union([own, *patched]) if patched else own
 
 
 def _note_kinds(summary: Summary, facts: list[StatementFacts]) -> None:
@@ -661,6 +788,7 @@ def _note_kinds(summary: Summary, facts: list[StatementFacts]) -> None:
         summary.collective |= f.collective
         summary.rng |= f.rng
         summary.stream |= f.stream
+        summary.barrier |= f.barrier
 
 
 def _signature(cls: str | None, func: cst.FunctionDef) -> tuple[list[str], str | None, str | None]:
@@ -1003,7 +1131,11 @@ def _apply(
     state; module-level names the callee writes are written here by name."""
     bound = _bind_args(summary, call)
     effect = CallEffect(
-        unknown=sorted(summary.unknown), collective=summary.collective, rng=summary.rng, stream=summary.stream
+        unknown=sorted(summary.unknown),
+        collective=summary.collective,
+        rng=summary.rng,
+        stream=summary.stream,
+        barrier=summary.barrier,
     )
     for name in summary.writes:
         effect.writes += bound.get(name, [])
@@ -1046,12 +1178,23 @@ def _unknown(call: cst.Call, why: str) -> CallEffect:
         # a computed callee (`getattr(x, "mul_")(2)`, `table[k](x)`) may be bound to any object its
         # expression names
         receiver = [cst.Name(n) for n in sorted(expression_loads(call.func)) if n != "self"]
-    return CallEffect(returns=args + receiver, may_writes=[(e, why) for e in args + receiver], unknown=[why])
+    # `ev.wait()`, `self.prefetcher.wait()`: a wait, synchronize or record msrewrite cannot see into
+    # may order streams (an event from elsewhere), so nothing after it moves above it
+    ordering = is_ordering_call(call)
+    return CallEffect(
+        returns=args + receiver,
+        may_writes=[(e, why) for e in args + receiver],
+        unknown=[why],
+        stream=ordering,
+        barrier=ordering,
+    )
 
 
 def _vouched_effect(call: cst.Call) -> CallEffect:
-    """A callee the reviewer vouched for: writes nothing; its result may still alias its arguments."""
-    return CallEffect(returns=[a.value for a in call.args])
+    """A callee the reviewer vouched for: writes nothing; its result may still alias its arguments.
+    Vouching is for tensor writes only: a wait or synchronize it makes still orders streams."""
+    ordering = is_ordering_call(call)
+    return CallEffect(returns=[a.value for a in call.args], stream=ordering, barrier=ordering)
 
 
 def _union(effects: list[CallEffect]) -> CallEffect:
@@ -1064,6 +1207,7 @@ def _union(effects: list[CallEffect]) -> CallEffect:
         out.collective |= e.collective
         out.rng |= e.rng
         out.stream |= e.stream
+        out.barrier |= e.barrier
     return out
 
 

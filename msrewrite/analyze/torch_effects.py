@@ -226,6 +226,19 @@ STREAM_NAMES = frozenset(
         "set_stream",
     }
 )
+# Methods that order streams and events (`ev.wait()`, `stream.synchronize()`,
+# `stream.wait_event(ev)`, `ev.record()`): stream ordering only on a stream or event object. On any
+# other receiver (a same-file `self.tracker.wait(x)`, an object from an unknown factory) the name
+# says nothing: the call is resolved like any other, and where msrewrite cannot see into it, it is
+# an unknown callee that is also taken as a barrier (summaries.py).
+ORDERING_METHODS = frozenset({"wait", "synchronize", "wait_event", "wait_stream", "record", "record_event"})
+# device-module functions that order the host or the current stream against other work
+BARRIER_FUNCTIONS = frozenset({"synchronize", "set_stream", "npu_wait_tensor", "wait_tensor"})
+# constructors and getters of stream and event objects, under a device module
+_STREAM_OBJECT_LEAVES = frozenset(
+    {"current_stream", "default_stream", "Stream", "Event", "ExternalStream", "stream_from_id"}
+)
+_DEVICE_MODULES = ("torch.cuda", "torch.npu", "torch_npu.npu", "torch.accelerator", "torch")
 # Builtins that build a container holding their arguments (the result aliases them) or do not
 # touch tensors at all.
 CONTAINER_BUILTINS = frozenset(
@@ -319,6 +332,9 @@ class CallEffect:
     collective: bool = False
     rng: bool = False
     stream: bool = False
+    # stream ordering (an event or stream wait, a synchronize, an event record): work after it in
+    # the original order must not be started before it (the fork is never hoisted above it)
+    barrier: bool = False
 
     @staticmethod
     def pure() -> CallEffect:
@@ -430,10 +446,24 @@ def _torch_function_effect(
     return _common_kwargs(call, effect, first)
 
 
+def is_stream_object(node: cst.BaseExpression) -> bool:
+    """`torch.npu.current_stream()`, `torch.cuda.Event()`, `torch.npu.Stream(...)`: an expression
+    that is a stream or event object by its syntax alone."""
+    if not isinstance(node, cst.Call):
+        return False
+    module, _, leaf = (dotted(node.func) or "").rpartition(".")
+    return module in _DEVICE_MODULES and leaf in _STREAM_OBJECT_LEAVES
+
+
+def is_ordering_call(call: cst.Call) -> bool:
+    """`<receiver>.wait()` and the other ORDERING_METHODS, whatever the receiver."""
+    return isinstance(call.func, cst.Attribute) and call.func.attr.value in ORDERING_METHODS
+
+
 def _other_module_effect(call: cst.Call, module: str, leaf: str) -> CallEffect | None:
     """Device stream modules, pure modules and builtins; None when the name is none of those."""
-    if module in ("torch.cuda", "torch.npu", "torch_npu.npu", "torchair.scope", "torchair.ops"):
-        return CallEffect(stream=True)
+    if module in ("torch.cuda", "torch.npu", "torch_npu.npu", "torchair.scope", "torchair.ops", "torch.accelerator"):
+        return CallEffect(stream=True, barrier=leaf in BARRIER_FUNCTIONS)
     if module in PURE_MODULES or module.startswith(("math.", "torch.compiler", "einops")):
         return CallEffect.pure()
     if not module and leaf in PURE_BUILTINS:
@@ -447,8 +477,12 @@ def _method_effect(call: cst.Call, func: cst.Attribute) -> CallEffect | None:
     """A method call `receiver.method(...)`: stream order, a known tensor method, else None."""
     method = func.attr.value
     receiver = func.value
-    if method in ("wait_stream", "record_stream", "wait_event", "record_event", "wait", "record", "synchronize"):
-        return CallEffect(stream=True)  # stream and event order: no tensor data written
+    if method in ORDERING_METHODS:
+        if is_stream_object(receiver):  # torch.npu.current_stream().wait_event(ev): no tensor data written
+            return CallEffect(stream=True, barrier=True)
+        return None  # a stream, an event or anything else: the receiver decides (summaries.py)
+    if method == "record_stream":
+        return CallEffect(stream=True)  # x.record_stream(s): the caching allocator's bookkeeping
     if isinstance(receiver, _STRING_LITERALS) and method in _STR_METHODS:
         return CallEffect.pure()  # "-".join(names), "{}:{}".format(a, b): a new string, nothing written
     owner = dotted(receiver) or ""

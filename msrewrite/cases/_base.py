@@ -587,7 +587,7 @@ class PhasedCase(SeedCase):
         issue it in phases."""
         from msrewrite.analyze.seeds import find_helpers
         from msrewrite.emit.engine import apply_plans
-        from msrewrite.emit.inline import inline_and_flatten  # phased cases only
+        from msrewrite.emit.inline import inline_and_flatten, inline_blockers  # phased cases only
         from msrewrite.emit.locate import locate
 
         self.check_mode(options.mode)
@@ -596,6 +596,12 @@ class PhasedCase(SeedCase):
         located = locate(module, function)
         # helpers that do only side work (`self._forward_shared_experts(h)`) are inlined too
         is_seed = find_helpers(module, located.cls, self.is_seed, functions=False).seed_predicate(self.is_seed)
+        blockers = inline_blockers(module, located.cls, is_seed)
+        if blockers:
+            raise NothingToDo(
+                f"no safe {self.name} edit: {function}: inlining {self.what[0]} would bypass what runs "
+                f"in its call with the flag off too: {blockers[0]}; use moe-shared-expert, which keeps the call"
+            )
         inlined_func = inline_and_flatten(module, located.cls, located.func, is_seed)
         import libcst as cst
 

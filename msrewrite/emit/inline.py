@@ -650,3 +650,49 @@ class _Flattener:
             return _inline_call(call, callee, forward, namer, out) if forward is not None else None
         method = _simple_method(self.cls, callee)  # a helper method: its body, `self` unchanged
         return _inline_call(call, None, method, namer, out, self.inline) if method is not None else None
+
+
+def inline_blockers(module: cst.Module, cls: cst.ClassDef | None, is_seed: Callable[[str], bool]) -> list[str]:
+    """Why inlining the side calls of `cls` would not be the original code, visibly in this file:
+    inlining copies one class's `forward` (or one helper method) into the caller, skipping the
+    module's `__call__`, so a subclass, a module-level `Cls.forward = f`, or a hook registered on
+    the submodule would no longer run, with the flag off too. Empty when none is seen. Hooks a
+    framework registers at run time cannot be seen here (README: moe-shared-expert-phased)."""
+    from msrewrite.analyze.summaries import ModuleSummaries
+
+    if cls is None:
+        return []
+    summaries = ModuleSummaries(module)
+    owner = cls.name.value
+    found: list[str] = []
+    subs_of_owner = summaries.subclasses(owner)
+    for attr, sub_cls in sorted(_submodule_classes(cls).items()):
+        if not is_seed(attr):
+            continue
+        derived = summaries.subclasses(sub_cls)
+        if derived:
+            found.append(f"{derived[0]} in this file derives from {sub_cls}, the class of self.{attr}")
+        for base in summaries._ancestors(sub_cls):
+            for method in ("forward", "__call__"):
+                if summaries.patches.get((base, method)):
+                    found.append(f"{base}.{method} is reassigned at module level (self.{attr} is a {sub_cls})")
+        hooks = summaries._hooks(owner, attr)
+        if hooks:
+            found.append(f"a hook is registered on self.{attr} ({hooks[0]})")
+        for sub in subs_of_owner:
+            mine = summaries.attribute_values(sub).get(attr, [])
+            theirs = summaries.attribute_values(owner).get(attr, [])
+            if any(not any(v is w for w in theirs) for v in mine):
+                found.append(f"{sub}, a subclass of {owner}, puts another module in self.{attr}")
+    for sub in subs_of_owner:
+        node = summaries.classes[sub]
+        overrides = [
+            s.name.value
+            for s in node.body.body  # type: ignore[union-attr]
+            if isinstance(s, cst.FunctionDef) and is_seed(s.name.value)
+        ]
+        if overrides:
+            found.append(f"{sub}, a subclass of {owner}, overrides {overrides[0]}")
+    if "register_module_forward" in module.code:
+        found.append("the file registers a global module hook (register_module_forward_*)")
+    return found
