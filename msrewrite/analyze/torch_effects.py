@@ -669,8 +669,8 @@ def _torch_function_effect(
         effect.returns.append(first)
     elif function_may_alias(leaf) and first is not None:
         effect.returns.append(first)
-        if first is not (positional(call) or [None])[0]:
-            effect.returns += [a.value for a in call.args if a.keyword is not None]
+        if not positional(call):  # torch.flatten(input=x, start_dim=1): any keyword may be the input
+            effect.returns += [a.value for a in call.args if a.keyword is not None and a.value is not first]
     args = positional(call)
     for at in _INPLACE_AT.get(leaf, ()):
         if at < len(args):
