@@ -379,6 +379,17 @@ class ModuleSummaries:
             return self._cache[key]
         params, vararg, kwarg = _signature(cls, func)
         summary = Summary(params=params, vararg=vararg, kwarg=kwarg)
+        opaque = opaque_decorator(func)
+        if opaque is not None:
+            # the decorator's wrapper runs instead of the body (`@_double_input` may write the
+            # argument first): it may write every argument and the object's state
+            why = f"{func.name.value} (a decorator, @{opaque}, wraps it: not visible to msrewrite)"
+            every = [*params, *(n for n in (vararg, kwarg) if n)]
+            summary.may_write = {p: [why] for p in every}
+            summary.returns = set(every)
+            summary.unknown = {why}
+            self._cache[key] = summary
+            return summary
         # A recursive call sees an unknown callee until the summary is done.
         self._cache[key] = Summary(
             params=params,
@@ -438,7 +449,23 @@ class ModuleSummaries:
             resolver=lambda call, scope: self.resolve(call, scope, owner),
             state_attrs=attrs,
             module_names=frozenset((*self.module_imports, *self.classes, *self.functions)),
+            properties=owner[0].properties(owner[1]) if owner is not None else frozenset(),
         )
+
+    def properties(self, cls: str, seen: frozenset[str] = frozenset()) -> frozenset[str]:
+        """Names class `cls` and its same-file bases define as a @property (or cached_property)."""
+        node = self.classes.get(cls)
+        if node is None or cls in seen:
+            return frozenset()
+        found = {
+            stmt.name.value
+            for stmt in node.body.body
+            if isinstance(stmt, cst.FunctionDef) and _decorator_names(stmt) & PROPERTY_DECORATORS
+        }
+        for base in self._bases(cls):
+            if base in self.classes:
+                found |= self.properties(base, seen | {cls})
+        return frozenset(found)
 
     # resolution ----------------------------------------------------------------------------
     def _vouched(self, *names: str) -> bool:
@@ -653,6 +680,50 @@ class ModuleSummaries:
             base = (owner._external_bases(name) or ["no forward"])[0]
             return _unknown(call, f"{label} ({ctor} from {base}, not visible to msrewrite)")
         return _apply(owner.function_summary(name, forward[1]), call, f"{label} ({ctor})", owner.package, call.func)
+
+
+# Decorators that leave what the function does to its arguments as its body says (they change
+# grad mode, compilation, binding or documentation only); any other one wraps the body in code
+# msrewrite does not follow. Matched on the decorator's last dotted name (`torch.no_grad()`).
+TRANSPARENT_DECORATORS = frozenset(
+    {
+        "staticmethod",
+        "classmethod",
+        "property",
+        "cached_property",
+        "abstractmethod",
+        "no_grad",
+        "inference_mode",
+        "enable_grad",
+        "compile",  # torch.compile: the same code, compiled
+        "disable",  # torch.compiler.disable / torch._dynamo.disable
+        "ignore",  # torch.jit.ignore / unused / export
+        "unused",
+        "export",
+        "overload",
+        "override",
+        "final",
+    }
+)
+PROPERTY_DECORATORS = frozenset({"property", "cached_property"})
+
+
+def _decorator_names(func: cst.FunctionDef) -> set[str]:
+    return {
+        (dotted_name(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator) or "?").split(".")[-1]
+        for d in func.decorators
+    }
+
+
+def opaque_decorator(func: cst.FunctionDef) -> str | None:
+    """The first decorator of `func` msrewrite does not see through (`@_double_input`,
+    `@lru_cache`, a `@x.setter`), as written; None when every one is transparent."""
+    for d in func.decorators:
+        target = d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator
+        name = dotted_name(target)
+        if name is None or name.split(".")[-1] not in TRANSPARENT_DECORATORS:
+            return name or _short(target)
+    return None
 
 
 def _note_kinds(summary: Summary, facts: list[StatementFacts]) -> None:

@@ -176,6 +176,7 @@ ALIAS_FUNCTIONS = frozenset(
         "dropout",
         "alpha_dropout",
         "feature_alpha_dropout",
+        "feature_dropout",
         "dropout1d",
         "dropout2d",
         "dropout3d",
