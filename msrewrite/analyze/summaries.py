@@ -24,6 +24,7 @@ arguments", and the summary names it so a refusal can say what msrewrite could n
 from __future__ import annotations
 
 import builtins
+import dataclasses
 from dataclasses import field
 from pathlib import Path
 
@@ -372,24 +373,35 @@ class ModuleSummaries:
 
     # summaries ---------------------------------------------------------------------------
     def function_summary(self, cls: str | None, func: cst.FunctionDef) -> Summary:
-        """Summary of `func` called on an instance of `cls` (None: a free function)."""
+        """Summary of `func` called on an instance of `cls` (None: a free function). Behind a
+        decorator msrewrite does not see through, the wrapper runs instead of the body
+        (`@_double_input` may write the argument first): what the body does (its collectives,
+        RNG, stream work, writes) still counts, and the wrapper may write every argument."""
+        key = (cls or "", func.name.value, id(func))
+        if key in self._cache:
+            return self._cache[key]
+        summary = self._body_summary(cls, func)
+        opaque = opaque_decorator(func)
+        if opaque is not None and not self._vouched(opaque):
+            why = f"{func.name.value} (a decorator, @{opaque}, wraps it: not visible to msrewrite)"
+            every = [*summary.params, *(n for n in (summary.vararg, summary.kwarg) if n)]
+            summary = dataclasses.replace(
+                summary,
+                may_write={p: _merged(summary.may_write.get(p, []), [why]) for p in every},
+                returns=set(every),
+                unknown=summary.unknown | {why},
+            )
+            self._cache[key] = summary
+        return summary
+
+    def _body_summary(self, cls: str | None, func: cst.FunctionDef) -> Summary:
+        """Summary of `func`'s own body (function_summary without its decorators)."""
         # keyed by the class `self` is (an inherited forward sees the subclass's submodules)
         key = (cls or "", func.name.value, id(func))
         if key in self._cache:
             return self._cache[key]
         params, vararg, kwarg = _signature(cls, func)
         summary = Summary(params=params, vararg=vararg, kwarg=kwarg)
-        opaque = opaque_decorator(func)
-        if opaque is not None:
-            # the decorator's wrapper runs instead of the body (`@_double_input` may write the
-            # argument first): it may write every argument and the object's state
-            why = f"{func.name.value} (a decorator, @{opaque}, wraps it: not visible to msrewrite)"
-            every = [*params, *(n for n in (vararg, kwarg) if n)]
-            summary.may_write = {p: [why] for p in every}
-            summary.returns = set(every)
-            summary.unknown = {why}
-            self._cache[key] = summary
-            return summary
         # A recursive call sees an unknown callee until the summary is done.
         self._cache[key] = Summary(
             params=params,
