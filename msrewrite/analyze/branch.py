@@ -1401,7 +1401,9 @@ def _state_written(f: StatementFacts, storage: Storage) -> dict[str, str]:
     it, or `self` handed to a callee that writes it); rebinding `self.<attr>` counts too."""
     out: dict[str, str] = {}
     for name in sorted(f.mutates):
-        if name == "self" or name.startswith("self."):
+        if name == "self" and "self" in f.may_write:  # a @property's getter (defuse._property_read)
+            out.setdefault("self", f.may_write["self"])
+        elif name == "self" or name.startswith("self."):
             out.setdefault(_state_key(name), name)
         for kind, *rest in storage._around(name, f.index):
             held = rest[-1] if kind in ("free", "param") else ""

@@ -127,6 +127,8 @@ class Scope:
     # `self.<attr>`s `__init__` sets from msrewrite's own helpers (`_ms_stream_events(...)`):
     # `fork_event, join_event = self.<attr>` binds its own events
     own_stream_attrs: frozenset[str] = frozenset()
+    # `self.<name>` attributes the class defines as a @property: reading one runs its getter
+    properties: frozenset[str] = frozenset()
 
     def effect_of(self, call: cst.Call) -> CallEffect:
         known = torch_call_effect(call)
@@ -212,8 +214,22 @@ class _Collector(Visitor):
         self.facts.loads.add(node.value)
 
     def visit_Attribute(self, node: cst.Attribute) -> bool:
+        if isinstance(node.value, cst.Name) and node.value.value == "self" and node.attr.value in self.scope.properties:
+            self._property_read(node)
         node.value.visit(self)  # `attr` is a field name, not a variable
         return False
+
+    def _property_read(self, node: cst.Attribute) -> None:
+        """`self.scale` where the class defines `scale` as a @property: its getter runs here, with
+        the effect of calling it; one that writes module state or reaches a callee msrewrite
+        cannot see into may write any of the module's state (`self`)."""
+        effect = self.scope.effect_of(cst.Call(func=node))
+        self._apply_effect(effect)
+        state = any(isinstance(w, cst.Name) and w.value == "self" for w in effect.writes)
+        if state or effect.unknown or effect.may_writes:
+            unseen = f" -> {effect.unknown[0]}" if effect.unknown else ""
+            self.facts.mutates.add("self")
+            self.facts.may_write.setdefault("self", f"self.{node.attr.value} (a @property{unseen})")
 
     def visit_Arg(self, node: cst.Arg) -> bool:
         node.value.visit(self)  # skip the keyword's name
@@ -362,7 +378,10 @@ class _Collector(Visitor):
         self._functions_passed(node)
         if id(node) in self.after_calls:
             return
-        effect = self.scope.effect_of(node)
+        self._apply_effect(self.scope.effect_of(node))
+
+    def _apply_effect(self, effect: CallEffect) -> None:
+        """Records what one call does: its writes, what unseen callees may write, its kinds of work."""
         for written in effect.writes:
             self._write(written)
             if effect.collective and isinstance(written, cst.Name):

@@ -2,9 +2,17 @@
 
     python -m msrewrite.analyze.gen_torch_names
 
-The analysis needs torch's public names (which tensor methods exist, which `nn` modules, ...) but
-must not import torch: that alone costs seconds of start-up for every `apply`. The table is
-checked against the installed torch by tests/test_effects.py.
+The analysis needs torch's public names (which tensor methods exist, which `nn` modules, ...) and
+a few facts about their signatures, but must not import torch: that alone costs seconds of
+start-up for every `apply`. The table is checked against the installed torch by
+tests/test_effects.py. Besides the names it holds, as "name:..." words:
+  - ALIAS_OPS: public ops one of whose aten schemas returns an alias of its first argument
+    (`Tensor(a) self -> Tensor(a)`: views, and ops that may return `self` itself, `to`, `contiguous`);
+  - INPLACE_ARGS: "op:i" for the positional tensor arguments an op without the trailing `_`
+    writes (`Tensor(a!)` in a schema that is not an `out=` overload);
+  - F_INPLACE: "function:i", the position of `inplace` in `torch.nn.functional`'s signatures;
+  - DIST_SIGNATURES: "function:p0,p1,..", the parameters of `torch.distributed`'s functions
+    (a collective's buffer is found by keyword or position).
 """
 
 from __future__ import annotations
@@ -20,12 +28,66 @@ def current() -> dict[str, frozenset[str]]:
     def public(obj) -> frozenset[str]:
         return frozenset(n for n in dir(obj) if not n.startswith("_"))
 
-    return {
+    tables = {
         "TENSOR_METHODS": public(torch.Tensor),
         "TORCH_FUNCTIONS": public(torch),
         "F_FUNCTIONS": public(F),
         "NN_MODULES": public(nn),
     }
+    tables.update(_schema_facts(tables["TENSOR_METHODS"] | tables["TORCH_FUNCTIONS"] | tables["F_FUNCTIONS"]))
+    tables["F_INPLACE"] = frozenset(
+        f"{name}:{params.index('inplace')}"
+        for name, params in _signatures(F, tables["F_FUNCTIONS"])
+        if "inplace" in params
+    )
+    import torch.distributed as dist
+
+    tables["DIST_SIGNATURES"] = frozenset(
+        f"{name}:{','.join(params)}"
+        for name, params in _signatures(dist, public(dist) | _PRIVATE_COLLECTIVES)
+        if params
+    )
+    return tables
+
+
+# private collectives model code calls (vLLM's, SGLang's older paths)
+_PRIVATE_COLLECTIVES = frozenset({"_all_gather_base", "_reduce_scatter_base"})
+
+
+def _signatures(module, names):
+    """(name, its parameter names) for each plain function or class of `module` that has a signature."""
+    import inspect
+
+    for name in sorted(names):
+        obj = getattr(module, name, None)
+        if not (inspect.isfunction(obj) or inspect.isclass(obj)):
+            continue
+        try:
+            params = list(inspect.signature(obj).parameters)
+        except (TypeError, ValueError):
+            continue
+        yield name, params
+
+
+def _schema_facts(public: frozenset[str]) -> dict[str, frozenset[str]]:
+    """ALIAS_OPS and INPLACE_ARGS from the aten schemas (alias annotations) of the public ops."""
+    import torch
+
+    alias: set[str] = set()
+    writes: set[str] = set()
+    for schema in torch._C._jit_get_all_schemas():
+        if not schema.name.startswith("aten::") or schema.name[6:] not in public:
+            continue
+        name = schema.name[6:]
+        if any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
+            alias.add(name)
+        if name.endswith("_") or schema.overload_name.endswith("out"):
+            continue
+        for i, arg in enumerate(schema.arguments):
+            info = arg.alias_info
+            if info is not None and info.is_write and not arg.kwarg_only and str(arg.type).startswith("Tensor"):
+                writes.add(f"{name}:{i}")
+    return {"ALIAS_OPS": frozenset(alias), "INPLACE_ARGS": frozenset(writes)}
 
 
 def render(tables: dict[str, frozenset[str]]) -> str:

@@ -24,6 +24,7 @@ arguments", and the summary names it so a refusal can say what msrewrite could n
 from __future__ import annotations
 
 import builtins
+import dataclasses
 from dataclasses import field
 from pathlib import Path
 
@@ -477,7 +478,29 @@ class ModuleSummaries:
 
     # summaries ---------------------------------------------------------------------------
     def function_summary(self, cls: str | None, func: cst.FunctionDef) -> Summary:
-        """Summary of `func` called on an instance of `cls` (None: a free function)."""
+        """Summary of `func` called on an instance of `cls` (None: a free function). Behind a
+        decorator msrewrite does not see through, the wrapper runs instead of the body
+        (`@_double_input` may write the argument first): what the body does (its collectives,
+        RNG, stream work, writes) still counts, and the wrapper may write every argument."""
+        key = (cls or "", func.name.value, id(func))
+        if key in self._cache:
+            return self._cache[key]
+        summary = self._body_summary(cls, func)
+        opaque = opaque_decorator(func)
+        if opaque is not None and not self._vouched(opaque):
+            why = f"{func.name.value} (a decorator, @{opaque}, wraps it: not visible to msrewrite)"
+            every = [*summary.params, *(n for n in (summary.vararg, summary.kwarg) if n)]
+            summary = dataclasses.replace(
+                summary,
+                may_write={p: _merged(summary.may_write.get(p, []), [why]) for p in every},
+                returns=set(every),
+                unknown=summary.unknown | {why},
+            )
+            self._cache[key] = summary
+        return summary
+
+    def _body_summary(self, cls: str | None, func: cst.FunctionDef) -> Summary:
+        """Summary of `func`'s own body (function_summary without its decorators)."""
         # keyed by the class `self` is (an inherited forward sees the subclass's submodules)
         key = (cls or "", func.name.value, id(func))
         if key in self._cache:
@@ -550,7 +573,23 @@ class ModuleSummaries:
             state_attrs=attrs,
             own_stream_attrs=own,
             module_names=frozenset((*self.module_imports, *self.classes, *self.functions)),
+            properties=owner[0].properties(owner[1]) if owner is not None else frozenset(),
         )
+
+    def properties(self, cls: str, seen: frozenset[str] = frozenset()) -> frozenset[str]:
+        """Names class `cls` and its same-file bases define as a @property (or cached_property)."""
+        node = self.classes.get(cls)
+        if node is None or cls in seen:
+            return frozenset()
+        found = {
+            stmt.name.value
+            for stmt in node.body.body
+            if isinstance(stmt, cst.FunctionDef) and _decorator_names(stmt) & PROPERTY_DECORATORS
+        }
+        for base in self._bases(cls):
+            if base in self.classes:
+                found |= self.properties(base, seen | {cls})
+        return frozenset(found)
 
     # resolution ----------------------------------------------------------------------------
     def _vouched(self, *names: str) -> bool:
@@ -780,6 +819,50 @@ class ModuleSummaries:
         own = _apply(owner.function_summary(name, forward[1]), call, f"{label} ({ctor})", owner.package, call.func)
         patched = owner._dispatch_effects(call, name, "forward", f"{label} ({ctor})", subclasses=False)
         return _union([own, *patched]) if patched else own
+
+
+# Decorators that leave what the function does to its arguments as its body says (they change
+# grad mode, compilation, binding or documentation only); any other one wraps the body in code
+# msrewrite does not follow. Matched on the decorator's last dotted name (`torch.no_grad()`).
+TRANSPARENT_DECORATORS = frozenset(
+    {
+        "staticmethod",
+        "classmethod",
+        "property",
+        "cached_property",
+        "abstractmethod",
+        "no_grad",
+        "inference_mode",
+        "enable_grad",
+        "compile",  # torch.compile: the same code, compiled
+        "disable",  # torch.compiler.disable / torch._dynamo.disable
+        "ignore",  # torch.jit.ignore / unused / export
+        "unused",
+        "export",
+        "overload",
+        "override",
+        "final",
+    }
+)
+PROPERTY_DECORATORS = frozenset({"property", "cached_property"})
+
+
+def _decorator_names(func: cst.FunctionDef) -> set[str]:
+    return {
+        (dotted_name(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator) or "?").split(".")[-1]
+        for d in func.decorators
+    }
+
+
+def opaque_decorator(func: cst.FunctionDef) -> str | None:
+    """The first decorator of `func` msrewrite does not see through (`@_double_input`,
+    `@lru_cache`, a `@x.setter`), as written; None when every one is transparent."""
+    for d in func.decorators:
+        target = d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator
+        name = dotted_name(target)
+        if name is None or name.split(".")[-1] not in TRANSPARENT_DECORATORS:
+            return name or _short(target)
+    return None
 
 
 def _note_kinds(summary: Summary, facts: list[StatementFacts]) -> None:

@@ -18,7 +18,16 @@ from dataclasses import field
 
 import libcst as cst
 
-from msrewrite.analyze.torch_names import F_FUNCTIONS, NN_MODULES, TENSOR_METHODS, TORCH_FUNCTIONS
+from msrewrite.analyze.torch_names import (
+    ALIAS_OPS,
+    DIST_SIGNATURES,
+    F_FUNCTIONS,
+    F_INPLACE,
+    INPLACE_ARGS,
+    NN_MODULES,
+    TENSOR_METHODS,
+    TORCH_FUNCTIONS,
+)
 from msrewrite.records import record
 
 # Tensor methods whose result may share storage with the receiver. Some only sometimes do
@@ -90,6 +99,21 @@ ALIAS_METHODS = frozenset(
         "requires_grad_",
         "untyped_storage",
         "storage",
+        # may return the receiver itself (checked on torch by tests/test_effects_tables.py; views
+        # with alias annotations in their aten schema come from torch_names.ALIAS_OPS)
+        "as_subclass",
+        "to_dense",
+        "sum_to_size",
+        "conj_physical",
+        "dequantize",
+        "resize_as",
+        "resize",
+        "index",
+        "unsafe_chunk",
+        "unsafe_split",
+        "unsafe_split_with_sizes",
+        "numpy",
+        "pin_memory",
     }
 )
 # Attributes of a tensor that are tensors sharing its storage; every other attribute read from
@@ -152,6 +176,7 @@ ALIAS_FUNCTIONS = frozenset(
         "dropout",
         "alpha_dropout",
         "feature_alpha_dropout",
+        "feature_dropout",
         "dropout1d",
         "dropout2d",
         "dropout3d",
@@ -166,26 +191,85 @@ ALIAS_FUNCTIONS = frozenset(
         "broadcast_tensors",
         "meshgrid",
         "identity",
+        # may return their argument itself (tests/test_effects_tables.py probes torch for these)
+        "as_tensor",
+        "asarray",
+        "from_dlpack",
+        "from_numpy",
+        "conj_physical",
+        "dequantize",
+        "unsafe_chunk",
+        "unsafe_split",
+        "unsafe_split_with_sizes",
+        "split_with_sizes",
+        "positive",
+        "adjoint",
     }
 )
-# torch.distributed calls that write into their first (tensor) argument.
-WRITES_FIRST_ARG = frozenset(
+# torch.distributed calls -> the parameters naming the buffers they fill (by keyword or position;
+# positions from the signatures in torch_names.DIST_SIGNATURES, checked against
+# torch/distributed/distributed_c10d.py by tests/test_effects_tables.py). `gather` counts its
+# input too (as before: it is read on every rank, written on none, but a table entry that is too
+# wide is only conservative).
+DIST_WRITES: dict[str, tuple[str, ...]] = {
+    "all_reduce": ("tensor",),
+    "all_reduce_coalesced": ("tensors",),
+    "all_gather": ("tensor_list",),
+    "all_gather_coalesced": ("output_tensor_lists",),
+    "all_gather_into_tensor": ("output_tensor",),
+    "all_gather_single": ("output_tensor",),
+    "_all_gather_base": ("output_tensor",),
+    "all_gather_object": ("object_list",),
+    "all_to_all": ("output_tensor_list",),
+    "all_to_all_single": ("output",),
+    "broadcast": ("tensor",),
+    "broadcast_object_list": ("object_list",),
+    "gather": ("tensor", "gather_list"),
+    "gather_object": ("object_gather_list",),
+    "recv": ("tensor",),
+    "irecv": ("tensor",),
+    "recv_object_list": ("object_list",),
+    "reduce": ("tensor",),
+    "reduce_scatter": ("output",),
+    "reduce_scatter_tensor": ("output",),
+    "reduce_scatter_single": ("output",),
+    "_reduce_scatter_base": ("output",),
+    "scatter": ("tensor",),
+    "scatter_object_list": ("scatter_object_output_list",),
+    # each P2POp holds its tensor (P2POp's result aliases it): the batch fills the irecv ones
+    "batch_isend_irecv": ("p2p_op_list",),
+}
+# torch.distributed calls with tensor parameters that only read them (P2POp: see above).
+DIST_READS = frozenset({"send", "isend", "send_object_list", "gather_object", "P2POp"})
+# Parameter names that may hold a tensor (or a list of them): a torch.distributed function
+# with one of them is in DIST_WRITES or DIST_READS, else unknown (tests/test_effects_tables.py).
+DIST_TENSOR_PARAMS = frozenset(
     {
-        "recv",
-        "irecv",
-        "all_reduce",
-        "broadcast",
-        "reduce",
-        "all_to_all_single",
-        "all_gather_into_tensor",
-        "reduce_scatter_tensor",
-        "all_gather",
-        "all_to_all",
-        "scatter",
-        "gather",
-        "reduce_scatter",
+        "tensor",
+        "tensors",
+        "output",
+        "input",
+        "tensor_list",
+        "output_tensor",
+        "input_tensor",
+        "output_tensor_list",
+        "input_tensor_list",
+        "output_tensor_lists",
+        "input_list",
+        "gather_list",
+        "scatter_list",
+        "object_list",
+        "obj",
+        "object_gather_list",
+        "scatter_object_output_list",
+        "scatter_object_input_list",
+        "p2p_op_list",
+        "op_list",
     }
 )
+_DIST_PARAMS: dict[str, tuple[str, ...]] = {
+    word.split(":", 1)[0]: tuple(word.split(":", 1)[1].split(",")) for word in DIST_SIGNATURES
+}
 COLLECTIVE_MODULES = ("dist", "torch.distributed", "distributed")
 RNG_NAMES = frozenset(
     {
@@ -297,7 +381,77 @@ PURE_BUILTINS = frozenset(
         "Exception",
     }
 )
-PURE_MODULES = ("math", "operator", "itertools", "functools", "logger", "logging", "warnings", "os", "einops")
+PURE_MODULES = ("math", "logger", "logging", "warnings", "os")
+# Modules whose calls build iterators, partials or reductions over their arguments: the result
+# may hold (alias) any argument; they write nothing themselves (a function handed to them is
+# followed where it is passed: defuse's _functions_passed).
+ALIASING_MODULES = ("itertools", "functools")
+# operator: in place on their first argument (a tensor's `+=`), reads that alias it, pure ones;
+# any other operator function is unknown (operator.call runs its argument).
+OPERATOR_INPLACE = frozenset(
+    {
+        "iadd",
+        "iand",
+        "iconcat",
+        "ifloordiv",
+        "ilshift",
+        "imatmul",
+        "imod",
+        "imul",
+        "ior",
+        "ipow",
+        "irshift",
+        "isub",
+        "itruediv",
+        "ixor",
+        "setitem",
+        "delitem",
+    }
+)
+OPERATOR_ALIAS = frozenset({"getitem", "pos", "concat"})
+OPERATOR_PURE = frozenset(
+    {
+        "abs",
+        "add",
+        "and_",
+        "attrgetter",
+        "contains",
+        "countOf",
+        "eq",
+        "floordiv",
+        "ge",
+        "gt",
+        "index",
+        "indexOf",
+        "inv",
+        "invert",
+        "is_",
+        "is_not",
+        "itemgetter",
+        "le",
+        "length_hint",
+        "lshift",
+        "lt",
+        "matmul",
+        "methodcaller",
+        "mod",
+        "mul",
+        "ne",
+        "neg",
+        "not_",
+        "or_",
+        "pow",
+        "rshift",
+        "sub",
+        "truediv",
+        "truth",
+        "xor",
+    }
+)
+# einops: rearrange / reduce / repeat / pack / unpack may return a view of (or the very) input;
+# parse_shape reads shapes only; anything else is unknown.
+EINOPS_ALIAS = frozenset({"rearrange", "reduce", "repeat", "pack", "unpack", "einsum", "asnumpy"})
+EINOPS_PURE = frozenset({"parse_shape"})
 
 # torch's public names, from a generated table: importing torch here would cost seconds per run
 _TENSOR_METHODS = TENSOR_METHODS
@@ -373,15 +527,80 @@ def tensor_args(call: cst.Call) -> list[cst.BaseExpression]:
     return [a.value for a in call.args]
 
 
-def _common_kwargs(call: cst.Call, effect: CallEffect, first: cst.BaseExpression | None) -> CallEffect:
+def maybe_true(node: cst.BaseExpression | None) -> bool:
+    """A flag argument that may be true: anything passed but the literals False, None and 0."""
+    if node is None:
+        return False
+    if isinstance(node, cst.Name) and node.value in ("False", "None"):
+        return False
+    return not (isinstance(node, cst.Integer) and node.value == "0")
+
+
+def _common_kwargs(
+    call: cst.Call, effect: CallEffect, first: cst.BaseExpression | None, inplace_at: int | None = None
+) -> CallEffect:
+    """`out=` and `inplace=` (also `inplace` passed by position `inplace_at`, F.relu(x, True); a
+    variable flag may be true)."""
     out = _keyword(call, "out")
     if out is not None:
         effect.writes.append(out)
         effect.returns.append(out)
-    if is_true(_keyword(call, "inplace")) and first is not None:
+    flag = _keyword(call, "inplace")
+    args = positional(call)
+    if flag is None and inplace_at is not None and len(args) > inplace_at and not _starred_before(call, inplace_at):
+        flag = args[inplace_at]
+    elif flag is None and inplace_at is not None and any(a.star for a in call.args):
+        flag = cst.Name("True")  # F.relu(*args): the flag may be among them
+    if maybe_true(flag) and first is not None:
         effect.writes.append(first)
         effect.returns.append(first)
     return effect
+
+
+def _starred_before(call: cst.Call, index: int) -> bool:
+    """Whether a `*args` comes before positional argument `index` (its position is then unknown)."""
+    seen = 0
+    for arg in call.args:
+        if arg.keyword is not None:
+            continue
+        if arg.star:
+            return True
+        if seen == index:
+            return False
+        seen += 1
+    return False
+
+
+def first_argument(call: cst.Call, *names: str) -> cst.BaseExpression | None:
+    """The first positional argument, or the keyword one of `names` (`torch.relu_(input=x)`)."""
+    args = positional(call)
+    if args and not _starred_before(call, 0):
+        return args[0]
+    for name in names:
+        found = _keyword(call, name)
+        if found is not None:
+            return found
+    return None
+
+
+# inplace's position in torch.nn.functional's signatures (generated: torch_names.F_INPLACE)
+F_INPLACE_AT: dict[str, int] = {w.split(":")[0]: int(w.split(":")[1]) for w in F_INPLACE}
+# positional tensor arguments ops without the trailing `_` write (torch_names.INPLACE_ARGS)
+_INPLACE_AT: dict[str, tuple[int, ...]] = {}
+for _word in sorted(INPLACE_ARGS):
+    _op, _at = _word.split(":")
+    _INPLACE_AT[_op] = (*_INPLACE_AT.get(_op, ()), int(_at))
+
+
+def method_may_alias(name: str) -> bool:
+    """Whether `x.<name>(...)` may return (a view of) x: the hand table, or an aten schema whose
+    result is an alias of self."""
+    return name in ALIAS_METHODS or name in ALIAS_OPS
+
+
+def function_may_alias(name: str) -> bool:
+    """Whether `torch.<name>(x, ...)` / `F.<name>(x, ...)` may return (a view of) its first argument."""
+    return name in ALIAS_FUNCTIONS or name in ALIAS_OPS
 
 
 _TORCH_FUNCTION_MODULES = (
@@ -409,7 +628,7 @@ def torch_call_effect(call: cst.Call) -> CallEffect | None:
         if name.startswith("_ms_"):
             return CallEffect(stream=True)  # msrewrite's own helpers: streams, events, record_stream
         if module in COLLECTIVE_MODULES:
-            return _collective_effect(leaf, args, first)
+            return _collective_effect(call, name, leaf)
         if module in _TORCH_FUNCTION_MODULES:
             return _torch_function_effect(call, module, leaf, first)
         effect = _other_module_effect(call, module, leaf)
@@ -420,13 +639,36 @@ def torch_call_effect(call: cst.Call) -> CallEffect | None:
     return None
 
 
-def _collective_effect(leaf: str, args: list[cst.BaseExpression], first: cst.BaseExpression | None) -> CallEffect:
-    """A torch.distributed call: a collective (but for rank/size queries), writing its output buffer."""
+def _collective_effect(call: cst.Call, name: str, leaf: str) -> CallEffect:
+    """A torch.distributed call: a collective (but for rank/size queries), writing the buffers
+    DIST_WRITES names, passed by keyword or by position; one msrewrite has no entry for that
+    takes a tensor may write every argument (named as unknown)."""
     effect = CallEffect(collective=leaf not in ("get_rank", "get_world_size", "is_initialized"))
-    if leaf in WRITES_FIRST_ARG and first is not None:
-        effect.writes.append(first)
-        if leaf in ("all_gather", "all_to_all", "gather", "scatter") and len(args) > 1:
-            effect.writes.append(args[0])
+    params = _DIST_PARAMS.get(leaf)
+    if leaf in DIST_WRITES and params is not None:
+        if any(a.star for a in call.args):  # dist.all_reduce(*args, **kwargs): any argument may be the buffer
+            effect.writes += tensor_args(call)
+            return effect
+        args = positional(call)
+        for param in DIST_WRITES[leaf]:
+            value = _keyword(call, param)
+            if value is None and param in params and params.index(param) < len(args):
+                value = args[params.index(param)]
+            if value is not None:
+                effect.writes.append(value)
+        return effect
+    if leaf == "P2POp":
+        effect.returns += tensor_args(call)  # batch_isend_irecv fills the irecv ones
+        return effect
+    if leaf in DIST_READS or (params is not None and not DIST_TENSOR_PARAMS & set(params)):
+        return effect
+    if not call.args:
+        return effect  # dist.get_backend(), dist.new_group(): no tensor to touch
+    why = f"{name} (not in msrewrite's torch.distributed table)"
+    args = tensor_args(call)
+    effect.may_writes = [(a, why) for a in args]
+    effect.returns = list(args)
+    effect.unknown = [why]
     return effect
 
 
@@ -438,12 +680,20 @@ def _torch_function_effect(
     if known is not None and leaf not in known and not is_inplace_name(leaf):
         return None
     effect = CallEffect(rng=leaf in RNG_NAMES)
+    first = first_argument(call, "input", "self")
     if is_inplace_name(leaf) and first is not None:  # torch.relu_(x), F.relu_(x)
         effect.writes.append(first)
         effect.returns.append(first)
-    elif leaf in ALIAS_FUNCTIONS and first is not None:
+    elif function_may_alias(leaf) and first is not None:
         effect.returns.append(first)
-    return _common_kwargs(call, effect, first)
+        if not positional(call):  # torch.flatten(input=x, start_dim=1): any keyword may be the input
+            effect.returns += [a.value for a in call.args if a.keyword is not None and a.value is not first]
+    args = positional(call)
+    for at in _INPLACE_AT.get(leaf, ()):
+        if at < len(args):
+            effect.writes.append(args[at])
+    functional = module == "F" or "functional" in module
+    return _common_kwargs(call, effect, first, F_INPLACE_AT.get(leaf) if functional else None)
 
 
 def is_stream_object(node: cst.BaseExpression) -> bool:
@@ -464,13 +714,54 @@ def _other_module_effect(call: cst.Call, module: str, leaf: str) -> CallEffect |
     """Device stream modules, pure modules and builtins; None when the name is none of those."""
     if module in ("torch.cuda", "torch.npu", "torch_npu.npu", "torchair.scope", "torchair.ops", "torch.accelerator"):
         return CallEffect(stream=True, barrier=leaf in BARRIER_FUNCTIONS)
-    if module in PURE_MODULES or module.startswith(("math.", "torch.compiler", "einops")):
+    if module in PURE_MODULES or module.startswith(("math.", "torch.compiler")):
         return CallEffect.pure()
+    if module in ALIASING_MODULES:
+        return CallEffect(returns=list(tensor_args(call)))
+    if module == "operator":
+        return _operator_effect(call, name=f"{module}.{leaf}", leaf=leaf.strip("_") if leaf.startswith("__") else leaf)
+    if module == "einops" or module.startswith("einops."):
+        return _einops_effect(call, f"{module}.{leaf}", leaf)
     if not module and leaf in PURE_BUILTINS:
         return CallEffect.pure()
     if not module and leaf in CONTAINER_BUILTINS:
         return CallEffect(returns=list(tensor_args(call)))
     return None
+
+
+def _operator_effect(call: cst.Call, name: str, leaf: str) -> CallEffect:
+    """operator.iadd(x, y) writes x (a tensor's `+=`), operator.setitem(c, k, v) writes c and makes
+    it hold v (counted as a write of v too: the container's later writes reach it), getitem/pos
+    may alias; the pure comparisons and arithmetic touch nothing; anything else is unknown."""
+    args = tensor_args(call)
+    first = first_argument(call, "a")
+    if leaf in OPERATOR_INPLACE:
+        writes = [first] if first is not None else list(args)
+        if leaf == "setitem":
+            writes = list(args)
+        return CallEffect(writes=writes, returns=list(writes))
+    if leaf in OPERATOR_ALIAS:
+        return CallEffect(returns=list(args))
+    if leaf in OPERATOR_PURE:
+        return CallEffect.pure()
+    return _unknown_module_call(call, name)
+
+
+def _einops_effect(call: cst.Call, name: str, leaf: str) -> CallEffect:
+    """einops.rearrange(x, ...) and its kin may return a view of x (or x itself): the result
+    aliases every argument; nothing is written. Any other einops call is unknown."""
+    if leaf in EINOPS_ALIAS:
+        return CallEffect(returns=list(tensor_args(call)))
+    if leaf in EINOPS_PURE:
+        return CallEffect.pure()
+    return _unknown_module_call(call, name)
+
+
+def _unknown_module_call(call: cst.Call, name: str) -> CallEffect:
+    """A call of a module function msrewrite has no effect for: it may write (and return) every argument."""
+    why = f"{name} (not visible to msrewrite)"
+    args = tensor_args(call)
+    return CallEffect(returns=list(args), may_writes=[(a, why) for a in args], unknown=[why])
 
 
 def _method_effect(call: cst.Call, func: cst.Attribute) -> CallEffect | None:
@@ -490,13 +781,18 @@ def _method_effect(call: cst.Call, func: cst.Attribute) -> CallEffect | None:
         return CallEffect(writes=[receiver], returns=[receiver])  # self.cache.copy_(x): module state
     if owner.split(".")[0] in ("torch", "F", "nn", "dist", "torch_npu", "torchair", "self"):
         return None  # a namespace or a submodule, not a tensor: torch.ops.x.y(...), self.experts.forward(...)
-    if method in _TENSOR_METHODS or method in ALIAS_METHODS:
+    if method in _TENSOR_METHODS or method_may_alias(method):
         effect = CallEffect(rng=method in RNG_NAMES, stream=method in STREAM_NAMES)
         if is_inplace_name(method):
             effect.writes.append(receiver)  # x.add_(y), x.view(-1).mul_(2), x.untyped_storage().resize_(0)
             effect.returns.append(receiver)
-        elif method in ALIAS_METHODS:
+        elif method_may_alias(method):
             effect.returns.append(receiver)
+        args = positional(call)
+        for at in _INPLACE_AT.get(method, ()):  # schema position 0 is the receiver
+            target = receiver if at == 0 else args[at - 1] if at - 1 < len(args) else None
+            if target is not None and method not in ("record_stream", "retain_grad"):
+                effect.writes.append(target)
         if method == "wait_stream" or method == "record_stream":
             effect.stream = True
         return _common_kwargs(call, effect, None)

@@ -259,3 +259,74 @@ NN_MODULES = frozenset(
     parameter qat quantizable quantized utils
     """.split()
 )
+
+ALIAS_OPS = frozenset(
+    """
+    adjoint as_strided as_tensor broadcast_to ccol_indices chunk coalesce col_indices conj
+    contiguous cpu crow_indices cuda detach diagonal dsplit expand expand_as flatten hsplit imag
+    indices mH mT moveaxis movedim narrow permute pin_memory positive ravel real reshape reshape_as
+    resolve_conj resolve_neg row_indices select slice_inverse split split_with_sizes squeeze
+    swapaxes swapdims t tensor_split to transpose unbind unflatten unfold unsqueeze values view
+    view_as view_as_complex view_as_real vsplit
+    """.split()
+)
+
+INPLACE_ARGS = frozenset(
+    """
+    fused_moving_avg_obs_fake_quant:3 fused_moving_avg_obs_fake_quant:4
+    fused_moving_avg_obs_fake_quant:5 fused_moving_avg_obs_fake_quant:6 record_stream:0
+    retain_grad:0
+    """.split()
+)
+
+F_INPLACE = frozenset(
+    """
+    alpha_dropout:3 celu:2 dropout1d:3 dropout2d:3 dropout3d:3 dropout:3 elu:2
+    feature_alpha_dropout:3 hardsigmoid:1 hardswish:1 hardtanh:3 leaky_relu:2 mish:1 relu6:1 relu:1
+    rrelu:4 selu:1 silu:1 threshold:3
+    """.split()
+)
+
+DIST_SIGNATURES = frozenset(
+    """
+    Backend:name BackendConfig:backend
+    DeviceMesh:device_type,mesh,mesh_dim_names,backend_override,_init_backend,_rank,_layout,_rank_map,_root_mesh
+    P2POp:op,tensor,peer,group,tag,group_peer
+    _all_gather_base:output_tensor,input_tensor,group,async_op
+    _reduce_scatter_base:output,input,op,group,async_op all_gather:tensor_list,tensor,group,async_op
+    all_gather_coalesced:output_tensor_lists,input_tensor_list,group,async_op
+    all_gather_into_tensor:output_tensor,input_tensor,group,async_op
+    all_gather_object:object_list,obj,group
+    all_gather_single:output_tensor,input_tensor,group,async_op all_reduce:tensor,op,group,async_op
+    all_reduce_coalesced:tensors,op,group,async_op
+    all_to_all:output_tensor_list,input_tensor_list,group,async_op
+    all_to_all_single:output,input,output_split_sizes,input_split_sizes,group,async_op
+    barrier:group,async_op,device_ids,timeout batch_isend_irecv:p2p_op_list
+    breakpoint:rank,skip,timeout_s broadcast:tensor,src,group,async_op,group_src
+    broadcast_object_list:object_list,src,group,device,group_src destroy_process_group:group
+    gather:tensor,gather_list,dst,group,async_op,group_dst
+    gather_object:obj,object_gather_list,dst,group,group_dst get_backend:group
+    get_backend_config:group get_default_backend_for_device:device get_global_rank:group,group_rank
+    get_group_rank:group,global_rank get_node_local_rank:fallback_rank get_process_group_ranks:group
+    get_rank:group get_world_size:group
+    init_device_mesh:device_type,mesh_shape,mesh_dim_names,backend_override
+    init_process_group:backend,init_method,timeout,world_size,rank,store,group_name,pg_options,device_id,_ranks
+    irecv:tensor,src,group,tag,group_src is_backend_available:backend
+    isend:tensor,dst,group,tag,group_dst monitored_barrier:group,timeout,wait_all_ranks
+    new_group:ranks,timeout,backend,pg_options,use_local_synchronization,group_desc,device_id,sort_ranks
+    new_subgroups:group_size,group,timeout,backend,pg_options,group_desc
+    new_subgroups_by_enumeration:ranks_per_subgroup_list,timeout,backend,pg_options,group_desc
+    record_comm:name recv:tensor,src,group,tag,group_src
+    recv_object_list:object_list,src,group,device,group_src,use_batch
+    reduce:tensor,dst,op,group,async_op,group_dst reduce_scatter:output,input_list,op,group,async_op
+    reduce_scatter_single:output,input,op,group,async_op
+    reduce_scatter_tensor:output,input,op,group,async_op register_rendezvous_handler:scheme,handler
+    rendezvous:url,rank,world_size,kwargs scatter:tensor,scatter_list,src,group,async_op,group_src
+    scatter_object_list:scatter_object_output_list,scatter_object_input_list,src,group,group_src
+    send:tensor,dst,group,tag,group_dst
+    send_object_list:object_list,dst,group,device,group_dst,use_batch
+    shrink_group:ranks_to_exclude,group,shrink_flags,pg_options
+    split_group:parent_pg,split_ranks,timeout,pg_options,group_desc,backend
+    supports_complex:reduceOp
+    """.split()
+)
