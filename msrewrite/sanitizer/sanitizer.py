@@ -18,8 +18,9 @@ from torch.utils._pytree import tree_leaves
 from msrewrite.runtime import RuntimeListener, Stream, StreamRuntime
 from msrewrite.runtime.frames import location, normalize_files, user_frame
 from msrewrite.sanitizer.access import classify
+from msrewrite.sanitizer.calls import ModuleCalls
 from msrewrite.sanitizer.clocks import VectorClocks
-from msrewrite.sanitizer.findings import Finding, Location, fmt
+from msrewrite.sanitizer.findings import Finding, Location, fmt, where
 from msrewrite.torch_modes import DispatchMode
 
 _HOST_SYNC_OPS = {"aten._local_scalar_dense.default"}  # .item() waits for the current stream
@@ -75,6 +76,7 @@ class Sanitizer(RuntimeListener):
         self._api_calls: dict[object, dict[str, tuple[Location, str]]] = {}
         self._reported: set = set()
         self._mode = _DispatchMode(self)
+        self._calls = ModuleCalls()
         self._active = False
 
     # --- context -----------------------------------------------------------------
@@ -82,12 +84,14 @@ class Sanitizer(RuntimeListener):
         self.runtime.listeners.append(self)
         self._storage_hooks = _StorageHooks(self)
         self._storage_hooks.install()
+        self._calls.__enter__()
         self._mode.__enter__()
         self._active = True
         return self
 
     def __exit__(self, *exc) -> None:
         self._mode.__exit__(*exc)
+        self._calls.__exit__(*exc)
         self._storage_hooks.remove()
         try:
             if exc[0] is None:
@@ -118,7 +122,7 @@ class Sanitizer(RuntimeListener):
                     "lifetime",
                     here,
                     here,
-                    f"tensor allocated on {info.alloc_stream.name} is returned at {fmt(here)} to "
+                    f"tensor allocated on {info.alloc_stream.name} is returned {where(here)} to "
                     f"{stream.name} without record_stream({stream.name}): its memory can be reused by "
                     f"{info.alloc_stream.name} while {stream.name} still reads it",
                 )
@@ -177,8 +181,8 @@ class Sanitizer(RuntimeListener):
             kind,
             earlier.loc,
             loc,
-            f"{stream.name} {verb} at {fmt(loc)} a tensor {past} on {earlier.stream.name} at "
-            f"{fmt(earlier.loc)} with no event or wait_stream ordering them",
+            f"{stream.name} {verb} {where(loc)} a tensor {past} on {earlier.stream.name} "
+            f"{where(earlier.loc)} with no event or wait_stream ordering them",
         )
 
     def _note_use(self, info: StorageInfo, stream, seq, loc) -> None:
@@ -204,8 +208,8 @@ class Sanitizer(RuntimeListener):
                 "lifetime",
                 use.loc,
                 here,
-                f"tensor allocated on {alloc} is used on {stream.name} at {fmt(use.loc)} and {how} at "
-                f"{fmt(here)} with neither record_stream({stream.name}) nor {alloc} waiting for "
+                f"tensor allocated on {alloc} is used on {stream.name} {where(use.loc)} and {how} "
+                f"{where(here)} with neither record_stream({stream.name}) nor {alloc} waiting for "
                 f"{stream.name}: its memory can be reused while {stream.name} may still run",
             )
             return
@@ -341,7 +345,7 @@ class Sanitizer(RuntimeListener):
                     pending[0],
                     here,
                     f"work on {other.name} from {fmt(pending[0])} ({len(pending)} op(s)) is not joined "
-                    f"into {stream.name} when {when} at {fmt(here)}",
+                    f"into {stream.name} when {when} {where(here)}",
                 )
 
     def _report(self, kind: str, first: Location, second: Location, message: str) -> None:
@@ -351,7 +355,13 @@ class Sanitizer(RuntimeListener):
             self.findings.append(Finding(kind, message, first, second))
 
     def _here(self) -> Location:
-        return location(user_frame(sys._getframe(1), self.user_files))
+        frame = user_frame(sys._getframe(1), self.user_files)
+        if frame is None or self._calls.outside(frame, self.user_files):
+            # No model line behind it, only the caller's: say where it is against the module call
+            # (its inputs made before it, its locals freed as it returns).
+            return self._calls.label()
+        self._calls.last_user = loc = (frame.f_code.co_filename, frame.f_lineno)
+        return loc
 
 
 class _StorageHooks:
