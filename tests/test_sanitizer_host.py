@@ -5,6 +5,7 @@ the join reads the side stream's output too early; the same read after the join 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -131,9 +132,8 @@ def test_a_non_blocking_host_copy_read_before_a_synchronize_races():
 
     assert run(sync=True) == []
     (race,) = run(sync=False)
-    lines = {line: n for n, line in enumerate(open(__file__).read().splitlines(), 1)}
-    copy = next(n for text, n in lines.items() if text.endswith("# copy"))
-    read = next(n for text, n in lines.items() if text.endswith("# host read"))
+    lines = Path(__file__).read_text().splitlines()
+    copy, read = (next(n for n, text in enumerate(lines, 1) if text.endswith(m)) for m in ("# copy", "# host read"))
     assert (race.kind, race.first, race.second) == ("race-raw", (__file__, copy), (__file__, read))
     assert "non_blocking=True and no synchronize" in race.message
 
