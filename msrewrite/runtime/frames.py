@@ -75,6 +75,11 @@ def _is_tooling(filename: str) -> bool:
     return "site-packages" in parts and parts[parts.index("site-packages") + 1] in _TOOLING
 
 
+def in_files(frame: types.FrameType, files: frozenset[str]) -> bool:
+    """Is ``frame`` in one of ``files`` (normalize_files' real paths)?"""
+    return _real(frame.f_code.co_filename) in files
+
+
 def location(frame: types.FrameType | None) -> tuple[str, int]:
     if frame is None:
         return ("<after the module returned>", 0)

@@ -41,6 +41,10 @@ class VectorClocks:
         """Is work number ``seq`` on ``other`` ordered before new work on ``stream``?"""
         return other is stream or seq <= self.clock(stream).get(other, 0)
 
+    def host_covers(self, stream, seq: int) -> bool:
+        """Has the host waited for work number ``seq`` on ``stream``?"""
+        return seq <= self._host.get(stream, 0)
+
     def merge(self, stream, snapshot: Clock) -> None:
         _merge(self.clock(stream), snapshot)
 

@@ -13,6 +13,14 @@ def fmt(loc: Location) -> str:
     return f"{loc[0]}:{loc[1]}" if loc[1] else loc[0]
 
 
+def where(loc: Location) -> str:
+    """`at file:line`; a place no line is behind (line 0, `<phrase>`: before the module was called,
+    as its forward returned) is its phrase."""
+    if not loc[1] and loc[0].startswith("<") and loc[0].endswith(">"):
+        return loc[0][1:-1]
+    return f"at {fmt(loc)}"
+
+
 @dataclass(frozen=True)
 class Finding:
     kind: str  # one of KINDS

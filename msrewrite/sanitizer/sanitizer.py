@@ -18,8 +18,10 @@ from torch.utils._pytree import tree_leaves
 from msrewrite.runtime import RuntimeListener, Stream, StreamRuntime
 from msrewrite.runtime.frames import location, normalize_files, user_frame
 from msrewrite.sanitizer.access import classify
+from msrewrite.sanitizer.calls import ModuleCalls
 from msrewrite.sanitizer.clocks import VectorClocks
-from msrewrite.sanitizer.findings import Finding, Location, fmt
+from msrewrite.sanitizer.findings import Finding, Location, fmt, where
+from msrewrite.sanitizer.host import HostReads
 from msrewrite.torch_modes import DispatchMode
 
 _HOST_SYNC_OPS = {"aten._local_scalar_dense.default"}  # .item() waits for the current stream
@@ -44,6 +46,8 @@ class StorageInfo:
     uses: dict = field(default_factory=dict)  # stream (not alloc) -> latest eager use
     recorded: set = field(default_factory=set)  # streams passed to record_stream
     lifetime_reported: bool = False
+    host: bool = False  # a copy made to the host (`.cpu()`, `.to("cpu")`), not device memory
+    host_copy: Access | None = None  # that copy, while non_blocking and not yet waited for by the host
 
 
 class _DispatchMode(DispatchMode):
@@ -78,6 +82,8 @@ class Sanitizer(RuntimeListener):
         self._api_calls: dict[object, dict[str, tuple[Location, str]]] = {}
         self._reported: set = set()
         self._mode = _DispatchMode(self)
+        self._host_reads = HostReads(self)
+        self._calls = ModuleCalls()
         self._active = False
 
     # --- context -----------------------------------------------------------------
@@ -85,12 +91,16 @@ class Sanitizer(RuntimeListener):
         self.runtime.listeners.append(self)
         self._storage_hooks = _StorageHooks(self)
         self._storage_hooks.install()
+        self._calls.__enter__()
         self._mode.__enter__()
+        self._host_reads.__enter__()
         self._active = True
         return self
 
     def __exit__(self, *exc) -> None:
+        self._host_reads.__exit__(*exc)
         self._mode.__exit__(*exc)
+        self._calls.__exit__(*exc)
         self._storage_hooks.remove()
         try:
             if exc[0] is None:
@@ -121,7 +131,7 @@ class Sanitizer(RuntimeListener):
                     "lifetime",
                     here,
                     here,
-                    f"tensor allocated on {info.alloc_stream.name} is returned at {fmt(here)} to "
+                    f"tensor allocated on {info.alloc_stream.name} is returned {where(here)} to "
                     f"{stream.name} without record_stream({stream.name}): its memory can be reused by "
                     f"{info.alloc_stream.name} while {stream.name} still reads it",
                 )
@@ -133,8 +143,7 @@ class Sanitizer(RuntimeListener):
         if str(func) in _LIFTED_CONSTANT_OPS and args and isinstance(args[0], torch.Tensor):
             self._info(args[0], alloc_stream=stream)
         reads, writes, fresh = classify(func, args, kwargs, out)
-        seq = self.clocks.launch(stream)
-        self._launches.setdefault(stream, []).append((seq, loc))
+        seq = self._launch(stream, loc)
         for tensor in fresh:
             self._info(tensor, alloc_stream=stream)
         for tensor in reads:
@@ -143,6 +152,11 @@ class Sanitizer(RuntimeListener):
             self._write(tensor, stream, seq, loc)
         if str(func) in _HOST_SYNC_OPS:
             self.clocks.sync_stream(stream)
+
+    def _launch(self, stream, loc) -> int:
+        seq = self.clocks.launch(stream)
+        self._launches.setdefault(stream, []).append((seq, loc))
+        return seq
 
     def _read(self, tensor, stream, seq, loc) -> None:
         key, info = self._key(tensor), self._info(tensor)
@@ -182,8 +196,8 @@ class Sanitizer(RuntimeListener):
             kind,
             earlier.loc,
             loc,
-            f"{stream.name} {verb} at {fmt(loc)} a tensor {past} on {earlier.stream.name} at "
-            f"{fmt(earlier.loc)} with no event or wait_stream ordering them",
+            f"{stream.name} {verb} {where(loc)} a tensor {past} on {earlier.stream.name} "
+            f"{where(earlier.loc)} with no event or wait_stream ordering them",
         )
 
     def _note_use(self, info: StorageInfo, stream, seq, loc) -> None:
@@ -209,8 +223,8 @@ class Sanitizer(RuntimeListener):
                 "lifetime",
                 use.loc,
                 here,
-                f"tensor allocated on {alloc} is used on {stream.name} at {fmt(use.loc)} and {how} at "
-                f"{fmt(here)} with neither record_stream({stream.name}) nor {alloc} waiting for "
+                f"tensor allocated on {alloc} is used on {stream.name} {where(use.loc)} and {how} "
+                f"{where(here)} with neither record_stream({stream.name}) nor {alloc} waiting for "
                 f"{stream.name}: its memory can be reused while {stream.name} may still run",
             )
             return
@@ -248,12 +262,54 @@ class Sanitizer(RuntimeListener):
         if not self._active:
             return
         stream, loc = self.runtime.current_stream(), self._here()
-        seq = self.clocks.launch(stream)
-        self._launches.setdefault(stream, []).append((seq, loc))
+        seq = self._launch(stream, loc)
         info = self._storage_info(storage)
         self._write_info(info, stream, seq, loc)
         if what == "resize":
             self._check_lifetime(info, loc, "freed by untyped_storage().resize_")
+
+    # --- host reads outside the dispatcher (host.HostReads) -----------------------------
+    def on_host_read(self, tensor) -> None:
+        """`t.tolist()`, `t.numpy()`, `np.asarray(t)`, `print(t)`: on a device a copy to the host on
+        the current stream, which the host waits for; of a host copy, a read the host makes itself."""
+        info = self._info(tensor)
+        if info is None:
+            return
+        stream, loc = self.runtime.current_stream(), self._here()
+        if info.host:
+            self._check_host_copy(info, loc)
+            return
+        self._read(tensor, stream, self._launch(stream, loc), loc)
+        self.clocks.sync_stream(stream)
+
+    def on_host_copy(self, copy, non_blocking: bool) -> None:
+        """`copy` was just made from device memory by `.cpu()` / `.to("cpu")` (an aten `_to_copy`
+        on the current stream); a blocking copy makes the host wait for that stream."""
+        info = self._info(copy)
+        if info is None:
+            return
+        info.host = True
+        if non_blocking:
+            info.host_copy = info.last_write
+        else:
+            self.clocks.sync_stream(self.runtime.current_stream())
+
+    def is_host(self, tensor) -> bool:
+        key = self._key(tensor)
+        info = self._storages.get(key) if key is not None else None
+        return info is not None and info.host
+
+    def _check_host_copy(self, info: StorageInfo, loc: Location) -> None:
+        copy, info.host_copy = info.host_copy, None
+        if copy is None or self.clocks.host_covers(copy.stream, copy.seq):
+            return
+        self._report(
+            "race-raw",
+            copy.loc,
+            loc,
+            f"the host reads {where(loc)} a tensor copied to it on {copy.stream.name} {where(copy.loc)} "
+            f"with non_blocking=True and no synchronize between them: the copy may not have landed",
+        )
 
     # --- runtime hooks -----------------------------------------------------------------
     def on_event_record(self, event, stream) -> None:
@@ -346,7 +402,7 @@ class Sanitizer(RuntimeListener):
                     pending[0],
                     here,
                     f"work on {other.name} from {fmt(pending[0])} ({len(pending)} op(s)) is not joined "
-                    f"into {stream.name} when {when} at {fmt(here)}",
+                    f"into {stream.name} when {when} {where(here)}",
                 )
 
     def _report(self, kind: str, first: Location, second: Location, message: str) -> None:
@@ -356,7 +412,13 @@ class Sanitizer(RuntimeListener):
             self.findings.append(Finding(kind, message, first, second))
 
     def _here(self) -> Location:
-        return location(user_frame(sys._getframe(1), self.user_files))
+        frame = user_frame(sys._getframe(1), self.user_files)
+        if frame is None or self._calls.outside(frame, self.user_files):
+            # No model line behind it, only the caller's: say where it is against the module call
+            # (its inputs made before it, its locals freed as it returns).
+            return self._calls.label()
+        self._calls.last_user = loc = (frame.f_code.co_filename, frame.f_lineno)
+        return loc
 
 
 class _StorageHooks:
