@@ -555,3 +555,12 @@ def test_ge_graph_edit_without_its_config_check_fails_verify(tmp_path, block):
     for name in TORCHAIR_RUNS[:2]:
         assert "tag:shared_expert" in _streams(result, name)
     assert set(_streams(result, TORCHAIR_RUNS[2])) == {"main"}  # run_eagerly: the switch is a no-op
+
+
+@pytest.mark.slow  # runs verify
+def test_npugraph_ex_edit_that_drops_its_side_stream_on_2_14_too_is_reported(tmp_path, block):
+    """The guard without its 2.10 probe keeps every compiled graph single-stream: no race, but not
+    the edit's claim (torch_npu 2.14 lowers record_stream by stream id and keeps the side stream)."""
+    everywhere = (' and hasattr(torch.npu, "fake_record_stream"):', ":")
+    result = _verify_block(tmp_path, block, "npugraph-ex", replace=everywhere)
+    assert result.problems == [f"{NPUGRAPH_EX_RUNS[0]}: no op ran on a side stream (is the flag wired?)"]
