@@ -6,7 +6,10 @@ Runs the model built from the harness three ways and compares the outputs:
   flag on    the edited file with its switch on, under the CPU stream runtime and the stream
              sanitizer: must equal too, run some ops on a side stream, and raise no finding.
 GE-graph edits run flag-on twice: as a torchair graph would (graph mode) and eagerly, as
-prefill does, where npu_wait_tensor must never be reached.
+prefill does, where npu_wait_tensor must never be reached. Graph-mode edits also run, in the
+default scenario, compiled in every other way their helpers claim to handle (COMPILED_RUNS):
+npugraph-ex captured on torch_npu 2.14 and 2.10, ge-graph under torchair's reduce-overhead,
+npugraph_ex and run_eagerly configs, each handed to the edit's own _ms_torchair_config.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import re
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -565,14 +568,20 @@ class _Edited:
             return _env(self.flag.name, "1" if on else "0")
         return contextlib.nullcontext()
 
-    def build(self, reference, on: bool, path: Path | None = None, gate_open: bool = True):
-        """`reference`'s module rebuilt from the edited file (or a schedule variant of it at `path`)."""
+    def load(self, path: Path | None = None):
+        """The edited file (or a schedule variant of it at `path`) as a fresh module: module-level
+        stream caches must belong to this run's runtime."""
         from msrewrite.harness import load_module
 
-        flag, package = self.flag, self.package
-        # A fresh module each run: module-level stream caches must belong to this runtime.
+        package = self.package
         fresh = f"_msrewrite_verify_{next(_counter)}"
-        module = load_module(path or self.path, package=package, name=f"{package}.{fresh}" if package else fresh)
+        return load_module(path or self.path, package=package, name=f"{package}.{fresh}" if package else fresh)
+
+    def build(self, reference, on: bool, path: Path | None = None, gate_open: bool = True, module=None):
+        """`reference`'s module rebuilt from the edited file (or a schedule variant of it at `path`;
+        `module`: that file, already loaded)."""
+        flag = self.flag
+        module = module if module is not None else self.load(path)
         if self.capture_gate and callable(getattr(module, "get_is_capture_mode", None)):
             vars(module)["get_is_capture_mode"] = lambda: gate_open  # as while SGLang captures a graph, or not
         if flag.kind == "vllm-ascend" and callable(getattr(module, "get_ascend_config", None)):
@@ -640,11 +649,41 @@ class _Job:
         self.gate_runs = {"flag on, gate false"} if self.edited.capture_gate else set()
 
 
+class _Compiled(NamedTuple):
+    """A compiled graph the edit's helpers claim to handle, run as a user compiles the model:
+    torch.compile(backend="npugraph_ex") (an aclgraph capture) when `torchair_mode` is None, else
+    torchair's backend built from a CompilerConfig that goes through the edit's _ms_torchair_config."""
+
+    torchair_mode: str | None  # CompilerConfig.mode
+    run_eagerly: bool = False  # CompilerConfig.debug.run_eagerly
+    torch_npu: str = "2.14"  # the release whose lowering the runtime models (runtime.install)
+    side_stream: bool = False  # the edit keeps its side stream there: the default run must use it
+
+
 class _FlagOn(NamedTuple):
     name: str
     graph: bool  # inside a GE graph
     path: Path | None  # a schedule variant; None: the edit itself, sanitized
     gate_open: bool
+    compiled: _Compiled | None = None  # None: eager (or, with `graph`, the GE graph itself)
+
+
+# The compiled graphs each mode's helpers guard against, beyond the run as emitted (eager; a GE
+# graph for ge-graph edits). npugraph-ex: _ms_capture_safe drops the side stream where torch_npu
+# 2.10 lowers record_stream onto a stream of its own and keeps it on 2.14. ge-graph:
+# _ms_torchair_config records that reduce-overhead, npugraph_ex and run_eagerly are no GE graph
+# (npu_wait_tensor raises, a tag's stream is never joined), so the original path runs there.
+COMPILED_RUNS = {
+    "npugraph-ex": {
+        "flag on, npugraph_ex capture (torch_npu 2.14)": _Compiled(None, torch_npu="2.14", side_stream=True),
+        "flag on, npugraph_ex capture (torch_npu 2.10)": _Compiled(None, torch_npu="2.10"),
+    },
+    "ge-graph": {
+        "flag on, torchair reduce-overhead": _Compiled("reduce-overhead"),
+        "flag on, torchair npugraph_ex": _Compiled("npugraph_ex"),
+        "flag on, torchair run_eagerly": _Compiled("max-autotune", run_eagerly=True),
+    },
+}
 
 
 def _run_scenarios(job: _Job, scenarios: list[Scenario]) -> None:
@@ -782,7 +821,8 @@ def _reference_runs(job: _Job, scenario: Scenario) -> tuple[list[RunResult], boo
 
 def _flag_on_specs(job: _Job, scenario: Scenario) -> list[_FlagOn]:
     """The flag-on runs of a scenario: the edit (GE edits also eagerly, as prefill runs them), each
-    schedule variant, and in the default scenario the edit with its gate closed."""
+    schedule variant, and in the default scenario the edit with its gate closed and the edit
+    compiled in each way its mode's helpers handle (COMPILED_RUNS)."""
     ge = job.result.mode == "ge-graph"
     specs = [_FlagOn("flag on", ge, None, True)]
     if ge:
@@ -791,6 +831,9 @@ def _flag_on_specs(job: _Job, scenario: Scenario) -> list[_FlagOn]:
         specs.append(_FlagOn(f"flag on, {name} schedule", ge, path, True))
     if job.gate_runs and not scenario.name:  # flag on, gate closed: must be the original code, all on main
         specs.append(_FlagOn("flag on, gate false", ge, None, False))
+    if not scenario.name:  # compiled graphs serve fixed-shape inference: the default eval run
+        for name, compiled in COMPILED_RUNS.get(job.result.mode, {}).items():
+            specs.append(_FlagOn(name, False, None, True, compiled))
     return specs
 
 
@@ -806,17 +849,19 @@ def _flag_on_run(job: _Job, scenario: Scenario, spec: _FlagOn) -> tuple[RunResul
     san = None
     out: RunResult | None = None
     ops: list = []
-    with install() as rt:
-        on = job.edited.build(job.reference, on=True, path=spec.path, gate_open=spec.gate_open)
+    with install(torch_npu_version=spec.compiled.torch_npu if spec.compiled else "2.14") as rt:
+        module = job.edited.load(spec.path)
+        on = job.edited.build(job.reference, on=True, gate_open=spec.gate_open, module=module)
         try:
             with rt.graph_mode() if spec.graph else contextlib.nullcontext():
                 if spec.path is None:
                     san = Sanitizer(rt, user_files=[str(job.edited.path)])
+                    _compile(spec.compiled, module, on)
                     with san:
                         with rt.record_ops() as ops:
                             out = run_module(on, scenario, backward=False)
                             san.check_output(out.raw)
-                        if job.call_again and not scenario.name and not spec.graph:
+                        if job.call_again and not scenario.name and not spec.graph and spec.compiled is None:
                             _call_again(rt, san, on, scenario)
                     if scenario.training:
                         run_backward(on, out)
@@ -827,7 +872,7 @@ def _flag_on_run(job: _Job, scenario: Scenario, spec: _FlagOn) -> tuple[RunResul
             result.problems.append(f"{scenario.label(spec.name)}: raised {one_line(exc)}")
             out = None
     if san is not None:  # what it saw before a failure counts too (a free, then a crash)
-        result.findings += [f for f in san.findings if f not in result.findings]
+        result.findings += [f for f in _found_in(spec, san.findings, result.findings) if f not in result.findings]
     if out is None:
         return None, ops
     out.name, out.streams = scenario.label(spec.name), _count_streams(ops)
@@ -851,6 +896,40 @@ def _call_again(rt, san, built, scenario: Scenario) -> None:
     rt.default_stream().wait_stream(caller)
 
 
+def _found_in(spec: _FlagOn, found: list, known: list) -> list:
+    """A compiled run's findings name the graph they need, each unless an earlier run found it."""
+    if spec.compiled is None:
+        return found
+    seen = {(f.kind, f.first, f.second) for f in known}
+    where = spec.name.removeprefix("flag on, ")
+    return [replace(f, message=f"under {where}: {f.message}") for f in found if (f.kind, f.first, f.second) not in seen]
+
+
+def _compile(compiled: _Compiled | None, module, built) -> None:
+    """Compile `built`'s model as `compiled` says, the way torch.compile(model) does: its forward
+    becomes the graph (the inputs exist before the graph starts, the output once it has ended),
+    built by the stand-in backend from a config handed to the edit's own hook when it has one."""
+    from msrewrite.runtime import active_runtime, torchair_api
+
+    if compiled is None:
+        return
+    forward = built.module.forward
+    if compiled.torchair_mode is None:  # torch.compile(backend="npugraph_ex"): captured into an aclgraph
+
+        def captured(*args, **kwargs):
+            with active_runtime().aclgraph_mode():
+                return forward(*args, **kwargs)
+
+        built.module.forward = captured
+        return
+    config: Any = torchair_api.CompilerConfig()
+    config.mode, config.debug.run_eagerly = compiled.torchair_mode, compiled.run_eagerly
+    hook = getattr(module, "_ms_torchair_config", None)
+    if callable(hook):  # torchair.get_npu_backend(compiler_config=_ms_torchair_config(config))
+        config = hook(config)
+    built.module.forward = torchair_api.get_npu_backend(compiler_config=config)(forward, [])
+
+
 def _off_main(streams: dict[str, int]) -> dict[str, int]:
     return {s: n for s, n in streams.items() if s != "main"}
 
@@ -863,7 +942,10 @@ def _check_gate_closed(result: VerifyResult, name: str, out: RunResult) -> None:
 
 def _check_side_stream_used(job: _Job, scenario: Scenario, spec: _FlagOn, out: RunResult) -> None:
     """The sanitized default-scenario run of an edit that uses streams must put some op on a side
-    stream (a GE edit: in graph mode; eagerly, prefill stays on main)."""
+    stream (a GE edit: in graph mode; eagerly, prefill stays on main; a compiled run: where the
+    edit keeps its side stream)."""
+    if spec.compiled is not None and not spec.compiled.side_stream:
+        return  # the edit's original path runs there
     if spec.path is None and (spec.graph or job.result.mode != "ge-graph") and not scenario.name and job.uses_streams:
         if not any(s != "main" for s in out.streams):
             job.result.problems.append(f"{spec.name}: no op ran on a side stream (is the flag wired?)")

@@ -423,3 +423,144 @@ def test_tagged_events_must_come_from_npu_create_tagged_event():
         for call in (tops.npu_tagged_event_record, tops.npu_tagged_event_wait):
             with pytest.raises(ValueError, match="is not in use"):
                 call(plain)
+
+
+# --- verify runs each edit under the compiled graphs its helpers claim to handle ---------------------
+BLOCK = """
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.shared_experts = nn.Linear(16, 16)
+        self.gate = nn.Linear(16, 16)
+
+    def forward(self, x):
+        s = self.shared_experts(x)
+        h = self.gate(x)
+        return h + s
+
+
+def make():
+    torch.manual_seed(0)
+    return Block(), (torch.randn(2, 8, 16),)
+"""
+# audit B's n06: _ms_capture_safe without its torch_npu 2.10 guard (the side stream kept where
+# record_stream lands on a stream of its own); g02: _ms_torchair_config without its mode check
+# (the side stream kept under reduce-overhead / npugraph_ex, where nothing joins a tag's stream)
+NO_2_10_GUARD = (
+    '    if stream is not None and torch.compiler.is_compiling() and hasattr(torch.npu, "fake_record_stream"):\n'
+    "        return None\n",
+    "",
+)
+NO_CONFIG_CHECK = ('_MS_GE_GRAPH = mode == "max-autotune" and not run_eagerly', "_MS_GE_GRAPH = True")
+NPUGRAPH_EX_RUNS = ["flag on, npugraph_ex capture (torch_npu 2.14)", "flag on, npugraph_ex capture (torch_npu 2.10)"]
+TORCHAIR_RUNS = ["flag on, torchair reduce-overhead", "flag on, torchair npugraph_ex", "flag on, torchair run_eagerly"]
+
+
+@pytest.fixture(scope="module")
+def block(tmp_path_factory):
+    """The small block and its npugraph-ex and ge-graph edits, as apply makes them."""
+    from msrewrite.commands.apply import case_steps
+    from msrewrite.load import load
+    from msrewrite.plan import FlagSpec
+
+    folder = tmp_path_factory.mktemp("compiled")
+    original = folder / "block.py"
+    original.write_text(BLOCK)
+    src = load(original)
+    flag = FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM")
+    edits = {
+        mode: case_steps(original, src.text, src.module, "moe-shared-expert", mode, None, flag, None)[-1].new
+        for mode in ("npugraph-ex", "ge-graph")
+    }
+    return original, edits
+
+
+def _verify_block(tmp_path, block, mode, replace=None):
+    from msrewrite.verify import verify_files
+
+    original, edits = block
+    text = edits[mode]
+    if replace:
+        assert replace[0] in text
+        text = text.replace(*replace)
+    edited = tmp_path / "block_ms.py"
+    edited.write_text(text)
+    return verify_files(edited, original=original, inputs=0, train=False, schedules=("early",))
+
+
+def _streams(result, name):
+    return next(r.streams for r in result.runs if r.name == name)
+
+
+@pytest.mark.slow  # runs verify
+def test_verify_runs_npugraph_ex_edits_captured_on_both_torch_npu_lowerings(tmp_path, block):
+    """Captured on 2.14 the side stream runs; on 2.10 the original path does. Each run is in the
+    summary and the JSON, compared with the original."""
+    import json
+
+    from msrewrite.verify import summary
+
+    result = _verify_block(tmp_path, block, "npugraph-ex")
+    assert result.ok, result.problems
+    names = [r.name for r in result.runs]
+    assert set(NPUGRAPH_EX_RUNS) <= set(names), names
+    assert not any(name.endswith(tuple(NPUGRAPH_EX_RUNS)) for name in names if ": " in name)  # default run only
+    assert set(_streams(result, NPUGRAPH_EX_RUNS[0])) == {"main", "side:1"}
+    assert set(_streams(result, NPUGRAPH_EX_RUNS[1])) == {"main"}
+    lines = summary(result)
+    assert all(any(line.startswith(f"{name}: 1 output tensor(s)") for line in lines) for name in NPUGRAPH_EX_RUNS)
+    assert f"= {NPUGRAPH_EX_RUNS[1]});" in lines[-1]
+    assert set(NPUGRAPH_EX_RUNS) <= json.loads(result.to_json())["runs"].keys()
+
+
+@pytest.mark.slow  # runs verify
+def test_npugraph_ex_edit_without_its_2_10_guard_fails_verify(tmp_path, block):
+    """n06: eagerly and on 2.14 the edit is clean; captured on 2.10 its record_stream(main) reaches
+    another stream, and the side output is freed unprotected."""
+    result = _verify_block(tmp_path, block, "npugraph-ex", replace=NO_2_10_GUARD)
+    assert not result.ok
+    assert result.findings and all(f.kind == "lifetime" for f in result.findings), result.problems
+    assert all(f.message.startswith("under npugraph_ex capture (torch_npu 2.10): ") for f in result.findings)
+    assert any(
+        p.startswith("sanitizer: [lifetime] under npugraph_ex capture (torch_npu 2.10): ") for p in result.problems
+    )
+    assert set(_streams(result, NPUGRAPH_EX_RUNS[1])) == {"main", "side:1"}
+
+
+@pytest.mark.slow  # runs verify
+def test_verify_runs_ge_graph_edits_under_each_torchair_config_through_their_hook(tmp_path, block):
+    """reduce-overhead, npugraph_ex and run_eagerly configs go through _ms_torchair_config, which
+    keeps the original path there: every op on main, outputs equal."""
+    result = _verify_block(tmp_path, block, "ge-graph")
+    assert result.ok, result.problems
+    for name in TORCHAIR_RUNS:
+        assert set(_streams(result, name)) == {"main"}, name
+    assert set(_streams(result, "flag on")) == {"main", "tag:shared_expert"}
+
+
+@pytest.mark.slow  # runs verify
+def test_ge_graph_edit_without_its_config_check_fails_verify(tmp_path, block):
+    """g02: under reduce-overhead (and npugraph_ex) the tag's stream is real and never joined: the
+    add reads the side output unordered."""
+    result = _verify_block(tmp_path, block, "ge-graph", replace=NO_CONFIG_CHECK)
+    assert not result.ok
+    races = [f for f in result.findings if f.kind == "race-raw"]
+    assert races and all(f.message.startswith("under torchair reduce-overhead: ") for f in result.findings), [
+        f.message for f in result.findings
+    ]
+    for name in TORCHAIR_RUNS[:2]:
+        assert "tag:shared_expert" in _streams(result, name)
+    assert set(_streams(result, TORCHAIR_RUNS[2])) == {"main"}  # run_eagerly: the switch is a no-op
+
+
+@pytest.mark.slow  # runs verify
+def test_npugraph_ex_edit_that_drops_its_side_stream_on_2_14_too_is_reported(tmp_path, block):
+    """The guard without its 2.10 probe keeps every compiled graph single-stream: no race, but not
+    the edit's claim (torch_npu 2.14 lowers record_stream by stream id and keeps the side stream)."""
+    everywhere = (' and hasattr(torch.npu, "fake_record_stream"):', ":")
+    result = _verify_block(tmp_path, block, "npugraph-ex", replace=everywhere)
+    assert result.problems == [f"{NPUGRAPH_EX_RUNS[0]}: no op ran on a side stream (is the flag wired?)"]
