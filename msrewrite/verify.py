@@ -128,13 +128,16 @@ class VerifyResult:
 
 
 def flatten_outputs(value: Any) -> list[torch.Tensor]:
-    """Every tensor in a (nested) model output, in a stable order, detached."""
+    """Every tensor in a (nested) model output, in a stable order, detached; a Python number (an
+    auxiliary loss as a float, a token count) as a 0-dim tensor, so it is compared too."""
     return [t.detach() for t in _tensors(value)]
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
+    if isinstance(value, (bool, int, float, complex)):
+        return [torch.tensor(value)]
     if isinstance(value, dict):
         return [t for key in value for t in _tensors(value[key])]
     if isinstance(value, (list, tuple)):
@@ -754,7 +757,7 @@ def _run_scenario(job: _Job, scenario: Scenario) -> list[RunResult] | None:
     if not flag_off_ran:
         return runs
     side_off = _off_main(runs[-1].streams)
-    if side_off:
+    if side_off and side_off != _original_side_ops(job, scenario):
         job.result.problems.append(
             f"{runs[-1].name}: {sum(side_off.values())} ops still ran off the main stream ({', '.join(side_off)})"
         )
@@ -951,15 +954,39 @@ def _check_side_stream_used(job: _Job, scenario: Scenario, spec: _FlagOn, out: R
             job.result.problems.append(f"{spec.name}: no op ran on a side stream (is the flag wired?)")
 
 
+def _original_side_ops(job: _Job, scenario: Scenario) -> dict[str, int] | None:
+    """The ops the original itself issues off the main stream under the stand-ins (a model with a
+    stream of its own, outside the edit); None without an original."""
+    from msrewrite.harness import load_module
+    from msrewrite.runtime import install
+
+    if job.original is None:
+        return None
+    package = job.edited.package
+    fresh = f"_msrewrite_verify_{next(_counter)}"
+    with job.edited.switch(False), install() as rt:
+        try:  # built afresh: streams the model keeps belong to this runtime
+            module = load_module(job.original, package=package, name=f"{package}.{fresh}" if package else fresh)
+            built = job.reference.rebuild_from(module)
+            with rt.record_ops() as ops:
+                run_module(built, scenario, backward=False)
+        except Exception:  # the original ran without the stand-ins; under them it is flag off's to answer
+            return None
+    return _off_main(_count_streams(ops))
+
+
 def _compare_runs(job: _Job, scenario: Scenario, runs: list[RunResult]) -> None:
-    """Every run against the first; a schedule variant that differs names the statement it races with."""
+    """Every run against the first; a schedule variant that differs names the statement it races
+    with, unless flag off already differs (then the edit changed the code, not the timing)."""
     reference_run = runs[0]
+    flag_off_differs = False
     for run in runs[1:]:
         problem = compare(reference_run, run, job.atol, job.rtol)
         if problem is None:
             continue
+        flag_off_differs = flag_off_differs or run.name == scenario.label("flag off")
         schedule = next((s for s in job.variant_paths if run.name.endswith(f"{s} schedule")), None)
-        if schedule is not None and job.window_source is not None:
+        if schedule is not None and job.window_source is not None and not flag_off_differs:
             problem += "; " + _leak(job, scenario, reference_run)
         job.result.problems.append(problem)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from msrewrite.verify import RunResult, _snapshot, compare
+from msrewrite.verify import RunResult, _snapshot, compare, flatten_outputs
 
 
 def run(name: str, buffers: list[tuple[str, torch.Tensor]]) -> RunResult:
@@ -67,3 +67,10 @@ def test_gradients_differ_by_a_missing_one_not_by_the_order_of_sums():
     assert compare(a, missing, 0.0, 0.0) == "flag on: no gradient for parameter w, unlike original"
     doubled = RunResult("flag on", [torch.ones(2)], grads=[("w", torch.tensor([2.0, 6.0]))])
     assert compare(a, doubled, 0.0, 0.0) == "flag on: the gradient of parameter w differs from original"
+
+
+def test_a_python_number_in_the_output_is_compared():
+    assert [t.item() for t in flatten_outputs((torch.ones(1), 0.25, {"n": 3}))] == [1.0, 0.25, 3]
+    a = RunResult("original", flatten_outputs((torch.ones(1), 0.25)))
+    b = RunResult("flag on", flatten_outputs((torch.ones(1), 0.5)))
+    assert compare(a, b, 0.0, 0.0) == "flag on: output 1 differs from original (max |diff| 0.25)"

@@ -90,6 +90,11 @@ ROWS = [
         "a tensor written on caller",
     ),
     Row(
+        "the side stream used with the flag off",
+        [NO_FLAG[1]],
+        "flag off: 14 ops still ran off the main stream (side:1)",
+    ),
+    Row(
         "no flag, join skipped for zero tokens",
         [*NO_FLAG, (JOIN, "            if orig_shape[1] > 0:\n    " + JOIN)],
         "[race-raw] main reads",
