@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from helpers import EXAMPLES
-from msrewrite.verify import verify_files
+from msrewrite.verify import RunResult, verify_files
 
 pytestmark = pytest.mark.slow  # a verify run per row
 
@@ -136,3 +137,29 @@ def test_a_hand_written_edit_runs_every_scenario(tmp_path):
     assert result.ok, result.problems
     assert result.flag.kind == "none"
     assert result.scenarios == ["eval", "train", "zero tokens", "draw 1 (batch 1)", "draw 2 (1 token)"]
+
+
+def test_a_change_flag_off_shows_too_is_not_called_a_race(monkeypatch):
+    import torch
+
+    from msrewrite import verify
+
+    leaks = []
+    monkeypatch.setattr(verify, "_leak", lambda *a: leaks.append(a) or "race: ...")
+    job = SimpleNamespace(
+        atol=0.0,
+        rtol=0.0,
+        variant_paths={"late": Path("late.py")},
+        window_source=object(),
+        result=SimpleNamespace(problems=[]),
+    )
+
+    def runs(off: float, late: float) -> list[RunResult]:
+        names = [("original", 1.0), ("flag off", off), ("flag on", 1.0), ("flag on, late schedule", late)]
+        return [RunResult(name, [torch.tensor([value])]) for name, value in names]
+
+    verify._compare_runs(job, verify.Scenario(""), runs(off=1.0, late=2.0))  # only the late run differs: timing
+    assert len(leaks) == 1 and job.result.problems[-1].endswith("; race: ..."), job.result.problems
+    job.result.problems.clear()
+    verify._compare_runs(job, verify.Scenario(""), runs(off=2.0, late=2.0))  # flag off too: the code changed
+    assert len(leaks) == 1 and not any("race" in p for p in job.result.problems), job.result.problems
