@@ -49,12 +49,20 @@ class ReluFirstMLP(nn.Module):
         return self.proj(x)
 
 
-class InplaceReluFirstMLP(ReluFirstMLP):
-    """The same with an in-place ReLU: it writes the caller's tensor."""
+class InplaceReluFirstMLP(nn.Module):
+    """The same with an in-place ReLU: it writes the caller's tensor. Not a subclass of
+    ReluFirstMLP: a subclass here putting another module in `self.act` would make every
+    ReluFirstMLP's `self.act` call take its effects too (the analysis does not yet use that
+    `ReluFirstMLP(d)` is built by name, so of that exact class)."""
 
     def __init__(self, d):
-        super().__init__(d)
+        super().__init__()
         self.act = nn.ReLU(inplace=True)
+        self.proj = nn.Linear(d, d, bias=False)
+
+    def forward(self, x):
+        x = self.act(x)
+        return self.proj(x)
 
 
 class PairMLP(MLP):

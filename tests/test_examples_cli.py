@@ -30,6 +30,8 @@ def test_example_traces_and_verifies(example, tmp_path):
     assert "error" not in traced.stderr and "static" not in traced.stderr, traced.stderr
     proved = run_main("apply", "--case", CASE_OF[example], "--verify", str(path), cwd=tmp_path)
     assert proved.returncode == 0, proved.stderr
-    assert "OK: outputs equal exactly" in proved.stderr
+    # exactly; micro-batches within float rounding of each tensor's scale (smaller GEMMs round differently)
+    how = "within atol=1e-06, rtol=1e-05 (atol relative" if CASE_OF[example] == "prefill-microbatch" else "exactly"
+    assert f"OK: outputs equal {how}" in proved.stderr, proved.stderr
     assert proved.stdout.startswith("--- a/")
     assert list(tmp_path.iterdir()) == []

@@ -290,7 +290,8 @@ def test_a_hoisted_main_call_that_writes_the_side_input_is_refused_protected_or_
     verify sees the race."""
     path = write(tmp_path, "writes_input", model_source(WRITES_INPUT))
     why = refusal(path)
-    assert "writes 'x' in place while the side stream reads it; pass --protect clone" in why, why
+    assert "writes 'x' in place while the side stream reads it (inside self.bump(...)" in why, why
+    assert "pass --protect clone to snapshot it at the fork" in why, why
     protected = edit(path, protect="clone")
     (plan,) = protected.plans
     assert plan.protect_inputs == ("x",) and [h.hoist for h in plan.main_hoists] == ["bump_output"]

@@ -396,7 +396,7 @@ def test_a_layer_writing_shared_state_is_refused_and_verify_catches_the_forced_e
     edited = _write(tmp_path, forced, "edited.py")
     bad = run_main("verify", str(edited), "--original", str(original), "--no-train", "--inputs", "0")
     assert bad.returncode == 1, bad.stdout + bad.stderr
-    assert "flag on: output 0 differs from original" in bad.stdout
+    assert "flag on: buffer layers.0.seen differs from original after the forward" in bad.stdout
 
 
 LOCAL_WRITE = _changed(

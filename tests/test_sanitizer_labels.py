@@ -101,7 +101,7 @@ def test_module_calls_label_each_place_against_the_outermost_call():
     assert seen == [
         "<before the module was called (the caller making its inputs)>",
         "<inside Sequential.forward (torch code)>",
-        "<after Sequential.forward returned (after its last op at model.py:7)>",
+        "<in the caller after Sequential.forward returned (after its last op at model.py:7)>",
         "<at the end of _Probe.forward, as it returned (after its last op at model.py:7)>",
     ]
     assert calls.depth == 0 and calls.caller is None and not calls._handles

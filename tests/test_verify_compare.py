@@ -74,3 +74,12 @@ def test_a_python_number_in_the_output_is_compared():
     a = RunResult("original", flatten_outputs((torch.ones(1), 0.25)))
     b = RunResult("flag on", flatten_outputs((torch.ones(1), 0.5)))
     assert compare(a, b, 0.0, 0.0) == "flag on: output 1 differs from original (max |diff| 0.25)"
+
+
+def test_a_scaled_tolerance_is_a_fraction_of_each_tensors_largest_entry():
+    a = RunResult("original", [torch.tensor([3.0, 1e-8])], buffers=[("seen", torch.tensor([1e-8]))])
+    rounded = RunResult("flag on", [torch.tensor([3.0, 2e-8])], buffers=[("seen", torch.tensor([1e-8]))])
+    assert compare(a, rounded, 1e-6, 1e-5, scaled=True) is None  # 1e-8 off next to a 3.0: rounding
+    moved = RunResult("flag on", [torch.tensor([3.0, 1e-8])], buffers=[("seen", torch.tensor([2e-8]))])
+    assert compare(a, moved, 1e-6, 1e-5, scaled=True) == "flag on: buffer seen differs from original after the forward"
+    assert compare(a, moved, 1e-6, 1e-5) is None  # an absolute atol would let it through

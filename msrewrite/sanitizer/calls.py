@@ -67,8 +67,8 @@ class ModuleCalls:
         if self.outer is None:
             return ("<before the module was called (the caller making its inputs)>", 0)
         last = f" (after its last op at {self.last_user[0]}:{self.last_user[1]})" if self.last_user else ""
-        if self.depth == 0:
-            return (f"<after {self.outer}.forward returned{last}>", 0)
+        if self.depth == 0:  # the caller's own code: copies of the output, or the next call's inputs
+            return (f"<in the caller after {self.outer}.forward returned{last}>", 0)
         if self.outer_is_user:  # its own frame gone while the call is still on: it is returning
             return (f"<at the end of {self.outer}.forward, as it returned{last}>", 0)
         return (f"<inside {self.outer}.forward (torch code)>", 0)
