@@ -205,12 +205,22 @@ class OverlapPlan:
     # join statement reading the temporaries; the flag-off path keeps the join statement as it is.
     # Only when the window holds no other main work. Left out of the JSON when empty.
     main_hoists: tuple[SideStatement, ...] = ()
+    # Phased plans whose side statements inline a submodule's forward ("attr:Class", self.attr a
+    # Class): the side stream is used only while calling self.attr would run Class.forward alone
+    # (_ms_runs_as_inlined: no subclass, patch or hook); otherwise the original call runs. Left out
+    # of the JSON when empty.
+    inline_guards: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
         """What the edit's comments name the plan by, `msrewrite(<label>): ...`: the case, and the
         branch of a several-stream case (apply --markers finds each plan's stream by it)."""
         return f"{self.case}: {self.case_branch}" if self.case_branch else self.case
+
+    @property
+    def inline_guard_pairs(self) -> list[tuple[str, str]]:
+        """inline_guards as (attribute, class) pairs (each part a checked identifier)."""
+        return [(attr, cls) for attr, _, cls in (g.partition(":") for g in self.inline_guards)]
 
     @property
     def region_tag(self) -> str:
@@ -226,6 +236,7 @@ class OverlapPlan:
         self._check_notes()
         self._check_options()
         self._check_main_hoists()
+        self._check_inline_guards()
 
     def _check_location(self) -> None:
         _enum(self.mode, MODES, "mode")
@@ -269,6 +280,18 @@ class OverlapPlan:
                 validate.comment_text(name, f"{what} entry")
         _boolean(self.allow_rng_reorder, "allow_rng_reorder")
         validate.comment_text(self.rng_reorder, "rng_reorder")
+
+    def _check_inline_guards(self) -> None:
+        if isinstance(self.inline_guards, list):
+            object.__setattr__(self, "inline_guards", tuple(self.inline_guards))
+        if not isinstance(self.inline_guards, tuple):
+            raise ValueError("inline_guards must be a list of attr:Class")
+        for guard in self.inline_guards:
+            parts = guard.split(":") if isinstance(guard, str) else []
+            if len(parts) != 2:
+                raise ValueError(f"inline_guards: expected attr:Class, got {validate.shown(guard)}")
+            validate.identifier(parts[0], "inline_guards attribute")
+            validate.identifier(parts[1], "inline_guards class")
 
     def _check_main_hoists(self) -> None:
         if isinstance(self.main_hoists, list):
@@ -334,6 +357,8 @@ class OverlapPlan:
                 del side["inner_phases"]
         if not self.main_hoists:
             del data["main_hoists"]
+        if not self.inline_guards:
+            del data["inline_guards"]
         for hoist in data.get("main_hoists", ()):
             del hoist["inner_phases"], hoist["phase"]
         data["version"] = PLAN_VERSION
@@ -363,6 +388,7 @@ class OverlapPlan:
                     "trust_boundary": tuple(data.get("trust_boundary", ())),
                     "assume_pure": tuple(data.get("assume_pure", ())),
                     "main_hoists": tuple(SideStatement(**h) for h in data.get("main_hoists", ())),
+                    "inline_guards": tuple(data.get("inline_guards", ())),
                 }
             )
         except ValueError as exc:
@@ -614,6 +640,7 @@ _PLAN_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "rng_reorder": ((str,), False),
     "markers": ((bool,), False),
     "main_hoists": ((list, tuple), False),
+    "inline_guards": ((list, tuple), False),
 }
 _PART_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "side": {
@@ -681,6 +708,7 @@ def plan_errors(data: Any) -> list[str]:
         "protect_inputs",
         "trust_boundary",
         "assume_pure",
+        "inline_guards",
     ):
         items = data.get(part) or ()
         kind = int if part == "core_limits" else str

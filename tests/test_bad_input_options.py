@@ -607,6 +607,10 @@ PLAN_FIELD_HOSTILE = {
     ]
     + [[_main_hoist(hoist=v)] for v in HOSTILE]
     + [[_main_hoist(hoist=3)]],
+    # emitted as `_ms_runs_as_inlined(self.<attr>, <Class>)`: two identifiers, nothing else
+    "inline_guards": ["shared_expert:MLP", [3], ["shared_expert"], ["a:b:c"], ["x.y:MLP"], ["shared_expert:MLP()"]]
+    + [[f"{v}:MLP"] for v in HOSTILE]
+    + [[f"shared_expert:{v}"] for v in HOSTILE],
 }
 SIDE_FIELD_HOSTILE = {
     "first_line": [0, "3", True],

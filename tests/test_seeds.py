@@ -70,7 +70,10 @@ def test_deepep_helper_gets_the_shared_expert_edit(tmp_path, mode):
 def test_deepep_helper_gets_the_phased_edit(tmp_path, mode):
     text = edit_and_verify(tmp_path, FIXTURES / "deepep_helper_moe.py", "moe-shared-expert-phased", mode)
     deepep = text[text.index("def _forward_deepep") : text.index("def _forward_router_experts")]
-    assert "self._forward_shared_experts(" not in deepep  # inlined, `self` kept, with its `if`s
+    # inlined on the side stream, `self` kept, with its `if`s; the flag-off path calls it as before
+    off = "if shared_expert_stream is None:" if mode != "ge-graph" else "if not use_shared_expert_stream:"
+    assert deepep.count("self._forward_shared_experts(") == 1
+    assert f"{off}\n                shared_output = self._forward_shared_experts(hidden_states)" in deepep
     assert "self.shared_expert.down_proj(" in deepep
     assert "if self.shared_expert is not None:" in deepep and "if self.shared_expert_gate is not None:" in deepep
     assert "phase 1 of the shared expert re-enters the side stream after router_logits" in deepep

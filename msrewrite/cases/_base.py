@@ -314,6 +314,9 @@ class EditStep:
     old: str
     new: str
     plans: list[OverlapPlan | MicrobatchPlan]
+    # what the case does to apply_plans' output for this step (phased: the flag-off path calls the
+    # shared expert again); verify's schedule variants, made by apply_plans too, get it as well
+    finish: Callable[[str], str] | None = None
 
 
 def match_target(name: str, target: str) -> bool:
@@ -583,11 +586,17 @@ class PhasedCase(SeedCase):
         options: Options,
         target: str | None,
     ) -> list[EditStep]:
-        """First inline and flatten the side branch (a refactor that changes no behaviour), then
-        issue it in phases."""
+        """First inline and flatten the side branch, then issue it in phases; the flag-off path
+        calls as the original did (inline.restore_calls), and the phases run only while each
+        inlined submodule's call would run its forward alone (plan.inline_guards)."""
         from msrewrite.analyze.seeds import find_helpers
         from msrewrite.emit.engine import apply_plans
-        from msrewrite.emit.inline import inline_and_flatten, inline_blockers  # phased cases only
+        from msrewrite.emit.inline import (  # phased cases only
+            inline_and_flatten,
+            inline_blockers,
+            inline_trace,
+            restore_calls,
+        )
         from msrewrite.emit.locate import locate
 
         self.check_mode(options.mode)
@@ -603,11 +612,22 @@ class PhasedCase(SeedCase):
                 f"in its call with the flag off too: {blockers[0]}; use moe-shared-expert, which keeps the call"
             )
         inlined_func = inline_and_flatten(module, located.cls, located.func, is_seed)
+        trace = inline_trace(module, located.cls, located.func, is_seed)
         import libcst as cst
 
         inlined_text = cst.ensure_type(module.deep_replace(located.func, inlined_func), cst.Module).code
         inlined = parse_own_edit(inlined_text, f"inlining {self.what[0]} into {function}")
         plans = self.plans(path, inlined, dataclasses.replace(options, core_limits=None), function, inlined_text)
+        # the side stream only while calling each inlined submodule would run its forward alone
+        guards = tuple(f"{attr}:{cls}" for attr, cls in trace.modules)
+        plans = [p.with_changes(inline_guards=guards) for p in plans]
+        inlined_in_edit = locate(inlined, function).func
+
+        def finish(new_text: str) -> str:
+            """The flag-off path calls as the original did (inline.restore_calls)."""
+            edited = parse_own_edit(new_text, f"the {self.name} edit")
+            return restore_calls(edited, function, located.func, inlined_in_edit, trace).code
+
         steps = []
         if inlined_text != text:
             what = self.what[0]
@@ -615,16 +635,19 @@ class PhasedCase(SeedCase):
                 EditStep(
                     subject=f"{self.name}: inline {what} into {function.rsplit('.', 1)[0]}",
                     body=(
-                        f"Refactor only, no change in behaviour: {what} is written out step by step in\n"
-                        f"{function}, each nested call bound to its own name, so the next patch can\n"
-                        "issue the steps in phases."
+                        f"Refactor: {what} is written out step by step in {function}, each nested\n"
+                        "call bound to its own name, so the next patch can issue the steps in phases.\n"
+                        "The steps skip the submodule's own call (a subclass's forward, a patched\n"
+                        "forward, its hooks); the next patch calls it again on the flag-off path and\n"
+                        "takes the inlined steps only while the call would run nothing else."
                     ),
                     old=text,
                     new=inlined_text,
                     plans=[],
                 )
             )
-        steps.append(plan_step(plans[0], inlined_text, apply_plans(inlined, plans, inlined_text).code))
+        last = plan_step(plans[0], inlined_text, finish(apply_plans(inlined, plans, inlined_text).code))
+        steps.append(dataclasses.replace(last, finish=finish))
         return steps
 
 

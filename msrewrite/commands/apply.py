@@ -703,6 +703,7 @@ def _verify(args: ApplyArgs, src, plans: list, plain_steps: list[EditStep], new_
                 marked=tuple(
                     p for step in plain_steps[:-1] for p in step.plans if isinstance(p, OverlapPlan) and p.markers
                 ),
+                finish=plain_steps[-1].finish,
             )
             if plain_steps[-1].plans
             else None

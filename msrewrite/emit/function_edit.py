@@ -302,6 +302,7 @@ def _context(
         phase_gate=phase_gate,
         framework_imports=framework_imports,
         model_stream=model_stream,
+        inline_guards=plan.inline_guard_pairs,
     )
 
 

@@ -159,6 +159,42 @@ def _ms_num_tokens(hidden_states):
     """Tokens in a [..., hidden] activation, for the token-count gate."""
     return hidden_states.numel() // max(hidden_states.shape[-1], 1)
 ''',
+    "_ms_runs_as_inlined": '''\
+def _ms_runs_as_inlined(module, cls):
+    """True when calling `module` would run nothing but `cls.forward` as written in this file, so the
+    side stream may run that forward's statements inlined: `module` is a `cls` (no subclass), the
+    forward is this file's own (not replaced on the class or the instance), and its __call__ has
+    nothing else to do (no forward, pre-forward or backward hooks, on it or torch's global ones, no
+    torch.compile'd call, no JIT trace; a global hook marked `_ms_observer`, as msrewrite verify's
+    sanitizer marks its own, only watches). Otherwise False, and the original call runs instead, on the
+    current stream. Checked on every forward: attribute and dict reads only."""
+    try:
+        forward = vars(cls).get("forward")
+        code = getattr(forward, "__code__", None)
+        hooks = torch.nn.modules.module
+        return not (
+            type(module) is not cls
+            or code is None
+            or code.co_filename != __file__
+            or getattr(forward, "__qualname__", None) != cls.__qualname__ + ".forward"
+            or hasattr(forward, "__wrapped__")
+            or "forward" in vars(module)
+            or "_call_impl" in vars(module)
+            or cls.__call__ is not torch.nn.Module._wrapped_call_impl
+            or module._compiled_call_impl is not None
+            or module._forward_hooks
+            or module._forward_pre_hooks
+            or module._backward_hooks
+            or module._backward_pre_hooks
+            or any(not getattr(h, "_ms_observer", False) for h in hooks._global_forward_hooks.values())
+            or any(not getattr(h, "_ms_observer", False) for h in hooks._global_forward_pre_hooks.values())
+            or hooks._global_backward_hooks
+            or hooks._global_backward_pre_hooks
+            or torch._C._get_tracing_state()
+        )
+    except Exception:  # another torch, a module without these attributes: keep the call
+        return False
+''',
     "_ms_torchair_config": '''\
 def _ms_torchair_config(config):
     """Record whether torchair compiles GE graphs with `config`, and return it:

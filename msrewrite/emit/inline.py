@@ -541,6 +541,32 @@ def inline_and_flatten(
     return func.with_changes(body=func.body.with_changes(body=flattener.statements(flattener.top)))
 
 
+@record
+class InlineTrace:
+    """What inline_and_flatten did to one function: each original statement it rewrote, with the
+    statements that replaced it (code, leading lines stripped), and each submodule whose forward it
+    copied in, as (attribute, class)."""
+
+    groups: list[tuple[cst.BaseStatement, tuple[str, ...]]]
+    modules: list[tuple[str, str]]
+
+
+def inline_trace(
+    module: cst.Module, cls: cst.ClassDef | None, func: cst.FunctionDef, is_seed: Callable[[str], bool]
+) -> InlineTrace:
+    """inline_and_flatten's walk again (it names the same way), recording what it replaced."""
+    flattener = _Flattener(module, cls, func, is_seed)
+    flattener.statements(flattener.top)
+    return InlineTrace(flattener.groups, list(dict.fromkeys(flattener.modules)))
+
+
+def statement_code(stmt: cst.BaseStatement) -> str:
+    """A statement's code without its leading blank lines and comments, for matching."""
+    if isinstance(stmt, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+        stmt = stmt.with_changes(leading_lines=[])
+    return cst.Module(body=[]).code_for_node(stmt).strip()
+
+
 class _Flattener:
     """inline_and_flatten's walk over one function (one namer for all of it)."""
 
@@ -552,6 +578,8 @@ class _Flattener:
         self.top = func.body.body
         self.subclasses = _submodule_classes(cls) if cls is not None else {}
         self.namer = _Namer(function_names(func), keeps_underscore="_" not in function_names(func))
+        self.groups: list[tuple[cst.BaseStatement, tuple[str, ...]]] = []  # inline_trace's record
+        self.modules: list[tuple[str, str]] = []
 
     def in_block(self, block: cst.BaseSuite) -> cst.BaseSuite:
         if not isinstance(block, cst.IndentedBlock):
@@ -567,7 +595,10 @@ class _Flattener:
                     orelse = orelse.with_changes(body=self.in_block(orelse.body))
                 new_body.append(stmt.with_changes(body=self.in_block(stmt.body), orelse=orelse))
                 continue
-            new_body += self.statement(stmt)
+            replaced = self.statement(stmt)
+            if replaced != [stmt]:
+                self.groups.append((stmt, tuple(statement_code(s) for s in replaced)))
+            new_body += replaced
         return new_body
 
     def inlined(self, statements) -> list[cst.BaseStatement]:
@@ -647,7 +678,10 @@ class _Flattener:
             return None
         if callee in self.subclasses:
             forward = _simple_forward(self.module, self.subclasses[callee])
-            return _inline_call(call, callee, forward, namer, out) if forward is not None else None
+            inlined = _inline_call(call, callee, forward, namer, out) if forward is not None else None
+            if inlined is not None:
+                self.modules.append((callee, self.subclasses[callee]))
+            return inlined
         method = _simple_method(self.cls, callee)  # a helper method: its body, `self` unchanged
         return _inline_call(call, None, method, namer, out, self.inline) if method is not None else None
 
@@ -696,3 +730,83 @@ def inline_blockers(module: cst.Module, cls: cst.ClassDef | None, is_seed: Calla
     if "register_module_forward" in module.code:
         found.append("the file registers a global module hook (register_module_forward_*)")
     return found
+
+
+def _off_branch(test: cst.BaseExpression, streams: set[str]) -> bool | None:
+    """Which branch of `if <test>:` runs with the side stream off: True its body, False its
+    `else:`, None neither (`test` does not read the switch)."""
+    if isinstance(test, cst.Name) and test.value in streams:
+        return False
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return True if isinstance(test.expression, cst.Name) and test.expression.value in streams else None
+    if not (
+        isinstance(test, cst.Comparison)
+        and isinstance(test.left, cst.Name)
+        and test.left.value in streams
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].comparator, cst.Name)
+        and test.comparisons[0].comparator.value == "None"
+    ):
+        return None
+    op = test.comparisons[0].operator
+    return True if isinstance(op, cst.Is) else False if isinstance(op, cst.IsNot) else None
+
+
+def restore_calls(
+    module: cst.Module, function: str, original: cst.FunctionDef, inlined: cst.FunctionDef, trace: InlineTrace
+) -> cst.Module:
+    """The edited module with the flag-off path of `function` calling as `original` did: in each
+    block that runs when the side stream is off (`if <stream> is None:`, `if not <stream>:`, the
+    `else:` of `if <stream> is not None:` / `if <stream>:`), each run of statements that inlining
+    made of one original statement is that statement again. NothingToDo when a flag-off block still
+    reads or binds a name only the inlining introduced (a statement split across blocks)."""
+    from msrewrite.emit.locate import locate
+    from msrewrite.errors import NothingToDo
+
+    located = locate(module, function)
+    func = located.func
+    introduced = function_names(inlined) - function_names(original)  # the inlined body's own names
+    streams = function_names(func) - function_names(inlined)  # the switch is a name the edit added
+    groups = [(stmt, codes) for stmt, codes in trace.groups if codes]
+    leftovers: list[str] = []
+
+    def restored(stmts: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        codes = [statement_code(s) for s in stmts]
+        out: list[cst.BaseStatement] = []
+        i = 0
+        while i < len(stmts):
+            for stmt, expansion in groups:
+                if tuple(codes[i : i + len(expansion)]) == expansion:
+                    out.append(stmt.with_changes(leading_lines=getattr(stmts[i], "leading_lines", ())))
+                    i += len(expansion)
+                    break
+            else:
+                out.append(stmts[i])
+                i += 1
+        for stmt in out:
+            names = function_names(stmt) & introduced
+            if names:
+                leftovers.append(sorted(names)[0])
+        return out
+
+    class _Off(cst.CSTTransformer):
+        def leave_If(self, _original: cst.If, updated_node: cst.If) -> cst.If:
+            which = _off_branch(updated_node.test, streams)
+            if which is True and isinstance(updated_node.body, cst.IndentedBlock):
+                body = updated_node.body
+                return updated_node.with_changes(body=body.with_changes(body=restored(list(body.body))))
+            if which is False and isinstance(updated_node.orelse, cst.Else):
+                orelse = updated_node.orelse
+                block = orelse.body
+                if isinstance(block, cst.IndentedBlock):
+                    block = block.with_changes(body=restored(list(block.body)))
+                return updated_node.with_changes(orelse=orelse.with_changes(body=block))
+            return updated_node
+
+    new_func = cst.ensure_type(func.visit(_Off()), cst.FunctionDef)
+    if leftovers:
+        raise NothingToDo(
+            f"no safe edit: {function}: the flag-off path cannot call as the original does "
+            f"(it would still use {leftovers[0]}, which only the inlined shared expert binds)"
+        )
+    return cst.ensure_type(module.deep_replace(func, new_func), cst.Module)

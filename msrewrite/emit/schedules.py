@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from dataclasses import field
 from functools import lru_cache
 from pathlib import Path
@@ -58,6 +59,9 @@ class ScheduleSource:
     # apply --markers on an edit of several steps: the earlier steps' plans, whose windows carry
     # profiler ranges too (text is the last step's input without them)
     marked: tuple[OverlapPlan, ...] = ()
+    # the case's own pass over apply_plans' output (EditStep.finish): phased edits call the
+    # shared expert again on the flag-off path
+    finish: Callable[[str], str] | None = None
 
 
 def unsupported(plan: OverlapPlan) -> str | None:
@@ -321,7 +325,7 @@ def variant(source: ScheduleSource, schedule: str) -> str:
             raise NoSchedule(why)
     text, window = _variant(source.text, tuple(source.plans), schedule, tuple(source.marked))
     source.window_statements = list(window)
-    return text
+    return source.finish(text) if source.finish is not None else text
 
 
 _recent_parses: list[tuple[str, cst.Module]] = []
@@ -462,7 +466,7 @@ def derive_source(text: str, original: Path | None, mode: str, flag) -> tuple[Sc
     found, why = _derive(text, str(original), original_text, mode, flag)
     if found is None:
         return None, why
-    return ScheduleSource(found[0], list(found[1]), found[2]), ""
+    return ScheduleSource(found[0], list(found[1]), found[2], finish=found[3]), ""
 
 
 @lru_cache(maxsize=32)
@@ -485,4 +489,4 @@ def _derive(text: str, original_name: str, original_text: str, mode: str, flag):
     if last.new != text:
         return None, f"the edit is not what apply --case {case} makes with default options (pass --plan PLANS.json)"
     note = "later schedules move the last side stream's work only" if len(steps) > 1 and steps[0].plans else ""
-    return (last.old, tuple(last.plans), note), ""
+    return (last.old, tuple(last.plans), note, last.finish), ""

@@ -58,6 +58,8 @@ class Context:
     # names the file's framework provides, imported from it: sglang's get_bool_env_var, ...
     framework_imports: list[tuple[str, str]] = field(default_factory=list)
     model_stream: str = ""  # self.<attr> already holding a side stream of this API family: reused
+    # phased plans: (attr, Class) of each submodule whose forward the side statements inline
+    inline_guards: list[tuple[str, str]] = field(default_factory=list)
 
 
 @record
@@ -139,9 +141,12 @@ def _flag(ctx: Context, em: Emission) -> str:
 
 
 def _gate_condition(ctx: Context, em: Emission) -> str | None:
-    """Every gate as one condition: the phase (--gate) and `_ms_num_tokens(x) <= N` (--max-tokens),
-    else None. While it is false the original single-stream code runs."""
+    """Every gate as one condition: the phase (--gate), the inlined forwards' run-time check
+    (phased plans) and `_ms_num_tokens(x) <= N` (--max-tokens), else None. While it is false the original single-stream code runs."""
     gates = [ctx.phase_gate] if ctx.phase_gate else []
+    for attr, cls in ctx.inline_guards:  # the inlined forward is what the call would run
+        em.helpers.append("_ms_runs_as_inlined")
+        gates.append(f"_ms_runs_as_inlined(self.{attr}, {cls})")
     if ctx.max_tokens is not None and ctx.token_input is not None:
         em.helpers.append("_ms_num_tokens")
         gates.append(f"_ms_num_tokens({ctx.token_input}) <= {ctx.max_tokens}")

@@ -9,6 +9,7 @@ import torch
 from torch.nn.modules import module as nn_module
 
 from msrewrite.runtime.frames import location, user_frame
+from msrewrite.runtime.hooks import observer
 from msrewrite.torch_modes import DispatchMode
 
 
@@ -48,8 +49,8 @@ class ModuleStack:
 
     def __enter__(self) -> ModuleStack:
         self._handles = [
-            nn_module.register_module_forward_pre_hook(lambda mod, _args: self._stack.append(mod)),
-            nn_module.register_module_forward_hook(self._pop, always_call=True),
+            nn_module.register_module_forward_pre_hook(observer(lambda mod, _args: self._stack.append(mod))),
+            nn_module.register_module_forward_hook(observer(self._pop), always_call=True),
         ]
         return self
 

@@ -15,6 +15,7 @@ import types
 from torch.nn.modules import module as nn_module
 
 from msrewrite.runtime.frames import in_files, is_internal, user_frame
+from msrewrite.runtime.hooks import observer
 
 
 class ModuleCalls:
@@ -30,8 +31,8 @@ class ModuleCalls:
 
     def __enter__(self) -> ModuleCalls:
         self._handles = [
-            nn_module.register_module_forward_pre_hook(self._enter),
-            nn_module.register_module_forward_hook(self._exit, always_call=True),
+            nn_module.register_module_forward_pre_hook(observer(self._enter)),
+            nn_module.register_module_forward_hook(observer(self._exit), always_call=True),
         ]
         return self
 
