@@ -432,7 +432,7 @@ def test_assert_between_fork_and_join_is_an_exit(tmp_path):
     y = self.experts(x, w)
     return y + s
     """
-    assert "line 115 can raise before the join" in refusal(tmp_path, model(body))
+    assert "line 123 can raise before the join" in refusal(tmp_path, model(body))
 
 
 @pytest.mark.slow  # runs the model through verify
@@ -445,7 +445,7 @@ def test_assert_before_the_fork_stays_and_the_edit_verifies(tmp_path):
     return y + s
     """
     plan, text = verified(tmp_path, model(body))
-    assert plan.side_lines == [[114, 114]]
+    assert plan.side_lines == [[122, 122]]
     assert '        assert x.shape[-1] == 16, "hidden size"\n' in text
 
 
@@ -464,7 +464,7 @@ CALLED_WRITES = {
     y = self.experts(x, w)
     return y + s
     """,
-        "line 116 writes 'x' in place while the side stream reads it",
+        "line 124 writes 'x' in place while the side stream reads it",
     ),
     "lambda-handed-to-map": (
         """
@@ -474,7 +474,7 @@ CALLED_WRITES = {
     y = self.experts(x, w)
     return y + s
     """,
-        "line 114 writes 'x' in place while the side stream reads it",
+        "line 122 writes 'x' in place while the side stream reads it",
     ),
     "computed-callee": (
         """
@@ -484,7 +484,7 @@ CALLED_WRITES = {
     y = self.experts(x, w)
     return y + s
     """,
-        """line 114: getattr(x, "mul_") (not visible to msrewrite) may write 'x' which the side stream reads""",
+        """line 122: getattr(x, "mul_") (not visible to msrewrite) may write 'x' which the side stream reads""",
     ),
 }
 CALLED_PURE = {
@@ -515,7 +515,7 @@ def test_writes_by_functions_made_in_forward_are_seen(tmp_path, name):
 @pytest.mark.parametrize("name", list(CALLED_PURE))
 def test_functions_made_in_forward_that_write_nothing_are_edited_and_verify(tmp_path, name):
     plan, _ = verified(tmp_path, model(CALLED_PURE[name]))
-    assert plan.side_lines == [[113, 113]]
+    assert plan.side_lines == [[121, 121]]
 
 
 def test_every_edit_prints_its_trust_boundary(tmp_path):
