@@ -53,6 +53,9 @@ class StatementFacts:
     # effects beyond names: storage shared through bindings, writes by callees msrewrite cannot
     # see into (name -> the callee), and what kind of work the statement holds
     links: set[tuple[str, str]] = field(default_factory=set)
+    # the links that store into an object the target already names (`lst[0] = x`, `obj.a = x`,
+    # `put(lst, x)`), not rebindings of it: a summary reads "argument i now holds argument j" here
+    stored: set[tuple[str, str]] = field(default_factory=set)
     self_stores: set[str] = field(default_factory=set)  # `self.x = v`: "self.x" (its old value is replaced)
     may_write: dict[str, str] = field(default_factory=dict)
     unknown_callees: set[str] = field(default_factory=set)
@@ -198,13 +201,21 @@ class _Collector(Visitor):
     def _roots(self, node: cst.BaseExpression) -> set[str]:
         return alias_roots(node, self.scope)
 
-    def _link(self, targets: set[str], node: cst.BaseExpression | None) -> None:
+    def _link(self, targets: set[str], node: cst.BaseExpression | None, into: bool = False) -> None:
         if node is None:
             return
         for source in self._roots(node):
             for target in targets:
                 if source != "self":  # x = x.view(-1) links x to itself: the same storage
                     self.facts.links.add((source, target))
+                    if into:
+                        self.facts.stored.add((source, target))
+
+    def _hold(self, container: cst.BaseExpression, value: cst.BaseExpression) -> None:
+        """A call made `container` hold `value` (`put(lst, x)` doing `lst[0] = x`): as after
+        `container[0] = value`, the container's object shares value's storage. The container's own write is the callee's (its summary's writes, or an unseen callee's
+        may-writes): holding is a link only."""
+        self._link(self._roots(container) - {"self"}, value, into=True)
 
     def _write(self, node: cst.BaseExpression) -> None:
         self.facts.mutates |= self._roots(node) - {"self"}
@@ -250,11 +261,11 @@ class _Collector(Visitor):
             name = dotted_name(target) if isinstance(target, cst.Attribute) else None
             if name is not None and name.startswith("self.") and name.count(".") == 1:
                 self.facts.self_stores.add(name)
-                self._link({name}, value)
+                self._link({name}, value, into=True)
             else:
                 roots = self._roots(target.value)
                 self.facts.mutates |= roots - {"self"}
-                self._link(roots - {"self"}, value)
+                self._link(roots - {"self"}, value, into=True)
             target.visit(self)
 
     def visit_Assign(self, node: cst.Assign) -> bool:
@@ -291,7 +302,7 @@ class _Collector(Visitor):
         # `t += x` on a tensor writes into t's storage, which other names may share.
         roots = self._roots(node.target) - {"self"}
         self.facts.mutates |= roots
-        self._link(roots, node.value)
+        self._link(roots, node.value, into=True)  # `lst += [x]`
         root = _root_name(node.target)
         if root is not None:
             self.facts.loads.add(root)
@@ -389,6 +400,8 @@ class _Collector(Visitor):
         for written, why in effect.may_writes:
             for name in self._roots(written) - {"self"}:
                 self.facts.may_write.setdefault(name, why)
+        for container, value in effect.stores:
+            self._hold(container, value)
         self.facts.unknown_callees |= set(effect.unknown)
         self.facts.collective |= effect.collective
         self.facts.rng |= effect.rng

@@ -483,6 +483,9 @@ class CallEffect:
     returns: list[cst.BaseExpression] = field(default_factory=list)
     may_writes: list[tuple[cst.BaseExpression, str]] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)
+    # (container, value): after the call the object `container` names holds `value` (`put(buf, x)`
+    # doing `buf[0] = x`, `setattr(obj, "a", x)`): a later write through the container writes value
+    stores: list[tuple[cst.BaseExpression, cst.BaseExpression]] = field(default_factory=list)
     collective: bool = False
     rng: bool = False
     stream: bool = False
@@ -669,7 +672,7 @@ def _collective_effect(call: cst.Call, name: str, leaf: str) -> CallEffect:
     effect.may_writes = [(a, why) for a in args]
     effect.returns = list(args)
     effect.unknown = [why]
-    return effect
+    return all_pairs_stored(effect, list(args))
 
 
 def _torch_function_effect(
@@ -726,7 +729,31 @@ def _other_module_effect(call: cst.Call, module: str, leaf: str) -> CallEffect |
         return CallEffect.pure()
     if not module and leaf in CONTAINER_BUILTINS:
         return CallEffect(returns=list(tensor_args(call)))
+    if not module and leaf == "setattr":
+        return _setattr_effect(call)
     return None
+
+
+def _setattr_effect(call: cst.Call) -> CallEffect:
+    """`setattr(obj, "a", x)`: `obj.a = x` (obj now holds x); with a computed name, obj holds x
+    all the same. Anything else (`setattr(*args)`) may store every argument in every other."""
+    args = positional(call)
+    if len(args) != 3 or any(a.star or a.keyword is not None for a in call.args):
+        return all_pairs_stored(CallEffect(writes=list(tensor_args(call))), tensor_args(call))
+    obj, attr, value = args
+    named = attr.evaluated_value if isinstance(attr, cst.SimpleString) else None
+    if isinstance(named, str) and named.isidentifier():
+        target: cst.BaseExpression = cst.Attribute(value=obj, attr=cst.Name(named))
+    else:
+        target = obj
+    return CallEffect(writes=[obj], stores=[(target, value)])
+
+
+def all_pairs_stored(effect: CallEffect, exprs: list[cst.BaseExpression]) -> CallEffect:
+    """A call msrewrite cannot see into may store any argument (or its receiver) in any other
+    (`helper(lst, x)` appending x to lst): every ordered pair of `exprs` is a store."""
+    effect.stores += [(c, v) for c in exprs for v in exprs if c is not v]
+    return effect
 
 
 def _operator_effect(call: cst.Call, name: str, leaf: str) -> CallEffect:
@@ -761,7 +788,8 @@ def _unknown_module_call(call: cst.Call, name: str) -> CallEffect:
     """A call of a module function msrewrite has no effect for: it may write (and return) every argument."""
     why = f"{name} (not visible to msrewrite)"
     args = tensor_args(call)
-    return CallEffect(returns=list(args), may_writes=[(a, why) for a in args], unknown=[why])
+    effect = CallEffect(returns=list(args), may_writes=[(a, why) for a in args], unknown=[why])
+    return all_pairs_stored(effect, list(args))
 
 
 def _method_effect(call: cst.Call, func: cst.Attribute) -> CallEffect | None:
