@@ -1085,6 +1085,8 @@ class _Search:
             via = f" ('{known[0]}' {via.removeprefix(', which ').rstrip(',')})" if via else ""
             callee = _writing_callee(f.node, known[0], self.scope)
             via += f" (inside {callee}, with every override and patch of it in the file)" if callee else ""
+            pending = f.pending.get(known[0]) or f.pending.get(name)
+            via += f" ({pending})" if pending else ""
             raise NoBranch(
                 f"line {f.first_line} writes '{known[0]}' in place while the side stream reads it{via}{hint}"
             )
@@ -1140,9 +1142,10 @@ class _Search:
         known, unseen = self._side_writes(whole, hoist_facts, join, main, storage, every_input)
         if known is not None and not unseen:  # the statements with unseen callees come before it
             line, name, reader = known
+            pending = next((f.pending[name] for f in whole if f.first_line == line and name in f.pending), None)
             raise NoBranch(
                 f"line {line}: the side branch writes its input '{name}' in place, which line "
-                f"{reader} on the main path reads"
+                f"{reader} on the main path reads" + (f" ({pending})" if pending else "")
             )
         if unseen:
             # every side statement's: vouching for the first one's callees alone would only

@@ -37,6 +37,7 @@ from msrewrite.analyze.defuse import (
     alias_roots,
     dotted_name,
     expression_loads,
+    extend_pending,
     node_facts,
     parameter_names,
 )
@@ -69,6 +70,10 @@ class Summary:
     # (p, q): after the call the object parameter p names holds parameter q (`buf[0] = x`,
     # `buf.append(x)`, `obj.a = x`); p is "self" for the object's own attributes (`self.last = x`)
     holds: set[tuple[str, str]] = field(default_factory=set)
+    # parameters an asynchronous collective it starts and never waits still writes / reads when
+    # it returns (`return dist.all_reduce(x, async_op=True)`): the caller's wait of the result ends it
+    pending_writes: set[str] = field(default_factory=set)
+    pending_reads: set[str] = field(default_factory=set)
     unknown: set[str] = field(default_factory=set)  # callees not seen into
     # state beyond the arguments written in place: "self" (the object's own attributes) and
     # module-level names; a caller counts them as writes of the receiver and of those names
@@ -524,6 +529,7 @@ class ModuleSummaries:
         facts = [node_facts(stmt, scope) for stmt in body]
         for index, item in enumerate(facts):
             item.index = index
+        open_ops = extend_pending(facts)
         not_tensors = frozenset((*self.module_imports, *self.imports, *self.classes, *self.functions))
         summary.state_writes = _state_writes(facts, func, self._scalar_attrs(cls), not_tensors)
         if self.package and any(f.unknown_callees for f in facts):
@@ -539,6 +545,12 @@ class ModuleSummaries:
             self._cache[key] = summary
             return summary
         _param_effects(summary, facts, [*params, *(n for n in (vararg, kwarg) if n)], scope)
+        if open_ops:
+            storage = Storage(facts, [*params, *(n for n in (vararg, kwarg) if n)])
+            for op in open_ops:
+                for names, into in ((op.writes, summary.pending_writes), (op.reads, summary.pending_reads)):
+                    for name in names:
+                        into |= {t[1] for i in range(len(facts) + 1) for t in storage.held(name, i) if t[0] == "param"}
         for f in facts:
             summary.unknown |= f.unknown_callees
         _note_kinds(summary, facts)
@@ -1265,6 +1277,10 @@ def _apply(
     holds = set(summary.holds)
     if strict and summary.unknown:
         holds |= _all_pairs(list(bound))
+    for name in sorted(summary.pending_writes):
+        effect.pending_writes += bound.get(name, [])
+    for name in sorted(summary.pending_reads):
+        effect.pending_reads += bound.get(name, [])
     for holder, held in sorted(holds):
         containers = [receiver] if holder == "self" and receiver is not None else bound.get(holder, [])
         effect.stores += [(c, v) for c in containers for v in bound.get(held, []) if c is not v]
