@@ -295,6 +295,9 @@ def _alias_origin(
     came to share the side input's storage (`group`), for a refusal that names a write to it."""
     inputs = sorted({token[1] for token in group if len(token) == 2})
     what = f"'{inputs[0]}'" if inputs else "a side input"
+    # where it came to share the input's own storage (an unseen `store(lst, x)` also makes x hold
+    # lst's earlier object: that earlier binding is not where the input got in)
+    group = frozenset(t for t in group if len(t) == 2) or group
     for g in facts[: before + 1]:  # the write's own statement too (an `if` that binds and writes)
         if (
             name in g.stores | {t for _, t in g.links}
@@ -315,9 +318,25 @@ def _alias_origin(
                     ),
                     [],
                 )
+            storer = _storing_callee(g.node, name, scope)
+            if storer is not None:
+                return f", which may hold the storage of {what} (stored in it {where} by {storer}),"
             source = f" from {unseen[0]}, which may return its argument" if unseen else ""
             return f", which may hold the storage of {what} (bound {where}{source}),"
     return f", which may hold the storage of {what},"
+
+
+def _storing_callee(node: cst.CSTNode, name: str, scope: Scope) -> str | None:
+    """The first call in `node` that may store something in the object `name` names (`put(lst, x)`,
+    `lst.append(x)`, `setattr(o, "a", x)`): the callee, as a refusal names it; None when none does."""
+    for call in all_calls(node):
+        effect = scope.effect_of(call)
+        if any(name in alias_roots(container, scope) for container, _ in effect.stores):
+            label = dotted_name(call.func) or cst.Module(body=[]).code_for_node(call.func)
+            if effect.unknown and not effect.unknown[0].startswith(label):
+                return f"{label} -> {effect.unknown[0]}"  # put(lst, x) -> buf.append (not visible ...)
+            return effect.unknown[0] if effect.unknown else label
+    return None
 
 
 def _simple_lines(node: cst.CSTNode) -> list[cst.SimpleStatementLine]:
@@ -1066,6 +1085,8 @@ class _Search:
             via = f" ('{known[0]}' {via.removeprefix(', which ').rstrip(',')})" if via else ""
             callee = _writing_callee(f.node, known[0], self.scope)
             via += f" (inside {callee}, with every override and patch of it in the file)" if callee else ""
+            pending = f.pending.get(known[0]) or f.pending.get(name)
+            via += f" ({pending})" if pending else ""
             raise NoBranch(
                 f"line {f.first_line} writes '{known[0]}' in place while the side stream reads it{via}{hint}"
             )
@@ -1121,9 +1142,10 @@ class _Search:
         known, unseen = self._side_writes(whole, hoist_facts, join, main, storage, every_input)
         if known is not None and not unseen:  # the statements with unseen callees come before it
             line, name, reader = known
+            pending = next((f.pending[name] for f in whole if f.first_line == line and name in f.pending), None)
             raise NoBranch(
                 f"line {line}: the side branch writes its input '{name}' in place, which line "
-                f"{reader} on the main path reads"
+                f"{reader} on the main path reads" + (f" ({pending})" if pending else "")
             )
         if unseen:
             # every side statement's: vouching for the first one's callees alone would only

@@ -53,6 +53,9 @@ class StatementFacts:
     # effects beyond names: storage shared through bindings, writes by callees msrewrite cannot
     # see into (name -> the callee), and what kind of work the statement holds
     links: set[tuple[str, str]] = field(default_factory=set)
+    # the links that store into an object the target already names (`lst[0] = x`, `obj.a = x`,
+    # `put(lst, x)`), not rebindings of it: a summary reads "argument i now holds argument j" here
+    stored: set[tuple[str, str]] = field(default_factory=set)
     self_stores: set[str] = field(default_factory=set)  # `self.x = v`: "self.x" (its old value is replaced)
     may_write: dict[str, str] = field(default_factory=dict)
     unknown_callees: set[str] = field(default_factory=set)
@@ -61,6 +64,22 @@ class StatementFacts:
     stream: bool = False
     # stream ordering (an event or stream wait, a synchronize): later work must not start before it
     barrier: bool = False
+    # asynchronous collectives this statement starts (see `extend_pending`), and the buffers an
+    # earlier one is still writing (or reading) while this statement runs: name -> why
+    async_ops: list[AsyncOp] = field(default_factory=list)
+    pending: dict[str, str] = field(default_factory=dict)
+
+
+@record
+class AsyncOp:
+    """One asynchronous collective a statement starts: the names of the buffers it keeps writing
+    and reading until its result is waited, and whether a first use of the result waits (an
+    AsyncCollectiveTensor) or only `.wait()` / `wait_tensor` does (a work handle)."""
+
+    label: str
+    writes: set[str]
+    reads: set[str]
+    waits_on_use: bool
 
 
 # 'self.shared_expert.down_proj' for an attribute chain of names, else None (one implementation,
@@ -129,6 +148,9 @@ class Scope:
     own_stream_attrs: frozenset[str] = frozenset()
     # `self.<name>` attributes the class defines as a @property: reading one runs its getter
     properties: frozenset[str] = frozenset()
+    # locals bound to an asynchronous collective's work or result (`work = dist.all_reduce(x,
+    # async_op=True)`): `work.wait()` ends its buffer's write (extend_pending) and orders streams
+    work_locals: set[str] = field(default_factory=set)
 
     def effect_of(self, call: cst.Call) -> CallEffect:
         known = torch_call_effect(call)
@@ -138,6 +160,8 @@ class Scope:
             return CallEffect()  # its writes are added at the call site (free variables)
         if is_ordering_call(call):
             receiver = call.func.value  # type: ignore[attr-defined]
+            if _root_name(receiver) in self.work_locals:
+                return CallEffect(stream=True, barrier=True)  # work.wait(): the collective's buffers are done
             if isinstance(receiver, cst.Name) and receiver.value in self.stream_locals:
                 # ev = torch.npu.Event(); ev.wait(). msrewrite's own fork and join of another side
                 # stream (`side.wait_stream(current)`, `current.wait_stream(side)`) order only that
@@ -194,17 +218,26 @@ class _Collector(Visitor):
         self.facts = facts
         self.scope = scope or Scope()
         self.after_calls = after_calls  # calls whose own effect is left out (they run after the hoisted call)
+        self._label = "a call"  # the call whose effect is being recorded
 
     def _roots(self, node: cst.BaseExpression) -> set[str]:
         return alias_roots(node, self.scope)
 
-    def _link(self, targets: set[str], node: cst.BaseExpression | None) -> None:
+    def _link(self, targets: set[str], node: cst.BaseExpression | None, into: bool = False) -> None:
         if node is None:
             return
         for source in self._roots(node):
             for target in targets:
                 if source != "self":  # x = x.view(-1) links x to itself: the same storage
                     self.facts.links.add((source, target))
+                    if into:
+                        self.facts.stored.add((source, target))
+
+    def _hold(self, container: cst.BaseExpression, value: cst.BaseExpression) -> None:
+        """A call made `container` hold `value` (`put(lst, x)` doing `lst[0] = x`): as after
+        `container[0] = value`, the container's object shares value's storage. The container's own write is the callee's (its summary's writes, or an unseen callee's
+        may-writes): holding is a link only."""
+        self._link(self._roots(container) - {"self"}, value, into=True)
 
     def _write(self, node: cst.BaseExpression) -> None:
         self.facts.mutates |= self._roots(node) - {"self"}
@@ -250,11 +283,11 @@ class _Collector(Visitor):
             name = dotted_name(target) if isinstance(target, cst.Attribute) else None
             if name is not None and name.startswith("self.") and name.count(".") == 1:
                 self.facts.self_stores.add(name)
-                self._link({name}, value)
+                self._link({name}, value, into=True)
             else:
                 roots = self._roots(target.value)
                 self.facts.mutates |= roots - {"self"}
-                self._link(roots - {"self"}, value)
+                self._link(roots - {"self"}, value, into=True)
             target.visit(self)
 
     def visit_Assign(self, node: cst.Assign) -> bool:
@@ -276,6 +309,12 @@ class _Collector(Visitor):
                 if isinstance(node.value, cst.Call) and (dotted(node.value.func) or "").startswith("_ms_"):
                     self.scope.own_streams.add(name)
             self._store_target(target.target, node.value)
+            if isinstance(node.value, cst.Call) and isinstance(target.target, (cst.Name, cst.Tuple)):
+                effect = self.scope.effect_of(node.value)
+                if effect.pending_writes or effect.pending_reads:
+                    bound = target.target
+                    items = [bound] if isinstance(bound, cst.Name) else [e.value for e in bound.elements]
+                    self.scope.work_locals |= {item.value for item in items if isinstance(item, cst.Name)}
             if isinstance(node.value, cst.Subscript):  # expert = self.experts[i]
                 self._bind_module(target.target, node.value.value)
         node.value.visit(self)
@@ -291,7 +330,7 @@ class _Collector(Visitor):
         # `t += x` on a tensor writes into t's storage, which other names may share.
         roots = self._roots(node.target) - {"self"}
         self.facts.mutates |= roots
-        self._link(roots, node.value)
+        self._link(roots, node.value, into=True)  # `lst += [x]`
         root = _root_name(node.target)
         if root is not None:
             self.facts.loads.add(root)
@@ -304,6 +343,8 @@ class _Collector(Visitor):
 
     def visit_For(self, node: cst.For) -> None:
         self._store_target(node.target, node.iter)
+        if _root_name(node.iter) in self.scope.work_locals and isinstance(node.target, cst.Name):
+            self.scope.work_locals.add(node.target.value)  # for req in reqs: req.wait()
         self._bind_module(node.target, node.iter)
 
     def _bind_module(self, target: cst.BaseExpression, iterable: cst.BaseExpression) -> None:
@@ -378,6 +419,7 @@ class _Collector(Visitor):
         self._functions_passed(node)
         if id(node) in self.after_calls:
             return
+        self._label = f"{dotted_name(node.func) or 'a call'}(...)"
         self._apply_effect(self.scope.effect_of(node))
 
     def _apply_effect(self, effect: CallEffect) -> None:
@@ -389,6 +431,17 @@ class _Collector(Visitor):
         for written, why in effect.may_writes:
             for name in self._roots(written) - {"self"}:
                 self.facts.may_write.setdefault(name, why)
+        for container, value in effect.stores:
+            self._hold(container, value)
+        if effect.pending_writes or effect.pending_reads:
+            self.facts.async_ops.append(
+                AsyncOp(
+                    label=self._label,
+                    writes={r for e in effect.pending_writes for r in self._roots(e)} - {"self"},
+                    reads={r for e in effect.pending_reads for r in self._roots(e)} - {"self"},
+                    waits_on_use=effect.waits_on_use,
+                )
+            )
         self.facts.unknown_callees |= set(effect.unknown)
         self.facts.collective |= effect.collective
         self.facts.rng |= effect.rng
@@ -523,7 +576,58 @@ def _statement_facts(
         stmt.visit(_Collector(item, scope))
         item.loads.discard("self")
         facts.append(item)
+    extend_pending(facts)
     return facts
+
+
+def _waits(node: cst.CSTNode, handles: set[str]) -> bool:
+    """Whether `node` waits one of `handles`: `work.wait()`, `reqs[0].wait()`, `for r in reqs:
+    r.wait()`, `wait_tensor(y)` / `funcol.wait_tensor(y)`."""
+    for call in all_calls(node):
+        func = call.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "wait" and _root_name(func.value) in handles:
+            return True
+        if (dotted(func) or "").rpartition(".")[2] == "wait_tensor" and any(
+            _root_name(a.value) in handles for a in call.args
+        ):
+            return True
+    return False
+
+
+def extend_pending(facts: list[StatementFacts]) -> list[AsyncOp]:
+    """An asynchronous collective writes (reads) its buffers from its call until its result is
+    waited: every statement after the call, up to and with the first that waits a name the call's
+    statement bound (for an AsyncCollectiveTensor: the first that uses it), counts as writing
+    (reading) them too, so no fork goes between and no side work moves across. Without such a wait
+    (the work is discarded, returned, stored, or never waited) that is every statement to the end
+    of the function. Returns the operations never waited here (a helper's caller keeps them)."""
+    open_ops: list[AsyncOp] = []
+    for f in facts:
+        for op in f.async_ops:
+            handles = (set(f.stores) | {t for _, t in f.links}) - op.writes - op.reads  # not the buffer it fills
+            if _waits(f.node, handles):  # `if c: work = ...; work.wait()`: waited in the same statement
+                continue
+            end = None
+            for g in facts[f.index + 1 :]:
+                # `for r in reqs: r.wait()` waits through the name it binds
+                if g.loads & handles and (_waits(g.node, handles | g.stores) or (op.waits_on_use and g.has_call)):
+                    end = g.index
+                    break
+            last = end if end is not None else len(facts) - 1
+            until = (
+                f"until line {facts[end].first_line} waits for it"
+                if end is not None
+                else "and nothing here waits for it"
+            )
+            for g in facts[f.index + 1 : last + 1]:
+                for name in op.writes:
+                    g.mutates.add(name)
+                    g.pending.setdefault(name, f"{op.label} at line {f.first_line} writes it asynchronously, {until}")
+                for name in op.reads:
+                    g.loads.add(name)
+            if end is None:
+                open_ops.append(op)
+    return open_ops
 
 
 def is_docstring(stmt: cst.BaseStatement) -> bool:

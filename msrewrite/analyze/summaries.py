@@ -37,6 +37,7 @@ from msrewrite.analyze.defuse import (
     alias_roots,
     dotted_name,
     expression_loads,
+    extend_pending,
     node_facts,
     parameter_names,
 )
@@ -66,6 +67,13 @@ class Summary:
     # parameter -> every unseen callee that may write it (sorted, no repeats; at most MAX_WRITERS)
     may_write: dict[str, list[str]] = field(default_factory=dict)
     returns: set[str] = field(default_factory=set)  # parameters the result may alias
+    # (p, q): after the call the object parameter p names holds parameter q (`buf[0] = x`,
+    # `buf.append(x)`, `obj.a = x`); p is "self" for the object's own attributes (`self.last = x`)
+    holds: set[tuple[str, str]] = field(default_factory=set)
+    # parameters an asynchronous collective it starts and never waits still writes / reads when
+    # it returns (`return dist.all_reduce(x, async_op=True)`): the caller's wait of the result ends it
+    pending_writes: set[str] = field(default_factory=set)
+    pending_reads: set[str] = field(default_factory=set)
     unknown: set[str] = field(default_factory=set)  # callees not seen into
     # state beyond the arguments written in place: "self" (the object's own attributes) and
     # module-level names; a caller counts them as writes of the receiver and of those names
@@ -494,6 +502,7 @@ class ModuleSummaries:
                 summary,
                 may_write={p: _merged(summary.may_write.get(p, []), [why]) for p in every},
                 returns=set(every),
+                holds=_all_pairs(every),
                 unknown=summary.unknown | {why},
             )
             self._cache[key] = summary
@@ -520,6 +529,7 @@ class ModuleSummaries:
         facts = [node_facts(stmt, scope) for stmt in body]
         for index, item in enumerate(facts):
             item.index = index
+        open_ops = extend_pending(facts)
         not_tensors = frozenset((*self.module_imports, *self.imports, *self.classes, *self.functions))
         summary.state_writes = _state_writes(facts, func, self._scalar_attrs(cls), not_tensors)
         if self.package and any(f.unknown_callees for f in facts):
@@ -529,11 +539,18 @@ class ModuleSummaries:
             every = [*params, *(n for n in (vararg, kwarg) if n)]
             summary.may_write = {p: unseen[:MAX_WRITERS] for p in every}
             summary.returns = set(every)
+            summary.holds = _all_pairs(every)
             summary.unknown = set(unseen)
             _note_kinds(summary, facts)  # the collectives, RNG and stream work it was seen to do still count
             self._cache[key] = summary
             return summary
         _param_effects(summary, facts, [*params, *(n for n in (vararg, kwarg) if n)], scope)
+        if open_ops:
+            storage = Storage(facts, [*params, *(n for n in (vararg, kwarg) if n)])
+            for op in open_ops:
+                for names, into in ((op.writes, summary.pending_writes), (op.reads, summary.pending_reads)):
+                    for name in names:
+                        into |= {t[1] for i in range(len(facts) + 1) for t in storage.held(name, i) if t[0] == "param"}
         for f in facts:
             summary.unknown |= f.unknown_callees
         _note_kinds(summary, facts)
@@ -925,8 +942,14 @@ def _state_writes(
     return found
 
 
+def _all_pairs(names: list[str]) -> set[tuple[str, str]]:
+    """Every parameter may hold every other (a callee msrewrite cannot see into may store them)."""
+    return {(p, q) for p in names for q in names if p != q}
+
+
 def _param_effects(summary: Summary, facts: list[StatementFacts], names: list[str], scope: Scope) -> None:
-    """Fills in which parameters (`names`) the body writes, may write, and may return."""
+    """Fills in which parameters (`names`) the body writes, may write, may return, and which
+    come to hold which (`buf[0] = x`: a caller's later write through its `buf` reaches its `x`)."""
     returns: dict[int, set[str]] = {}  # statement -> names its return values may alias
 
     class _Returns(Visitor):
@@ -954,6 +977,15 @@ def _param_effects(summary: Summary, facts: list[StatementFacts], names: list[st
                 summary.may_write[name] = _merged(summary.may_write.get(name, []), writers)
             if returns.get(f.index) and any(storage._around(r, f.index) & mine for r in returns[f.index]):
                 summary.returns.add(name)
+    params = frozenset(names)
+    for f in facts:
+        for source, target in f.stored:  # a store into an object, not a rebinding
+            held = {t[1] for t in storage._around(source, f.index) if t[0] == "param" and t[1] in params}
+            if target.startswith("self."):
+                holders = {"self"}
+            else:
+                holders = {t[1] for t in storage._around(target, f.index) if t[0] == "param" and t[1] in params}
+            summary.holds |= {(p, q) for p in holders for q in held if p != q}
 
 
 def unseen_writers(f: StatementFacts, names: list[str], scope: Scope) -> list[str]:
@@ -1242,6 +1274,16 @@ def _apply(
             effect.may_writes += [(expr, chain) for expr in bound.get(name, [])]
     for name in summary.returns:
         effect.returns += bound.get(name, [])
+    holds = set(summary.holds)
+    if strict and summary.unknown:
+        holds |= _all_pairs(list(bound))
+    for name in sorted(summary.pending_writes):
+        effect.pending_writes += bound.get(name, [])
+    for name in sorted(summary.pending_reads):
+        effect.pending_reads += bound.get(name, [])
+    for holder, held in sorted(holds):
+        containers = [receiver] if holder == "self" and receiver is not None else bound.get(holder, [])
+        effect.stores += [(c, v) for c in containers for v in bound.get(held, []) if c is not v]
     return effect
 
 
@@ -1267,6 +1309,8 @@ def _unknown(call: cst.Call, why: str) -> CallEffect:
     return CallEffect(
         returns=args + receiver,
         may_writes=[(e, why) for e in args + receiver],
+        # `lst.append(x)`, `helper(lst, x)`: any of them may now hold any other
+        stores=[(c, v) for c in args + receiver for v in args if c is not v],
         unknown=[why],
         stream=ordering,
         barrier=ordering,
@@ -1286,6 +1330,7 @@ def _union(effects: list[CallEffect]) -> CallEffect:
         out.writes += e.writes
         out.returns += e.returns
         out.may_writes += e.may_writes
+        out.stores += e.stores
         out.unknown += [u for u in e.unknown if u not in out.unknown]
         out.collective |= e.collective
         out.rng |= e.rng

@@ -271,6 +271,55 @@ _DIST_PARAMS: dict[str, tuple[str, ...]] = {
     word.split(":", 1)[0]: tuple(word.split(":", 1)[1].split(",")) for word in DIST_SIGNATURES
 }
 COLLECTIVE_MODULES = ("dist", "torch.distributed", "distributed")
+# torch.distributed._functional_collectives, by its module path and the names torch and its users
+# import it as (`import torch.distributed._functional_collectives as funcol`)
+FUNCOL_MODULES = (
+    "torch.distributed._functional_collectives",
+    "dist._functional_collectives",
+    "distributed._functional_collectives",
+    "_functional_collectives",
+    "funcol",
+    "ft_c",
+)
+# its functions (torch 2.13, torch/distributed/_functional_collectives.py): the functional ones
+# return a new tensor (an AsyncCollectiveTensor, waited by wait_tensor or on first use) and read
+# their inputs until then; the `_inplace` ones copy the result into their output (first
+# parameter) before returning; isend/irecv_inplace and batch_p2p_ops_inplace read / write their
+# buffer until the result is waited; wait_tensor returns its argument, waited
+FUNCOL_FUNCTIONAL = frozenset(
+    {
+        "broadcast",
+        "all_reduce",
+        "all_gather_single",
+        "all_gather_single_autograd",
+        "reduce_scatter_single",
+        "reduce_scatter_single_autograd",
+        "all_gather_tensor",
+        "all_gather_tensor_autograd",
+        "reduce_scatter_tensor",
+        "reduce_scatter_tensor_autograd",
+        "all_reduce_coalesced",
+        "all_gather_single_coalesced",
+        "reduce_scatter_single_coalesced",
+        "all_gather_into_tensor_coalesced",
+        "reduce_scatter_tensor_coalesced",
+        "all_to_all_single",
+        "all_to_all_single_autograd",
+        "permute_tensor",
+    }
+)
+FUNCOL_INPLACE = frozenset(
+    {
+        "all_gather_tensor_inplace",
+        "reduce_scatter_tensor_inplace",
+        "all_reduce_inplace",
+        "all_to_all_inplace",
+        "all_gather_inplace",
+    }
+)
+FUNCOL_PURE = frozenset({"allow_inflight_collective_as_graph_input_ctx"})
+# torch.distributed functions that are asynchronous whatever `async_op` says
+DIST_ALWAYS_ASYNC = frozenset({"isend", "irecv", "batch_isend_irecv"})
 RNG_NAMES = frozenset(
     {
         "rand",
@@ -483,6 +532,16 @@ class CallEffect:
     returns: list[cst.BaseExpression] = field(default_factory=list)
     may_writes: list[tuple[cst.BaseExpression, str]] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)
+    # (container, value): after the call the object `container` names holds `value` (`put(buf, x)`
+    # doing `buf[0] = x`, `setattr(obj, "a", x)`): a later write through the container writes value
+    stores: list[tuple[cst.BaseExpression, cst.BaseExpression]] = field(default_factory=list)
+    # an asynchronous collective (`async_op=True`, isend/irecv, batch_isend_irecv, a functional
+    # collective's AsyncCollectiveTensor): buffers it keeps writing / reading after the call, until
+    # its result (the work handle, the tensor) is waited; analyze/defuse.py extends them to that wait
+    pending_writes: list[cst.BaseExpression] = field(default_factory=list)
+    pending_reads: list[cst.BaseExpression] = field(default_factory=list)
+    # the result is waited on first use (an AsyncCollectiveTensor), not only by `.wait()`
+    waits_on_use: bool = False
     collective: bool = False
     rng: bool = False
     stream: bool = False
@@ -628,7 +687,9 @@ def torch_call_effect(call: cst.Call) -> CallEffect | None:
         if name.startswith("_ms_"):
             return CallEffect(stream=True)  # msrewrite's own helpers: streams, events, record_stream
         if module in COLLECTIVE_MODULES:
-            return _collective_effect(call, name, leaf)
+            return _async(call, leaf, _collective_effect(call, name, leaf))
+        if module in FUNCOL_MODULES:
+            return _funcol_effect(call, name, leaf)
         if module in _TORCH_FUNCTION_MODULES:
             return _torch_function_effect(call, module, leaf, first)
         effect = _other_module_effect(call, module, leaf)
@@ -669,7 +730,50 @@ def _collective_effect(call: cst.Call, name: str, leaf: str) -> CallEffect:
     effect.may_writes = [(a, why) for a in args]
     effect.returns = list(args)
     effect.unknown = [why]
+    return all_pairs_stored(effect, list(args))
+
+
+def _async(call: cst.Call, leaf: str, effect: CallEffect) -> CallEffect:
+    """`dist.all_reduce(x, async_op=True)`, `dist.isend(x, 1)`: the buffers it writes (reads, for a
+    send) stay in use until its work is waited."""
+    if leaf in DIST_ALWAYS_ASYNC or maybe_true(_keyword(call, "async_op")):
+        effect.pending_writes = list(effect.writes)
+        if leaf in DIST_READS or leaf == "batch_isend_irecv":  # its isend ops read theirs
+            effect.pending_reads = [a for a in tensor_args(call) if a not in effect.writes] or list(effect.writes)
+        if not effect.writes and not effect.pending_reads:
+            effect.pending_reads = list(tensor_args(call))
     return effect
+
+
+def _funcol_effect(call: cst.Call, name: str, leaf: str) -> CallEffect:
+    """A torch.distributed._functional_collectives call (see FUNCOL_FUNCTIONAL); any other is
+    unknown, named."""
+    args = tensor_args(call)
+    first = positional(call)[0] if positional(call) else first_argument(call, "self", "tensor", "input", "output")
+    if leaf == "wait_tensor":
+        return CallEffect(returns=list(args), collective=True, stream=True, barrier=True)
+    if leaf in FUNCOL_FUNCTIONAL:
+        return CallEffect(pending_reads=list(args), waits_on_use=True, collective=True)
+    if leaf in FUNCOL_INPLACE:
+        out = positional(call)[0] if positional(call) else None
+        out = out if out is not None else first_argument(call, "output_tensor", "output", "tensor", "tensor_list")
+        writes = [out] if out is not None else list(args)
+        return CallEffect(writes=writes, returns=list(writes), collective=True)
+    if leaf == "isend_inplace" and first is not None:
+        return CallEffect(returns=[first], pending_reads=[first], waits_on_use=True, collective=True)
+    if leaf in ("irecv_inplace", "batch_p2p_ops_inplace"):
+        buffers = [first] if leaf == "irecv_inplace" and first is not None else list(args)
+        return CallEffect(
+            writes=buffers,
+            returns=buffers,
+            pending_writes=buffers,
+            pending_reads=buffers,
+            waits_on_use=True,
+            collective=True,
+        )
+    if leaf in FUNCOL_PURE:
+        return CallEffect.pure()
+    return _unknown_module_call(call, name)
 
 
 def _torch_function_effect(
@@ -726,7 +830,31 @@ def _other_module_effect(call: cst.Call, module: str, leaf: str) -> CallEffect |
         return CallEffect.pure()
     if not module and leaf in CONTAINER_BUILTINS:
         return CallEffect(returns=list(tensor_args(call)))
+    if not module and leaf == "setattr":
+        return _setattr_effect(call)
     return None
+
+
+def _setattr_effect(call: cst.Call) -> CallEffect:
+    """`setattr(obj, "a", x)`: `obj.a = x` (obj now holds x); with a computed name, obj holds x
+    all the same. Anything else (`setattr(*args)`) may store every argument in every other."""
+    args = positional(call)
+    if len(args) != 3 or any(a.star or a.keyword is not None for a in call.args):
+        return all_pairs_stored(CallEffect(writes=list(tensor_args(call))), tensor_args(call))
+    obj, attr, value = args
+    named = attr.evaluated_value if isinstance(attr, cst.SimpleString) else None
+    if isinstance(named, str) and named.isidentifier():
+        target: cst.BaseExpression = cst.Attribute(value=obj, attr=cst.Name(named))
+    else:
+        target = obj
+    return CallEffect(writes=[obj], stores=[(target, value)])
+
+
+def all_pairs_stored(effect: CallEffect, exprs: list[cst.BaseExpression]) -> CallEffect:
+    """A call msrewrite cannot see into may store any argument (or its receiver) in any other
+    (`helper(lst, x)` appending x to lst): every ordered pair of `exprs` is a store."""
+    effect.stores += [(c, v) for c in exprs for v in exprs if c is not v]
+    return effect
 
 
 def _operator_effect(call: cst.Call, name: str, leaf: str) -> CallEffect:
@@ -761,7 +889,8 @@ def _unknown_module_call(call: cst.Call, name: str) -> CallEffect:
     """A call of a module function msrewrite has no effect for: it may write (and return) every argument."""
     why = f"{name} (not visible to msrewrite)"
     args = tensor_args(call)
-    return CallEffect(returns=list(args), may_writes=[(a, why) for a in args], unknown=[why])
+    effect = CallEffect(returns=list(args), may_writes=[(a, why) for a in args], unknown=[why])
+    return all_pairs_stored(effect, list(args))
 
 
 def _method_effect(call: cst.Call, func: cst.Attribute) -> CallEffect | None:
