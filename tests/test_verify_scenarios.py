@@ -149,6 +149,7 @@ def test_a_change_flag_off_shows_too_is_not_called_a_race(monkeypatch):
     job = SimpleNamespace(
         atol=0.0,
         rtol=0.0,
+        scaled=False,
         variant_paths={"late": Path("late.py")},
         window_source=object(),
         result=SimpleNamespace(problems=[]),
