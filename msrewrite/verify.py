@@ -305,6 +305,12 @@ class Scenario:
     def label(self, run: str) -> str:
         return f"{self.name}: {run}" if self.name else run
 
+    def at_make_shape(self) -> Scenario:
+        """The same draw at make()'s shape ("draw 1 (batch 1)" -> "draw 1"), for an original that
+        rejects the cut one."""
+        assert self.fallback is not None
+        return Scenario(self.name.split(" (")[0], training=self.training, inputs=self.fallback)
+
 
 def run_module(built, scenario: Scenario, seed: int = 0, restore: bool = False, backward: bool = True) -> RunResult:
     """One forward of a built harness under `scenario`.
@@ -451,6 +457,15 @@ def _is_float(value) -> bool:
     return isinstance(value, torch.Tensor) and value.is_floating_point()
 
 
+def fresh_module(path: Path, package: str | None):
+    """`path` loaded as a module of its own, under a new name: module-level stream caches and the
+    model's classes belong to the runtime of the run that loads it."""
+    from msrewrite.harness import load_module
+
+    fresh = f"_msrewrite_verify_{next(_counter)}"
+    return load_module(path, package=package, name=f"{package}.{fresh}" if package else fresh)
+
+
 def _compiles(text: str) -> bool:
     try:
         compile(text, "<edited>", "exec", dont_inherit=True)
@@ -581,13 +596,8 @@ class _Edited:
         return contextlib.nullcontext()
 
     def load(self, path: Path | None = None):
-        """The edited file (or a schedule variant of it at `path`) as a fresh module: module-level
-        stream caches must belong to this run's runtime."""
-        from msrewrite.harness import load_module
-
-        package = self.package
-        fresh = f"_msrewrite_verify_{next(_counter)}"
-        return load_module(path or self.path, package=package, name=f"{package}.{fresh}" if package else fresh)
+        """The edited file (or a schedule variant of it at `path`) as a fresh module."""
+        return fresh_module(path or self.path, self.package)
 
     def build(self, reference, on: bool, path: Path | None = None, gate_open: bool = True, module=None):
         """`reference`'s module rebuilt from the edited file (or a schedule variant of it at `path`;
@@ -708,7 +718,7 @@ def _run_scenarios(job: _Job, scenarios: list[Scenario]) -> None:
         if runs is None and scenario.fallback is not None:  # the original rejects the cut draw
             rejected = result.skipped.pop()
             result.skipped.append(f"{rejected}; drawn at make()'s shape instead")
-            scenario = Scenario(scenario.name.split(" (")[0], inputs=scenario.fallback)
+            scenario = scenario.at_make_shape()
             runs = _run_scenario(job, scenario)
         if runs is None:
             continue
@@ -971,17 +981,13 @@ def _check_side_stream_used(job: _Job, scenario: Scenario, spec: _FlagOn, out: R
 def _original_side_ops(job: _Job, scenario: Scenario) -> dict[str, int] | None:
     """The ops the original itself issues off the main stream under the stand-ins (a model with a
     stream of its own, outside the edit); None without an original."""
-    from msrewrite.harness import load_module
     from msrewrite.runtime import install
 
     if job.original is None:
         return None
-    package = job.edited.package
-    fresh = f"_msrewrite_verify_{next(_counter)}"
     with job.edited.switch(False), install() as rt:
         try:  # built afresh: streams the model keeps belong to this runtime
-            module = load_module(job.original, package=package, name=f"{package}.{fresh}" if package else fresh)
-            built = job.reference.rebuild_from(module)
+            built = job.reference.rebuild_from(fresh_module(job.original, job.edited.package))
             with rt.record_ops() as ops:
                 run_module(built, scenario, backward=False)
         except Exception:  # the original ran without the stand-ins; under them it is flag off's to answer
@@ -1112,7 +1118,7 @@ def _verify_as_written(
     """Multi-stream code with no enable flag (written by hand): run it under the stand-ins and the
     sanitizer in every scenario a flagged edit gets (train, zero tokens, random draws; called
     again, and under a caller's stream), and compare with the original when one is given."""
-    from msrewrite.harness import build_harness, load_module, one_line
+    from msrewrite.harness import build_harness, one_line
     from msrewrite.runtime import install
 
     result = VerifyResult(mode=mode, flag=FlagSpec(kind="none", name="-"), tolerance=(atol, rtol))
@@ -1127,10 +1133,7 @@ def _verify_as_written(
     def build():
         if original is None:
             return build_harness(rewritten, harness=harness, target=target, package=package)
-        fresh = f"_msrewrite_verify_{next(_counter)}"
-        return reference.rebuild_from(
-            load_module(rewritten, package=package, name=f"{package}.{fresh}" if package else fresh)
-        )
+        return reference.rebuild_from(fresh_module(rewritten, package))
 
     phase("running the model")
     result.scenarios = []
@@ -1143,7 +1146,7 @@ def _verify_as_written(
                 except Exception:
                     if scenario.fallback is None:
                         raise
-                    scenario = Scenario(scenario.name.split(" (")[0], inputs=scenario.fallback)
+                    scenario = scenario.at_make_shape()
                     runs.append(run_module(reference, scenario, restore=True))
             except Exception as exc:
                 if scenario.name:
