@@ -9,9 +9,9 @@ Regenerate on purpose only, after reviewing the change in emitted code:
     python golden/regen.py --check    # exit 1 if any golden file is out of date
 
 Which examples a case's goldens cover is the case's own declaration (`golden_examples` in its
-msrewrite/cases/ module). The same run writes README.md's block of each case's declared VALID
+msrewrite/cases/ module). The same run writes docs/cases.md's block of each case's declared VALID
 and INVALID snippets (between the case-examples markers), so the docs cannot go stale.
-`--only CASE` limits a run to one case (and skips the README block).
+`--only CASE` limits a run to one case (and skips the docs/cases.md block).
 """
 
 from __future__ import annotations
@@ -64,13 +64,13 @@ README_END = "<!-- /case-examples -->"
 
 
 def _snippet(source: str) -> str:
-    """A snippet as README shows it: without its make() (the harness verify uses)."""
+    """A snippet as docs/cases.md shows it: without its make() (the harness verify uses)."""
     at = source.find("\n\ndef make(")
     return (source[:at] + "\n" if at >= 0 else source).rstrip() + "\n"
 
 
 def examples_markdown() -> str:
-    """README's block: one VALID and one INVALID snippet of every case, as the case declares them."""
+    """docs/cases.md's block: one VALID and one INVALID snippet of every case, as the case declares them."""
     from msrewrite.cases import all_cases
 
     parts = [README_START, ""]
@@ -121,7 +121,7 @@ def main(argv: list[str], root: Path = ROOT) -> int:
                     if not check:
                         path.parent.mkdir(parents=True, exist_ok=True)
                         path.write_text(text, encoding="utf-8")
-    readme = root / "README.md"
+    readme = root / "docs" / "cases.md"
     if only is None and readme.exists():
         current = readme.read_text(encoding="utf-8")
         if readme_with_examples(current) != current:

@@ -58,7 +58,7 @@ def _guarded(item):
         excinfo = outcome.excinfo
         if excinfo is None or not isinstance(excinfo[1], UnitLayerViolation):
             outcome.force_exception(
-                UnitLayerViolation(f"{found[0]} in a test of the unit layer: mark the test `slow` (README, Tests)")
+                UnitLayerViolation(f"{found[0]} in a test of the unit layer: mark the test `slow` (docs/testing.md)")
             )
 
 

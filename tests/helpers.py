@@ -302,7 +302,7 @@ def unit_layer_guard(found: list[str]):
     def refuse(what: str):
         def refused(*_args, **_kwargs):
             found.append(what)
-            raise UnitLayerViolation(f"{what} in a test of the unit layer: mark the test `slow` (README, Tests)")
+            raise UnitLayerViolation(f"{what} in a test of the unit layer: mark the test `slow` (docs/testing.md)")
 
         return refused
 

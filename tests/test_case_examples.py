@@ -1,6 +1,6 @@
 """Every case's declared examples, Fixit-style: each VALID snippet is edited by `apply --case` (and
 the edit verifies, where the snippet brings its make()), each INVALID one is refused with the
-reason the case declares; README's Cases section shows one of each, as golden/regen.py writes it."""
+reason the case declares; docs/cases.md shows one of each, as golden/regen.py writes it."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def test_invalid_snippet_is_refused_with_its_reason(case, index, tmp_path):
 
 def test_readme_shows_one_valid_and_one_invalid_snippet_per_case():
     regen = load_regen()
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert regen.readme_with_examples(readme) == readme, "README's case examples are stale: run golden/regen.py"
+    readme = (ROOT / "docs" / "cases.md").read_text(encoding="utf-8")
+    assert regen.readme_with_examples(readme) == readme, "docs/cases.md's case examples are stale: run golden/regen.py"
     for case in all_cases():
         assert f"<code>{case.name}</code>: one it edits, one it refuses" in readme

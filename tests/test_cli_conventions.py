@@ -1,4 +1,4 @@
-"""CLI conventions: one-line usage errors, --version, README = --help, 80-column tables, progress
+"""CLI conventions: one-line usage errors, --version, docs/commands.md = --help, 80-column tables, progress
 and fallback said aloud, and a start-up that imports only what the command needs."""
 
 from __future__ import annotations
@@ -128,10 +128,9 @@ def test_help_stays_rich_and_lists_everything():
                 assert decl in apply.stdout, decl
 
 
-# README = --help -----------------------------------------------------------------------------
-def _readme_commands() -> str:
-    text = (ROOT / "README.md").read_text()
-    return text[text.index("## Commands\n") : text.index("\n## ", text.index("## Commands\n") + 1)]
+# docs/commands.md = --help ------------------------------------------------------------------------
+def _documented_commands() -> str:
+    return (ROOT / "docs" / "commands.md").read_text()
 
 
 def _options_in(text: str) -> set[str]:
@@ -147,22 +146,22 @@ def _declared(command: str) -> set[str]:
 
 
 @pytest.mark.parametrize("command", ["apply", "suggest", "verify", "profile", "bench"])
-def test_readme_documents_exactly_the_options_of_each_command(command):
-    section = _readme_commands()
+def test_docs_document_exactly_the_options_of_each_command(command):
+    section = _documented_commands()
     start = section.index(f"`{command}` options:")
     nxt = re.search(r"\n`\w+` options:|\nDiff paths", section[start + 1 :])
     block = section[start : start + 1 + nxt.start()] if nxt else section[start:]
     documented = _options_in(block)
     declared = _declared(command)
     assert documented == declared, (
-        f"in README, not in --help: {sorted(documented - declared)}; "
-        f"in --help, not in README: {sorted(declared - documented)}"
+        f"in docs/commands.md, not in --help: {sorted(documented - declared)}; "
+        f"in --help, not in docs/commands.md: {sorted(declared - documented)}"
     )
 
 
-def test_readme_names_no_option_that_does_not_exist():
+def test_docs_name_no_option_that_does_not_exist():
     every = set().union(*(_declared(c) for c in COMMANDS)) | {"--version", "--help"}
-    assert _options_in(_readme_commands()) <= every
+    assert _options_in(_documented_commands()) <= every
 
 
 # Tables fit 80 columns ------------------------------------------------------------------------

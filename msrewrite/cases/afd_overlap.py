@@ -34,7 +34,7 @@ class PointToPoint:
         return module in P2P_MODULES and name in ("send", "recv")
 
 
-# Declared examples (tests/test_case_examples.py runs them; README's Cases section shows them).
+# Declared examples (tests/test_case_examples.py runs them; docs/cases.md shows them).
 # VALID: the send goes out early and the receive waits until the shortcut MLP ran.
 VALID = """import torch
 import torch.distributed as dist

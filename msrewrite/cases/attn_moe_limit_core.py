@@ -24,7 +24,7 @@ def is_shortcut_moe(callee: str) -> bool:
     return callee == "mlp"
 
 
-# Declared examples (tests/test_case_examples.py runs them; README's Cases section shows them).
+# Declared examples (tests/test_case_examples.py runs them; docs/cases.md shows them).
 # VALID: the shortcut MoE on a side stream, cores split.
 VALID = """import torch
 from torch import nn

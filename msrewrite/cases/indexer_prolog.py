@@ -27,7 +27,7 @@ WEIGHTS = BranchSpec("weights", _calls("weights_proj"), "indexer_weights", "the 
 Q_QUANT = BranchSpec("q_quant", _calls("q_quant"), "indexer_q", "the q quantization", optional=True)
 
 
-# Declared examples (tests/test_case_examples.py runs them; README's Cases section shows them).
+# Declared examples (tests/test_case_examples.py runs them; docs/cases.md shows them).
 # VALID: the q path and the weights projection on two side streams, k on main.
 VALID = """import torch
 from torch import nn

@@ -51,7 +51,7 @@ def is_host_copy(call: cst.Call) -> bool:
     return _names_host(func.value) or _names_host(call.args[0].value)
 
 
-# Declared examples (tests/test_case_examples.py runs them; README's Cases section shows them).
+# Declared examples (tests/test_case_examples.py runs them; docs/cases.md shows them).
 # VALID: the device-to-host copy overlaps the layer's compute.
 VALID = """import torch
 from torch import nn

@@ -27,7 +27,7 @@ def describe(branch) -> str:
     return "shared expert on a side stream: " + describe_lines(branch)
 
 
-# Declared examples (tests/test_case_examples.py runs them; README's Cases section shows them).
+# Declared examples (tests/test_case_examples.py runs them; docs/cases.md shows them).
 # VALID: the shared expert reads only the block's input; the routed experts run meanwhile.
 VALID = """import torch
 from torch import nn

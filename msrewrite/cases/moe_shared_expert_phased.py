@@ -21,7 +21,7 @@ from __future__ import annotations
 from msrewrite.cases._base import Invalid, PhasedCase
 from msrewrite.cases.moe_shared_expert import describe, is_shared_expert_call
 
-# Declared examples (tests/test_case_examples.py runs them; README's Cases section shows them).
+# Declared examples (tests/test_case_examples.py runs them; docs/cases.md shows them).
 # VALID: the shared expert's projections, activation and down projection go out in phases.
 VALID = """import torch
 from torch import nn

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from msrewrite.cases._base import Invalid, MicrobatchCase
 
-# Declared examples (tests/test_case_examples.py runs them; README's Cases section shows them).
+# Declared examples (tests/test_case_examples.py runs them; docs/cases.md shows them).
 # VALID: a straight-line layer with its collectives, under a layer loop.
 VALID = """import torch
 import torch.distributed as dist

@@ -691,7 +691,7 @@ def inline_blockers(module: cst.Module, cls: cst.ClassDef | None, is_seed: Calla
     inlining copies one class's `forward` (or one helper method) into the caller, skipping the
     module's `__call__`, so a subclass, a module-level `Cls.forward = f`, or a hook registered on
     the submodule would no longer run, with the flag off too. Empty when none is seen. Hooks a
-    framework registers at run time cannot be seen here (README: moe-shared-expert-phased)."""
+    framework registers at run time cannot be seen here (docs/cases.md: moe-shared-expert-phased)."""
     from msrewrite.analyze.summaries import ModuleSummaries
 
     if cls is None:

@@ -5,8 +5,8 @@ The imports are inserted by hand, not with libcst's `AddImportsVisitor`: that vi
 metadata-dependent codemod, so it costs a `MetadataWrapper` (a copy of the module) and a visit
 of the whole file per apply (tests/test_startup_budget.py counts those), and it places and merges
 imports by its own rules (after the last top-level import, `import os` among them) where the
-goldens pin ours (a stdlib import first, taking over the file's leading comments). Checked in
-session 6 on examples/deepseek_moe.py: AddImportsVisitor adds `import os` after
+goldens pin ours (a stdlib import first, taking over the file's leading comments). Checked
+on examples/deepseek_moe.py: AddImportsVisitor adds `import os` after
 `from torch import nn`, golden/moe-shared-expert/eager/deepseek_moe.py has it before
 `import torch`; using it would change every golden that adds an import.
 """
