@@ -219,3 +219,90 @@ def test_without_the_source_path_the_inherited_method_is_unknown(tmp_path, monke
             FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"),
             None,
         )
+
+
+# The framework the file lives in, found without --source-path -------------------------------------
+def _inside_the_package(tmp_path: Path, source: str) -> Path:
+    """The model file at `<tree>/fakeserve/models/pkg_moe.py`, beside a copy of the package, with no
+    `__init__.py` in `models/` (as wheels leave namespace portions such as SGLang's `srt/`); no
+    --source-path, and the tree is not on sys.path."""
+    import shutil
+
+    tree = tmp_path / "tree"
+    shutil.copytree(SOURCES / "fakeserve", tree / "fakeserve")
+    models = tree / "fakeserve" / "models"
+    models.mkdir()
+    original = models / "pkg_moe.py"
+    original.write_text(source.replace('Path(__file__).resolve().parent / "srcpkg"', repr(str(tree))))
+    return original
+
+
+def _edit_in_place(original: Path):
+    src = load(original)
+    return case_steps(
+        original,
+        src.text,
+        src.module,
+        "moe-shared-expert",
+        "eager",
+        None,
+        FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"),
+        None,
+    )
+
+
+def test_the_package_the_file_is_in_is_read_without_a_source_path(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p).resolve() != SOURCES.resolve()])
+    monkeypatch.setattr(packages, "_read_from", {})
+    original = _inside_the_package(tmp_path, MODEL)
+    plan = _edit_in_place(original)[-1].plans[0]
+    assert plan.trust_boundary == ()  # RoutedExperts and RowLinear proved pure from their source
+    imported = getattr(sys.modules.get("fakeserve"), "__file__", None) or ""
+    assert not imported.startswith(str(tmp_path))  # read, never imported
+    assert packages.roots_read() == [f"fakeserve from {tmp_path / 'tree'} (the package the file is in)"]
+
+
+def test_an_effect_in_the_package_the_file_is_in_is_seen(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p).resolve() != SOURCES.resolve()])
+    source = MODEL.replace("import RoutedExperts", "import InplaceExperts").replace(
+        "RoutedExperts(d, n)", "InplaceExperts(d, n)"
+    )
+    with pytest.raises(NothingToDo) as err:
+        _edit_in_place(_inside_the_package(tmp_path, source))
+    assert "writes 'x' in place" in str(err.value)
+
+
+def test_a_folder_of_another_name_is_not_taken_for_the_package(tmp_path, monkeypatch):
+    """Only a folder named as the import's top-level package marks the tree: a model file in
+    `elsewhere/` beside the package still reads nothing."""
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p).resolve() != SOURCES.resolve()])
+    original = _inside_the_package(tmp_path, MODEL)
+    other = tmp_path / "elsewhere" / "pkg_moe.py"
+    other.parent.mkdir()
+    other.write_text(original.read_text())
+    with pytest.raises(NothingToDo) as err:
+        _edit_in_place(other)
+    assert "self.experts (RoutedExperts, not visible to msrewrite)" in str(err.value)
+
+
+@pytest.mark.slow  # runs the model through verify
+def test_an_edit_through_the_package_the_file_is_in_verifies(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p).resolve() != SOURCES.resolve()])
+    original = _inside_the_package(tmp_path, MODEL)
+    edited = original.with_name("pkg_moe_ms.py")
+    edited.write_text(_edit_in_place(original)[-1].new)
+    result = verify_files(edited, original=original)
+    assert result.ok, result.problems
+
+
+@pytest.mark.slow  # the CLI in a subprocess, as a user runs it inside the tree
+def test_the_cli_says_which_package_sources_it_read(tmp_path):
+    from helpers import run_cli
+
+    original = _inside_the_package(tmp_path, MODEL)
+    result = run_cli("apply", "--case", "moe-shared-expert", str(original), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (
+        f"msrewrite: package sources read (never imported): fakeserve from {tmp_path / 'tree'} "
+        "(the package the file is in)"
+    ) in result.stderr.splitlines()

@@ -6,7 +6,9 @@ Instead the path is walked the way the path-based finder searches it, one compon
 time, in the folders the previous component gave (a package's own folder, or every portion of
 a namespace package). Only the file system is looked at: no finder, no parent `__init__` runs.
 
-The roots are the `--source-path` folders (unpacked wheels, a checkout) followed by `sys.path`.
+The roots are the `--source-path` folders (unpacked wheels, a checkout), then the folder that
+holds the package the analysed file belongs to (a model file inside an unpacked SGLang or vLLM
+tree reads its own framework without being told where it is), then `sys.path`.
 torch, NumPy and the like are never read: torch's effects come from analyze/torch_effects.py,
 and a compiled package has no source to read.
 
@@ -36,6 +38,9 @@ _source_roots: tuple[Path, ...] = ()
 _parsed: dict[tuple[Path, int, int], SourceIndex | None] = {}
 _found: dict[tuple[tuple[str, ...], str], Path | None] = {}
 _roots_for: dict[tuple, tuple[str, ...]] = {}
+_enclosing: dict[tuple[Path, str], Path | None] = {}
+# root -> (how it was found, the top-level packages read from it), for the run's summary line
+_read_from: dict[str, tuple[str, set[str]]] = {}
 
 
 def set_source_path(roots: list[Path] | tuple[Path, ...]) -> None:
@@ -54,29 +59,74 @@ def source_path() -> tuple[Path, ...]:
     return _source_roots
 
 
-def _roots() -> tuple[str, ...]:
-    """`--source-path` folders, then `sys.path` without the standard library (its functions never
-    receive a model's tensors in a way worth reading; they stay unknown)."""
-    key = (_source_roots, tuple(sys.path))
+def enclosing_root(path: Path | None, top: str) -> Path | None:
+    """The folder that holds package `top` when the file `path` lives inside it: the parent of the
+    nearest folder above `path` named `top` (`.../python` for
+    `.../python/sglang/srt/models/qwen2_moe.py` and `sglang`). Wheels leave `__init__.py` out of
+    namespace portions (SGLang's `srt/`), so the folder's name is what marks the package, not a
+    chain of `__init__.py` files. None for a file outside a folder of that name."""
+    if path is None or not top:
+        return None
+    key = (path, top)
+    if key not in _enclosing:
+        found = None
+        for folder in path.resolve().parents:
+            if folder.name == top and folder.parent != folder:
+                found = folder.parent
+                break
+        _enclosing[key] = found
+    return _enclosing[key]
+
+
+def _roots(own: Path | None = None) -> tuple[str, ...]:
+    """`--source-path` folders, `own` (the folder of the package the importing file lives in),
+    then `sys.path` without the standard library (its functions never receive a model's tensors in
+    a way worth reading; they stay unknown)."""
+    key = (_source_roots, own, tuple(sys.path))
     if key not in _roots_for:
         import sysconfig  # only when a package is looked up (most runs never do)
 
         stdlib = {sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")}
-        _roots_for[key] = tuple(str(r) for r in _source_roots) + tuple(
-            p for p in sys.path if p and p not in stdlib and Path(p).is_dir()
-        )
+        given = tuple(str(r) for r in _source_roots)
+        found = () if own is None or str(own) in given else (str(own),)
+        rest = tuple(p for p in sys.path if p and p not in stdlib and Path(p).is_dir() and p not in found)
+        _roots_for[key] = given + found + rest
     return _roots_for[key]
 
 
-def module_file(dotted: str) -> Path | None:
-    """The source file of module `dotted` (`pkg/sub.py` or `pkg/sub/__init__.py`), or None."""
+def module_file(dotted: str, near: Path | None = None) -> Path | None:
+    """The source file of module `dotted` (`pkg/sub.py` or `pkg/sub/__init__.py`), or None.
+    `near`: the file whose import names it; its own package's tree is searched too."""
     if not dotted or dotted.split(".")[0] in NOT_READ:
         return None
-    roots = _roots()
+    top = dotted.split(".")[0]
+    own = enclosing_root(near, top)
+    roots = _roots(own)
     key = (roots, dotted)
     if key not in _found:
-        _found[key] = _walk(dotted, roots)
+        found = _found[key] = _walk(dotted, roots)
+        if found is not None:
+            _note_read(found, top, roots, own)
     return _found[key]
+
+
+def _note_read(file: Path, top: str, roots: tuple[str, ...], own: Path | None) -> None:
+    for root in roots:
+        if file.is_relative_to(root):
+            if root in (str(r) for r in _source_roots):
+                how = "--source-path"
+            elif own is not None and Path(root) == own:
+                how = "the package the file is in"
+            else:
+                how = "installed"
+            _read_from.setdefault(root, (how, set()))[1].add(top)
+            return
+
+
+def roots_read() -> list[str]:
+    """Where package sources were read from in this run: `sglang from /x/python (the package the
+    file is in)`, one entry per root, in the order first read."""
+    return [f"{', '.join(sorted(tops))} from {root} ({how})" for root, (how, tops) in _read_from.items()]
 
 
 def _walk(dotted: str, roots: tuple[str, ...]) -> Path | None:

@@ -224,7 +224,7 @@ class ModuleSummaries:
         found = self._sibling(dots, source)
         if found is not None or dots:
             return found
-        file = packages.module_file(source)
+        file = packages.module_file(source, near=self.path)
         return self._read(file, package=True) if file is not None else None
 
     def _sibling(self, dots: int, source: str) -> ModuleSummaries | None:

@@ -414,11 +414,14 @@ def run_apply(**kwargs) -> int:
         chosen_mode, why = resolve_mode(args.mode, src.text)
     except ValueError as exc:
         raise BadInput(str(exc)) from None
-    if args.case is not None:
-        steps = _case_edit(args, src, chosen_mode, why)
-        plans = [plan for step in steps for plan in step.plans]
-    else:
-        plans = _plan_file_plans(args, src, chosen_mode, why)
+    try:
+        if args.case is not None:
+            steps = _case_edit(args, src, chosen_mode, why)
+            plans = [plan for step in steps for plan in step.plans]
+        else:
+            plans = _plan_file_plans(args, src, chosen_mode, why)
+    finally:  # a refusal names callees too: say where their sources were looked for
+        _note_sources_read()
     if args.markers:  # through the plans, as a plan file's "markers": true
         plans = [p.with_changes(markers=True) for p in plans]
         for step in steps if args.plan_path is None else ():
@@ -667,6 +670,13 @@ def _plan_file_steps(src, plans: list) -> list[EditStep]:
         )
         before = after
     return steps
+
+
+def _note_sources_read() -> None:
+    from msrewrite.analyze.packages import roots_read
+
+    for where in roots_read():
+        _note(f"package sources read (never imported): {where}")
 
 
 def _report(plans: list, new_text: str) -> None:
