@@ -3,8 +3,10 @@
 torchair's CompilerConfig / get_npu_backend mean torchair, and its ``config.mode`` says which
 graph: "max-autotune" (the default) is GE graph mode, "reduce-overhead" and "npugraph_ex" capture
 aclgraphs, which take the native stream API (npugraph-ex). backend="npugraph_ex" means
-npugraph-ex; a file that drives torch.cuda streams and never torch_npu means cuda; otherwise the
-native eager API. Explicit --mode always wins.
+npugraph-ex; a file that drives torch.cuda streams and never torch_npu means cuda; a file with no
+stream code that uses its framework's CUDA helpers (SGLang's `is_cuda()` and cuda graph runner,
+vLLM's `current_platform.is_cuda()`) and none of its NPU ones means cuda, both kinds an error
+asking for --mode; otherwise the native eager API. Explicit --mode always wins.
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ _MARKERS = {
     # the file already drives CUDA streams or graphs itself, and never torch_npu
     "cuda": (r"\btorch\.cuda\.(?:Stream|stream|current_stream|Event|set_stream|graph|CUDAGraph)\b", ("torch.cuda.",)),
     "npu": (r"\btorch_npu\b|\btorch\.npu\b", ("torch_npu", "torch.npu")),
+    # the serving frameworks' own platform helpers: SGLang's is_cuda() / cuda graph runner,
+    # vLLM's current_platform.is_cuda*(); and their NPU counterparts (SGLang's is_npu(), vllm-ascend)
+    "cuda_helpers": (
+        r"\bis_cuda(?:_alike)?\s*\(|\bcuda_graph_runner\b|\bcurrent_platform\.is_cuda(?:_alike)?\s*\(",
+        ("is_cuda", "cuda_graph_runner"),
+    ),
+    "npu_helpers": (r"\bis_npu\s*\(|\bvllm_ascend\b", ("is_npu", "vllm_ascend")),
 }
 
 
@@ -112,6 +121,12 @@ def _torchair_config_mode(text: str) -> tuple[str, str] | None:
     return kind, f"torchair CompilerConfig mode {mode!r} at line {line} ({graph})"
 
 
+def _imports_torch_npu(text: str) -> bool:
+    """`import torch_npu` (or `from torch_npu ...`) at the module's top level, outside any `if`/`try`:
+    the file runs on the NPU whatever else it mentions (torch_npu can map torch.cuda onto the NPU)."""
+    return re.search(r"^(?:import|from)\s+torch_npu\b", text, re.MULTILINE) is not None
+
+
 def detect_mode(text: str) -> tuple[str, str]:
     """(mode, reason) for a source file; ValueError when torchair's mode cannot be told."""
     configured = _torchair_config_mode(text)
@@ -124,8 +139,29 @@ def detect_mode(text: str) -> tuple[str, str]:
     if ex:
         return "npugraph-ex", f"found {ex.group(0).strip()!r} (npugraph_ex / aclgraph)"
     cuda = _search("cuda", text)
-    if cuda and not _search("npu", text):
+    npu = _search("npu", text)
+    if cuda and not npu:
         return "cuda", f"found {cuda.group(0)!r} and no torch_npu (the file speaks CUDA streams)"
+    if cuda and npu and not _imports_torch_npu(text):
+        # SGLang's deepseek_v2.py: its streams are torch.cuda; torch.npu appears in an NPU branch
+        n_cuda, n_npu = len(_pattern("cuda").findall(text)), len(_pattern("npu").findall(text))
+        if n_cuda > n_npu:
+            return "cuda", (
+                f"the file's stream code is torch.cuda ({n_cuda} uses against {n_npu} of torch.npu / "
+                f"torch_npu, which it never imports at module level)"
+            )
+    if npu:
+        return "eager", "no torchair or npugraph_ex markers (native torch_npu streams)"
+    # No stream code of either kind: the framework's platform helpers say which device it runs on.
+    cuda_helper, npu_helper = _search("cuda_helpers", text), _search("npu_helpers", text)
+    if cuda_helper and npu_helper:
+        raise ValueError(
+            f"cannot tell the device: the file checks for both ({cuda_helper.group(0).strip()!r} and "
+            f"{npu_helper.group(0).strip()!r}) and drives no streams itself; give --mode cuda, or "
+            f"--mode eager, npugraph-ex or ge-graph for an Ascend NPU"
+        )
+    if cuda_helper:
+        return "cuda", f"found {cuda_helper.group(0).strip()!r}, the framework's CUDA helper, and no NPU code"
     return "eager", "no torchair or npugraph_ex markers (native torch_npu streams)"
 
 

@@ -273,6 +273,30 @@ def test_auto_mode_follows_a_file_that_drives_cuda_streams():
     assert detect_mode("ok = torch.cuda.is_available()\n")[0] == "eager"
 
 
+def test_auto_mode_reads_the_frameworks_platform_helpers():
+    """SGLang files with no stream code yet: is_cuda() or the cuda graph runner say CUDA."""
+    mode, why = detect_mode("from sglang.srt.utils import is_cuda\n_is_cuda = is_cuda()\n")
+    assert mode == "cuda" and "is_cuda(" in why
+    assert detect_mode("from sglang.srt.model_executor.cuda_graph_runner import get_is_capture_mode\n")[0] == "cuda"
+    assert detect_mode("if current_platform.is_cuda_alike():\n    pass\n")[0] == "cuda"
+    # both platforms checked and no stream code: the file does not say; the error lists the modes
+    with pytest.raises(ValueError, match="give --mode cuda, or --mode eager, npugraph-ex or ge-graph"):
+        detect_mode("_is_cuda = is_cuda()\n_is_npu = is_npu()\n")
+    assert detect_mode("from vllm_ascend.ascend_config import get_ascend_config\n")[0] == "eager"
+    assert detect_mode("_is_npu = is_npu()\n")[0] == "eager"
+
+
+def test_auto_mode_follows_the_stream_code_the_file_mostly_speaks():
+    """SGLang's deepseek_v2.py: torch.cuda streams throughout, torch.npu once in an NPU branch."""
+    text = (
+        "alt = torch.cuda.Stream()\nwith torch.cuda.stream(alt):\n    pass\n"
+        "torch.cuda.current_stream().wait_stream(alt)\nif _is_npu:\n    s = torch.npu.current_stream()\n"
+    )
+    mode, why = detect_mode(text)
+    assert mode == "cuda" and "3 uses against 1" in why
+    assert detect_mode("import torch_npu\n" + text)[0] == "eager"  # imported at module level: it runs on the NPU
+
+
 @pytest.mark.slow  # runs the model through verify
 def test_phased_inliner_keeps_a_multi_line_conditional_expression(tmp_path):
     """SGLang ernie4: `shared = (\\n self.shared_experts(h)\\n if ... \\n else None\\n)` used to lose
