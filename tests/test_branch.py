@@ -204,6 +204,14 @@ def test_fix(name):
 
 
 NOOP = {
+    "for_with_other_work_names_the_loop": (
+        """
+        for _ in range(2):
+            x = self.experts(x) + self.shared_experts(x)
+        return x
+        """,
+        "the side-branch call sits inside a `for` block that also does other work",
+    ),
     "no_main_work": (
         """
         h = x * 2
@@ -397,3 +405,11 @@ def test_recv_buffer_moves_with_the_side_branch():
     plan = targets[0].plan
     assert [(s.first_line, s.last_line) for s in plan.side] == [(4, 4), (6, 6), (7, 7)]  # send, buffer, recv
     assert (plan.fork_line, plan.join_line) == (4, 8)
+
+
+def test_a_compound_statement_is_named_as_written():
+    from msrewrite.analyze.branch import _compound_label
+
+    assert _compound_label(cst.parse_statement("if use_fused_gate:\n    pass\n")) == "`if use_fused_gate`"
+    assert _compound_label(cst.parse_statement("with ctx:\n    pass\n")) == "a `with` block"
+    assert _compound_label(cst.parse_statement("while x:\n    pass\n")) == "a `while` block"

@@ -685,7 +685,7 @@ class _Search:
                 or not (all(self.is_seed(c) for c in f.self_calls) or _side_only_if(f, self.func, self.facts))
             ):
                 raise NoBranch(
-                    f"line {f.first_line}: the side-branch call sits inside a {type(f.node).__name__} "
+                    f"line {f.first_line}: the side-branch call sits inside {_compound_label(f.node)} "
                     "that also does other work, which msrewrite does not split"
                 )
 
@@ -2280,3 +2280,17 @@ def _conditional_calls(node: cst.CSTNode) -> dict[int, str]:
 
     walk(node, _Finder())
     return found
+
+
+def _compound_label(node: cst.CSTNode) -> str:
+    """A compound statement as its reader writes it: "`if use_fused_gate`", "a `with` block"."""
+    if isinstance(node, cst.If):
+        return f"`if {source(node.test)}`"
+    keyword = {
+        cst.For: "for",
+        cst.While: "while",
+        cst.With: "with",
+        cst.Try: "try",
+        cst.Match: "match",
+    }.get(type(node))
+    return f"a `{keyword}` block" if keyword else "a compound statement"
