@@ -80,9 +80,8 @@ def _calls_in(function) -> set[str]:
     """The names a function's source calls, by their last part (`torch.rrelu(..)` -> rrelu,
     `_VF.feature_dropout(..)` -> feature_dropout, `x.exponential_()` -> exponential_), and those
     of the functions its closure holds (torch's boolean_dispatch wrappers)."""
-    import inspect
-
     import builtins
+    import inspect
 
     ast = _ast()
     called: set[str] = set()
@@ -125,7 +124,11 @@ def _module_calls(cls) -> set[str]:
     for node in _walk(_tree(methods.get("__init__"))):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
             for target in node.targets:
-                if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+                if (
+                    isinstance(target, ast.Attribute)
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id == "self"
+                ):
                     built.setdefault(target.attr, set()).add(_leaf(node.value.func))
     called: set[str] = set()
     todo, seen = ["forward"], set()
@@ -194,9 +197,7 @@ def _random_draws(f_functions: frozenset[str], nn_modules: frozenset[str]) -> di
             break
         drawing |= more
     classes = {n: getattr(nn, n) for n in sorted(nn_modules)}
-    m_calls = {
-        n: _module_calls(c) for n, c in classes.items() if inspect.isclass(c) and issubclass(c, nn.Module)
-    }
+    m_calls = {n: _module_calls(c) for n, c in classes.items() if inspect.isclass(c) and issubclass(c, nn.Module)}
     modules: set[str] = set()
     while True:
         more = {n for n, calls in m_calls.items() if calls & (ops | drawing | modules | {_ANY_CALLABLE})} - modules

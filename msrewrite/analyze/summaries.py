@@ -1248,7 +1248,11 @@ def _container_items(value: cst.Call) -> list[cst.BaseExpression]:
             items.append(node.elt)
         elif isinstance(node, cst.DictComp):
             items.append(node.value)
-        elif isinstance(node, cst.Call) and dotted_name(node.func) in ("dict", "collections.OrderedDict", "OrderedDict"):
+        elif isinstance(node, cst.Call) and dotted_name(node.func) in (
+            "dict",
+            "collections.OrderedDict",
+            "OrderedDict",
+        ):
             items += _container_items(node)  # dict(a=X(), b=Y()), OrderedDict([("a", X())]): its values
         else:
             items.append(node)
