@@ -166,7 +166,8 @@ def plan_edit(
     )
     if wrapped is not None:
         at, node = wrapped
-        edit.wrapped = (at, node, tuple(func.body.body[at + 1 :]))  # type: ignore[union-attr]
+        assert isinstance(func.body, cst.IndentedBlock)  # wrapping_with found a `with` in it
+        edit.wrapped = (at, node, tuple(func.body.body[at + 1 :]))
     return edit
 
 
