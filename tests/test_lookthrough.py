@@ -192,3 +192,53 @@ def test_join_after_the_with_keeps_the_refusal(tmp_path):
     with pytest.raises(NothingToDo) as refused:
         edit(write(tmp_path, "join_after", text))
     assert "does not split" in str(refused.value)
+
+
+SEQUENTIAL = """
+import torch
+from torch import nn
+
+
+class Scale(nn.Module):
+    def forward(self, x):
+        BODY
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.shared_experts = nn.Sequential(nn.Linear(16, 32), nn.SiLU(), nn.Linear(32, 16))
+        self.gate = nn.Sequential(nn.Linear(16, 16))
+        self.gate.FILL
+        self.experts = nn.Linear(16, 16)
+
+    def forward(self, x):
+        s = self.shared_experts(x)
+        h = self.experts(self.gate(x))
+        return h + s
+
+
+def make():
+    torch.manual_seed(0)
+    return Block(), (torch.randn(2, 8, 16),)
+"""
+
+
+@pytest.mark.parametrize("fill", ["append(Scale())", 'add_module("scale", Scale())', "extend([Scale()])"])
+def test_module_put_into_a_container_after_it_is_built_counts(tmp_path, fill):
+    """`self.gate = nn.Sequential(...)` then `self.gate.append(Scale())`: calling self.gate runs
+    Scale too (it was taken as the constructor's modules alone, and a Scale that writes its input
+    was edited)."""
+    text = SEQUENTIAL.replace("FILL", fill)
+    with pytest.raises(NothingToDo) as refused:
+        edit(write(tmp_path, "writes", text.replace("BODY", "return x.mul_(0.5)")))
+    assert "writes 'x' in place while the side stream reads it (inside self.gate(...)" in str(refused.value)
+    step = edit(write(tmp_path, "pure", text.replace("BODY", "return x * 0.5")))
+    assert step.plans[0].trust_boundary == ()
+
+
+@pytest.mark.slow  # runs verify
+def test_module_appended_to_a_container_verifies_clean(tmp_path):
+    path = write(tmp_path, "pure", SEQUENTIAL.replace("FILL", "append(Scale())").replace("BODY", "return x * 0.5"))
+    result = verify(tmp_path, path, edit(path).new)
+    assert result.ok, result.problems

@@ -743,7 +743,7 @@ class ModuleSummaries:
             extra = self._external_bases(cls)
             where = f"{extra[0]}" if extra else "not assigned in __init__"
             return _unknown(call, f"{label} ({where}, not visible to msrewrite)")
-        added = self.element_values(cls, head) if element else []
+        added = self.element_values(cls, head)  # `self.layers.append(X())`, `self.routers[k] = X()`
         effects = []
         for value in self._through_self_aliases(cls, values):
             effect = self._module_value(call, value, label, element, rest, added)
@@ -1259,8 +1259,32 @@ def _container_items(value: cst.Call) -> list[cst.BaseExpression]:
     return items
 
 
-# methods of a ModuleList / ModuleDict that put modules into it
-_CONTAINER_FILLS = frozenset({"update", "add_module", "register_module", "setdefault", "append", "extend", "insert"})
+# methods of a ModuleList / ModuleDict / Sequential that put modules into it -> the position of the
+# module they put (`append(m)`, `insert(i, m)`, `add_module(name, m)`), or -1: the modules of a
+# list or dict literal (`extend([a, b])`, `update({"k": m})`)
+_CONTAINER_FILLS = {
+    "append": 0,
+    "insert": 1,
+    "add_module": 1,
+    "register_module": 1,
+    "setdefault": 1,
+    "extend": -1,
+    "update": -1,
+}
+
+
+def _filled(call: cst.Call, method: str) -> list[cst.BaseExpression]:
+    """The modules `holder.<method>(...)` puts into the container; the call itself when they are
+    not plain arguments (`update(**kw)`, `extend(other)`): what resolves to nothing seen into."""
+    args = call.args
+    if any(a.star or a.keyword is not None for a in args):
+        return [call]
+    at = _CONTAINER_FILLS[method]
+    if at >= 0:
+        return [args[at].value] if at < len(args) else [call]
+    if len(args) == 1 and isinstance(args[0].value, (cst.List, cst.Tuple, cst.Dict)):
+        return _container_items(call)
+    return [call]
 
 
 def _container_fills(func: cst.FunctionDef, holder: str) -> list[cst.BaseExpression]:
@@ -1278,7 +1302,7 @@ def _container_fills(func: cst.FunctionDef, holder: str) -> list[cst.BaseExpress
             func = node.func
             if isinstance(func, cst.Attribute) and func.attr.value in _CONTAINER_FILLS:
                 if dotted_name(func.value) == holder:
-                    found.append(node)
+                    found.extend(_filled(node, func.attr.value))
 
     func.body.visit(_Fills())
     return found
