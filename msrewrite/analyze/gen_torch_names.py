@@ -23,6 +23,10 @@ tests/test_effects.py. Besides the names it holds, as "name:..." words:
 
 from __future__ import annotations
 
+import ast
+import builtins
+import inspect
+import textwrap
 from pathlib import Path
 
 
@@ -76,32 +80,33 @@ def _seeded_ops() -> frozenset[str]:
     return frozenset(names)
 
 
-def _calls_in(function) -> set[str]:
+def _calls_in(function, seen: frozenset[int] = frozenset()) -> set[str]:
     """The names a function's source calls, by their last part (`torch.rrelu(..)` -> rrelu,
-    `_VF.feature_dropout(..)` -> feature_dropout, `x.exponential_()` -> exponential_), and those
-    of the functions its closure holds (torch's boolean_dispatch wrappers)."""
-    import builtins
-    import inspect
-
-    ast = _ast()
+    `_VF.feature_dropout(..)` -> feature_dropout, `x.exponential_()` -> exponential_), with those
+    of the functions its closure holds (torch's boolean_dispatch wrappers) and of torch's own
+    module-level helpers it calls."""
+    if id(function) in seen:
+        return set()
+    seen = seen | {id(function)}
     called: set[str] = set()
     for cell in getattr(function, "__closure__", None) or ():
         if inspect.isfunction(_cell(cell)):
-            called |= _calls_in(cell.cell_contents)
+            called |= _calls_in(cell.cell_contents, seen)
     tree = _tree(function)
     local = {n.id for n in _walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
     local |= {a.arg for n in _walk(tree) if isinstance(n, ast.arguments) for a in (*n.args, *n.kwonlyargs)}
     for node in _walk(tree):
-        if isinstance(node, ast.Call):
-            name = _leaf(node.func)
-            if name:
-                called.add(name)
-            if isinstance(node.func, ast.Name) and name in local:
-                called.add(_ANY_CALLABLE)  # `for mod in self.layers: mod(x)`: whatever it holds
-            elif isinstance(node.func, ast.Name) and not hasattr(builtins, name):
-                helper = getattr(function, "__globals__", {}).get(name)
-                if inspect.isfunction(helper) and helper is not function and helper.__module__.startswith("torch."):
-                    called |= _calls_in(helper)  # a module-level helper of torch's own
+        if not isinstance(node, ast.Call):
+            continue
+        name = _leaf(node.func)
+        if name:
+            called.add(name)
+        if isinstance(node.func, ast.Name) and name in local:
+            called.add(_ANY_CALLABLE)  # `for mod in self.layers: mod(x)`: whatever it holds
+        elif isinstance(node.func, ast.Name) and not hasattr(builtins, name):
+            helper = getattr(function, "__globals__", {}).get(name)
+            if inspect.isfunction(helper) and helper.__module__.startswith("torch."):
+                called |= _calls_in(helper, seen)
     return called
 
 
@@ -113,9 +118,6 @@ def _module_calls(cls) -> set[str]:
     """What an nn module's `forward` calls, following the methods of its own class it calls
     (`self._sa_block(x)`) and, for a submodule it calls (`self.dropout1(x)`), the class
     `__init__` builds it from (`self.dropout1 = Dropout(p)`): the names `_calls_in` gives."""
-    import inspect
-
-    ast = _ast()
     methods = {}
     for klass in reversed(cls.__mro__):
         if klass.__module__.startswith("torch.nn.modules."):
@@ -146,30 +148,20 @@ def _module_calls(cls) -> set[str]:
     return called
 
 
-def _ast():
-    import ast
-
-    return ast
-
-
 def _tree(function):
-    import inspect
-    import textwrap
-
     if not inspect.isfunction(function):
         return None
     try:
-        return _ast().parse(textwrap.dedent(inspect.getsource(function)))
+        return ast.parse(textwrap.dedent(inspect.getsource(function)))
     except (OSError, TypeError, SyntaxError):
         return None
 
 
 def _walk(tree):
-    return _ast().walk(tree) if tree is not None else ()
+    return ast.walk(tree) if tree is not None else ()
 
 
 def _leaf(func) -> str:
-    ast = _ast()
     return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
 
 
@@ -183,8 +175,6 @@ def _cell(cell):
 def _random_draws(f_functions: frozenset[str], nn_modules: frozenset[str]) -> dict[str, frozenset[str]]:
     """RNG_OPS, RNG_F_FUNCTIONS and RNG_NN_MODULES (see the module docstring): a fixpoint over
     what each F function and nn module calls."""
-    import inspect
-
     import torch.nn as nn
     import torch.nn.functional as F
 
@@ -213,8 +203,6 @@ _PRIVATE_COLLECTIVES = frozenset({"_all_gather_base", "_reduce_scatter_base"})
 
 def _signatures(module, names):
     """(name, its parameter names) for each plain function or class of `module` that has a signature."""
-    import inspect
-
     for name in sorted(names):
         obj = getattr(module, name, None)
         if not (inspect.isfunction(obj) or inspect.isclass(obj)):

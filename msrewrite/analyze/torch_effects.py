@@ -327,7 +327,7 @@ DIST_ALWAYS_ASYNC = frozenset({"isend", "irecv", "batch_isend_irecv"})
 # `nondeterministic_seeded`, which name the torch functions and tensor methods that draw;
 # RNG_F_FUNCTIONS and RNG_NN_MODULES the torch.nn.functional functions and nn modules that reach
 # one). Calls that set or read the generator's state order against every draw too.
-RNG_STATE_CALLS = frozenset({"manual_seed", "seed", "set_rng_state", "get_rng_state", "initial_seed"})
+RNG_STATE_CALLS = frozenset({"manual_seed", "seed", "set_rng_state", "get_rng_state"})
 # draws only when its `dropout_p` (keyword, or this position) may be non-zero: it defaults to 0
 _DROPOUT_P_AT = {"scaled_dot_product_attention": 4}
 
