@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from msrewrite.analyze.torch_names import RNG_OPS
 from msrewrite.errors import BadInput
 from msrewrite.load import encode_source, read_source
 from msrewrite.plan import MODES, FlagSpec
@@ -284,10 +285,9 @@ def _same_values(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float, sca
     return torch.allclose(a, b, atol=atol, rtol=rtol, equal_nan=True)
 
 
-RANDOM_OPS = re.compile(
-    r"^aten\.(bernoulli|native_dropout|dropout|rand|randn|randint|randperm|rand_like|randn_like|randint_like|"
-    r"normal|uniform|multinomial|exponential|geometric|cauchy|log_normal|random)_?\."
-)
+# the aten ops torch tags `nondeterministic_seeded` (the generated table analyze/torch_names.RNG_OPS):
+# rrelu_with_noise, native_dropout, bernoulli_, exponential_, ... by any overload
+RANDOM_OPS = re.compile(r"^aten\.(" + "|".join(sorted(map(re.escape, RNG_OPS))) + r")\.")
 # torch.distributed's collectives and point-to-point ops as the dispatcher sees them (c10d.allreduce_,
 # _c10d_functional.all_gather_into_tensor); waiting on one is not one
 COLLECTIVE_OPS = re.compile(r"^(c10d|_c10d_functional)\.(?!wait)")

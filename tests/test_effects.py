@@ -622,3 +622,79 @@ def test_torch_name_table_matches_the_installed_torch():
     ).stdout
     table = Path(gen_torch_names.__file__).with_name("torch_names.py").read_text(encoding="utf-8")
     assert fresh.rstrip("\n") == table.rstrip("\n"), "run python -m msrewrite.analyze.gen_torch_names"
+
+
+@pytest.mark.slow  # starts a process
+def test_random_draw_table_agrees_with_a_trace_of_torch():
+    """The generated draw table (RNG_F_FUNCTIONS, RNG_NN_MODULES, read from torch's source by
+    gen_torch_names) against what torch does: each sampled F function and nn module, run in
+    training mode under a dispatch mode, reaches an op tagged nondeterministic_seeded exactly
+    when the table says it draws."""
+    import subprocess
+    import sys
+
+    script = r"""
+import torch, torch.nn as nn, torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from msrewrite.analyze.torch_names import RNG_F_FUNCTIONS, RNG_NN_MODULES, RNG_OPS
+
+class Seen(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.drew = False
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            assert func._opname in RNG_OPS, func  # the op table itself
+            self.drew = True
+        return func(*args, **(kwargs or {}))
+
+def drew(run):
+    with Seen() as seen:
+        run()
+    return seen.drew
+
+x = torch.randn(2, 4, 8)
+img = torch.randn(1, 2, 8, 8)
+q = torch.randn(1, 2, 4, 8)
+weight = torch.randn(8, 8)
+functions = {
+    "dropout": lambda: F.dropout(x, 0.5, True),
+    "dropout1d": lambda: F.dropout1d(x, 0.5, True),
+    "dropout2d": lambda: F.dropout2d(img, 0.5, True),
+    "dropout3d": lambda: F.dropout3d(img.unsqueeze(0), 0.5, True),
+    "alpha_dropout": lambda: F.alpha_dropout(x, 0.5, True),
+    "feature_alpha_dropout": lambda: F.feature_alpha_dropout(x, 0.5, True),
+    "rrelu": lambda: F.rrelu(x, training=True),
+    "rrelu_": lambda: F.rrelu_(x.clone(), training=True),
+    "gumbel_softmax": lambda: F.gumbel_softmax(x),
+    "fractional_max_pool2d": lambda: F.fractional_max_pool2d(img, 2, output_size=4),
+    "scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(q, q, q, dropout_p=0.5),
+    "relu": lambda: F.relu(x),
+    "gelu": lambda: F.gelu(x),
+    "silu": lambda: F.silu(x),
+    "softmax": lambda: F.softmax(x, -1),
+    "layer_norm": lambda: F.layer_norm(x, (8,)),
+    "leaky_relu": lambda: F.leaky_relu(x),
+    "linear": lambda: F.linear(x, weight),
+    "max_pool2d": lambda: F.max_pool2d(img, 2),
+}
+modules = {
+    "Dropout": (nn.Dropout, x), "Dropout1d": (nn.Dropout1d, x), "AlphaDropout": (nn.AlphaDropout, x),
+    "FeatureAlphaDropout": (nn.FeatureAlphaDropout, x), "RReLU": (nn.RReLU, x),
+    "MultiheadAttention": (lambda: nn.MultiheadAttention(8, 2, dropout=0.5, batch_first=True), None),
+    "ReLU": (nn.ReLU, x), "GELU": (nn.GELU, x), "SiLU": (nn.SiLU, x), "Linear": (lambda: nn.Linear(8, 8), x),
+    "LayerNorm": (lambda: nn.LayerNorm(8), x), "Embedding": (lambda: nn.Embedding(4, 8), torch.tensor([1, 2])),
+}
+wrong = []
+for name, run in functions.items():
+    if drew(run) != (name in RNG_F_FUNCTIONS):
+        wrong.append(f"F.{name}")
+for name, (make, arg) in modules.items():
+    module = make().train()
+    run = (lambda m=module: m(x, x, x)) if arg is None else (lambda m=module, a=arg: m(a))
+    if drew(run) != (name in RNG_NN_MODULES):
+        wrong.append(f"nn.{name}")
+print(" ".join(wrong))
+"""
+    found = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert found.stdout.strip() == "", f"the table disagrees with torch on: {found.stdout.strip()}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import libcst as cst
 import pytest
 
 from helpers import run_main
@@ -189,3 +190,126 @@ def test_plan_file_field_types_are_checked(tmp_path):
     plan_file.write_text(json.dumps({**plan, "allow_rng_reorder": "yes"}))
     result = run_main("apply", str(path), "--plan", str(plan_file))
     assert result.returncode == 2 and "allow_rng_reorder" in result.stderr and not result.stdout
+
+
+# Every kind of draw the generated table (analyze/torch_names: RNG_OPS, RNG_F_FUNCTIONS,
+# RNG_NN_MODULES) names beyond dropout and torch.rand*: kind -> (the draw, as a format of its
+# input, the name a refusal gives it). Each is refused when both paths draw (and verify catches
+# the forced edit in train mode), and edited when only the side draws.
+KIND_HEADER = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.shared_experts = nn.Sequential(nn.Linear(16, 32), nn.SiLU(), nn.Linear(32, 16))
+        self.gate = nn.Linear(16, 16)
+        self.experts = nn.Linear(16, 16)
+        self.rrelu = nn.RReLU()
+        self.alpha_drop = nn.AlphaDropout(0.5)
+        self.feature_alpha_drop = nn.FeatureAlphaDropout(0.5)
+        self.drop1d = nn.Dropout1d(0.5)
+
+    def forward(self, x):
+"""
+KINDS = {
+    "gumbel-softmax": ("F.gumbel_softmax({}, tau=1.0)", "F.gumbel_softmax"),
+    "functional-rrelu": ("F.rrelu({}, training=self.training)", "F.rrelu"),
+    "rrelu-module": ("self.rrelu({})", "self.rrelu"),
+    "functional-alpha-dropout": ("F.alpha_dropout({}, 0.5, self.training)", "F.alpha_dropout"),
+    "alpha-dropout-module": ("self.alpha_drop({})", "self.alpha_drop"),
+    "functional-feature-alpha-dropout": ("F.feature_alpha_dropout({}, 0.5, self.training)", "F.feature_alpha_dropout"),
+    "feature-alpha-dropout-module": ("self.feature_alpha_drop({})", "self.feature_alpha_drop"),
+    "functional-dropout1d": ("F.dropout1d({}, 0.5, self.training)", "F.dropout1d"),
+    "dropout1d-module": ("self.drop1d({})", "self.drop1d"),
+    **{
+        f"method-{method}": (f"{{}} * torch.empty_like({{}}).{method}({args})", f"torch.empty_like(x).{method}")
+        for method, args in (
+            ("bernoulli_", "0.5"),
+            ("uniform_", ""),
+            ("normal_", ""),
+            ("exponential_", ""),
+            ("random_", "0, 2"),
+            ("cauchy_", ""),
+            ("geometric_", "0.5"),
+            ("log_normal_", ""),
+        )
+    },
+}
+
+
+def kind_model(tmp_path: Path, name: str, main_draws: bool) -> Path:
+    draw = KINDS[name][0]
+    main_input = draw.format(*["h"] * draw.count("{}")) if main_draws else "h"
+    body = (
+        f"        s = self.shared_experts({draw.format(*['x'] * draw.count('{}'))})\n"
+        "        h = self.gate(x)\n"
+        f"        h = self.experts({main_input})\n"
+        "        return h + s\n"
+    )
+    path = tmp_path / f"{name.replace('-', '_')}_{'both' if main_draws else 'side'}.py"
+    path.write_text(KIND_HEADER + body + FOOTER)
+    return path
+
+
+@pytest.mark.slow  # runs verify
+@pytest.mark.parametrize("name", list(KINDS))
+def test_each_kind_of_draw_on_both_paths_is_refused_and_verify_catches_it_when_forced(tmp_path, name):
+    path = kind_model(tmp_path, name, main_draws=True)
+    with pytest.raises(NothingToDo) as refused:
+        edit(path)
+    message = str(refused.value)
+    assert f"the side branch draws random numbers (line 19: {KINDS[name][1]})" in message, message
+    assert "the main path between the fork and the join (line 21:" in message and "--allow-rng-reorder" in message
+    forced = edit(path, allow=True)
+    result = verify(tmp_path, path, forced.new)
+    assert any(p.startswith("rng-order: train: flag on") for p in result.problems), result.problems
+
+
+@pytest.mark.slow  # runs verify
+@pytest.mark.parametrize("name", list(KINDS))
+def test_each_kind_of_draw_on_the_side_only_is_edited_and_verifies_clean(tmp_path, name):
+    path = kind_model(tmp_path, name, main_draws=False)
+    step = edit(path)
+    assert not step.plans[0].rng_reorder
+    result = verify(tmp_path, path, step.new)
+    assert result.ok, result.problems
+    assert "train" in result.scenarios
+
+
+def test_the_draw_table_names_each_kind():
+    """The analysis counts each kind as a draw (the unit layer of the two tests above)."""
+    from msrewrite.analyze.torch_effects import draws, nn_module_effect
+
+    for leaf in ("gumbel_softmax", "rrelu", "alpha_dropout", "feature_alpha_dropout", "dropout1d", "dropout"):
+        assert draws(leaf, functional=True), leaf
+    for method in ("bernoulli_", "uniform_", "normal_", "exponential_", "random_", "cauchy_", "geometric_"):
+        assert draws(method, functional=False), method
+    assert draws("log_normal_", functional=False) and draws("rrelu", functional=False)
+    for module in ("RReLU", "AlphaDropout", "FeatureAlphaDropout", "Dropout1d", "Dropout", "MultiheadAttention"):
+        effect = nn_module_effect(cst.parse_expression(f"nn.{module}()"))
+        assert effect is not None and effect.rng, module
+    for pure in ("relu", "gelu", "softmax", "layer_norm", "leaky_relu"):
+        assert not draws(pure, functional=True), pure
+    for module in ("ReLU", "Linear", "LayerNorm", "Embedding"):
+        effect = nn_module_effect(cst.parse_expression(f"nn.{module}()"))
+        assert effect is not None and not effect.rng, module
+
+
+def test_attention_draws_only_with_a_dropout_probability():
+    from msrewrite.analyze.torch_effects import torch_call_effect
+
+    def rng(code: str) -> bool:
+        effect = torch_call_effect(cst.parse_expression(code))
+        assert effect is not None, code
+        return effect.rng
+
+    assert not rng("F.scaled_dot_product_attention(q, k, v)")
+    assert not rng("F.scaled_dot_product_attention(q, k, v, None, 0.0)")
+    assert not rng("F.scaled_dot_product_attention(q, k, v, dropout_p=0)")
+    assert rng("F.scaled_dot_product_attention(q, k, v, dropout_p=self.p)")
+    assert rng("F.scaled_dot_product_attention(q, k, v, None, 0.1)")
+    assert rng("F.scaled_dot_product_attention(q, k, v, **kwargs)")

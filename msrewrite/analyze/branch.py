@@ -47,6 +47,7 @@ from msrewrite.analyze.guards import (
 from msrewrite.analyze.outline import unique_name
 from msrewrite.analyze.summaries import BUILTIN_NAMES, Storage, unseen_writers
 from msrewrite.analyze.walk import Visitor, walk
+from msrewrite.analyze.wrappers import flattened, wrapping_with
 from msrewrite.records import record
 
 if TYPE_CHECKING:
@@ -155,7 +156,44 @@ def find_side_branch(
 
     `scope` resolves calls (summaries.py); with it, callees msrewrite cannot see into may write
     their arguments. `protect`: a side input the main path may write inside the window is
-    snapshot at the fork instead of refusing the move."""
+    snapshot at the fork instead of refusing the move.
+
+    A `with` of a context manager that neither orders nor frees tensors (analyze/wrappers.py)
+    around the whole body is looked through: when the side branch found in its block forks and
+    joins there, that is the branch (the edit goes inside the `with`); else the function is
+    analysed as written."""
+    args = (positions, is_seed, anchors, phase_anchors, scope, protect)
+    wrapped = wrapping_with(func)
+    if wrapped is None:
+        return _find_in_body(func, *args)
+    at, node = wrapped
+    try:
+        branch = _find_in_body(flattened(func, at, node), *args)
+    except NoBranch as inside:
+        try:
+            return _find_in_body(func, *args)
+        except NoBranch as unsplit:  # the reason found inside the `with`, unless the other is not about it
+            raise (inside if "does not split" in str(unsplit) else unsplit) from None
+    facts, span = branch.facts, positions[node]
+    fork_line = facts[min(branch.fork, len(facts) - 1)].first_line
+    if branch.join < len(facts):
+        join_inside = facts[branch.join].first_line <= span.end.line
+    else:  # the join falls off the function's end: inside when nothing follows the `with`
+        join_inside = at == len(func.body.body) - 1  # type: ignore[union-attr]
+    if fork_line >= span.start.line and join_inside:
+        return branch
+    return _find_in_body(func, *args)  # a join after the `with`: as before
+
+
+def _find_in_body(
+    func: cst.FunctionDef,
+    positions: dict[cst.CSTNode, CodeRange],
+    is_seed: SeedPredicate,
+    anchors: tuple[str, ...],
+    phase_anchors: tuple[str, ...] | None,
+    scope: Scope | None,
+    protect: bool,
+) -> SideBranch:
     body = list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else []
     scope = scope or Scope()
     facts = statement_facts(body, positions, scope)

@@ -466,6 +466,19 @@ class ModuleSummaries:
         self._attrs[cls] = values
         return values
 
+    def element_values(self, cls: str, attr: str) -> list[cst.BaseExpression]:
+        """What the methods of `cls` (and its same-file bases) put into the container
+        `self.<attr>` after building it: `self.routers["a"] = X(...)` gives X(...); a call that
+        fills it some other way (`self.routers.update(extra)`, `.add_module(k, m)`, `.append(m)`)
+        gives that call, which resolves to nothing msrewrite can see into."""
+        found: list[cst.BaseExpression] = []
+        for klass in [cls, *(b for b in self._bases(cls) if b in self.classes and b != cls)]:
+            node = self.classes.get(klass)
+            methods = [m for m in node.body.body if isinstance(m, cst.FunctionDef)] if node is not None else []
+            for method in methods:
+                found += _container_fills(method, f"self.{attr}")
+        return found
+
     # queries for the other analyses (analyze/effects.py) -----------------------------------
     def method_of(self, cls: str, name: str) -> tuple[str, cst.FunctionDef] | None:
         """Method `name` of class `cls` or of a same-file base: (the class defining it, its def)."""
@@ -730,9 +743,10 @@ class ModuleSummaries:
             extra = self._external_bases(cls)
             where = f"{extra[0]}" if extra else "not assigned in __init__"
             return _unknown(call, f"{label} ({where}, not visible to msrewrite)")
+        added = self.element_values(cls, head)  # `self.layers.append(X())`, `self.routers[k] = X()`
         effects = []
         for value in self._through_self_aliases(cls, values):
-            effect = self._module_value(call, value, label, element, rest)
+            effect = self._module_value(call, value, label, element, rest, added)
             if effect is not None:
                 effects.append(effect)
         if not effects and rest:
@@ -760,8 +774,16 @@ class ModuleSummaries:
         return out
 
     def _module_value(
-        self, call: cst.Call, value: cst.BaseExpression, label: str, element: bool, rest: str
+        self,
+        call: cst.Call,
+        value: cst.BaseExpression,
+        label: str,
+        element: bool,
+        rest: str,
+        added: list[cst.BaseExpression] | None = None,
     ) -> CallEffect | None:
+        """Calling what `self.<attr>` holds when `__init__` sets it to `value` (with `element`, an
+        element of it: `self.routers[k](x)`, where `added` are the values put into it later)."""
         if isinstance(value, cst.Name) and value.value == "None":
             return None
         if isinstance(value, cst.IfExp):
@@ -777,17 +799,27 @@ class ModuleSummaries:
         if isinstance(value, cst.Call):
             if is_stream_object(value) and not element and rest in ORDERING_METHODS:
                 return CallEffect(stream=True, barrier=True)  # self.comm_stream = torch.npu.Stream()
-            return self._constructed_value(call, value, label, element, rest)
+            return self._constructed_value(call, value, label, element, rest, added or [])
         return _unknown(call, f"{label} (set from {_short(value)}, not visible to msrewrite)")
 
-    def _constructed_value(self, call: cst.Call, value: cst.Call, label: str, element: bool, rest: str) -> CallEffect:
-        """Calling (or indexing, or a method of) `self.<attr>` set from a constructor call `value`."""
+    def _constructed_value(
+        self,
+        call: cst.Call,
+        value: cst.Call,
+        label: str,
+        element: bool,
+        rest: str,
+        added: list[cst.BaseExpression] | None = None,
+    ) -> CallEffect:
+        """Calling (or indexing, or a method of) `self.<attr>` set from a constructor call `value`;
+        an element of a ModuleList / ModuleDict / Sequential is any of its items (those it is built
+        from and the `added` ones): the union of what calling each does."""
         ctor = dotted_name(value.func) or ""
         leaf = ctor.split(".")[-1]
         if leaf in ACTIVATION_FACTORIES and leaf not in self.functions:
             return CallEffect()  # transformers' get_activation("silu"): an ACT2FN entry
         if leaf in ("ModuleList", "Sequential", "ModuleDict") and ctor.split(".")[0] in ("nn", "torch"):
-            items = _container_items(value)
+            items = _container_items(value) + (added or [])
             if leaf == "Sequential" and not element and not rest:
                 parts = [self._module_value(call, v, label, False, "") for v in items]
                 return _union([p for p in parts if p is not None] or [CallEffect()])  # a None entry runs nothing
@@ -1203,16 +1235,77 @@ def _short(node: cst.CSTNode) -> str:
 
 
 def _container_items(value: cst.Call) -> list[cst.BaseExpression]:
+    """The modules `nn.ModuleList([...])` / `nn.Sequential(a, b)` / `nn.ModuleDict({k: m})` is
+    built from; an argument that is none of these literals is itself an item (a name, a call:
+    resolved as a module, so what cannot be seen into stays unknown). A `**other` entry of a dict
+    literal is kept as `other`."""
     items: list[cst.BaseExpression] = []
     for arg in value.args:
         node = arg.value
-        if isinstance(node, (cst.List, cst.Tuple)):
+        if isinstance(node, (cst.List, cst.Tuple, cst.Dict)):
             items += [el.value for el in node.elements]
         elif isinstance(node, (cst.ListComp, cst.GeneratorExp)):
             items.append(node.elt)
+        elif isinstance(node, cst.DictComp):
+            items.append(node.value)
+        elif isinstance(node, cst.Call) and dotted_name(node.func) in (
+            "dict",
+            "collections.OrderedDict",
+            "OrderedDict",
+        ):
+            items += _container_items(node)  # dict(a=X(), b=Y()), OrderedDict([("a", X())]): its values
         else:
             items.append(node)
     return items
+
+
+# methods of a ModuleList / ModuleDict / Sequential that put modules into it -> the position of the
+# module they put (`append(m)`, `insert(i, m)`, `add_module(name, m)`), or -1: the modules of a
+# list or dict literal (`extend([a, b])`, `update({"k": m})`)
+_CONTAINER_FILLS = {
+    "append": 0,
+    "insert": 1,
+    "add_module": 1,
+    "register_module": 1,
+    "setdefault": 1,
+    "extend": -1,
+    "update": -1,
+}
+
+
+def _filled(call: cst.Call, method: str) -> list[cst.BaseExpression]:
+    """The modules `holder.<method>(...)` puts into the container; the call itself when they are
+    not plain arguments (`update(**kw)`, `extend(other)`): what resolves to nothing seen into."""
+    args = call.args
+    if any(a.star or a.keyword is not None for a in args):
+        return [call]
+    at = _CONTAINER_FILLS[method]
+    if at >= 0:
+        return [args[at].value] if at < len(args) else [call]
+    if len(args) == 1 and isinstance(args[0].value, (cst.List, cst.Tuple, cst.Dict)):
+        return _container_items(call)
+    return [call]
+
+
+def _container_fills(func: cst.FunctionDef, holder: str) -> list[cst.BaseExpression]:
+    """What `func` puts into the container `holder` names (`self.routers`): the value of each
+    `holder[key] = value`, and each call that fills it otherwise (`holder.update(...)`)."""
+    found: list[cst.BaseExpression] = []
+
+    class _Fills(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            for target in node.targets:
+                if isinstance(target.target, cst.Subscript) and dotted_name(target.target.value) == holder:
+                    found.append(node.value)
+
+        def visit_Call(self, node: cst.Call) -> None:
+            func = node.func
+            if isinstance(func, cst.Attribute) and func.attr.value in _CONTAINER_FILLS:
+                if dotted_name(func.value) == holder:
+                    found.extend(_filled(node, func.attr.value))
+
+    func.body.visit(_Fills())
+    return found
 
 
 def _bind_args(summary: Summary, call: cst.Call) -> dict[str, list[cst.BaseExpression]]:

@@ -25,6 +25,9 @@ from msrewrite.analyze.torch_names import (
     F_INPLACE,
     INPLACE_ARGS,
     NN_MODULES,
+    RNG_F_FUNCTIONS,
+    RNG_NN_MODULES,
+    RNG_OPS,
     TENSOR_METHODS,
     TORCH_FUNCTIONS,
 )
@@ -320,31 +323,29 @@ FUNCOL_INPLACE = frozenset(
 FUNCOL_PURE = frozenset({"allow_inflight_collective_as_graph_input_ctx"})
 # torch.distributed functions that are asynchronous whatever `async_op` says
 DIST_ALWAYS_ASYNC = frozenset({"isend", "irecv", "batch_isend_irecv"})
-RNG_NAMES = frozenset(
-    {
-        "rand",
-        "randn",
-        "randint",
-        "rand_like",
-        "randn_like",
-        "randint_like",
-        "randperm",
-        "multinomial",
-        "bernoulli",
-        "normal",
-        "poisson",
-        "dropout",
-        "manual_seed",
-        "random_",
-        "normal_",
-        "uniform_",
-        "bernoulli_",
-        "exponential_",
-        "geometric_",
-        "cauchy_",
-        "log_normal_",
-    }
-)
+# Random draws, from the generated table (torch_names: RNG_OPS are the aten ops torch tags
+# `nondeterministic_seeded`, which name the torch functions and tensor methods that draw;
+# RNG_F_FUNCTIONS and RNG_NN_MODULES the torch.nn.functional functions and nn modules that reach
+# one). Calls that set or read the generator's state order against every draw too.
+RNG_STATE_CALLS = frozenset({"manual_seed", "seed", "set_rng_state", "get_rng_state"})
+# draws only when its `dropout_p` (keyword, or this position) may be non-zero: it defaults to 0
+_DROPOUT_P_AT = {"scaled_dot_product_attention": 4}
+
+
+def draws(leaf: str, functional: bool, call: cst.Call | None = None) -> bool:
+    """Whether `torch.<leaf>(..)` / `x.<leaf>(..)` (functional: `F.<leaf>(..)`) draws random numbers."""
+    found = leaf in RNG_F_FUNCTIONS if functional else leaf in RNG_OPS or leaf in RNG_STATE_CALLS
+    if found and call is not None and leaf in _DROPOUT_P_AT:
+        p = _keyword(call, "dropout_p")
+        args = positional(call)
+        if p is None and len(args) > _DROPOUT_P_AT[leaf] and not _starred_before(call, _DROPOUT_P_AT[leaf]):
+            p = args[_DROPOUT_P_AT[leaf]]
+        if p is None:  # the default, 0, unless *args / **kwargs may pass it
+            return any(a.star for a in call.args)
+        return not (isinstance(p, (cst.Integer, cst.Float)) and float(p.value) == 0)
+    return found
+
+
 STREAM_NAMES = frozenset(
     {
         "stream",
@@ -510,9 +511,20 @@ _STR_METHODS = frozenset(name for name in dir(str) if not name.startswith("_"))
 _TORCH_FUNCTIONS = TORCH_FUNCTIONS
 _F_FUNCTIONS = F_FUNCTIONS
 _NN_MODULES = NN_MODULES
-# nn modules that may return their input itself (or write it with inplace=True).
+# nn modules that may return their input itself (or write it with inplace=True): the dropouts
+# do in eval.
 IDENTITY_MODULES = frozenset(
-    {"Identity", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "Flatten", "Unflatten"}
+    {
+        "Identity",
+        "Dropout",
+        "Dropout1d",
+        "Dropout2d",
+        "Dropout3d",
+        "AlphaDropout",
+        "FeatureAlphaDropout",
+        "Flatten",
+        "Unflatten",
+    }
 )
 CONTAINER_MODULES = frozenset({"ModuleList", "ModuleDict", "Sequential", "ParameterList", "ParameterDict"})
 
@@ -783,7 +795,8 @@ def _torch_function_effect(
     known = _TORCH_FUNCTIONS if module == "torch" else _F_FUNCTIONS if "functional" in module or module == "F" else None
     if known is not None and leaf not in known and not is_inplace_name(leaf):
         return None
-    effect = CallEffect(rng=leaf in RNG_NAMES)
+    functional = module == "F" or "functional" in module
+    effect = CallEffect(rng=draws(leaf, functional, call))
     first = first_argument(call, "input", "self")
     if is_inplace_name(leaf) and first is not None:  # torch.relu_(x), F.relu_(x)
         effect.writes.append(first)
@@ -796,7 +809,6 @@ def _torch_function_effect(
     for at in _INPLACE_AT.get(leaf, ()):
         if at < len(args):
             effect.writes.append(args[at])
-    functional = module == "F" or "functional" in module
     return _common_kwargs(call, effect, first, F_INPLACE_AT.get(leaf) if functional else None)
 
 
@@ -911,7 +923,7 @@ def _method_effect(call: cst.Call, func: cst.Attribute) -> CallEffect | None:
     if owner.split(".")[0] in ("torch", "F", "nn", "dist", "torch_npu", "torchair", "self"):
         return None  # a namespace or a submodule, not a tensor: torch.ops.x.y(...), self.experts.forward(...)
     if method in _TENSOR_METHODS or method_may_alias(method):
-        effect = CallEffect(rng=method in RNG_NAMES, stream=method in STREAM_NAMES)
+        effect = CallEffect(rng=draws(method, False), stream=method in STREAM_NAMES)
         if is_inplace_name(method):
             effect.writes.append(receiver)  # x.add_(y), x.view(-1).mul_(2), x.untyped_storage().resize_(0)
             effect.returns.append(receiver)
@@ -936,7 +948,7 @@ def nn_module_effect(constructor: cst.Call) -> CallEffect | None:
     if module not in ("nn", "torch.nn") or leaf not in _NN_MODULES or leaf in CONTAINER_MODULES:
         return None
     placeholder = cst.Name("__input__")
-    effect = CallEffect(rng=leaf.startswith("Dropout"))
+    effect = CallEffect(rng=leaf in RNG_NN_MODULES)
     # nn.ReLU(inplace=True), nn.ReLU(True), nn.Dropout(0.1, True); inplace=<a variable> may be True
     flag = _keyword(constructor, "inplace")
     literal_false = isinstance(flag, cst.Name) and flag.value == "False"

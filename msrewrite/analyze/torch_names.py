@@ -330,3 +330,39 @@ DIST_SIGNATURES = frozenset(
     supports_complex:reduceOp
     """.split()
 )
+
+RNG_OPS = frozenset(
+    """
+    _cudnn_attention_backward _cudnn_attention_forward _cudnn_init_dropout_state _cudnn_rnn
+    _efficient_attention_forward _fill_mem_eff_dropout_mask_ _flash_attention_forward
+    _flash_attention_forward_no_dropout_inplace _fused_dropout _fused_sdp_choice _lstm_mps
+    _nested_tensor_softmax_with_shape _sample_dirichlet _scaled_dot_product_attention_math
+    _scaled_dot_product_attention_math_for_mps _scaled_dot_product_cudnn_attention
+    _scaled_dot_product_cudnn_attention_backward _scaled_dot_product_efficient_attention
+    _scaled_dot_product_efficient_attention_backward _scaled_dot_product_flash_attention
+    _scaled_dot_product_flash_attention_for_cpu _scaled_dot_product_fused_attention_overrideable
+    _standard_gamma _triton_scaled_dot_attention alpha_dropout alpha_dropout_ bernoulli bernoulli_
+    binomial cauchy cauchy_ dropout dropout_ exponential exponential_ feature_alpha_dropout
+    feature_alpha_dropout_ feature_dropout feature_dropout_ geometric geometric_ gru log_normal
+    log_normal_ lstm miopen_rnn multinomial native_dropout normal normal_ normal_functional poisson
+    rand rand_like randint randint_like randn randn_like random random_ randperm rnn_relu rnn_tanh
+    rrelu rrelu_ rrelu_with_noise rrelu_with_noise_ rrelu_with_noise_functional
+    scaled_dot_product_attention uniform uniform_
+    """.split()
+)
+
+RNG_F_FUNCTIONS = frozenset(
+    """
+    alpha_dropout dropout dropout1d dropout2d dropout3d feature_alpha_dropout fractional_max_pool2d
+    fractional_max_pool2d_with_indices fractional_max_pool3d fractional_max_pool3d_with_indices
+    gumbel_softmax multi_head_attention_forward rrelu rrelu_ scaled_dot_product_attention
+    """.split()
+)
+
+RNG_NN_MODULES = frozenset(
+    """
+    AlphaDropout Dropout Dropout1d Dropout2d Dropout3d FeatureAlphaDropout FractionalMaxPool2d
+    FractionalMaxPool3d GRU LSTM MultiheadAttention RNN RReLU Sequential Transformer
+    TransformerDecoder TransformerDecoderLayer TransformerEncoder TransformerEncoderLayer
+    """.split()
+)

@@ -13,7 +13,7 @@ import libcst as cst
 
 from msrewrite.analyze.positions import positions_for
 from msrewrite.emit.constructor import plumb_constructor_stream
-from msrewrite.emit.function_edit import PlannedEdit, plan_edit
+from msrewrite.emit.function_edit import PlannedEdit, plan_edit, unwrapped_edit
 from msrewrite.emit.locate import locate
 from msrewrite.emit.module_helpers import add_helpers
 from msrewrite.errors import BadInput
@@ -62,7 +62,7 @@ class _ReplaceFunctions(cst.CSTTransformer):
 
 def _replacements(edits: list[PlannedEdit]) -> dict[int, cst.FunctionDef]:
     """id(old definition) -> its new one; an `__init__` two plans extend gets both plans' lines."""
-    replacements: dict[int, cst.FunctionDef] = {id(e.old_func): e.new_func for e in edits}
+    replacements: dict[int, cst.FunctionDef] = {id(e.old_func): unwrapped_edit(e) for e in edits}
     for edit in edits:
         old, new = edit.old_init, edit.new_init
         if old is None or new is None:

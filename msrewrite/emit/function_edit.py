@@ -34,6 +34,7 @@ from msrewrite.analyze.defuse import function_names, node_facts, statement_facts
 from msrewrite.analyze.guards import conjoin
 from msrewrite.analyze.outline import already_applied, bound_on_every_path, init_info, model_stream, self_attrs
 from msrewrite.analyze.outline import unique_name as _unique
+from msrewrite.analyze.wrappers import flattened, rewrapped, wrapping_with
 from msrewrite.emit import frameworks
 from msrewrite.emit.constructor import extend_init
 from msrewrite.emit.locate import Layout, layout, locate
@@ -89,6 +90,10 @@ class PlannedEdit:
     # Main calls hoisted out of the join statement (plan.main_hoists): the assignments that open the
     # flag-on branch of the join block (at `window[1]`), the very nodes; main work of the window.
     main_hoisted: tuple[cst.BaseStatement, ...] = ()
+    # A `with` around the whole body that the edit went inside (analyze/wrappers.py): (its index,
+    # the `with`, the statements after it); new_func and the indices above are those of the body
+    # with the `with`'s block in its place, and unwrapped_edit puts it back.
+    wrapped: tuple[int, cst.With, tuple[cst.BaseStatement, ...]] | None = None
 
 
 @record
@@ -131,8 +136,10 @@ def plan_edit(
     located = locate(module, plan.function)
     func = located.func
     _check_function(module, func, plan, text)
-    where = layout(func, positions, plan)
-    e = _prepare(module, func, located.cls, where, positions, plan, words)
+    wrapped = _wrapping_both(func, positions, plan)
+    work = flattened(func, *wrapped) if wrapped is not None else func
+    where = layout(work, positions, plan)
+    e = _prepare(module, work, located.cls, where, positions, plan, words)
     phase_nodes, hoist_assigns = _side_statements(e)
     side_nodes = phase_nodes.get(0, [])
     phase_blocks, phase_issued = _phase_blocks(e, phase_nodes)
@@ -140,9 +147,9 @@ def plan_edit(
     fork_block, prelude = _fork_block(e, side_nodes, runs)
     join_block, join_stmt, main_assigns = _join_block(e, runs, hoist_assigns)
     built = _Assembly(e, runs, prelude, fork_block, join_block, join_stmt, phase_blocks, phase_issued).build()
-    new_func = func.with_changes(body=func.body.with_changes(body=built.body))
+    new_func = work.with_changes(body=work.body.with_changes(body=built.body))
     new_init = extend_init(e.init, e.em.init_lines, plan, e.names.stream_attr)
-    return PlannedEdit(
+    edit = PlannedEdit(
         plan,
         func,
         new_func,
@@ -157,6 +164,35 @@ def plan_edit(
         tuple(built.phases),
         tuple(main_assigns),
     )
+    if wrapped is not None:
+        at, node = wrapped
+        assert isinstance(func.body, cst.IndentedBlock)  # wrapping_with found a `with` in it
+        edit.wrapped = (at, node, tuple(func.body.body[at + 1 :]))
+    return edit
+
+
+def _wrapping_both(func: cst.FunctionDef, positions, plan: OverlapPlan) -> tuple[int, cst.With] | None:
+    """The `with` around the whole body (analyze/wrappers.py) when it holds the plan's fork and
+    join: the edit then goes inside it."""
+    wrapped = wrapping_with(func)
+    if wrapped is None:
+        return None
+    at, node = wrapped
+    span = positions[node]
+    body = func.body.body  # type: ignore[union-attr]
+    falls_off = plan.join_line == positions[body[-1]].end.line + 1 and at == len(body) - 1
+    if span.start.line < plan.fork_line <= span.end.line and (plan.join_line <= span.end.line or falls_off):
+        return wrapped
+    return None
+
+
+def unwrapped_edit(edit: PlannedEdit) -> cst.FunctionDef:
+    """The edited function as it goes into the file: a looked-through `with` put back around its
+    edited block (schedule variants work on the flattened body before this)."""
+    if edit.wrapped is None:
+        return edit.new_func
+    at, node, after = edit.wrapped
+    return rewrapped(edit.new_func, at, node, list(after))
 
 
 def _check_function(module: cst.Module, func: cst.FunctionDef, plan: OverlapPlan, text: str | None) -> None:

@@ -36,6 +36,7 @@ import libcst as cst
 from msrewrite.analyze.defuse import function_names, node_facts
 from msrewrite.analyze.guards import block_of, follow_turns, rebuild_path
 from msrewrite.analyze.outline import unique_name
+from msrewrite.analyze.wrappers import flattened
 from msrewrite.emit.engine import PlannedEdit, apply_plans
 from msrewrite.emit.templates import code_of, comment, if_block, parse_block, strip_leading
 from msrewrite.plan import MicrobatchPlan, OverlapPlan
@@ -372,7 +373,8 @@ def _window_lines(edit: PlannedEdit, module: cst.Module, text: str) -> list[tupl
     if edit.window is None:
         return []
     positions = positions_for(module, edit.plan.function, edit.old_func, text)
-    old_suite = edit.old_func.body
+    old_func = flattened(edit.old_func, *edit.wrapped[:2]) if edit.wrapped is not None else edit.old_func
+    old_suite = old_func.body
     assert isinstance(old_suite, cst.IndentedBlock)  # plan_edit refuses a one-line body
     old = list(old_suite.body)
     found = []

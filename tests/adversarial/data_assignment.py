@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-EXPECT = 'race-war|lifetime|late schedule'
+EXPECT = "race-war|lifetime|late schedule"
 
 
 class Block(nn.Module):

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-EXPECT = 'rng-order'
+EXPECT = "rng-order"
 
 
 class Block(nn.Module):

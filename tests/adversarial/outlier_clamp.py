@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-EXPECT = 'draw \\d.*(race-war|late schedule)|race-war'
+EXPECT = "draw \\d.*(race-war|late schedule)|race-war"
 
 
 class Block(nn.Module):

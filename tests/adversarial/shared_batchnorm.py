@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-EXPECT = 'buffer bn\\.running_(mean|var) differs|race-waw|race-war'
+EXPECT = "buffer bn\\.running_(mean|var) differs|race-waw|race-war"
 
 
 class Block(nn.Module):

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-EXPECT = 'lifetime|race-war|late schedule'
+EXPECT = "lifetime|race-war|late schedule"
 
 
 class Block(nn.Module):

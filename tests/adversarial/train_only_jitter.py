@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-EXPECT = 'train: .*(differs|race)|race-war'
+EXPECT = "train: .*(differs|race)|race-war"
 
 
 class Block(nn.Module):

@@ -1,0 +1,31 @@
+"""Adversarial model: nn.RReLU on both branches: its slopes are drawn in train
+
+Markers for tests/test_adversarial.py: `# side` statements move to the side stream, `# join` is the
+first statement that reads their output, `# leak` the main statement whose effect must be named.
+EXPECT is "clean" or a regex one of verify's problems must match.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+EXPECT = "rng-order"
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.shared_experts = nn.Sequential(nn.Linear(16, 32), nn.SiLU(), nn.Linear(32, 16))
+        self.gate = nn.Linear(16, 16)
+        self.experts = nn.Linear(16, 16)
+        self.act = nn.RReLU()
+
+    def forward(self, x):
+        s = self.shared_experts(self.act(x))  # side
+        h = self.gate(self.act(x))
+        return h + s  # join
+
+
+def make():
+    torch.manual_seed(0)
+    return Block(), (torch.randn(2, 8, 16),)
