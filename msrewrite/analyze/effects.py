@@ -29,6 +29,7 @@ import libcst as cst
 from libcst.metadata import CodeRange
 
 from msrewrite.analyze.branch import NoBranch, SideBranch
+from msrewrite.analyze.budget import charge
 from msrewrite.analyze.defuse import StatementFacts, all_calls, is_docstring, statement_facts
 from msrewrite.analyze.walk import Visitor
 from msrewrite.records import record
@@ -305,14 +306,91 @@ class CopyHelper:
         )
 
 
+# Bounds on buffer paths. A path only ever stands for the buffer it names and everything inside it
+# (_overlap counts a path as touching every longer one), so cutting a path short, or a set of paths
+# down to their owners, only widens what they may touch: a wider set orders more, never less.
+MAX_PATH_PARTS = 8  # `a.b.c.d.e.f.g.h`: longer paths are cut to this many names
+MAX_PATHS = 256  # a set of more paths (one local's aliases, one helper's reads) widens to their owners
+
+
+def _cut(path: str, parts: int = MAX_PATH_PARTS) -> str:
+    """`path` cut to its first `parts` names (it stands for everything inside it)."""
+    if path.count(".") < parts:
+        return path
+    return ".".join(path.split(".")[:parts])
+
+
+_widenings = 0  # sets _widened cut to their owners so far: a helper that needed one is not fully seen
+
+
+def _widened(paths: set[str]) -> set[str]:
+    """Past MAX_PATHS: each path cut to its owner (`self.cache.host_kv[i].k` -> `self.cache`), which
+    may alias anything the paths touched. Never to a bare `self`, which _overlap ignores."""
+    global _widenings
+    if len(paths) <= MAX_PATHS:
+        return paths
+    _widenings += 1
+    return {_cut(path, 2) for path in paths}
+
+
+def _too_many(label: str) -> str:
+    return f"{label} (more aliases than msrewrite follows, {MAX_PATHS} paths)"
+
+
 def _rebase(paths: set[str], mapping: dict[str, set[str]]) -> set[str]:
     """Each path's root replaced by the paths it stands for (none for a fresh local); a root
-    `mapping` does not name (a module-level buffer) stays as it is."""
+    `mapping` does not name (a module-level buffer) stays as it is. Bounded: MAX_PATH_PARTS names
+    a path, MAX_PATHS paths before the set widens."""
     out = set()
     for path in paths:
         root, dot, rest = path.partition(".")
-        out |= {base + dot + rest for base in mapping.get(root, {root})}
-    return out
+        bases = mapping.get(root, {root})
+        charge(len(bases))
+        out |= {_cut(base + dot + rest) for base in bases}
+    return _widened(out)
+
+
+def _alias_closure(aliases: dict[str, set[str]], roots: set[str]) -> dict[str, set[str]]:
+    """Local -> the paths (rooted at `roots` or a module-level name) its value may share: the least
+    fixpoint of `local = what its bindings mention`, with each local's paths re-based onto what the
+    locals they name stand for. Only paths new to a local are passed on (a local bound from itself,
+    `x = x.to(x.dtype)`, would otherwise re-base its whole set every round, each round a longer
+    `x.dtype.dtype...`); cut and widened paths keep the sets finite."""
+    # locals stand for what they were bound from; a parameter bound again stands for itself as well
+    mapping: dict[str, set[str]] = {root: {root} for root in roots if root not in aliases}
+    mapping.update({name: set() for name in aliases})
+    new: dict[str, set[str]] = {name: {name} if name in roots else set() for name in aliases}
+    users: dict[str, list[tuple[str, str]]] = {}  # local -> (a local bound from it, the rest of the path)
+    for name, paths in aliases.items():
+        for path in sorted(paths):
+            root, dot, rest = path.partition(".")
+            if root in aliases:
+                users.setdefault(root, []).append((name, dot + rest))
+            else:
+                new[name] |= _rebase({path}, mapping)
+    widened: set[str] = set()  # locals whose paths are cut to their owners from now on
+    pending = sorted(name for name in aliases if new[name])
+    while pending:
+        local = pending.pop()
+        fresh, new[local] = new[local], set()
+        if local in widened:
+            fresh = {_cut(path, 2) for path in fresh}
+        fresh -= mapping[local]
+        if not fresh:
+            continue
+        grown = mapping[local] | fresh
+        mapping[local] = _widened(grown)
+        if len(mapping[local]) < len(grown):  # widened: pass on the owners, not the paths
+            widened.add(local)
+            fresh = mapping[local]
+        for user, rest in users.get(local, ()):
+            charge(len(fresh))
+            found = {_cut(base + rest) for base in fresh} - mapping[user]
+            if found:
+                new[user] |= found
+                if user not in pending:
+                    pending.append(user)
+    return mapping
 
 
 class CallBuffers:
@@ -326,7 +404,16 @@ class CallBuffers:
 
     MAX_DEPTH = 4
 
-    def __init__(self, summaries, cls: str | None, func: cst.FunctionDef, depth: int = 0) -> None:
+    def __init__(
+        self,
+        summaries,
+        cls: str | None,
+        func: cst.FunctionDef,
+        depth: int = 0,
+        shared: dict[tuple[int, str, int], CopyHelper] | None = None,
+    ) -> None:
+        """`shared`: the helpers already followed in this run (one per method, class and depth), so
+        that each method is read once per depth, not once per path of calls that reaches it."""
         from msrewrite.analyze.defuse import dotted_name
 
         self.summaries, self.cls, self.depth = summaries, cls, depth
@@ -337,7 +424,7 @@ class CallBuffers:
                 self.annotated[param.name.value] = dotted_name(param.annotation.annotation) or ""
         self.found: list[CopyHelper] = []  # helpers followed, rebased to this function
         self.followed: dict[int, CopyHelper] = {}  # id(method def) -> its helper, as written
-        self._helpers: dict[tuple[int, str], CopyHelper] = {}
+        self._helpers = {} if shared is None else shared
 
     def receiver_class(self, path: str):
         """(summaries, class) of the object at `path`, or None when msrewrite cannot tell."""
@@ -374,26 +461,36 @@ class CallBuffers:
         mapping: dict[str, set[str]] = {"self": {receiver}}
         for param, exprs in bind_args(summary, call).items():
             mapping[param] = set().union(*(buffer_use(e).reads for e in exprs)) if exprs else set()
-        return helper.rebased(mapping)
+        before = _widenings
+        rebased = helper.rebased(mapping)
+        if _widenings != before and _too_many(helper.label) not in rebased.unseen:
+            rebased.unseen.append(_too_many(helper.label))
+        return rebased
 
     def _helper(self, summaries, cls: str, method: cst.FunctionDef) -> CopyHelper:
-        key = (id(method), cls)
+        key = (id(method), cls, self.depth)
         if key in self._helpers:
             return self._helpers[key]
         label = f"{cls}.{method.name.value}"
         if self.depth >= self.MAX_DEPTH:
             return CopyHelper(label, unseen=[f"{label} (calls nested too deep)"])
         self._helpers[key] = CopyHelper(label, unseen=[f"{label} (recursive)"])
+        try:
+            helper = self._follow(summaries, cls, method, label)
+        except BaseException:  # over budget: no half-made helper stays for the next function
+            del self._helpers[key]
+            raise
+        self._helpers[key] = helper
+        return helper
+
+    def _follow(self, summaries, cls: str, method: cst.FunctionDef, label: str) -> CopyHelper:
+        charge()
         summary = summaries.function_summary(cls, method)
-        inner = CallBuffers(summaries, cls, method, self.depth + 1)
+        inner = CallBuffers(summaries, cls, method, self.depth + 1, self._helpers)
         use = buffer_use(method.body, inner)
-        aliases = _local_aliases(method)
+        before = _widenings  # the helpers it calls say for themselves whether they were widened
         roots = {"self", *summary.params, *(n for n in (summary.vararg, summary.kwarg) if n)}
-        mapping: dict[str, set[str]] = {name: set() for name in aliases}  # locals stand for what they were bound from
-        mapping.update({root: {root} for root in roots})
-        for _ in range(len(aliases) + 1):  # a local bound from another local: follow the chain
-            for name, paths in aliases.items():
-                mapping[name] = mapping.get(name, set()) | _rebase(paths, mapping)
+        mapping = _alias_closure(_local_aliases(method), roots)
         helper = CopyHelper(label, _rebase(use.reads, mapping), _rebase(use.writes, mapping))
         helper.unseen = sorted(summary.unknown)
         helper.other_work = (
@@ -422,7 +519,11 @@ class CallBuffers:
             helper.blocking += nested.blocking
             helper.unseen += [u for u in nested.unseen if u not in helper.unseen]
             helper.other_work = helper.other_work or nested.other_work
-        self._helpers[key] = helper
+        # the same copy reached by several calls counts once (else a chain of helpers multiplies them)
+        helper.copies = list({(frozenset(d), frozenset(s)): (d, s) for d, s in helper.copies}.values())
+        helper.blocking = list(dict.fromkeys(helper.blocking))
+        if _widenings != before and _too_many(label) not in helper.unseen:
+            helper.unseen.append(_too_many(label))
         return helper
 
     def call_use(self, call: cst.Call) -> tuple[BufferUse, bool]:
