@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-MAX_STEPS = 5_000_000
+MAX_STEPS = 1_000_000
 MAX_SECONDS = 60.0
 
 

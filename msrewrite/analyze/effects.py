@@ -337,6 +337,19 @@ def _too_many(label: str) -> str:
     return f"{label} (more aliases than msrewrite follows, {MAX_PATHS} paths)"
 
 
+def _minimal(paths: set[str]) -> set[str]:
+    """`paths` without those inside another of them (`x.shape` when `x` is there): the same buffers
+    for _overlap. A bare `self`, which _overlap ignores, covers nothing."""
+    if len(paths) < 2:
+        return paths
+    kept: set[str] = set()
+    for path in sorted(paths, key=lambda p: p.count(".")):
+        parts = path.split(".")
+        if not any(".".join(parts[:n]) in kept for n in range(1, len(parts)) if n > 1 or parts[0] != "self"):
+            kept.add(path)
+    return kept
+
+
 def _rebase(paths: set[str], mapping: dict[str, set[str]]) -> set[str]:
     """Each path's root replaced by the paths it stands for (none for a fresh local); a root
     `mapping` does not name (a module-level buffer) stays as it is. Bounded: MAX_PATH_PARTS names
@@ -347,15 +360,19 @@ def _rebase(paths: set[str], mapping: dict[str, set[str]]) -> set[str]:
         bases = mapping.get(root, {root})
         charge(len(bases))
         out |= {_cut(base + dot + rest) for base in bases}
-    return _widened(out)
+    return _widened(_minimal(out))
 
 
 def _alias_closure(aliases: dict[str, set[str]], roots: set[str]) -> dict[str, set[str]]:
     """Local -> the paths (rooted at `roots` or a module-level name) its value may share: the least
-    fixpoint of `local = what its bindings mention`, with each local's paths re-based onto what the
-    locals they name stand for. Only paths new to a local are passed on (a local bound from itself,
-    `x = x.to(x.dtype)`, would otherwise re-base its whole set every round, each round a longer
-    `x.dtype.dtype...`); cut and widened paths keep the sets finite."""
+    fixpoint of `local = what its bindings mention`, each local's paths re-based onto what the
+    locals they name stand for, computed on new paths only.
+
+    A local bound from itself (`x = x.view(x.shape).to(x.dtype)`), or a chain of locals each bound
+    from the last through its attributes, would stand for ever more, ever longer paths:
+    `B.shape.dtype.shape...`, twice as many each link. `B` already stands for everything inside it,
+    so a set keeps only its shortest paths (_minimal); cut and widened paths keep every set finite
+    whatever the bindings."""
     # locals stand for what they were bound from; a parameter bound again stands for itself as well
     mapping: dict[str, set[str]] = {root: {root} for root in roots if root not in aliases}
     mapping.update({name: set() for name in aliases})
@@ -375,10 +392,10 @@ def _alias_closure(aliases: dict[str, set[str]], roots: set[str]) -> dict[str, s
         fresh, new[local] = new[local], set()
         if local in widened:
             fresh = {_cut(path, 2) for path in fresh}
-        fresh -= mapping[local]
+        grown = _minimal(mapping[local] | fresh)
+        fresh = grown - mapping[local]  # what is new, not already inside a path the local stands for
         if not fresh:
             continue
-        grown = mapping[local] | fresh
         mapping[local] = _widened(grown)
         if len(mapping[local]) < len(grown):  # widened: pass on the owners, not the paths
             widened.add(local)
