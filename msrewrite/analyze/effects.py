@@ -292,6 +292,7 @@ class CopyHelper:
     blocking: list[str] = field(default_factory=list)  # copies without non_blocking=True
     unseen: list[str] = field(default_factory=list)  # callees msrewrite could not see into
     other_work: str = ""  # "a collective", "RNG", "stream code"
+    widened: bool = False  # a set of its paths went past MAX_PATHS and stands for their owners
 
     def rebased(self, mapping: dict[str, set[str]]) -> CopyHelper:
         move = lambda paths: _rebase(paths, mapping)  # noqa: E731
@@ -303,6 +304,7 @@ class CopyHelper:
             list(self.blocking),
             list(self.unseen),
             self.other_work,
+            self.widened,
         )
 
 
@@ -321,6 +323,10 @@ def _cut(path: str, parts: int = MAX_PATH_PARTS) -> str:
 
 
 _widenings = 0  # sets _widened cut to their owners so far: a helper that needed one is not fully seen
+_TOO_MANY = (
+    f"a name in it may alias more than {MAX_PATHS} buffers, more than msrewrite follows one by one; "
+    "it cannot tell which KV buffers the copy touches"
+)
 
 
 def _widened(paths: set[str]) -> set[str]:
@@ -331,10 +337,6 @@ def _widened(paths: set[str]) -> set[str]:
         return paths
     _widenings += 1
     return {_cut(path, 2) for path in paths}
-
-
-def _too_many(label: str) -> str:
-    return f"{label} (more aliases than msrewrite follows, {MAX_PATHS} paths)"
 
 
 def _minimal(paths: set[str]) -> set[str]:
@@ -480,8 +482,7 @@ class CallBuffers:
             mapping[param] = set().union(*(buffer_use(e).reads for e in exprs)) if exprs else set()
         before = _widenings
         rebased = helper.rebased(mapping)
-        if _widenings != before and _too_many(helper.label) not in rebased.unseen:
-            rebased.unseen.append(_too_many(helper.label))
+        rebased.widened = rebased.widened or _widenings != before
         return rebased
 
     def _helper(self, summaries, cls: str, method: cst.FunctionDef) -> CopyHelper:
@@ -536,11 +537,11 @@ class CallBuffers:
             helper.blocking += nested.blocking
             helper.unseen += [u for u in nested.unseen if u not in helper.unseen]
             helper.other_work = helper.other_work or nested.other_work
+            helper.widened = helper.widened or nested.widened
         # the same copy reached by several calls counts once (else a chain of helpers multiplies them)
         helper.copies = list({(frozenset(d), frozenset(s)): (d, s) for d, s in helper.copies}.values())
         helper.blocking = list(dict.fromkeys(helper.blocking))
-        if _widenings != before and _too_many(label) not in helper.unseen:
-            helper.unseen.append(_too_many(label))
+        helper.widened = helper.widened or _widenings != before
         return helper
 
     def call_use(self, call: cst.Call) -> tuple[BufferUse, bool]:
@@ -549,7 +550,7 @@ class CallBuffers:
         if helper is not None:
             self.found.append(helper)
             use = BufferUse(set(helper.reads), set(helper.writes))
-            if helper.unseen:  # what it could not see into may write anything the call can reach
+            if helper.unseen or helper.widened:  # what it could not see into may write anything the call can reach
                 reach = [call.func.value, *(arg.value for arg in call.args)]  # type: ignore[attr-defined]
                 use.writes |= set().union(*(buffer_use(e).reads for e in reach))
             return use, True
@@ -581,6 +582,8 @@ def _check_copy_helper(f: StatementFacts, found: tuple[CopyHelper, cst.Call]) ->
     where = f"line {f.first_line}: {helper.label}"
     if helper.unseen:
         raise NoBranch(f"{where} calls {helper.unseen[0]}: msrewrite cannot see what it does to the KV buffers")
+    if helper.widened:
+        raise NoBranch(f"{where}: {_TOO_MANY}")
     if helper.other_work:
         raise NoBranch(f"{where} also holds {helper.other_work}: only copies move to the copy stream")
     if helper.blocking:
@@ -613,6 +616,8 @@ def _refuse_unseen_copy_helper(facts: list[StatementFacts], calls: CallBuffers, 
                     f"line {f.first_line}: {callee} ({helper.label}) calls {helper.unseen[0]}: msrewrite cannot "
                     "see what it does to the KV buffers"
                 )
+            if helper.widened:
+                raise NoBranch(f"line {f.first_line}: {callee} ({helper.label}): {_TOO_MANY}")
 
 
 def _local_aliases(func: cst.FunctionDef) -> dict[str, set[str]]:

@@ -112,7 +112,11 @@ def _copy_targets(
     summaries = ModuleSummaries(module, options.assume_pure, path=path)
     scans = _scan_calls(module, summaries)
     copy_helpers = {
-        key for scan in scans.values() for key, helper in scan.followed.items() if _copies_host(helper, case)
+        key
+        for scan in scans.values()
+        if not isinstance(scan, OverBudget)
+        for key, helper in scan.followed.items()
+        if _copies_host(helper, case)
     }
     targets = []
     for name, func, _cls in iter_functions(module):
