@@ -7,7 +7,9 @@ names it; so is one still running after MAX_SECONDS (a backstop only: the step c
 keeps the verdict the same from run to run). Outside `function_budget` charging costs a lookup.
 
 Steps are the deterministic bound: the largest analysis in the suite and in the real recipe files
-takes well under a tenth of MAX_STEPS (tests/test_analysis_bounds.py).
+takes well under a tenth of MAX_STEPS (tests/test_analysis_bounds.py). What a run reads once and
+shares (summaries, followed copy helpers) is paid for by the first function that needs it, in the
+file's order, so the counts too are the same from run to run.
 """
 
 from __future__ import annotations
