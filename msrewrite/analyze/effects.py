@@ -29,6 +29,7 @@ import libcst as cst
 from libcst.metadata import CodeRange
 
 from msrewrite.analyze.branch import NoBranch, SideBranch
+from msrewrite.analyze.budget import charge
 from msrewrite.analyze.defuse import StatementFacts, all_calls, is_docstring, statement_facts
 from msrewrite.analyze.walk import Visitor
 from msrewrite.records import record
@@ -291,6 +292,7 @@ class CopyHelper:
     blocking: list[str] = field(default_factory=list)  # copies without non_blocking=True
     unseen: list[str] = field(default_factory=list)  # callees msrewrite could not see into
     other_work: str = ""  # "a collective", "RNG", "stream code"
+    widened: bool = False  # a set of its paths went past MAX_PATHS and stands for their owners
 
     def rebased(self, mapping: dict[str, set[str]]) -> CopyHelper:
         move = lambda paths: _rebase(paths, mapping)  # noqa: E731
@@ -302,17 +304,112 @@ class CopyHelper:
             list(self.blocking),
             list(self.unseen),
             self.other_work,
+            self.widened,
         )
+
+
+# Bounds on buffer paths. A path only ever stands for the buffer it names and everything inside it
+# (_overlap counts a path as touching every longer one), so cutting a path short, or a set of paths
+# down to their owners, only widens what they may touch: a wider set orders more, never less.
+MAX_PATH_PARTS = 8  # `a.b.c.d.e.f.g.h`: longer paths are cut to this many names
+MAX_PATHS = 256  # a set of more paths (one local's aliases, one helper's reads) widens to their owners
+
+
+def _cut(path: str, parts: int = MAX_PATH_PARTS) -> str:
+    """`path` cut to its first `parts` names (it stands for everything inside it)."""
+    if path.count(".") < parts:
+        return path
+    return ".".join(path.split(".")[:parts])
+
+
+_widenings = 0  # sets _widened cut to their owners so far: a helper that needed one is not fully seen
+_TOO_MANY = (
+    f"a name in it may alias more than {MAX_PATHS} buffers, more than msrewrite follows one by one; "
+    "it cannot tell which KV buffers the copy touches"
+)
+
+
+def _widened(paths: set[str]) -> set[str]:
+    """Past MAX_PATHS: each path cut to its owner (`self.cache.host_kv[i].k` -> `self.cache`), which
+    may alias anything the paths touched. Never to a bare `self`, which _overlap ignores."""
+    global _widenings
+    if len(paths) <= MAX_PATHS:
+        return paths
+    _widenings += 1
+    return {_cut(path, 2) for path in paths}
+
+
+def _minimal(paths: set[str]) -> set[str]:
+    """`paths` without those inside another of them (`x.shape` when `x` is there): the same buffers
+    for _overlap. A bare `self`, which _overlap ignores, covers nothing."""
+    if len(paths) < 2:
+        return paths
+    kept: set[str] = set()
+    for path in sorted(paths, key=lambda p: p.count(".")):
+        parts = path.split(".")
+        if not any(".".join(parts[:n]) in kept for n in range(1, len(parts)) if n > 1 or parts[0] != "self"):
+            kept.add(path)
+    return kept
 
 
 def _rebase(paths: set[str], mapping: dict[str, set[str]]) -> set[str]:
     """Each path's root replaced by the paths it stands for (none for a fresh local); a root
-    `mapping` does not name (a module-level buffer) stays as it is."""
+    `mapping` does not name (a module-level buffer) stays as it is. Bounded: MAX_PATH_PARTS names
+    a path, MAX_PATHS paths before the set widens."""
     out = set()
     for path in paths:
         root, dot, rest = path.partition(".")
-        out |= {base + dot + rest for base in mapping.get(root, {root})}
-    return out
+        bases = mapping.get(root, {root})
+        charge(len(bases))
+        out |= {_cut(base + dot + rest) for base in bases}
+    return _widened(_minimal(out))
+
+
+def _alias_closure(aliases: dict[str, set[str]], roots: set[str]) -> dict[str, set[str]]:
+    """Local -> the paths (rooted at `roots` or a module-level name) its value may share: the least
+    fixpoint of `local = what its bindings mention`, each local's paths re-based onto what the
+    locals they name stand for, computed on new paths only.
+
+    A local bound from itself (`x = x.view(x.shape).to(x.dtype)`), or a chain of locals each bound
+    from the last through its attributes, would stand for ever more, ever longer paths:
+    `B.shape.dtype.shape...`, twice as many each link. `B` already stands for everything inside it,
+    so a set keeps only its shortest paths (_minimal); cut and widened paths keep every set finite
+    whatever the bindings."""
+    # locals stand for what they were bound from; a parameter bound again stands for itself as well
+    mapping: dict[str, set[str]] = {root: {root} for root in roots if root not in aliases}
+    mapping.update({name: set() for name in aliases})
+    new: dict[str, set[str]] = {name: {name} if name in roots else set() for name in aliases}
+    users: dict[str, list[tuple[str, str]]] = {}  # local -> (a local bound from it, the rest of the path)
+    for name, paths in aliases.items():
+        for path in sorted(paths):
+            root, dot, rest = path.partition(".")
+            if root in aliases:
+                users.setdefault(root, []).append((name, dot + rest))
+            else:
+                new[name] |= _rebase({path}, mapping)
+    widened: set[str] = set()  # locals whose paths are cut to their owners from now on
+    pending = sorted(name for name in aliases if new[name])
+    while pending:
+        local = pending.pop()
+        fresh, new[local] = new[local], set()
+        if local in widened:
+            fresh = {_cut(path, 2) for path in fresh}
+        grown = _minimal(mapping[local] | fresh)
+        fresh = grown - mapping[local]  # what is new, not already inside a path the local stands for
+        if not fresh:
+            continue
+        mapping[local] = _widened(grown)
+        if len(mapping[local]) < len(grown):  # widened: pass on the owners, not the paths
+            widened.add(local)
+            fresh = mapping[local]
+        for user, rest in users.get(local, ()):
+            charge(len(fresh))
+            found = {_cut(base + rest) for base in fresh} - mapping[user]
+            if found:
+                new[user] |= found
+                if user not in pending:
+                    pending.append(user)
+    return mapping
 
 
 class CallBuffers:
@@ -326,7 +423,16 @@ class CallBuffers:
 
     MAX_DEPTH = 4
 
-    def __init__(self, summaries, cls: str | None, func: cst.FunctionDef, depth: int = 0) -> None:
+    def __init__(
+        self,
+        summaries,
+        cls: str | None,
+        func: cst.FunctionDef,
+        depth: int = 0,
+        shared: dict[tuple[int, str, int], CopyHelper] | None = None,
+    ) -> None:
+        """`shared`: the helpers already followed in this run (one per method, class and depth), so
+        that each method is read once per depth, not once per path of calls that reaches it."""
         from msrewrite.analyze.defuse import dotted_name
 
         self.summaries, self.cls, self.depth = summaries, cls, depth
@@ -337,7 +443,7 @@ class CallBuffers:
                 self.annotated[param.name.value] = dotted_name(param.annotation.annotation) or ""
         self.found: list[CopyHelper] = []  # helpers followed, rebased to this function
         self.followed: dict[int, CopyHelper] = {}  # id(method def) -> its helper, as written
-        self._helpers: dict[tuple[int, str], CopyHelper] = {}
+        self._helpers = {} if shared is None else shared
 
     def receiver_class(self, path: str):
         """(summaries, class) of the object at `path`, or None when msrewrite cannot tell."""
@@ -374,26 +480,35 @@ class CallBuffers:
         mapping: dict[str, set[str]] = {"self": {receiver}}
         for param, exprs in bind_args(summary, call).items():
             mapping[param] = set().union(*(buffer_use(e).reads for e in exprs)) if exprs else set()
-        return helper.rebased(mapping)
+        before = _widenings
+        rebased = helper.rebased(mapping)
+        rebased.widened = rebased.widened or _widenings != before
+        return rebased
 
     def _helper(self, summaries, cls: str, method: cst.FunctionDef) -> CopyHelper:
-        key = (id(method), cls)
+        key = (id(method), cls, self.depth)
         if key in self._helpers:
             return self._helpers[key]
         label = f"{cls}.{method.name.value}"
         if self.depth >= self.MAX_DEPTH:
             return CopyHelper(label, unseen=[f"{label} (calls nested too deep)"])
         self._helpers[key] = CopyHelper(label, unseen=[f"{label} (recursive)"])
+        try:
+            helper = self._follow(summaries, cls, method, label)
+        except BaseException:  # over budget: no half-made helper stays for the next function
+            del self._helpers[key]
+            raise
+        self._helpers[key] = helper
+        return helper
+
+    def _follow(self, summaries, cls: str, method: cst.FunctionDef, label: str) -> CopyHelper:
+        charge()
         summary = summaries.function_summary(cls, method)
-        inner = CallBuffers(summaries, cls, method, self.depth + 1)
+        inner = CallBuffers(summaries, cls, method, self.depth + 1, self._helpers)
         use = buffer_use(method.body, inner)
-        aliases = _local_aliases(method)
+        before = _widenings  # the helpers it calls say for themselves whether they were widened
         roots = {"self", *summary.params, *(n for n in (summary.vararg, summary.kwarg) if n)}
-        mapping: dict[str, set[str]] = {name: set() for name in aliases}  # locals stand for what they were bound from
-        mapping.update({root: {root} for root in roots})
-        for _ in range(len(aliases) + 1):  # a local bound from another local: follow the chain
-            for name, paths in aliases.items():
-                mapping[name] = mapping.get(name, set()) | _rebase(paths, mapping)
+        mapping = _alias_closure(_local_aliases(method), roots)
         helper = CopyHelper(label, _rebase(use.reads, mapping), _rebase(use.writes, mapping))
         helper.unseen = sorted(summary.unknown)
         helper.other_work = (
@@ -422,7 +537,11 @@ class CallBuffers:
             helper.blocking += nested.blocking
             helper.unseen += [u for u in nested.unseen if u not in helper.unseen]
             helper.other_work = helper.other_work or nested.other_work
-        self._helpers[key] = helper
+            helper.widened = helper.widened or nested.widened
+        # the same copy reached by several calls counts once (else a chain of helpers multiplies them)
+        helper.copies = list({(frozenset(d), frozenset(s)): (d, s) for d, s in helper.copies}.values())
+        helper.blocking = list(dict.fromkeys(helper.blocking))
+        helper.widened = helper.widened or _widenings != before
         return helper
 
     def call_use(self, call: cst.Call) -> tuple[BufferUse, bool]:
@@ -431,7 +550,7 @@ class CallBuffers:
         if helper is not None:
             self.found.append(helper)
             use = BufferUse(set(helper.reads), set(helper.writes))
-            if helper.unseen:  # what it could not see into may write anything the call can reach
+            if helper.unseen or helper.widened:  # what it could not see into may write anything the call can reach
                 reach = [call.func.value, *(arg.value for arg in call.args)]  # type: ignore[attr-defined]
                 use.writes |= set().union(*(buffer_use(e).reads for e in reach))
             return use, True
@@ -463,6 +582,8 @@ def _check_copy_helper(f: StatementFacts, found: tuple[CopyHelper, cst.Call]) ->
     where = f"line {f.first_line}: {helper.label}"
     if helper.unseen:
         raise NoBranch(f"{where} calls {helper.unseen[0]}: msrewrite cannot see what it does to the KV buffers")
+    if helper.widened:
+        raise NoBranch(f"{where}: {_TOO_MANY}")
     if helper.other_work:
         raise NoBranch(f"{where} also holds {helper.other_work}: only copies move to the copy stream")
     if helper.blocking:
@@ -495,6 +616,8 @@ def _refuse_unseen_copy_helper(facts: list[StatementFacts], calls: CallBuffers, 
                     f"line {f.first_line}: {callee} ({helper.label}) calls {helper.unseen[0]}: msrewrite cannot "
                     "see what it does to the KV buffers"
                 )
+            if helper.widened:
+                raise NoBranch(f"line {f.first_line}: {callee} ({helper.label}): {_TOO_MANY}")
 
 
 def _local_aliases(func: cst.FunctionDef) -> dict[str, set[str]]:

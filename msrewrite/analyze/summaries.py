@@ -142,6 +142,7 @@ class ModuleSummaries:
                 for small in stmt.body:
                     self._note_top_level(small)
         self._cache: dict[tuple[str, str, int], Summary] = {}
+        self._class_hooks: dict[str, dict[str, list[str]]] = {}
         self._attrs: dict[str, dict[str, list[cst.BaseExpression]]] = {}
 
     def _note_top_level(self, small: cst.BaseSmallStatement) -> None:
@@ -334,26 +335,36 @@ class ModuleSummaries:
         """`self.<attr>.register_forward_hook(...)` / `register_forward_pre_hook(...)` /
         `register_module_forward_hook` in a method of `cls` (or its bases and subclasses here):
         hooks run inside every call of that submodule."""
-        found: list[str] = []
+        return [
+            hook
+            for owner in [*self._ancestors(cls), *self.subclasses(cls)]
+            for hook in self._hooks_in(owner).get(attr, [])
+        ]
+
+    def _hooks_in(self, owner: str) -> dict[str, list[str]]:
+        """attr -> the hooks class `owner` registers on `self.<attr>`, in source order (each class
+        read once: every call on a submodule asks)."""
+        if owner in self._class_hooks:
+            return self._class_hooks[owner]
+        found: dict[str, list[str]] = {}
 
         class _Hooks(Visitor):
-            def __init__(self, owner: str) -> None:
-                self.owner = owner
-
             def visit_Call(self, call: cst.Call) -> None:
                 func = call.func
                 if (
                     isinstance(func, cst.Attribute)
                     and func.attr.value.startswith("register_")
                     and "hook" in func.attr.value
-                    and dotted_name(func.value) == f"self.{attr}"
                 ):
-                    found.append(f"{self.owner}: self.{attr}.{func.attr.value}")
+                    target = dotted_name(func.value) or ""
+                    head, _, attr = target.partition(".")
+                    if head == "self" and attr:
+                        found.setdefault(attr, []).append(f"{owner}: {target}.{func.attr.value}")
 
-        for owner in [*self._ancestors(cls), *self.subclasses(cls)]:
-            node = self.classes.get(owner)
-            if node is not None:
-                node.visit(_Hooks(owner))
+        node = self.classes.get(owner)
+        if node is not None:
+            node.visit(_Hooks())
+        self._class_hooks[owner] = found
         return found
 
     def _bases(self, cls: str) -> list[str]:

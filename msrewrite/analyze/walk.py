@@ -22,6 +22,8 @@ from types import FunctionType
 
 from libcst import CSTNode, CSTVisitor, MaybeSentinel
 
+from msrewrite.analyze.budget import charge
+
 # libcst's own classes under a CSTVisitor: the no-op visit_/leave_ stubs live there
 _LIBCST_BASES = frozenset(CSTVisitor.__mro__)
 _HOOKS = ("on_visit", "on_leave", "on_visit_attribute", "on_leave_attribute")
@@ -321,6 +323,7 @@ class Visitor(CSTVisitor):
     walk back to libcst."""
 
     def on_visit(self, node: CSTNode) -> bool:
+        charge()  # a walk is a step of the function's analysis budget
         plan = _plan(type(self))
         walker = _walker(self, plan) if plan.kind == "methods" else None
         if walker is None:

@@ -758,24 +758,29 @@ class MicrobatchCase(Case):
         target: str | None,
     ) -> list[EditStep]:
         """The forked micro-batch path: a model-level plan (analyze/microbatch.py), carried out."""
+        from msrewrite.analyze.budget import OverBudget, function_budget
         from msrewrite.analyze.microbatch import microbatch_plan
         from msrewrite.emit.engine import apply_plans
         from msrewrite.plan import FlagSpec
 
         self.check_mode(options.mode)
         flag = options.flag or FlagSpec(kind="env", name=self.flag_name)
-        plan = microbatch_plan(
-            module,
-            case=self.name,
-            path=path,
-            mode=options.mode,
-            flag=flag,
-            target=target,
-            stream_tag=options.stream_tag or self.stream_tag,
-            second_group=options.second_group,
-            assume_pure=options.assume_pure,
-            text=text,
-        )
+        try:
+            with function_budget(f"the layer loop of {path.name} and its layers"):
+                plan = microbatch_plan(
+                    module,
+                    case=self.name,
+                    path=path,
+                    mode=options.mode,
+                    flag=flag,
+                    target=target,
+                    stream_tag=options.stream_tag or self.stream_tag,
+                    second_group=options.second_group,
+                    assume_pure=options.assume_pure,
+                    text=text,
+                )
+        except OverBudget as exc:
+            raise NothingToDo(str(exc)) from None
         return [microbatch_step(plan, text, apply_plans(module, [plan], text).code)]  # emit/microbatch.py
 
 

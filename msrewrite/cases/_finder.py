@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from msrewrite.analyze.branch import NoBranch, SideBranch, find_side_branch, has_seed
+from msrewrite.analyze.budget import OverBudget, function_budget
 from msrewrite.analyze.defuse import dotted_name
 from msrewrite.analyze.outline import already_applied, iter_functions
 from msrewrite.analyze.positions import parsed_tree, positions_for, self_calls
@@ -104,15 +105,26 @@ def _copy_targets(
     text: str | None,
 ) -> list[Target]:
     """Buffer copies (kvcache-offload): analyze/effects.py, loaded only for them."""
-    from msrewrite.analyze.effects import CallBuffers, find_copy_branch
+    from msrewrite.analyze.effects import find_copy_branch
 
     if case.is_copy is None:  # our bug: a copy case names its copies
         raise TypeError(f"{case.name}: a copy case needs is_copy")
     summaries = ModuleSummaries(module, options.assume_pure, path=path)
-    copy_helpers = _copy_helpers(module, summaries, case)
+    scans = _scan_calls(module, summaries)
+    copy_helpers = {
+        key
+        for scan in scans.values()
+        if not isinstance(scan, OverBudget)
+        for key, helper in scan.followed.items()
+        if _copies_host(helper, case)
+    }
     targets = []
-    for name, func, cls in iter_functions(module):
-        buffers = CallBuffers(summaries, cls.name.value if cls is not None else None, func)
+    for name, func, _cls in iter_functions(module):
+        buffers = scans[id(func)]
+        if isinstance(buffers, OverBudget):  # its calls could not be followed: refused if it has copies
+            if (_has_copy(func, case.is_copy) or _names_host_method(func, case)) and func.name.value != "__init__":
+                targets.append(Target(name, reason=str(buffers)))
+            continue
         if id(func) in copy_helpers or not (_has_copy(func, case.is_copy) or _calls_copy_helper(func, buffers, case)):
             continue
         if func.name.value == "__init__":
@@ -122,9 +134,10 @@ def _copy_targets(
             continue
         positions = positions_for(module, name, func, text)
         try:
-            side = find_copy_branch(func, positions, case.is_copy, buffers, case.is_host_buffer)
+            with function_budget(name):
+                side = find_copy_branch(func, positions, case.is_copy, buffers, case.is_host_buffer)
             targets.append(Target(name, plan=branch_plan(case, path, name, side, options)))
-        except NoBranch as exc:
+        except (NoBranch, OverBudget) as exc:
             targets.append(Target(name, reason=str(exc)))
     return targets
 
@@ -204,18 +217,19 @@ class _CallFinder:
             return Target(name, reason=family)
         positions = positions_for(self.module, name, func, self.text)
         try:
-            side = find_side_branch(
-                func,
-                positions,
-                is_seed,
-                anchors=tuple(gate.anchor for gate in options.start_gates),
-                phase_anchors=options.phase_anchors if case.phased else None,
-                scope=self.summaries.scope_for(cls.name.value if cls is not None else None, func.name.value),
-                protect=options.protect == "clone",
-            )
+            with function_budget(name):
+                side = find_side_branch(
+                    func,
+                    positions,
+                    is_seed,
+                    anchors=tuple(gate.anchor for gate in options.start_gates),
+                    phase_anchors=options.phase_anchors if case.phased else None,
+                    scope=self.summaries.scope_for(cls.name.value if cls is not None else None, func.name.value),
+                    protect=options.protect == "clone",
+                )
             check_rng_order(side, options)
             check_main_hoists(case, side)
-        except NoBranch as exc:
+        except (NoBranch, OverBudget) as exc:
             return Target(name, reason=str(exc))
         plan = branch_plan(case, self.path, name, side, options)
         if branch is not None:
@@ -325,17 +339,23 @@ def _other_family(calls: list[cst.Call], mode: str) -> str:
     return ""
 
 
-def _copy_helpers(module: cst.Module, summaries: ModuleSummaries, case: Case) -> set[int]:
-    """The methods other functions of the file call (`self.cache.offload(i)`) that copy host memory:
-    their copies move with the call, so they are not targets of their own."""
+def _scan_calls(module: cst.Module, summaries: ModuleSummaries) -> dict[int, CallBuffers | OverBudget]:
+    """id(function) -> its calls followed through the file's summaries (each method once per run),
+    or why that went past the function's analysis budget. The methods they reach that copy host
+    memory (`self.cache.offload(i)`) move with the call, so they are not targets of their own."""
     from msrewrite.analyze.effects import CallBuffers, buffer_use
 
-    found: set[int] = set()
-    for _, func, cls in iter_functions(module):
-        buffers = CallBuffers(summaries, cls.name.value if cls is not None else None, func)
-        buffer_use(func.body, buffers)
-        found |= {key for key, helper in buffers.followed.items() if _copies_host(helper, case)}
-    return found
+    shared: dict = {}
+    scans: dict[int, CallBuffers | OverBudget] = {}
+    for name, func, cls in iter_functions(module):
+        buffers = CallBuffers(summaries, cls.name.value if cls is not None else None, func, shared=shared)
+        try:
+            with function_budget(name):
+                buffer_use(func.body, buffers)
+            scans[id(func)] = buffers
+        except OverBudget as exc:
+            scans[id(func)] = exc
+    return scans
 
 
 def _copies_host(helper, case: Case) -> bool:
@@ -343,9 +363,12 @@ def _copies_host(helper, case: Case) -> bool:
 
 
 def _calls_copy_helper(func: cst.FunctionDef, buffers: CallBuffers, case: Case) -> bool:
-    """Does `func` call a method that copies host memory, or one named for it (`cache.offload(...)`)?"""
-    from msrewrite.analyze.effects import buffer_use
+    """Does `func` call a method that copies host memory (`buffers`: its calls, followed), or one
+    named for it (`cache.offload(...)`)?"""
+    return _names_host_method(func, case) or any(_copies_host(helper, case) for helper in buffers.found)
 
+
+def _names_host_method(func: cst.FunctionDef, case: Case) -> bool:
     named = False
 
     class _Calls(Visitor):
@@ -355,8 +378,7 @@ def _calls_copy_helper(func: cst.FunctionDef, buffers: CallBuffers, case: Case) 
             named = named or bool(case.is_host_buffer and attr and case.is_host_buffer(attr))
 
     func.body.visit(_Calls())
-    buffer_use(func.body, buffers)
-    return named or any(_copies_host(helper, case) for helper in buffers.found)
+    return named
 
 
 def _has_copy(func: cst.FunctionDef, is_copy) -> bool:
