@@ -704,6 +704,8 @@ STDERR_RUNS = [
     pytest.param(("apply", *CASE, "--target", "Nope.forward", "{good.py}"), id="apply-error"),
     pytest.param(("suggest", "--static", "{good.py}"), id="suggest"),
     pytest.param(("suggest", "--static", "--json", "{good.py}"), id="suggest-json"),
+    pytest.param(("suggest", "{good.py}"), id="suggest-traced"),
+    pytest.param(("suggest", "--static", "-j", "2", "{good.py}", "{applied.py}"), id="suggest-jobs"),
     pytest.param(("cases",), id="cases"),
     pytest.param(("profile", str(ROOT / "tests" / "fixtures" / "profile" / "torch_on.json")), id="profile"),
     pytest.param(("profile", "{partly_dropped.json}"), id="profile-dropped-events"),
@@ -731,6 +733,18 @@ def test_a_closed_or_full_stderr_changes_neither_stdout_nor_the_exit_code(args, 
         assert got.stdout == reference.stdout, where
         if "--json" in args:
             json.loads(got.stdout)
+
+
+@pytest.mark.slow
+def test_bench_with_stderr_closed_prints_its_json(tmp_path):
+    """bench's timings differ run to run: its exit code and JSON (the arrangements) do not."""
+    shutil.copy(EXAMPLES / "deepseek_moe.py", tmp_path / "m.py")
+    args = ["bench", "--dry-run", *CASE, "--iters", "3", "--warmup", "0", "--json", "m.py"]
+    reference = _cli(args, tmp_path)
+    got = _cli(args, tmp_path, stderr="closed")
+    assert reference.returncode == got.returncode == 0, got.stdout
+    labels = [[v["label"] for v in json.loads(r.stdout)["variants"]] for r in (reference, got)]
+    assert labels[0] == labels[1] and labels[0]
 
 
 @pytest.mark.slow
