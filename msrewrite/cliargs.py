@@ -155,7 +155,7 @@ def _parser_class() -> type:
             def error(self, message: str) -> typing.NoReturn:
                 raise UsageError(f"{self.prog.split()[-1]}: {message} (see `{self.prog} --help`)")
 
-            def parse_intermixed_args(self, *args: Any, **kwargs: Any) -> argparse.Namespace:
+            def parse_intermixed_args(self, *args: Any, **kwargs: Any) -> argparse.Namespace:  # type: ignore[override]  # argparse's overloads, passed through
                 namespace = super().parse_intermixed_args(*args, **kwargs)
                 for dest, value in vars(namespace).items():
                     if isinstance(value, _Default):
