@@ -101,6 +101,45 @@ def _unwrap(kind: Any) -> tuple[Any, bool]:
     return kind, many
 
 
+class _BadValue(ValueError):
+    """A value refused before its command sees it; the text is argparse's message."""
+
+
+def _nonempty(element: type) -> Callable[[str], Any]:
+    """The converter of a str or Path value given on the command line: an empty one is refused.
+    An option's default is what leaving the option out means; `--flag ""` (or `-o ""`, which
+    Path would read as ".") is a value that went missing in a script, never a request for it.
+    A path with a trailing slash names a folder: Path() drops the slash, so `m.py/` would
+    silently read the file m.py, where the shell and open() say "Not a directory"."""
+
+    def convert(value: str) -> Any:
+        if value == "":
+            raise _BadValue("an empty value (leave the option out for its default)")
+        if element is Path and value.endswith("/"):
+            import os
+
+            if os.path.lexists(value.rstrip("/") or "/") and not os.path.isdir(value):
+                raise _BadValue(f"{value}: not a directory (a trailing slash names a folder)")
+        return element(value)
+
+    return convert
+
+
+def _converter(element: type) -> Callable[[str], Any] | None:
+    """argparse's `type` for an option or argument of `element`."""
+    if element in (int, float):
+        return element
+    return _nonempty(element)
+
+
+class _Default:
+    """A string default handed to argparse unconverted: argparse runs a string default through
+    the option's type, and an empty default ("" for --flag) is no value the user gave."""
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+
 def _parser_class() -> type:
     import argparse
 
@@ -115,6 +154,21 @@ def _parser_class() -> type:
 
             def error(self, message: str) -> typing.NoReturn:
                 raise UsageError(f"{self.prog.split()[-1]}: {message} (see `{self.prog} --help`)")
+
+            def parse_intermixed_args(self, *args: Any, **kwargs: Any) -> argparse.Namespace:  # type: ignore[override]  # argparse's overloads, passed through
+                namespace = super().parse_intermixed_args(*args, **kwargs)
+                for dest, value in vars(namespace).items():
+                    if isinstance(value, _Default):
+                        setattr(namespace, dest, value.value)
+                return namespace
+
+            def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+                try:
+                    return super()._get_value(action, arg_string)
+                except argparse.ArgumentError as exc:
+                    if isinstance(exc.__context__, _BadValue):  # argparse's words would be "invalid convert value"
+                        raise argparse.ArgumentError(action, str(exc.__context__)) from None
+                    raise
 
         _PARSER = _Parser
     return _PARSER
@@ -135,7 +189,7 @@ def parser_for(name: str, func: Callable[..., int], argv: list[str] | None = Non
         element, many = _unwrap(kind)
         if element not in (bool, int, float, str, Path):  # our bug: a new option of a type not parsed here
             raise TypeError(f"msrewrite {name} {pname}: options are bool, int, float, str or Path, not {kind}")
-        convert = element if element in (int, float, Path) else None
+        convert = _converter(element)
         if spec.argument:
             parser.add_argument(
                 pname,
@@ -158,7 +212,11 @@ def parser_for(name: str, func: Callable[..., int], argv: list[str] | None = Non
                 dest=pname,
                 type=convert,
                 required=spec.required,
-                default=None if spec.required else spec.default,
+                default=None
+                if spec.required
+                else _Default(spec.default)
+                if isinstance(spec.default, str)
+                else spec.default,
             )
     return parser
 
@@ -193,7 +251,7 @@ def _plain_specs(
         element, many = _unwrap(kind)
         if element not in (bool, int, float, str, Path):
             return None
-        convert = element if element in (int, float, Path) else None
+        convert = _converter(element)
         if spec.argument:
             positionals.append((pname, many, convert))
             if many:
@@ -209,8 +267,7 @@ def _plain_specs(
             return None
         else:
             options.update((decl, (pname, "append" if many else "store", convert)) for decl in spec.decls)
-            # argparse passes a string default through the option's type
-            values[pname] = convert(spec.default) if isinstance(spec.default, str) and convert else spec.default
+            values[pname] = spec.default  # a string default stays as it is (_Default)
     return values, options, positionals
 
 

@@ -612,35 +612,99 @@ def run_in_child(
     User code (a harness, a model import, a forward) can exit, `os._exit`, die of a signal, hang or
     print: the child's stdout goes to stderr (so `--json` output stays clean), a process the user
     code forks never reports, and the whole child process group is killed after `timeout` seconds.
-    Raises ChildFailed with a one-line reason naming the phase."""
+    Raises ChildFailed with a one-line reason naming the phase.
+
+    Whatever way this ends (an outcome, a timeout, the child killed, Ctrl-C, SIGTERM or SIGHUP
+    here) the child's group is killed and reaped and its scratch folder (scratch_folder) removed:
+    a killed child runs no cleanup of its own, so the parent owns every folder it makes."""
+    import shutil
+    import tempfile
+
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        _child_main(fn, read_fd, write_fd, stdout_to_stderr)
-    os.close(write_fd)
+    scratch = tempfile.mkdtemp(prefix="msrewrite-child-")
+    pid, reaped = None, False
     try:
-        result, phase = _read_reports(pid, read_fd, timeout, on_stage)
+        with _signals_raise_interrupt():
+            read_fd, write_fd = os.pipe()
+            try:
+                # no signal may land between fork and setting pid (here) or the child's own handlers
+                old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPPING)
+                try:
+                    pid = os.fork()
+                finally:
+                    if pid != 0:
+                        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+                if pid == 0:
+                    _child_main(fn, read_fd, write_fd, stdout_to_stderr, scratch)
+            finally:
+                os.close(write_fd)
+            try:
+                result, phase = _read_reports(pid, read_fd, timeout, on_stage)
+            finally:
+                os.close(read_fd)
+            _, status = os.waitpid(pid, 0)
+            reaped = True
     finally:
-        os.close(read_fd)
-    _, status = os.waitpid(pid, 0)
-    _kill_group(pid)  # anything user code left running in the child's group
+        if pid is not None:
+            _kill_group(pid, reap=not reaped)  # anything user code left running in the child's group
+        shutil.rmtree(scratch, ignore_errors=True)
     return _child_outcome(result, status, phase)
 
 
-def _child_main(fn: Callable[[ChildProgress], Any], read_fd: int, write_fd: int, stdout_to_stderr: bool) -> NoReturn:
+@contextmanager
+def _signals_raise_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt while the child runs, as Ctrl-C does, so the
+    child is killed and its folders removed before this process ends."""
+
+    def interrupt(signum, _frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {}
+    try:
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, interrupt)
+    except ValueError:  # not the main thread: signals stay as they are
+        pass
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+_STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+_child_scratch: str | None = None  # in a child run_in_child made: the folder its parent removes
+
+
+def scratch_folder(prefix: str) -> contextlib.AbstractContextManager[str]:
+    """A temporary folder for user-code work: inside the child's scratch folder when run in a
+    child (removed by the parent even when the child is killed), else a plain temporary one."""
+    import tempfile
+
+    return tempfile.TemporaryDirectory(prefix=prefix, dir=_child_scratch)
+
+
+def _child_main(
+    fn: Callable[[ChildProgress], Any], read_fd: int, write_fd: int, stdout_to_stderr: bool, scratch: str
+) -> NoReturn:
     """The forked child: run `fn`, send its outcome to the parent, and end without returning."""
-    global _child_pid
+    global _child_pid, _child_scratch
     code = 0
     try:
         os.close(read_fd)
         os.setpgid(0, 0)
+        for sig in (signal.SIGTERM, signal.SIGHUP):  # the parent's handlers (run_in_child): not here
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPPING)  # blocked around the fork (none pending here)
         gc.enable()  # off in the msrewrite process (cli.entry); user code may make cycles
         if stdout_to_stderr:
             os.dup2(2, 1)
         me = os.getpid()
         _child_pid = me
+        _child_scratch = scratch
         progress = ChildProgress(write_fd, me)
         try:
             value = ("ok", fn(progress))
@@ -731,8 +795,11 @@ def _child_outcome(result: tuple[str, Any] | None, status: int, phase: str) -> A
     raise ChildFailed(f"crashed while {phase}: {value}", phase)
 
 
-def _kill_group(pid: int) -> None:
+def _kill_group(pid: int, reap: bool = False) -> None:
+    """SIGKILL the child's process group; `reap`: wait for the child itself (not yet waited for)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)  # a child stopped before its setpgid has no group yet
     with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
+        os.waitpid(pid, 0 if reap else os.WNOHANG)

@@ -19,7 +19,6 @@ import itertools
 import json
 import os
 import re
-import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -538,7 +537,9 @@ def verify_files(
         reference = _build_reference(rewritten, original, harness, target, package)
     phase("running the model")
     scenarios = _scenarios(result, reference, text, inputs, train)
-    with tempfile.TemporaryDirectory(prefix="msrewrite-schedules-") as folder:
+    from msrewrite.harness import scratch_folder
+
+    with scratch_folder("msrewrite-schedules-") as folder:
         variant_paths = _write_variants(variants, Path(folder), rewritten.stem)
         job = _Job(result, reference, original, edited, variant_paths, schedule_source, atol, rtol, stage)
         job.call_again = not _PEER_MESSAGES.search(text)  # a peer expects one forward's messages
@@ -1086,11 +1087,12 @@ def _leak(job: _Job, scenario: Scenario, reference_run: RunResult) -> str:
     """Name the main statement the side work races with: the first K for which the side work
     issued right after the K-th main statement of the window gives another result."""
     from msrewrite.emit.schedules import NoSchedule, variant
+    from msrewrite.harness import scratch_folder
     from msrewrite.runtime import install
 
     source = job.window_source
     statements = list(source.window_statements)
-    with tempfile.TemporaryDirectory(prefix="msrewrite-leak-") as folder:
+    with scratch_folder("msrewrite-leak-") as folder:
         for k in range(1, len(statements) + 1):
             try:
                 text = variant(source, f"after:{k}")

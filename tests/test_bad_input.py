@@ -17,8 +17,10 @@ import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,9 +156,61 @@ def make_files(folder: Path) -> None:
     (folder / "raising_harness.py").write_text("def make():\n    raise RuntimeError('no weights here')\n")
     (folder / "bad_return_harness.py").write_text("def make():\n    return 42\n")
     (folder / "import_error_harness.py").write_text("import no_such_module_xyz\n\ndef make():\n    pass\n")
+    # a class that defines forward twice: only the second (the one Python keeps) runs
+    (folder / "dead_forward.py").write_text(DEAD_FORWARD)
+    # profiler traces whose msrewrite marker events are all unusable
+    for name, change in (
+        ("marker_ts_text.json", {"ts": "soon"}),
+        ("marker_negative_dur.json", {"dur": -8}),
+        ("marker_tid_text.json", {"tid": "stream seven"}),
+    ):
+        (folder / name).write_text(json.dumps(trace_with_markers(change, host_too=True)))
 
 
 _PLAN = _plan(EXAMPLES / "deepseek_moe.py")
+
+_BLOCK = """import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.shared_experts = nn.Sequential(nn.Linear(16, 32), nn.SiLU(), nn.Linear(32, 16))
+        self.gate = nn.Linear(16, 16)
+        self.experts = nn.Linear(16, 16)
+
+    def forward(self, x):
+        s = self.shared_experts(x)
+        h = self.gate(x)
+        r = self.experts(h)
+        return r + s
+
+    def forward(self, x):
+{second}
+
+def make():
+    torch.manual_seed(0)
+    return Block(), (torch.randn(2, 8, 16),)
+"""
+# the first forward has a shared expert to overlap, the second (the one that runs) has none
+DEAD_FORWARD = _BLOCK.format(second="        return self.experts(self.gate(x))\n")
+# both have one: the edit must go to the second
+TWO_FORWARDS = _BLOCK.format(
+    second="        s = self.shared_experts(x)\n        h = self.gate(x)\n        r = self.experts(h)\n        return r + s + 1\n"
+)
+
+
+def trace_with_markers(change: dict, host_too: bool) -> dict:
+    """tests/fixtures/profile/torch_on.json with `change` made to each device-side msrewrite marker
+    event (and to the host-side ones with `host_too`)."""
+    data = json.loads((ROOT / "tests" / "fixtures" / "profile" / "torch_on.json").read_text())
+    cats = ("gpu_user_annotation", "user_annotation") if host_too else ("gpu_user_annotation",)
+    for event in data["traceEvents"]:
+        if str(event.get("name", "")).startswith("msrewrite:") and event.get("cat") in cats:
+            event.update(change)
+    return data
+
 
 ROWS = [
     # apply: the file itself
@@ -427,6 +481,68 @@ ROWS += [
     Row("apply-quiet-takes-no-value", ("apply", *CASE, "--quiet=yes", "{good.py}"), 2, "--quiet"),
     Row("verify-quiet-takes-no-value", ("verify", "--quiet=1", "{applied.py}"), 2, "--quiet"),
     Row("apply-comments-only", ("apply", *CASE, "{comments.py}"), 1, "no moe-shared-expert target"),
+    # a dead definition is never the target: the forward Python keeps has nothing to overlap
+    Row("apply-dead-duplicate-forward", ("apply", *CASE, "{dead_forward.py}"), 1, "no moe-shared-expert target"),
+    Row(
+        "apply-dead-duplicate-forward-target",
+        ("apply", *CASE, "--target", "Block.forward", "{dead_forward.py}"),
+        1,
+        "Block.forward",
+    ),
+    # a trailing slash names a folder: never the file without it
+    Row("apply-trailing-slash-on-a-file", ("apply", *CASE, "{good.py}/"), 2, "good.py/: not a directory"),
+    Row("suggest-trailing-slash-on-a-file", ("suggest", "--static", "{good.py}/"), 2, "not a directory"),
+    Row("verify-trailing-slash-on-a-file", ("verify", "{applied.py}/"), 2, "not a directory"),
+    Row(
+        "apply-output-trailing-slash-on-a-file",
+        ("apply", *CASE, "-o", "{plain.py}/", "{good.py}"),
+        2,
+        "not a directory",
+    ),
+    # an empty value never falls back to the option's default
+    Row("apply-empty-flag", ("apply", *CASE, "--flag", "", "{good.py}"), 2, "--flag: an empty value"),
+    Row("apply-empty-flag-equals", ("apply", *CASE, "--flag=", "{good.py}"), 2, "--flag: an empty value"),
+    Row("verify-empty-flag", ("verify", "--flag", "", "{applied.py}"), 2, "--flag: an empty value"),
+    Row("apply-empty-stream-tag", ("apply", *CASE, "--stream-tag", "", "{good.py}"), 2, "--stream-tag: an empty"),
+    Row("apply-empty-target", ("apply", *CASE, "--target", "", "{good.py}"), 2, "--target: an empty value"),
+    Row("verify-empty-target", ("verify", "--target", "", "{applied.py}"), 2, "--target: an empty value"),
+    Row("suggest-empty-target", ("suggest", "--target", "", "{good.py}"), 2, "--target: an empty value"),
+    Row(
+        "apply-empty-anchor",
+        ("apply", "--case", "moe-shared-expert-phased", "--anchor", "", "{good.py}"),
+        2,
+        "--anchor: an empty value",
+    ),
+    Row("apply-empty-start-after", ("apply", *CASE, "--start-after", "", "{good.py}"), 2, "--start-after: an empty"),
+    Row("apply-empty-harness", ("apply", *CASE, "--verify", "--harness", "", "{good.py}"), 2, "--harness: an empty"),
+    Row("verify-empty-harness", ("verify", "--harness", "", "{applied.py}"), 2, "--harness: an empty value"),
+    Row("apply-empty-output", ("apply", *CASE, "-o", "", "{good.py}"), 2, "--output: an empty value"),
+    Row("apply-empty-plan", ("apply", "--plan", "", "{good.py}"), 2, "--plan: an empty value"),
+    Row("apply-empty-source-path", ("apply", *CASE, "--source-path", "", "{good.py}"), 2, "--source-path: an empty"),
+    Row("apply-empty-file", ("apply", *CASE, ""), 2, "FILE: an empty value"),
+    Row("suggest-empty-report", ("suggest", "--static", "--report", "", "{good.py}"), 2, "--report: an empty value"),
+    Row("verify-empty-original", ("verify", "--original", "", "{applied.py}"), 2, "--original: an empty value"),
+    Row("profile-empty-edit", ("profile", "--edit", "", "{marker_ts_text.json}"), 2, "--edit: an empty value"),
+    # a trace whose only marker events cannot be placed: one line, with how many and why
+    Row(
+        "profile-marker-ts-not-a-number",
+        ("profile", "{marker_ts_text.json}"),
+        2,
+        "16 msrewrite marker events (16 with a ts that is not a number)",
+    ),
+    Row("profile-marker-negative-dur", ("profile", "{marker_negative_dur.json}"), 2, "(16 with a negative dur)"),
+    Row(
+        "profile-marker-tid-not-an-integer",
+        ("profile", "{marker_tid_text.json}"),
+        2,
+        "with a tid that is not an integer",
+    ),
+    Row(
+        "profile-json-marker-negative-dur",
+        ("profile", "--json", "{marker_negative_dur.json}"),
+        2,
+        "no usable marker event",
+    ),
 ]
 
 
@@ -547,3 +663,230 @@ def test_every_command_and_kind_is_covered():
         "already-applied",
         "in-place-and-output",
     } <= by_command["apply"]
+
+
+# Output channels: stderr closed or broken, duplicate definitions, temporary folders, dropped trace events
+def _cli(args, cwd: Path, stderr="pipe", env=None, timeout=300) -> Outcome:
+    """The console entry point in a subprocess; stderr "pipe", "closed" (the shell's `2>&-`: fd 2
+    closed before Python starts) or "full" (/dev/full)."""
+    preexec = None
+    err = subprocess.PIPE
+    if stderr == "closed":
+
+        def preexec():
+            os.close(2)
+
+        err = subprocess.DEVNULL  # replaced by the close in the child
+    elif stderr == "full":
+        err = open("/dev/full", "w")  # noqa: SIM115 - closed below
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "msrewrite", *args],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            timeout=timeout,
+            preexec_fn=preexec,
+        )
+    finally:
+        if stderr == "full":
+            err.close()
+    return Outcome(result.returncode, result.stdout, result.stderr or "")
+
+
+STDERR_RUNS = [
+    pytest.param(("verify", "--inputs", "0", "{applied.py}", "--original", "{good.py}"), id="verify"),
+    pytest.param(("verify", "--json", "--no-train", "{applied.py}", "--original", "{good.py}"), id="verify-json"),
+    pytest.param(("apply", *CASE, "--mode", "cuda", "--verify", "{good.py}"), id="apply-verify"),
+    pytest.param(("apply", *CASE, "{good.py}"), id="apply"),
+    pytest.param(("apply", *CASE, "--target", "Nope.forward", "{good.py}"), id="apply-error"),
+    pytest.param(("suggest", "--static", "{good.py}"), id="suggest"),
+    pytest.param(("suggest", "--static", "--json", "{good.py}"), id="suggest-json"),
+    pytest.param(("suggest", "{good.py}"), id="suggest-traced"),
+    pytest.param(("suggest", "--static", "-j", "2", "{good.py}", "{applied.py}"), id="suggest-jobs"),
+    pytest.param(("cases",), id="cases"),
+    pytest.param(("profile", str(ROOT / "tests" / "fixtures" / "profile" / "torch_on.json")), id="profile"),
+    pytest.param(("profile", "{partly_dropped.json}"), id="profile-dropped-events"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", STDERR_RUNS)
+def test_a_closed_or_full_stderr_changes_neither_stdout_nor_the_exit_code(args, tmp_path):
+    """stderr carries only notes and errors: closed (`2>&-`) or full, its lines are dropped, never
+    sent to stdout, and the verdict (exit code, stdout) is the one a working stderr gets. verify's
+    child inherits fd 2: a pipe opened after a closed fd 2 must not take its place."""
+    folder = tmp_path / "row"
+    folder.mkdir()
+    make_files(folder)
+    (folder / "partly_dropped.json").write_text(json.dumps(trace_with_markers({"dur": -1}, host_too=False)))
+    argv = [_fill(a, folder) for a in args]
+    reference = _cli(argv, folder)
+    assert "Traceback" not in reference.stderr, reference.stderr
+    for kind in ("closed", "full"):
+        got = _cli(argv, folder, stderr=kind)
+        where = f"stderr {kind}: msrewrite {' '.join(argv)}\nexit {got.returncode} (reference {reference.returncode})"
+        assert got.returncode == reference.returncode, where + f"\nstdout: {got.stdout[-800:]}"
+        assert not any(line.startswith("msrewrite: ") for line in got.stdout.splitlines()), where
+        assert got.stdout == reference.stdout, where
+        if "--json" in args:
+            json.loads(got.stdout)
+
+
+@pytest.mark.slow
+def test_bench_with_stderr_closed_prints_its_json(tmp_path):
+    """bench's timings differ run to run: its exit code and JSON (the arrangements) do not."""
+    shutil.copy(EXAMPLES / "deepseek_moe.py", tmp_path / "m.py")
+    args = ["bench", "--dry-run", *CASE, "--iters", "3", "--warmup", "0", "--json", "m.py"]
+    reference = _cli(args, tmp_path)
+    got = _cli(args, tmp_path, stderr="closed")
+    assert reference.returncode == got.returncode == 0, got.stdout
+    labels = [[v["label"] for v in json.loads(r.stdout)["variants"]] for r in (reference, got)]
+    assert labels[0] == labels[1] and labels[0]
+
+
+@pytest.mark.slow
+def test_apply_verify_with_stderr_closed_keeps_a_good_edit(tmp_path):
+    """The issue's run: `apply --verify -i 2>&-` on a good edit writes it, exit 0."""
+    shutil.copy(EXAMPLES / "deepseek_moe.py", tmp_path / "m.py")
+    before = (tmp_path / "m.py").read_text()
+    got = _cli(["apply", *CASE, "--mode", "cuda", "--verify", "-i", "m.py"], tmp_path, stderr="closed")
+    assert got.returncode == 0, got.stdout
+    assert got.stdout == ""
+    assert (tmp_path / "m.py").read_text() != before
+
+
+def test_the_definition_python_keeps_is_the_target(tmp_path):
+    """A class defining forward twice: the first is dead code. The edit goes to the second (its
+    plan's lines lie inside it), and where only the dead one has work to overlap there is no target."""
+    from msrewrite.commands.apply import plans_for_case
+    from msrewrite.load import load
+    from msrewrite.plan import FlagSpec
+
+    path = tmp_path / "two.py"
+    path.write_text(TWO_FORWARDS)
+    second_def = TWO_FORWARDS.splitlines().index("    def forward(self, x):", 14) + 1
+    plans = plans_for_case(path, load(path).module, "moe-shared-expert", "cuda", None, FlagSpec(name="F"), None)
+    assert [p.function for p in plans] == ["Block.forward"]
+    assert plans[0].fork_line > second_def and plans[0].join_line > second_def
+    result = main_in_process("suggest", "--static", "--json", str(path), cwd=tmp_path)
+    lines = [c["join_line"] for c in json.loads(result.stdout)["candidates"]]
+    assert lines and all(line > second_def for line in lines)
+    dead = tmp_path / "dead.py"
+    dead.write_text(DEAD_FORWARD)
+    result = main_in_process("suggest", "--static", "--json", str(dead), cwd=tmp_path)
+    assert json.loads(result.stdout)["candidates"] == []
+
+
+@pytest.mark.slow
+def test_the_edit_of_a_twice_defined_forward_changes_what_runs(tmp_path):
+    """The must-edit twin: the edit of the forward Python keeps passes verify, and the flag acts
+    at run time (the edited module runs side-stream work)."""
+    path = tmp_path / "two.py"
+    path.write_text(TWO_FORWARDS)
+    edited = _cli(["apply", *CASE, "--mode", "cuda", "--verify", "-i", "two.py"], tmp_path)
+    assert edited.returncode == 0, edited.stderr
+    text = path.read_text()
+    assert text.count("def forward(self, x):") == 2
+    assert "side_stream" not in text.split("def forward(self, x):")[1]  # the dead one is left as it is
+    assert "side_stream" in text.split("def forward(self, x):")[2]
+    got = _cli(["verify", "--json", "two.py"], tmp_path)
+    assert got.returncode == 0, got.stdout + got.stderr
+    streams = [run["streams"] for run in json.loads(got.stdout)["runs"].values() if "side:1" in run["streams"]]
+    assert streams  # the flag reaches the code that runs
+
+
+HANGING_HARNESS = "import time\n\n\ndef make():\n    time.sleep(600)\n"
+HANGING_MODEL = TWO_FORWARDS.replace(
+    "        return r + s + 1\n", "        import time\n        time.sleep(600)\n        return r + s + 1\n"
+)
+
+
+def _leftovers(tmp: Path) -> list[str]:
+    return sorted(p.name for p in tmp.iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args, code",
+    [
+        pytest.param(
+            ("bench", "--dry-run", *CASE, "--harness", "hang.py:make", "--timeout", "3", "m.py"), 2, id="bench"
+        ),
+        pytest.param(("verify", "--timeout", "8", "model.py"), 1, id="verify-in-the-forward"),
+    ],
+)
+def test_a_timed_out_child_leaves_no_temporary_folder(args, code, tmp_path):
+    """User code that hangs is killed after --timeout; the folders made for it (bench's, verify's
+    schedules). apply has no --timeout: its folders are in the signal test below."""
+    work, tmp = tmp_path / "work", tmp_path / "tmp"
+    work.mkdir(), tmp.mkdir()
+    (work / "hang.py").write_text(HANGING_HARNESS)
+    shutil.copy(EXAMPLES / "deepseek_moe.py", work / "m.py")
+    (work / "model.py").write_text(HANGING_MODEL)  # edited in place: verify hangs in the forward
+    assert _cli(["apply", *CASE, "--mode", "cuda", "-i", "model.py"], work).returncode == 0
+    got = _cli(list(args), work, env={**os.environ, "TMPDIR": str(tmp)}, timeout=200)
+    assert got.returncode == code, got.stdout + got.stderr
+    assert "timed out" in got.stdout + got.stderr
+    assert _leftovers(tmp) == [], got.stderr
+
+
+SIGNAL_RUNS = [
+    pytest.param(("verify", "--harness", "hang.py:make", "applied.py"), signal.SIGTERM, id="verify-sigterm"),
+    pytest.param(
+        ("apply", *CASE, "--verify", "--harness", "hang.py:make", "m.py"), signal.SIGINT, id="apply-verify-sigint"
+    ),
+    pytest.param(("bench", "--dry-run", *CASE, "--harness", "hang.py:make", "m.py"), signal.SIGHUP, id="bench-sighup"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, signum", SIGNAL_RUNS)
+def test_a_signal_while_the_child_runs_leaves_no_folder_and_no_process(args, signum, tmp_path):
+    """Ctrl-C, SIGTERM or SIGHUP to msrewrite while its child runs user code: the child's group
+    is killed, every folder made for it removed, and the run ends with one line, exit 2."""
+    work, tmp = tmp_path / "work", tmp_path / "tmp"
+    work.mkdir(), tmp.mkdir()
+    (work / "hang.py").write_text(HANGING_HARNESS)
+    shutil.copy(EXAMPLES / "deepseek_moe.py", work / "m.py")
+    shutil.copy(ROOT / "golden" / "moe-shared-expert" / "cuda" / "deepseek_moe.py", work / "applied.py")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "msrewrite", *args],
+        cwd=work,
+        env={**os.environ, "TMPDIR": str(tmp)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not list(tmp.glob("msrewrite-child-*")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert list(tmp.glob("msrewrite-child-*")), "the child never started"
+    time.sleep(1.0)  # into make()
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err
+    assert "Traceback" not in err and "msrewrite: interrupted" in err, err
+    assert out == ""
+    assert _leftovers(tmp) == []
+    assert (work / "m.py").read_bytes() == (EXAMPLES / "deepseek_moe.py").read_bytes()
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-f", "hang.py:make"], capture_output=True, text=True).stdout
+    assert not left.strip(), left
+
+
+def test_a_trace_with_some_dropped_marker_events_says_how_many(tmp_path):
+    """The device-side marker events are unusable, the host-side ones are kept: the run goes on,
+    and stderr and --json say how many events were dropped and why."""
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace_with_markers({"tid": "seven"}, host_too=False)))
+    text = main_in_process("profile", str(path), cwd=tmp_path)
+    assert "Traceback" not in text.stderr
+    assert "dropped 8 msrewrite marker events (8 with a tid that is not an integer)" in text.stderr
+    data = main_in_process("profile", "--json", str(path), cwd=tmp_path)
+    assert json.loads(data.stdout)["dropped_events"] == {"trace": {"a tid that is not an integer": 8}, "baseline": None}
+    clean = main_in_process("profile", "--json", str(ROOT / "tests" / "fixtures" / "profile" / "torch_on.json"))
+    assert json.loads(clean.stdout)["dropped_events"]["trace"] == {}
+    assert "dropped" not in clean.stderr

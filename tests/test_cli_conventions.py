@@ -92,7 +92,7 @@ def test_plain_command_lines_parse_as_argparse_parses_them():
             if plain is not None:
                 answered += 1
                 assert plain == _argparse_result(name, func, argv), (name, argv)
-    assert answered > 300  # it does read most plain command lines
+    assert answered > 250  # it does read most plain command lines (an empty value is argparse's error)
     for argv in (
         ["--case", "moe-shared-expert", "m.py"],
         ["m.py", "-i", "--mode", "eager", "--anchor", "h", "--anchor", "g"],

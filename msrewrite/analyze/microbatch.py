@@ -23,6 +23,7 @@ from pathlib import Path
 import libcst as cst
 
 from msrewrite import validate
+from msrewrite.analyze.definitions import kept_method
 from msrewrite.analyze.defuse import all_calls, dotted_name, node_facts
 from msrewrite.analyze.positions import positions_for
 from msrewrite.analyze.torch_effects import torch_call_effect
@@ -322,10 +323,8 @@ def find_layer_loop(func: cst.FunctionDef) -> LayerLoop | None:
 def layer_classes(model_cls: cst.ClassDef, attr: str, classes: dict[str, cst.ClassDef]) -> list[str]:
     """The file's classes whose instances fill self.<attr> (nn.ModuleList(Layer(...) for ...)):
     exactly one for an edit, since only that class gets a forward_microbatch."""
-    for stmt in model_cls.body.body:
-        if isinstance(stmt, cst.FunctionDef) and stmt.name.value == "__init__":
-            return _classes_assigned(stmt, attr, classes)
-    return []
+    init = kept_method(model_cls, "__init__")
+    return _classes_assigned(init, attr, classes) if init is not None else []
 
 
 def _classes_assigned(init: cst.FunctionDef, attr: str, classes: dict[str, cst.ClassDef]) -> list[str]:
@@ -349,10 +348,7 @@ def _classes_assigned(init: cst.FunctionDef, attr: str, classes: dict[str, cst.C
 
 
 def forward_of(cls: cst.ClassDef) -> cst.FunctionDef | None:
-    return next(
-        (s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "forward"),
-        None,
-    )
+    return kept_method(cls, "forward")
 
 
 def assigned_attributes(node: cst.CSTNode) -> set[str]:

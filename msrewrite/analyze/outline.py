@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import libcst as cst
 
+from msrewrite.analyze.definitions import kept_method, shadowed_defs
 from msrewrite.analyze.defuse import dotted_name, node_facts
 from msrewrite.analyze.walk import Visitor
 from msrewrite.emit.helpers import HELPER_PREFIX
@@ -29,18 +30,22 @@ def unique_name(base: str, taken: set[str]) -> str:
 
 
 def iter_functions(module: cst.Module) -> Iterator[tuple[str, cst.FunctionDef, cst.ClassDef | None]]:
-    """(qualified name, FunctionDef, enclosing ClassDef or None) for every def, classes nested."""
+    """(qualified name, FunctionDef, enclosing ClassDef or None) for every def Python keeps,
+    classes nested: a def that a later one of the same name replaces is dead code, never a target
+    (analyze/definitions.py)."""
 
-    def walk(body, prefix: str, cls: cst.ClassDef | None):
+    def walk(body, prefix: str, cls: cst.ClassDef | None, dead: set[int]):
         for stmt in body:
             if isinstance(stmt, cst.FunctionDef):
-                yield prefix + stmt.name.value, stmt, cls
+                if id(stmt) not in dead:
+                    yield prefix + stmt.name.value, stmt, cls
             elif isinstance(stmt, cst.ClassDef) and isinstance(stmt.body, cst.IndentedBlock):
-                yield from walk(stmt.body.body, f"{prefix}{stmt.name.value}.", stmt)
+                inner = stmt.body.body
+                yield from walk(inner, f"{prefix}{stmt.name.value}.", stmt, shadowed_defs(inner))
             elif isinstance(stmt, (cst.If, cst.Try)) and isinstance(stmt.body, cst.IndentedBlock):
-                yield from walk(stmt.body.body, prefix, cls)
+                yield from walk(stmt.body.body, prefix, cls, dead)
 
-    yield from walk(module.body, "", None)
+    yield from walk(module.body, "", None, shadowed_defs(module.body))
 
 
 def already_applied(func: cst.FunctionDef, marker: str | None = None) -> bool:
@@ -133,15 +138,13 @@ def bound_on_every_path(node: cst.BaseStatement) -> set[str]:
 # Classes and their constructors ---------------------------------------------------------------
 def init_info(cls: cst.ClassDef | None, flag_names: tuple[str, ...]):
     """(__init__, its config parameter, whether it already assigns any of `flag_names`)."""
-    if cls is None or not isinstance(cls.body, cst.IndentedBlock):
+    stmt = kept_method(cls, "__init__")
+    if stmt is None:
         return None, None, False
-    for stmt in cls.body.body:
-        if isinstance(stmt, cst.FunctionDef) and stmt.name.value == "__init__":
-            params = [p.name.value for p in stmt.params.params]
-            config = "config" if "config" in params else None
-            sets_flag = bool(set(flag_names) & assigned_self_attrs(stmt))
-            return stmt, config, sets_flag
-    return None, None, False
+    params = [p.name.value for p in stmt.params.params]
+    config = "config" if "config" in params else None
+    sets_flag = bool(set(flag_names) & assigned_self_attrs(stmt))
+    return stmt, config, sets_flag
 
 
 def _init_assignments(init: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:

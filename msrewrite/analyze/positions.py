@@ -62,11 +62,9 @@ def ast_nodes(node: ast.AST) -> list[ast.AST]:
 
 @lru_cache(maxsize=8)
 def def_lines(text: str) -> dict[str, int]:
-    """Qualified function name ("Class.method", nested classes dotted) -> line of its `def`."""
-    lines: dict[str, int] = {}
-    for name, node in _functions(text):
-        lines.setdefault(name, node.lineno)
-    return lines
+    """Qualified function name ("Class.method", nested classes dotted) -> line of its `def`: of the
+    last one when a name is defined twice, the one Python keeps (analyze/definitions.py)."""
+    return {name: node.lineno for name, node in _functions(text)}
 
 
 def function_positions(func: cst.FunctionDef, def_line: int) -> dict[cst.CSTNode, CodeRange]:

@@ -21,6 +21,7 @@ from dataclasses import field
 
 import libcst as cst
 
+from msrewrite.analyze.definitions import shadowed_defs
 from msrewrite.analyze.defuse import dotted_name, node_facts, self_callee
 from msrewrite.analyze.guards import assigned_self_attrs, source
 from msrewrite.analyze.positions import ast_calls, ast_nodes
@@ -142,16 +143,21 @@ def find_helpers(
     helpers = Helpers()
     candidates: list[tuple[str, cst.FunctionDef, str, bool]] = []  # (name, def, self name, is method)
     if cls is not None and isinstance(cls.body, cst.IndentedBlock):
+        dead = shadowed_defs(cls.body.body)  # a def a later one replaces never runs
         for stmt in cls.body.body:
             if (
                 isinstance(stmt, cst.FunctionDef)
+                and id(stmt) not in dead
                 and stmt.name.value not in ("__init__", "forward")
                 and (methods is None or stmt.name.value in methods)
             ):
                 params = stmt.params.params
                 if params and params[0].name.value == "self":
                     candidates.append((stmt.name.value, stmt, "self", True))
+    dead_functions = shadowed_defs(module.body) if functions else set()
     for stmt in module.body if functions else ():
+        if id(stmt) in dead_functions:
+            continue
         if isinstance(functions, set) and not (isinstance(stmt, cst.FunctionDef) and stmt.name.value in functions):
             continue
         if isinstance(stmt, cst.FunctionDef) and stmt.params.params:

@@ -31,6 +31,7 @@ from pathlib import Path
 import libcst as cst
 
 from msrewrite.analyze import packages
+from msrewrite.analyze.definitions import last_def
 from msrewrite.analyze.defuse import (
     Scope,
     StatementFacts,
@@ -315,12 +316,10 @@ class ModuleSummaries:
                 node = self.classes.get(sub)
                 if node is None or not isinstance(node.body, cst.IndentedBlock):
                     continue
-                for stmt in node.body.body:
-                    if isinstance(stmt, cst.FunctionDef) and stmt.name.value == name:
-                        summary = self.function_summary(sub, stmt)
-                        effects.append(
-                            _apply(summary, call, f"{label} ({sub}.{name}, an override)", self.package, _SELF)
-                        )
+                stmt = last_def(node.body.body, name)
+                if stmt is not None:
+                    summary = self.function_summary(sub, stmt)
+                    effects.append(_apply(summary, call, f"{label} ({sub}.{name}, an override)", self.package, _SELF))
         for owner in classes:
             for value in self.patches.get((owner, name), []):
                 where = f"{label} ({owner}.{name} = {value or '...'} at module level"
@@ -377,9 +376,9 @@ class ModuleSummaries:
         node = self.classes.get(cls)
         if node is None or cls in seen:
             return None
-        for stmt in node.body.body:
-            if isinstance(stmt, cst.FunctionDef) and stmt.name.value == name:
-                return cls, stmt
+        kept = last_def(node.body.body, name)  # a second `def name` replaces the first
+        if kept is not None:
+            return cls, kept
         for base in self._bases(cls):
             found = self._method(base, name, seen | {cls})
             if found:

@@ -70,7 +70,7 @@ def run_profile(
 ) -> int:
     from msrewrite.profile.analysis import analyze
     from msrewrite.profile.gantt import gantt as make_gantt
-    from msrewrite.profile.trace import load_trace
+    from msrewrite.profile.trace import dropped_summary, load_trace
 
     if not (0 <= threshold < 100):
         raise BadInput(f"--threshold must be a fraction such as 0.1 (10%), got {threshold}")
@@ -79,11 +79,19 @@ def run_profile(
     estimates = estimates_from(edit) if edit is not None else None
     measured = load_trace(trace)
     before = load_trace(baseline) if baseline is not None else None
+    for read in (measured, before):
+        if read is not None and read.dropped:
+            print(f"msrewrite: {read.source}: dropped {dropped_summary(read)}", file=sys.stderr)
     profile = analyze(measured, before, estimates, threshold)
     chart = make_gantt(profile, None if step is None else step - 1)
     if json_out:
         data = profile.to_dict()
         data["gantt"] = chart
+        # marker events that could not be placed: reason -> count, per trace read
+        data["dropped_events"] = {
+            "trace": dict(sorted(measured.dropped.items())),
+            "baseline": dict(sorted(before.dropped.items())) if before is not None else None,
+        }
         json.dump(data, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import libcst as cst
 
+from msrewrite.analyze.definitions import kept_method
 from msrewrite.analyze.defuse import function_names, node_facts, self_callee
 from msrewrite.analyze.walk import Visitor
 from msrewrite.records import record
@@ -178,32 +179,33 @@ def _bind_params(
 def _submodule_classes(cls: cst.ClassDef) -> dict[str, str]:
     """self.<attr> = ClassName(...) assignments in __init__."""
     found: dict[str, str] = {}
-    for stmt in cls.body.body:  # type: ignore[union-attr]
-        if isinstance(stmt, cst.FunctionDef) and stmt.name.value == "__init__":
+    init = kept_method(cls, "__init__")
+    if init is None:
+        return found
 
-            class _Assigns(Visitor):
-                def visit_Assign(self, node: cst.Assign) -> None:
-                    if len(node.targets) != 1 or not isinstance(node.value, cst.Call):
-                        return
-                    t = node.targets[0].target
-                    if (
-                        isinstance(t, cst.Attribute)
-                        and isinstance(t.value, cst.Name)
-                        and t.value.value == "self"
-                        and isinstance(node.value.func, cst.Name)
-                    ):
-                        found[t.attr.value] = node.value.func.value
+    class _Assigns(Visitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            if len(node.targets) != 1 or not isinstance(node.value, cst.Call):
+                return
+            t = node.targets[0].target
+            if (
+                isinstance(t, cst.Attribute)
+                and isinstance(t.value, cst.Name)
+                and t.value.value == "self"
+                and isinstance(node.value.func, cst.Name)
+            ):
+                found[t.attr.value] = node.value.func.value
 
-            stmt.visit(_Assigns())
+    init.visit(_Assigns())
     return found
 
 
 def _simple_forward(module: cst.Module, class_name: str) -> cst.FunctionDef | None:
     for stmt in module.body:
         if isinstance(stmt, cst.ClassDef) and stmt.name.value == class_name:
-            for item in stmt.body.body:  # type: ignore[union-attr]
-                if isinstance(item, cst.FunctionDef) and item.name.value == "forward":
-                    return item if _straight_line(item) else None
+            item = kept_method(stmt, "forward")
+            if item is not None:
+                return item if _straight_line(item) else None
     return None
 
 
@@ -338,12 +340,8 @@ def _sequential(statements: list[cst.BaseStatement]) -> bool:
 
 def _simple_method(cls: cst.ClassDef | None, name: str) -> cst.FunctionDef | None:
     """A method of `cls` written as straight-line statements ending in `return <value>`."""
-    if cls is None or not isinstance(cls.body, cst.IndentedBlock):
-        return None
-    for item in cls.body.body:
-        if isinstance(item, cst.FunctionDef) and item.name.value == name:
-            return item if _straight_line(item) else None
-    return None
+    item = kept_method(cls, name)
+    return item if item is not None and _straight_line(item) else None
 
 
 def _straight_line(item: cst.FunctionDef) -> bool:
@@ -365,7 +363,7 @@ def _structured_method(cls: cst.ClassDef | None, name: str) -> cst.FunctionDef |
     self.shared_expert is not None: ...; return shared_output`); None otherwise."""
     if cls is None or not isinstance(cls.body, cst.IndentedBlock):
         return None
-    method = next((i for i in cls.body.body if isinstance(i, cst.FunctionDef) and i.name.value == name), None)
+    method = kept_method(cls, name)
     if method is None or not isinstance(method.body, cst.IndentedBlock) or method.decorators:
         return None
     params = method.params

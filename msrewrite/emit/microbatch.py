@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from msrewrite.analyze.definitions import kept_method
 from msrewrite.analyze.defuse import is_docstring, node_facts
 from msrewrite.analyze.microbatch import Stage, assigned_attributes, is_collective, stale_plan
 from msrewrite.analyze.positions import positions_for
@@ -256,14 +257,7 @@ def _flag_lines(plan: MicrobatchPlan, init: cst.FunctionDef, roots: set[str]):
 
 
 def _model_init(model_cls: cst.ClassDef) -> cst.FunctionDef:
-    init = next(
-        (
-            s
-            for s in model_cls.body.body  # type: ignore[union-attr]
-            if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"
-        ),
-        None,
-    )
+    init = kept_method(model_cls, "__init__")
     if init is None:  # the layer loop's self.<layers> is found in __init__, so there is one
         raise BadInput(f"{model_cls.name.value} has no __init__ to read the switch in")
     return init
@@ -318,7 +312,11 @@ def microbatch_edit(module: cst.Module, plan: MicrobatchPlan, text: str | None =
             if name not in (model_name, layer_name):
                 return updated
             body: list[cst.BaseStatement] = []
-            for stmt in updated.body.body:
+            kept = {id(kept_method(original, "forward")), id(kept_method(original, "__init__"))}
+            for old, stmt in zip(original.body.body, updated.body.body, strict=True):
+                if id(old) not in kept:  # a def a later one replaces: dead code, left as it is
+                    body.append(stmt)
+                    continue
                 if name == model_name and isinstance(stmt, cst.FunctionDef) and stmt.name.value == "forward":
                     inner = _body(stmt)
                     at = 1 if inner and is_docstring(inner[0]) else 0

@@ -5,6 +5,11 @@ terminal encoding that cannot show a character: each ends as `msrewrite: error: 
 A reader that goes away (`msrewrite ... | head -1`) is not an error: the rest of that stream's
 output is dropped, nothing is said, and the run ends with the exit code it would have had anyway,
 so the code never depends on when the reader left.
+
+stderr carries only notes and errors, so a stderr that is closed (`2>&-`), full or gone is
+ignored: its lines are dropped, never sent to stdout, and the exit code is the one the run has
+with a working stderr. A standard descriptor the shell closed is pointed at /dev/null first
+thing, so a file or pipe opened later (the pipe to verify's child, say) cannot land on it.
 """
 
 from __future__ import annotations
@@ -83,15 +88,58 @@ class _PipeGuard:
         return getattr(self._stream, name)
 
 
+class _StderrGuard(_PipeGuard):
+    """stderr: any failure to write (closed, full disk, I/O error, a reader gone) drops the line
+    and points fd 2 at /dev/null, so notes never decide the exit code."""
+
+    def _guarded(self, call, *args):
+        try:
+            return call(*args)
+        except (OSError, ValueError):
+            _quiet_stdout(self._fd)
+            try:
+                return call(*args)
+            except (OSError, ValueError):
+                return None
+
+    @property
+    def buffer(self):
+        return _StderrGuard(self._stream.buffer, self._fd)
+
+
+def reserve_standard_fds() -> None:
+    """Point each of fds 0, 1 and 2 the shell closed at /dev/null, before anything opens a file:
+    otherwise the next file or pipe opened takes the lowest free number, and what is written to
+    "stderr" (ours, or a child's that inherits it) lands in that pipe or file. sys.stdout stays
+    None where fd 1 was closed (printing still fails in one line, _ClosedStdout); a closed stderr
+    becomes a stream into /dev/null, since print(file=None) would write to stdout."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            try:
+                devnull = os.open(os.devnull, os.O_RDWR)
+            except OSError:
+                continue
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
+    if sys.stderr is None:
+        try:
+            sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+        except OSError:
+            pass
+
+
 def _guard_pipes() -> None:
-    for name, fd in (("stdout", 1), ("stderr", 2)):
+    for name, fd, guard in (("stdout", 1, _PipeGuard), ("stderr", 2, _StderrGuard)):
         stream = getattr(sys, name)
         try:
             owns_fd = stream.fileno() == fd
         except (OSError, ValueError, AttributeError):  # an in-memory stream (tests): nothing to guard
             owns_fd = False
         if owns_fd and not isinstance(stream, _PipeGuard):
-            setattr(sys, name, _PipeGuard(stream, fd))
+            setattr(sys, name, guard(stream, fd))
 
 
 class _ClosedStdout:
@@ -110,6 +158,7 @@ class _ClosedStdout:
 
 
 def run_guarded(app: Callable[[], object]) -> NoReturn:
+    reserve_standard_fds()
     if sys.stdout is None:
         sys.stdout = _ClosedStdout()  # type: ignore[assignment]  # not a TextIO: only what print and we use
     _guard_pipes()

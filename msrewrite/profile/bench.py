@@ -19,7 +19,6 @@ import itertools
 import math
 import shlex
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -198,7 +197,7 @@ def run_variants(
 
     import torch
 
-    from msrewrite.harness import build_harness, load_module, package_of
+    from msrewrite.harness import build_harness, load_module, package_of, scratch_folder
 
     install: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     threads = torch.get_num_threads()
@@ -226,7 +225,7 @@ def run_variants(
 
         return switch()
 
-    with tempfile.TemporaryDirectory(prefix="msrewrite-bench-") as folder:
+    with scratch_folder("msrewrite-bench-") as folder:
         phase("building the harness")
         with env(False):
             reference = build_harness(file, harness=harness, package=package)

@@ -68,6 +68,7 @@ MARKER_PREFIX = "msrewrite:"
 MARKER = re.compile(r"^msrewrite:(?P<case>[A-Za-z0-9_.-]+):(?P<tag>[A-Za-z0-9_-]+):(?P<role>side|main)$")
 STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _DEVICE_CATS = torchscan.DEVICE_CATS
+_RANGE_CATS = ("gpu_user_annotation", "user_annotation")
 NPU_OUTPUT = "ASCEND_PROFILER_OUTPUT"
 
 
@@ -94,6 +95,39 @@ class Trace:
     # busy time per operator name (kernel_details.csv) and per operator type (op_statistic.csv), µs
     operator_busy: dict[str, float] | None = None
     type_busy: dict[str, float] | None = None
+    # msrewrite marker events that cannot be placed (a ts that is no number, a negative dur, a
+    # tid that is no integer): reason -> how many were dropped; `marker_events`: those kept
+    dropped: dict[str, int] = field(default_factory=dict)
+    marker_events: int = 0
+
+    def drop(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+
+def dropped_summary(trace: Trace) -> str:
+    """ "3 marker events (2 with a negative dur, 1 with a tid that is not an integer)"."""
+    total = sum(trace.dropped.values())
+    reasons = ", ".join(f"{n} with {why}" for why, n in sorted(trace.dropped.items()))
+    return f"{total} msrewrite marker event{'s' if total != 1 else ''} ({reasons})"
+
+
+def _marker_problem(ts, dur, tid) -> str | None:
+    """Why a marker event cannot be placed in time or on a stream (it is then dropped and
+    counted, never read as a region of another length or on another stream), or None."""
+    import math
+
+    for value, what in ((ts, "ts"), (0 if dur is None else dur, "dur")):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            return f"a {what} that is not a number"
+        if isinstance(value, bool) or not math.isfinite(number):
+            return f"a {what} that is not a finite number"
+        if what == "dur" and number < 0:
+            return "a negative dur"
+    if isinstance(tid, bool) or not isinstance(tid, int):
+        return "a tid that is not an integer"
+    return None
 
 
 def load_trace(path: Path) -> Trace:
@@ -106,9 +140,10 @@ def load_trace(path: Path) -> Trace:
     collecting = gc.isenabled()
     gc.disable()
     try:
-        if path.is_dir():
-            return _load_npu(path)
-        return _load_torch(path)
+        trace = _load_npu(path) if path.is_dir() else _load_torch(path)
+        if trace.dropped and not trace.marker_events:
+            raise BadInput(f"{path}: no usable marker event: dropped {dropped_summary(trace)}")
+        return trace
     except TraceFormatError as exc:
         raise BadInput(f"{path}: {exc}") from None
     except (UnicodeDecodeError, OSError) as exc:
@@ -216,6 +251,12 @@ class _TorchEvents:
             name, args = str(ev.get("name", "")), ev.get("args")
             if not isinstance(args, dict):
                 args = {}
+            if cat in _RANGE_CATS and name.startswith(MARKER_PREFIX):
+                problem = _marker_problem(ev.get("ts"), ev.get("dur"), ev.get("tid"))
+                if problem:
+                    trace.drop(problem)
+                    continue
+                trace.marker_events += 1
             start = _num(ev.get("ts"), "ts")
             end = start + _num(ev.get("dur", 0), "dur")
             if cat in _DEVICE_CATS:
@@ -315,16 +356,25 @@ class _TorchEvents:
         """Decodes the wanted host and device ranges of a chunk; returns what keeps them, or None."""
         values = self.values
         converted: list[tuple] = []  # (cat, name, start, end, tid) or (cat, name, start, end, stream, args)
+        markers = 0
         for cat in ("gpu_user_annotation", "user_annotation"):
             got = columns.get(cat)
             if not got:
                 continue
-            starts = torchscan.floats(got.ts, "ts", _num)
-            ends = torchscan.ends(starts, torchscan.floats(got.dur, "dur", _num))
+            try:
+                starts = torchscan.floats(got.ts, "ts", _num)
+                durs = torchscan.floats(got.dur, "dur", _num)
+            except TraceFormatError:  # a marker is dropped, a step refused: the decoded path says which
+                raise torchscan.Decode from None
+            ends = torchscan.ends(starts, durs)
             for i, name in enumerate(values.name_list(got.names)):
                 if not _wanted(name):
                     continue
                 tid = values.value(got.tids[i])
+                if name.startswith(MARKER_PREFIX):
+                    if _marker_problem(starts[i], durs[i], tid):
+                        raise torchscan.Decode  # counted where the chunk is decoded
+                    markers += 1
                 if cat == "user_annotation":
                     converted.append((cat, name, starts[i], ends[i], _hashable(tid, "tid")))
                 else:
@@ -334,6 +384,7 @@ class _TorchEvents:
             return None
 
         def keep_ranges() -> None:
+            self.trace.marker_events += markers
             # the two kinds fill different tables, so their order between each other is free
             for cat, name, start, end, *rest in converted:
                 if cat == "user_annotation":
@@ -444,6 +495,12 @@ def _load_npu(path: Path, keep=_npu_keep) -> Trace:
                 trace.host_only_markers.append(name)
             continue
         window = name.startswith(MARKER_PREFIX) or STEP.match(name) is not None
+        if name.startswith(MARKER_PREFIX):
+            problem = _marker_problem(ev.get("ts"), ev.get("dur"), ev.get("tid"))
+            if problem:
+                trace.drop(problem)
+                continue
+            trace.marker_events += 1
         args = ev.get("args")
         if not window and "Task Type" not in (args if isinstance(args, dict) else {}):
             continue  # another tool's mstx range on the stream, a KFC turn, a step-trace range: not a task
