@@ -571,8 +571,10 @@ class _Search:
         # Storage each input may share (views, containers, attributes), from the bindings before the join.
         storage = Storage(facts, self.params)
         groups = self._input_groups(units, inputs, storage)
+        fork, pushed_by = self._fork_after_writes(units, groups, storage, side_idx, fork)
+        side_state = self._side_state([*whole, *hoist_facts], [h.call for h in hoists], storage)
         fork, pushed_by = self._fork_after_barriers(
-            units, side_idx, hoists, *self._fork_after_writes(units, groups, storage, side_idx, fork)
+            units, side_idx, hoists, *self._fork_after_state(units, side_idx, side_state, storage, fork, pushed_by)
         )
         fork = self._fork_after_anchors(fork, join, side_idx)
         self._check_rebound_inputs(units, inputs, side_idx, fork)
@@ -603,6 +605,10 @@ class _Search:
             raise self._nothing_to_overlap(join, fork, pushed_by, storage)
         self._check_side_writes(whole, hoist_facts, join, main, storage, every_input)
         self._check_module_state([*whole, *hoist_facts], [h.call for h in hoists], main, storage)
+        for g in main:
+            clash = self._state_clash(g, side_state, storage)
+            if clash:
+                raise NoBranch(clash)
 
         if guard is not None:
             _check_guard(guard, facts, fork, join, side_idx, guard.size)
@@ -948,6 +954,72 @@ class _Search:
                         pushed_by = (g.index, _own_first(hit, name)[0] if hit else name, name)
         return fork, pushed_by
 
+    def _side_state(self, side: list[StatementFacts], side_calls: list[cst.Call], storage: Storage) -> _SideState:
+        """The module state the side work reads (attribute paths in full) and rebinds."""
+        reads = set().union(
+            *(_state_read(f.node, self.scope, full=True) | _state_via_locals(f, f.index, storage) for f in side),
+            *(_state_read(c, self.scope, full=True) for c in side_calls),
+        )
+        rebinds = {path: f for f in side for r in sorted(f.rebinds) for path in _state_paths(r, f.index, storage)}
+        writes = {path: f for f in side for path in _state_written(f, storage)}
+        return _SideState(reads, rebinds, writes)
+
+    def _state_clash(self, g: StatementFacts, side: _SideState, storage: Storage) -> str:
+        """Why main statement `g` and the side work must keep their order over module state, or
+        "": the side rebinds an attribute `g` reads (`self.last_norm = out.norm()` in the shared
+        expert, `self.shared_experts.last_norm` on the main path), or `g` rebinds one the side
+        reads or rebinds (inside a callee too: its summary's rebinds, on the call's receiver).
+        On a device the side stream may run before or after `g`, and the fork moves the side
+        work's Python above `g`: a Python number (`self.calls += 1`) counts as much as a tensor."""
+        reads = _state_read(g.node, self.scope, full=True) | _state_via_locals(g, g.index, storage)
+        for path, f in side.rebinds.items():
+            hit = next((q for q in sorted(reads) if _same_attribute(path, q)), None)
+            if hit is not None:
+                return (
+                    f"line {f.first_line}: the side branch rebinds module state '{path}', which the main path "
+                    f"reads between the fork and the join (line {g.first_line}: '{hit}')"
+                )
+        for r in sorted(g.rebinds):
+            for path in sorted(_state_paths(r, g.index, storage)):
+                hit = next((q for q in sorted(side.reads | set(side.rebinds)) if _same_attribute(path, q)), None)
+                if hit is not None:
+                    verb = "rebinds" if hit in side.rebinds else "reads"
+                    return (
+                        f"line {g.first_line} rebinds module state '{path}' while the side stream {verb} "
+                        f"{'it' if hit == path else repr(hit)}"
+                    )
+        return ""
+
+    def _fork_after_state(
+        self,
+        units: list[_Unit],
+        side_idx: set[int],
+        side: _SideState,
+        storage: Storage,
+        fork: int,
+        pushed_by: tuple[int, str, str] | None,
+    ) -> tuple[int, tuple[int, str, str] | None]:
+        """The fork after every main statement that comes before the side work in the original
+        order and uses module state the side work changes, or changes state the side uses (the
+        router reads `self.shared_experts.calls`, which the shared expert counts up): issued above
+        it, the side work would change what it sees, or see its change too early."""
+        first_side = units[0][0] if units else fork
+        for g in self.facts[fork:first_side]:
+            if g.index in side_idx:
+                continue
+            written = _state_written(g, storage)
+            reads = _state_read(g.node, self.scope, full=True) | _state_via_locals(g, g.index, storage)
+            clash = (
+                self._state_clash(g, side, storage)
+                or any(
+                    _same_attribute(p, q) for p in written for q in side.reads | set(side.writes) | set(side.rebinds)
+                )
+                or any(_same_attribute(p, q) for p in side.writes for q in reads)
+            )
+            if clash:
+                fork, pushed_by = g.index + 1, (g.index, "state", "")
+        return fork, pushed_by
+
     def _fork_after_barriers(
         self,
         units: list[_Unit],
@@ -1111,7 +1183,12 @@ class _Search:
         elif pushed_by is not None and pushed_by[0] + 1 == fork:
             at, written, name = pushed_by
             line = facts[at].first_line
-            if not written:
+            if written == "state":
+                why = (
+                    f" (the fork waits for line {line}, which uses module state the side work changes, or changes "
+                    "state it uses: the side work must not move above it)"
+                )
+            elif not written:
                 why = (
                     f" (the fork waits for line {line}, which orders streams (a wait or synchronize): "
                     "the side work must not start before it)"
@@ -1178,6 +1255,8 @@ class _Search:
                 hit = next((q for q in sorted(side_reads | set(side_writes)) if _same_state(path, q)), None)
                 if hit is not None:
                     via = f" (through '{name}')" if name != path else ""
+                    callee = _writing_callee(g.node, "self", scope) if path == "self" else ""
+                    via += f" (inside {callee})" if callee else ""
                     raise NoBranch(
                         f"line {g.first_line} writes module state '{path}'{via} while the side stream "
                         f"{'writes' if hit not in side_reads else 'reads'} {'it' if hit == path else repr(hit)}"
@@ -1370,6 +1449,40 @@ def _reordered(
     return "", ""
 
 
+@record
+class _SideState:
+    """Module state the side work reads (attribute paths), rebinds and writes in place (path ->
+    the side statement)."""
+
+    reads: set[str]
+    rebinds: dict[str, StatementFacts]
+    writes: dict[str, StatementFacts]
+
+
+def _same_attribute(a: str, b: str) -> bool:
+    """Two attribute paths that may name the same state: equal, one inside the other, or `self` (all of it)."""
+    return a == b or "self" in (a, b) or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def _state_paths(path: str, at: int, storage: Storage) -> set[str]:
+    """Module-state paths a dotted path names at statement `at`: `self.x.y` itself, or `m.y`
+    for a local `m` bound to state (`m = self.shared_experts`); none for other objects."""
+    root, dot, rest = path.partition(".")
+    if root == "self":
+        return {path}
+    found = set()
+    for kind, *held in storage.held(root, at) | storage.held(root, at + 1):
+        base = held[-1] if kind in ("free", "param") else ""
+        if base == "self" or base.startswith("self."):
+            found.add(base + dot + rest)
+    return found
+
+
+def _state_via_locals(f: StatementFacts, at: int, storage: Storage) -> set[str]:
+    """The module state statement `f` reads through locals bound to it (`m = self.shared_experts`)."""
+    return {p for name in f.loads for p in _state_paths(name, at, storage)}
+
+
 def _state_key(path: str) -> str:
     """Module state at the grain storage tracks it: `self.experts` for `self.experts.w1.weight`."""
     return ".".join(path.split(".")[:2])
@@ -1379,11 +1492,12 @@ def _same_state(a: str, b: str) -> bool:
     return a == b or "self" in (a, b)
 
 
-def _state_read(node: cst.CSTNode, scope: Scope) -> set[str]:
-    """The module state a statement (or call) reads: each `self.<attr>` it names, and all of
-    `self` where it calls one of the class's own methods or hands `self` on (what those read is
-    not tracked)."""
+def _state_read(node: cst.CSTNode, scope: Scope, full: bool = False) -> set[str]:
+    """The module state a statement (or call) reads: each `self.<attr>` it names (with `full`,
+    the whole attribute chain: `self.shared_experts.calls`), and all of `self` where it calls one
+    of the class's own methods or hands `self` on (what those read is not tracked)."""
     found: set[str] = set()
+    called: set[int] = set()
     attrs = scope.state_attrs
 
     class _Reads(Visitor):
@@ -1396,11 +1510,14 @@ def _state_read(node: cst.CSTNode, scope: Scope) -> set[str]:
             chain = dotted_name(node)
             if chain is None:
                 return True  # self.experts[i].w: the inner self.experts is found below
-            found.add(_state_key(chain))
+            if full and id(node) in called and chain.count(".") > 1:
+                chain = chain.rpartition(".")[0]  # self.shared_experts.reset(): its object's state
+            found.add(chain if full else _state_key(chain))
             return False
 
         def visit_Call(self, call: cst.Call) -> None:
             func = call.func
+            called.add(id(func))
             if (
                 isinstance(func, cst.Attribute)
                 and isinstance(func.value, cst.Name)
