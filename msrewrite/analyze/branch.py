@@ -886,9 +886,15 @@ class _Search:
         reads that it does not define itself first)."""
         inputs: list[str] = []
         defined: set[str] = set()
-        # a side `if` reads, as inputs, only what it does not store first itself (in order, per branch)
+        # a side `if` reads, as inputs, only what it does not store first itself (in order, per
+        # branch), and what its calls read beyond its syntax (a nested function's free variables)
         units: list[_Unit] = [
-            (f.index, _read_first(f.node) if isinstance(f.node, cst.If) else f.loads, f.stores) for f in whole
+            (
+                f.index,
+                _read_first(f.node) | (f.loads - node_facts(f.node).loads) if isinstance(f.node, cst.If) else f.loads,
+                f.stores,
+            )
+            for f in whole
         ]
         hoist_facts = [node_facts(h.call, self.scope) for h in hoists]
         units += [(join, hf.loads, {h.temp}) for h, hf in zip(hoists, hoist_facts, strict=True)]
