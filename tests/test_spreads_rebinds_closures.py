@@ -372,3 +372,17 @@ class Block(nn.Module):
 def test_a_side_if_calling_a_nested_function_forks_after_what_it_reads(tmp_path):
     plan = _side_lines(tmp_path, "side_if", CLOSURE_IN_SIDE_IF)
     assert plan.fork_line == 17 and "g" in plan.side_inputs  # after `g = self.gate(x)`, which scaled() reads
+
+
+def test_a_side_call_is_not_hoisted_above_a_read_in_its_own_statement(tmp_path):
+    source = (ADVERSARIAL / "host_counter_read_then_routed.py").read_text()
+    source = source.replace(
+        "        h = self.gate(x) * (self.shared_experts.calls + 1)\n"
+        "        s = self.shared_experts(x)  # side\n"
+        "        h = self.experts(h)\n"
+        "        return h + s  # join\n",
+        "        h = self.experts(self.gate(x))\n        return h * (self.shared_experts.calls + 1) + self.shared_experts(x)\n",
+    )
+    why = _refusal(tmp_path, "hoist_read", source)
+    assert "hoisting the side call out of line 38 would change their order" in why, why
+    assert "the side branch rebinds module state 'self.shared_experts.calls'" in why, why

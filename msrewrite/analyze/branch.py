@@ -572,7 +572,8 @@ class _Search:
         storage = Storage(facts, self.params)
         groups = self._input_groups(units, inputs, storage)
         fork, pushed_by = self._fork_after_writes(units, groups, storage, side_idx, fork)
-        side_state = self._side_state([*whole, *hoist_facts], [h.call for h in hoists], storage)
+        placed = [dataclasses.replace(f, first_line=h.first_line) for h, f in zip(hoists, hoist_facts, strict=True)]
+        side_state = self._side_state([*whole, *placed], [h.call for h in hoists], storage)
         fork, pushed_by = self._fork_after_barriers(
             units, side_idx, hoists, *self._fork_after_state(units, side_idx, side_state, storage, fork, pushed_by)
         )
@@ -581,6 +582,7 @@ class _Search:
         start = min([fork, *side_idx])
         if hoists:
             _check_join_statement(facts[join], hoists, hoist_facts, storage, self.is_seed, self.scope)
+            self._check_join_state(facts[join], hoists, side_state, storage)
         window = [f for f in facts[fork:join] if f.index not in side_idx]
         main_hoists, main_hoist_facts = self._main_hoists(join, window, side_stores, taken)
         every_input = frozenset().union(*groups.values()) if groups else frozenset()
@@ -1011,20 +1013,42 @@ class _Search:
         it, the side work would change what it sees, or see its change too early."""
         first_side = units[0][0] if units else fork
         for g in self.facts[fork:first_side]:
-            if g.index in side_idx:
-                continue
-            written = _state_written(g, storage)
-            reads = _state_read(g.node, self.scope, full=True) | _state_via_locals(g, g.index, storage)
-            clash = (
-                self._state_clash(g, side, storage)
-                or any(
-                    _same_attribute(p, q) for p in written for q in side.reads | set(side.writes) | set(side.rebinds)
-                )
-                or any(_same_attribute(p, q) for p in side.writes for q in reads)
-            )
-            if clash:
+            if g.index not in side_idx and self._state_ordered(g, side, storage):
                 fork, pushed_by = g.index + 1, (g.index, "state", "")
         return fork, pushed_by
+
+    def _state_ordered(self, g: StatementFacts, side: _SideState, storage: Storage) -> bool:
+        """Whether main statement `g` and the side work must keep their order over module state:
+        a rebinding either reads (_state_clash), or a write in place of state the other uses."""
+        written = _state_written(g, storage)
+        reads = _state_read(g.node, self.scope, full=True) | _state_via_locals(g, g.index, storage)
+        return bool(
+            self._state_clash(g, side, storage)
+            or any(_same_attribute(p, q) for p in written for q in side.reads | set(side.writes) | set(side.rebinds))
+            or any(_same_attribute(p, q) for p in side.writes for q in reads)
+        )
+
+    def _check_join_state(self, join_fact: StatementFacts, hoists: list[Hoist], side: _SideState, storage: Storage):
+        """Hoisting a side call out of the join statement runs it before the rest of that
+        statement (`return h * self.shared_experts.calls + self.shared_experts(x)`): refused when
+        the rest uses module state the side work changes, or changes state it uses."""
+        seeds = {id(h.call) for h in hoists} | {id(c) for h in hoists for c in h.also}
+
+        class _Strip(cst.CSTTransformer):
+            def leave_Call(self, original, updated):
+                return cst.Name("_ms_side_call") if id(original) in seeds else updated
+
+        stripped = join_fact.node.visit(_Strip())
+        assert isinstance(stripped, cst.BaseStatement)  # leave_Call never removes a node
+        rest = dataclasses.replace(
+            node_facts(stripped, self.scope), index=join_fact.index, node=stripped, first_line=join_fact.first_line
+        )
+        if self._state_ordered(rest, side, storage):
+            line = join_fact.first_line
+            clash = self._state_clash(rest, side, storage) or (
+                f"line {line}: the join statement uses module state the side call changes, or changes state it uses"
+            )
+            raise NoBranch(f"{clash}; hoisting the side call out of line {line} would change their order")
 
     def _fork_after_barriers(
         self,

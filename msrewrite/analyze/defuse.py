@@ -631,6 +631,7 @@ def _statement_facts(
     facts = []
     scope = scope or Scope()
     scope.note_body(body)
+    scope.escaped = {}  # counted from where each nested function is handed on, in this body's order
     for index, stmt in enumerate(body):
         where = positions[stmt]
         item = StatementFacts(index=index, node=stmt, first_line=where.start.line, last_line=where.end.line)

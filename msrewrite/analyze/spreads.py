@@ -215,35 +215,39 @@ def _written_out(
 def spread_expansions(body: Sequence[cst.BaseStatement]) -> dict[int, tuple[cst.Arg, ...]]:
     """id(call) -> the call's arguments with each followed spread written out (positional ones
     first, in order, then keywords), for every call in `body` that passes one."""
-    scan = _Scan(body)
-    for stmt in body:
-        stmt.visit(scan)
-    containers = scan.followed()
-    out: dict[int, tuple[cst.Arg, ...]] = {}
+    spreading: list[tuple[int, cst.Call]] = []  # (top-level statement, call)
 
     class _Calls(Visitor):
         def __init__(self, at: int) -> None:
             self.at = at
 
         def visit_Call(self, call: cst.Call) -> None:
-            if not any(a.star for a in call.args):
-                return
-            positional: list[cst.Arg] = []
-            keywords: list[cst.Arg] = []
-            changed = False
-            for arg in call.args:
-                written = _written_out(arg, containers, self.at) if arg.star else None
-                if written is not None:
-                    positional += written[0]
-                    keywords += written[1]
-                    changed = True
-                elif arg.keyword is not None or arg.star == "**":
-                    keywords.append(arg)
-                else:
-                    positional.append(arg)
-            if changed:
-                out[id(call)] = (*positional, *keywords)
+            if any(a.star for a in call.args):
+                spreading.append((self.at, call))
 
     for at, stmt in enumerate(body):
         stmt.visit(_Calls(at))
+    if not spreading:
+        return {}  # the common case: nothing to follow, no scan of the names
+    scan = _Scan(body)
+    for stmt in body:
+        stmt.visit(scan)
+    containers = scan.followed()
+    out: dict[int, tuple[cst.Arg, ...]] = {}
+    for at, call in spreading:
+        positional: list[cst.Arg] = []
+        keywords: list[cst.Arg] = []
+        changed = False
+        for arg in call.args:
+            written = _written_out(arg, containers, at) if arg.star else None
+            if written is not None:
+                positional += written[0]
+                keywords += written[1]
+                changed = True
+            elif arg.keyword is not None or arg.star == "**":
+                keywords.append(arg)
+            else:
+                positional.append(arg)
+        if changed:
+            out[id(call)] = (*positional, *keywords)
     return out
