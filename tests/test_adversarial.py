@@ -1,7 +1,8 @@
 """Adversarial models (tests/adversarial/*.py, each with make()): verify is not fooled.
 
 Each model marks its side statements (`# side`), its join (`# join`) and, for unsafe ones, the main
-statement that breaks the overlap (`# leak`). The edit is what `apply --case moe-shared-expert`
+statement that breaks the overlap (`# leak`); a `# fork` comment line, where present, is where the
+forced plan issues the side work (above main statements that come first in the original order). The edit is what `apply --case moe-shared-expert`
 makes when it accepts the model, else the marked plan forced through `apply_plans` (what
 `apply --plan` carries out). Unsafe models must fail verify with the finding their EXPECT names,
 safe ones verify clean under every schedule, mode and input.
@@ -63,7 +64,7 @@ def forced_plan(path: Path, text: str, mode: str = "eager") -> OverlapPlan:
         file=str(path),
         function="Block.forward",
         side=tuple(SideStatement(n, n, lines[n - 1].strip()) for n in side_lines),
-        fork_line=side_lines[0],
+        fork_line=marked_lines(text, "fork")[0] + 1 if marked_lines(text, "fork") else side_lines[0],
         join_line=join,
         side_inputs=tuple(inputs),
         side_outputs=tuple(sorted(stores)),
@@ -74,13 +75,16 @@ def forced_plan(path: Path, text: str, mode: str = "eager") -> OverlapPlan:
     )
 
 
-def edit_of(path: Path, text: str, mode: str = "eager") -> tuple[str, ScheduleSource, str]:
-    """(edited text, its plans, "case" or "forced"): apply --case when it accepts the model."""
+def edit_of(path: Path, text: str, mode: str = "eager", force: bool = False) -> tuple[str, ScheduleSource, str]:
+    """(edited text, its plans, "case" or "forced"): apply --case when it accepts the model
+    (unless `force`: the marked plan)."""
     from msrewrite.commands.apply import case_steps
     from msrewrite.load import load
 
     src = load(path)
     try:
+        if force:
+            raise MsrewriteError("the marked plan is forced")
         steps = case_steps(path, src.text, src.module, "moe-shared-expert", mode, None, FLAG, None)
         return steps[-1].new, ScheduleSource(steps[-1].old, steps[-1].plans), "case"
     except MsrewriteError:
@@ -88,10 +92,14 @@ def edit_of(path: Path, text: str, mode: str = "eager") -> tuple[str, ScheduleSo
         return apply_plans(src.module, [plan], src.text).code, ScheduleSource(src.text, [plan]), "forced"
 
 
-def verify_model(tmp_path: Path, name: str, mode: str = "eager"):
+def verify_model(tmp_path: Path, name: str, mode: str = "eager", force: bool | None = None):
+    """verify on the model's edit. A model with `FORCE = True` is one apply edits soundly in
+    another way (the join before a nested function's call): its race is the marked plan, forced."""
     path = MODELS / f"{name}.py"
     text = path.read_text()
-    edited_text, source, how = edit_of(path, text, mode)
+    if force is None:
+        force = bool(getattr(load_file(path, f"_adv_{name}"), "FORCE", False))
+    edited_text, source, how = edit_of(path, text, mode, force)
     edited = tmp_path / f"{name}_ms.py"
     edited.write_text(edited_text)
     return verify_files(edited, original=path, schedule_source=source), how
@@ -123,6 +131,19 @@ def test_adversarial_model(tmp_path, name):
     leak = marked_lines(text, "leak")
     if named and leak:
         assert any(f"line {leak[0]}:" in p for p in named), named
+
+
+FORCED = [n for n in NAMES if getattr(load_file(MODELS / f"{n}.py", f"_adv_{n}"), "FORCE", False)]
+
+
+@pytest.mark.slow  # runs the model through verify
+@pytest.mark.parametrize("name", FORCED)
+def test_apply_edits_a_forced_model_soundly(tmp_path, name):
+    """A model whose marked plan races but that apply edits another way: apply's own edit
+    verifies clean under every schedule."""
+    result, how = verify_model(tmp_path, name, force=False)
+    assert how == "case", f"{name}: apply refused it; drop FORCE"
+    assert result.ok and not result.findings, result.problems
 
 
 @pytest.mark.parametrize("name", ["inplace_method", "storage_free"])

@@ -609,14 +609,18 @@ class _Search:
         # Storage each input may share (views, containers, attributes), from the bindings before the join.
         storage = Storage(facts, self.params)
         groups = self._input_groups(units, inputs, storage)
+        fork, pushed_by = self._fork_after_writes(units, groups, storage, side_idx, fork)
+        placed = [dataclasses.replace(f, first_line=h.first_line) for h, f in zip(hoists, hoist_facts, strict=True)]
+        side_state = self._side_state([*whole, *placed], [h.call for h in hoists], storage)
         fork, pushed_by = self._fork_after_barriers(
-            units, side_idx, hoists, *self._fork_after_writes(units, groups, storage, side_idx, fork)
+            units, side_idx, hoists, *self._fork_after_state(units, side_idx, side_state, storage, fork, pushed_by)
         )
         fork = self._fork_after_anchors(fork, join, side_idx)
         self._check_rebound_inputs(units, inputs, side_idx, fork)
         start = min([fork, *side_idx])
         if hoists:
             _check_join_statement(facts[join], hoists, hoist_facts, storage, self.is_seed, self.scope)
+            self._check_join_state(facts[join], hoists, side_state, storage)
         window = [f for f in facts[fork:join] if f.index not in side_idx]
         main_hoists, main_hoist_facts = self._main_hoists(join, window, side_stores, taken)
         every_input = frozenset().union(*groups.values()) if groups else frozenset()
@@ -641,6 +645,10 @@ class _Search:
             raise self._nothing_to_overlap(join, fork, pushed_by, storage)
         self._check_side_writes(whole, hoist_facts, join, main, storage, every_input)
         self._check_module_state([*whole, *hoist_facts], [h.call for h in hoists], main, storage)
+        for g in main:
+            clash = self._state_clash(g, side_state, storage)
+            if clash:
+                raise NoBranch(clash)
 
         if guard is not None:
             _check_guard(guard, facts, fork, join, side_idx, guard.size)
@@ -918,9 +926,15 @@ class _Search:
         reads that it does not define itself first)."""
         inputs: list[str] = []
         defined: set[str] = set()
-        # a side `if` reads, as inputs, only what it does not store first itself (in order, per branch)
+        # a side `if` reads, as inputs, only what it does not store first itself (in order, per
+        # branch), and what its calls read beyond its syntax (a nested function's free variables)
         units: list[_Unit] = [
-            (f.index, _read_first(f.node) if isinstance(f.node, cst.If) else f.loads, f.stores) for f in whole
+            (
+                f.index,
+                _read_first(f.node) | (f.loads - node_facts(f.node).loads) if isinstance(f.node, cst.If) else f.loads,
+                f.stores,
+            )
+            for f in whole
         ]
         hoist_facts = [node_facts(h.call, self.scope) for h in hoists]
         units += [(join, hf.loads, {h.temp}) for h, hf in zip(hoists, hoist_facts, strict=True)]
@@ -985,6 +999,94 @@ class _Search:
                         hit = storage.written(g, g.index, mine) + storage.maybe_written(g, g.index, mine)
                         pushed_by = (g.index, _own_first(hit, name)[0] if hit else name, name)
         return fork, pushed_by
+
+    def _side_state(self, side: list[StatementFacts], side_calls: list[cst.Call], storage: Storage) -> _SideState:
+        """The module state the side work reads (attribute paths in full) and rebinds."""
+        reads = set().union(
+            *(_state_read(f.node, self.scope, full=True) | _state_via_locals(f, f.index, storage) for f in side),
+            *(_state_read(c, self.scope, full=True) for c in side_calls),
+        )
+        rebinds = {path: f for f in side for r in sorted(f.rebinds) for path in _state_paths(r, f.index, storage)}
+        writes = {path: f for f in side for path in _state_written(f, storage)}
+        return _SideState(reads, rebinds, writes)
+
+    def _state_clash(self, g: StatementFacts, side: _SideState, storage: Storage) -> str:
+        """Why main statement `g` and the side work must keep their order over module state, or
+        "": the side rebinds an attribute `g` reads (`self.last_norm = out.norm()` in the shared
+        expert, `self.shared_experts.last_norm` on the main path), or `g` rebinds one the side
+        reads or rebinds (inside a callee too: its summary's rebinds, on the call's receiver).
+        On a device the side stream may run before or after `g`, and the fork moves the side
+        work's Python above `g`: a Python number (`self.calls += 1`) counts as much as a tensor."""
+        reads = _state_read(g.node, self.scope, full=True) | _state_via_locals(g, g.index, storage)
+        for path, f in side.rebinds.items():
+            hit = next((q for q in sorted(reads) if _same_attribute(path, q)), None)
+            if hit is not None:
+                return (
+                    f"line {f.first_line}: the side branch rebinds module state '{path}', which the main path "
+                    f"reads between the fork and the join (line {g.first_line}: '{hit}')"
+                )
+        for r in sorted(g.rebinds):
+            for path in sorted(_state_paths(r, g.index, storage)):
+                hit = next((q for q in sorted(side.reads | set(side.rebinds)) if _same_attribute(path, q)), None)
+                if hit is not None:
+                    verb = "rebinds" if hit in side.rebinds else "reads"
+                    return (
+                        f"line {g.first_line} rebinds module state '{path}' while the side stream {verb} "
+                        f"{'it' if hit == path else repr(hit)}"
+                    )
+        return ""
+
+    def _fork_after_state(
+        self,
+        units: list[_Unit],
+        side_idx: set[int],
+        side: _SideState,
+        storage: Storage,
+        fork: int,
+        pushed_by: tuple[int, str, str] | None,
+    ) -> tuple[int, tuple[int, str, str] | None]:
+        """The fork after every main statement that comes before the side work in the original
+        order and uses module state the side work changes, or changes state the side uses (the
+        router reads `self.shared_experts.calls`, which the shared expert counts up): issued above
+        it, the side work would change what it sees, or see its change too early."""
+        first_side = units[0][0] if units else fork
+        for g in self.facts[fork:first_side]:
+            if g.index not in side_idx and self._state_ordered(g, side, storage):
+                fork, pushed_by = g.index + 1, (g.index, "state", "")
+        return fork, pushed_by
+
+    def _state_ordered(self, g: StatementFacts, side: _SideState, storage: Storage) -> bool:
+        """Whether main statement `g` and the side work must keep their order over module state:
+        a rebinding either reads (_state_clash), or a write in place of state the other uses."""
+        written = _state_written(g, storage)
+        reads = _state_read(g.node, self.scope, full=True) | _state_via_locals(g, g.index, storage)
+        return bool(
+            self._state_clash(g, side, storage)
+            or any(_same_attribute(p, q) for p in written for q in side.reads | set(side.writes) | set(side.rebinds))
+            or any(_same_attribute(p, q) for p in side.writes for q in reads)
+        )
+
+    def _check_join_state(self, join_fact: StatementFacts, hoists: list[Hoist], side: _SideState, storage: Storage):
+        """Hoisting a side call out of the join statement runs it before the rest of that
+        statement (`return h * self.shared_experts.calls + self.shared_experts(x)`): refused when
+        the rest uses module state the side work changes, or changes state it uses."""
+        seeds = {id(h.call) for h in hoists} | {id(c) for h in hoists for c in h.also}
+
+        class _Strip(cst.CSTTransformer):
+            def leave_Call(self, original, updated):
+                return cst.Name("_ms_side_call") if id(original) in seeds else updated
+
+        stripped = join_fact.node.visit(_Strip())
+        assert isinstance(stripped, cst.BaseStatement)  # leave_Call never removes a node
+        rest = dataclasses.replace(
+            node_facts(stripped, self.scope), index=join_fact.index, node=stripped, first_line=join_fact.first_line
+        )
+        if self._state_ordered(rest, side, storage):
+            line = join_fact.first_line
+            clash = self._state_clash(rest, side, storage) or (
+                f"line {line}: the join statement uses module state the side call changes, or changes state it uses"
+            )
+            raise NoBranch(f"{clash}; hoisting the side call out of line {line} would change their order")
 
     def _fork_after_barriers(
         self,
@@ -1149,7 +1251,12 @@ class _Search:
         elif pushed_by is not None and pushed_by[0] + 1 == fork:
             at, written, name = pushed_by
             line = facts[at].first_line
-            if not written:
+            if written == "state":
+                why = (
+                    f" (the fork waits for line {line}, which uses module state the side work changes, or changes "
+                    "state it uses: the side work must not move above it)"
+                )
+            elif not written:
                 why = (
                     f" (the fork waits for line {line}, which orders streams (a wait or synchronize): "
                     "the side work must not start before it)"
@@ -1216,6 +1323,8 @@ class _Search:
                 hit = next((q for q in sorted(side_reads | set(side_writes)) if _same_state(path, q)), None)
                 if hit is not None:
                     via = f" (through '{name}')" if name != path else ""
+                    callee = _writing_callee(g.node, "self", scope) if path == "self" else ""
+                    via += f" (inside {callee})" if callee else ""
                     raise NoBranch(
                         f"line {g.first_line} writes module state '{path}'{via} while the side stream "
                         f"{'writes' if hit not in side_reads else 'reads'} {'it' if hit == path else repr(hit)}"
@@ -1408,6 +1517,40 @@ def _reordered(
     return "", ""
 
 
+@record
+class _SideState:
+    """Module state the side work reads (attribute paths), rebinds and writes in place (path ->
+    the side statement)."""
+
+    reads: set[str]
+    rebinds: dict[str, StatementFacts]
+    writes: dict[str, StatementFacts]
+
+
+def _same_attribute(a: str, b: str) -> bool:
+    """Two attribute paths that may name the same state: equal, one inside the other, or `self` (all of it)."""
+    return a == b or "self" in (a, b) or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def _state_paths(path: str, at: int, storage: Storage) -> set[str]:
+    """Module-state paths a dotted path names at statement `at`: `self.x.y` itself, or `m.y`
+    for a local `m` bound to state (`m = self.shared_experts`); none for other objects."""
+    root, dot, rest = path.partition(".")
+    if root == "self":
+        return {path}
+    found = set()
+    for kind, *held in storage.held(root, at) | storage.held(root, at + 1):
+        base = held[-1] if kind in ("free", "param") else ""
+        if base == "self" or base.startswith("self."):
+            found.add(base + dot + rest)
+    return found
+
+
+def _state_via_locals(f: StatementFacts, at: int, storage: Storage) -> set[str]:
+    """The module state statement `f` reads through locals bound to it (`m = self.shared_experts`)."""
+    return {p for name in f.loads for p in _state_paths(name, at, storage)}
+
+
 def _state_key(path: str) -> str:
     """Module state at the grain storage tracks it: `self.experts` for `self.experts.w1.weight`."""
     return ".".join(path.split(".")[:2])
@@ -1417,11 +1560,12 @@ def _same_state(a: str, b: str) -> bool:
     return a == b or "self" in (a, b)
 
 
-def _state_read(node: cst.CSTNode, scope: Scope) -> set[str]:
-    """The module state a statement (or call) reads: each `self.<attr>` it names, and all of
-    `self` where it calls one of the class's own methods or hands `self` on (what those read is
-    not tracked)."""
+def _state_read(node: cst.CSTNode, scope: Scope, full: bool = False) -> set[str]:
+    """The module state a statement (or call) reads: each `self.<attr>` it names (with `full`,
+    the whole attribute chain: `self.shared_experts.calls`), and all of `self` where it calls one
+    of the class's own methods or hands `self` on (what those read is not tracked)."""
     found: set[str] = set()
+    called: set[int] = set()
     attrs = scope.state_attrs
 
     class _Reads(Visitor):
@@ -1434,11 +1578,14 @@ def _state_read(node: cst.CSTNode, scope: Scope) -> set[str]:
             chain = dotted_name(node)
             if chain is None:
                 return True  # self.experts[i].w: the inner self.experts is found below
-            found.add(_state_key(chain))
+            if full and id(node) in called and chain.count(".") > 1:
+                chain = chain.rpartition(".")[0]  # self.shared_experts.reset(): its object's state
+            found.add(chain if full else _state_key(chain))
             return False
 
         def visit_Call(self, call: cst.Call) -> None:
             func = call.func
+            called.add(id(func))
             if (
                 isinstance(func, cst.Attribute)
                 and isinstance(func.value, cst.Name)

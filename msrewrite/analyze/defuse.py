@@ -15,13 +15,14 @@ These facts are the one statement IR of msrewrite: `apply`'s branch finder reads
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Set
+from collections.abc import Callable, Sequence, Set
 from dataclasses import field
 from typing import Any
 
 import libcst as cst
 from libcst.metadata import CodeRange
 
+from msrewrite.analyze.spreads import spread_expansions
 from msrewrite.analyze.torch_effects import (
     METADATA_ATTRS,
     CallEffect,
@@ -57,6 +58,10 @@ class StatementFacts:
     # `put(lst, x)`), not rebindings of it: a summary reads "argument i now holds argument j" here
     stored: set[tuple[str, str]] = field(default_factory=set)
     self_stores: set[str] = field(default_factory=set)  # `self.x = v`: "self.x" (its old value is replaced)
+    # attributes rebound (`obj.a = v`, `self.calls += 1`, `del obj.a`, or inside a callee: its
+    # summary's, on the call's receiver), as dotted paths ("self.shared_experts.last_norm"): an
+    # effect on the object's state even where no tensor is written in place
+    rebinds: set[str] = field(default_factory=set)
     may_write: dict[str, str] = field(default_factory=dict)
     unknown_callees: set[str] = field(default_factory=set)
     collective: bool = False
@@ -151,8 +156,22 @@ class Scope:
     # locals bound to an asynchronous collective's work or result (`work = dist.all_reduce(x,
     # async_op=True)`): `work.wait()` ends its buffer's write (extend_pending) and orders streams
     work_locals: set[str] = field(default_factory=set)
+    # id(call) -> its arguments with the `*seq` / `**mapping` the function builds written out
+    # (analyze/spreads.py); None until a function body is seen
+    spreads: dict[int, tuple[cst.Arg, ...]] | None = None
+    # nested functions handed on or stored so far -> their free variables (read at any later point)
+    escaped: dict[str, frozenset[str]] = field(default_factory=dict)
+
+    def note_body(self, body: Sequence[cst.BaseStatement]) -> None:
+        """Reads what the function body builds for its spreads (once: a guarded `if`'s flattened
+        body is not the function's own)."""
+        if self.spreads is None:
+            self.spreads = spread_expansions(body)
 
     def effect_of(self, call: cst.Call) -> CallEffect:
+        expanded = self.spreads.get(id(call)) if self.spreads else None
+        if expanded is not None:
+            call = call.with_changes(args=expanded)
         known = torch_call_effect(call)
         if known is not None:
             return known
@@ -219,6 +238,7 @@ class _Collector(Visitor):
         self.scope = scope or Scope()
         self.after_calls = after_calls  # calls whose own effect is left out (they run after the hoisted call)
         self._label = "a call"  # the call whose effect is being recorded
+        self._called: set[int] = set()  # Name nodes that are the callee of a nested function's call
 
     def _roots(self, node: cst.BaseExpression) -> set[str]:
         return alias_roots(node, self.scope)
@@ -240,11 +260,21 @@ class _Collector(Visitor):
         self._link(self._roots(container) - {"self"}, value, into=True)
 
     def _write(self, node: cst.BaseExpression) -> None:
+        if isinstance(node, cst.Name) and node.value == "self":
+            # a method writing its object's state (`self.helper()`, `setattr(self, ...)`): all of `self`
+            self.facts.mutates.add("self")
+            return
         self.facts.mutates |= self._roots(node) - {"self"}
 
     # names --------------------------------------------------------------------------
     def visit_Name(self, node: cst.Name) -> None:
         self.facts.loads.add(node.value)
+        closure = self.scope.closures.get(node.value)
+        if closure is not None and id(node) not in self._called:
+            # a nested function handed on or stored (`fn = add_shared`, `apply(add_shared, h)`):
+            # it may run at any later point, so its free variables count as read from here on
+            self.facts.loads |= closure.loads
+            self.scope.escaped[node.value] = frozenset(closure.loads)
 
     def visit_Attribute(self, node: cst.Attribute) -> bool:
         if isinstance(node.value, cst.Name) and node.value.value == "self" and node.attr.value in self.scope.properties:
@@ -281,6 +311,7 @@ class _Collector(Visitor):
             # x[i] = v, x.view(-1)[:4] = v, x.data = v write into the object x names; self.last = x
             # and lst[0] = x make the attribute or container hold x.
             name = dotted_name(target) if isinstance(target, cst.Attribute) else None
+            self._rebind(target)
             if name is not None and name.startswith("self.") and name.count(".") == 1:
                 self.facts.self_stores.add(name)
                 self._link({name}, value, into=True)
@@ -317,6 +348,9 @@ class _Collector(Visitor):
                     self.scope.work_locals |= {item.value for item in items if isinstance(item, cst.Name)}
             if isinstance(node.value, cst.Subscript):  # expert = self.experts[i]
                 self._bind_module(target.target, node.value.value)
+            if isinstance(node.value, cst.Lambda) and isinstance(target.target, cst.Name):
+                # `add = lambda t: t + shared`: a nested function, like a def
+                self._closure(target.target.value, node.value.params, node.value.body, node.value)
         node.value.visit(self)
         return False
 
@@ -326,8 +360,15 @@ class _Collector(Visitor):
             node.value.visit(self)
         return False
 
+    def _rebind(self, target: cst.BaseExpression) -> None:
+        """`obj.a = v` / `obj.a += v` / `del obj.a` rebinds attribute `a` of the object."""
+        path = dotted_name(target) if isinstance(target, cst.Attribute) else None
+        if path is not None:
+            self.facts.rebinds.add(path)
+
     def visit_AugAssign(self, node: cst.AugAssign) -> bool:
         # `t += x` on a tensor writes into t's storage, which other names may share.
+        self._rebind(node.target)
         roots = self._roots(node.target) - {"self"}
         self.facts.mutates |= roots
         self._link(roots, node.value, into=True)  # `lst += [x]`
@@ -396,6 +437,7 @@ class _Collector(Visitor):
             if isinstance(target, cst.Name):
                 self.facts.stores.add(target.value)
             else:
+                self._rebind(target)
                 self._write(target.value if isinstance(target, (cst.Subscript, cst.Attribute)) else target)
         return False
 
@@ -407,8 +449,11 @@ class _Collector(Visitor):
             self.facts.self_calls.append(callee)
             self.facts.calls.append(node)
         if isinstance(node.func, cst.Name) and node.func.value in self.scope.closures:
+            self._called.add(id(node.func))
             closure = self.scope.closures[node.func.value]
+            self.facts.loads |= closure.loads  # its free variables, read when it runs
             self.facts.mutates |= closure.mutates
+            self.facts.rebinds |= closure.rebinds
             for name, why in closure.may_write.items():
                 self.facts.may_write.setdefault(name, why)
             self.facts.unknown_callees |= closure.unknown_callees
@@ -433,6 +478,7 @@ class _Collector(Visitor):
                 self.facts.may_write.setdefault(name, why)
         for container, value in effect.stores:
             self._hold(container, value)
+        self.facts.rebinds.update(effect.rebinds)
         if effect.pending_writes or effect.pending_reads:
             self.facts.async_ops.append(
                 AsyncOp(
@@ -463,26 +509,40 @@ class _Collector(Visitor):
         self.facts.exits = True
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        # A nested def's body runs later, when it is called: its writes to the enclosing
-        # function's names count at the call site.
+        # A nested def's body runs later, when it is called: its reads and writes of the
+        # enclosing function's names count at the call site.
         self.facts.stores.add(node.name.value)
-        inner = StatementFacts(index=-1, node=node, first_line=0, last_line=0)
-        inner_scope = Scope(
-            resolver=self.scope.resolver, closures=dict(self.scope.closures), modules=dict(self.scope.modules)
-        )
-        node.body.visit(_Collector(inner, inner_scope))
-        params, star = parameter_names(node.params)
-        written = frozenset((inner.mutates | set(inner.may_write)) & (set(params) | star))
-        # a write through *args / **kwargs reaches every argument
-        self.scope.closure_params[node.name.value] = (params, written | ({"*"} if written & star else set()))
-        own = set(params) | star | inner.stores
-        inner.mutates -= own
-        inner.may_write = {k: v for k, v in inner.may_write.items() if k not in own}
-        self.scope.closures[node.name.value] = inner
+        self._closure(node.name.value, node.params, node.body, node)
         return False
 
-    def visit_Lambda(self, _node: cst.Lambda) -> bool:
-        return False  # its body runs where it is called: _functions_passed
+    def _closure(self, name: str, params: cst.Parameters, body: cst.CSTNode, node: cst.CSTNode) -> None:
+        """Records nested function `name` (a def, or `name = lambda ...`): what its body reads
+        and writes of the enclosing function's names (its free variables), counted where it is called."""
+        inner = StatementFacts(index=-1, node=node, first_line=0, last_line=0)  # type: ignore[arg-type]
+        inner_scope = Scope(
+            resolver=self.scope.resolver,
+            closures=dict(self.scope.closures),
+            modules=dict(self.scope.modules),
+            spreads=self.scope.spreads,
+        )
+        body.visit(_Collector(inner, inner_scope))
+        named, star = parameter_names(params)
+        written = frozenset((inner.mutates | set(inner.may_write)) & (set(named) | star))
+        # a write through *args / **kwargs reaches every argument
+        self.scope.closure_params[name] = (named, written | ({"*"} if written & star else set()))
+        own = set(named) | star | inner.stores
+        inner.mutates -= own
+        inner.may_write = {k: v for k, v in inner.may_write.items() if k not in own}
+        inner.loads -= own
+        self.scope.closures[name] = inner
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        # its body runs where it is called (_functions_passed, or a call of the name it is bound
+        # to); what it reads of the enclosing function's names counts here too, where it is made
+        inner = node_facts(node.body, self.scope)
+        named, star = parameter_names(node.params)
+        self.facts.loads |= inner.loads - set(named) - star
+        return False
 
     def _functions_passed(self, call: cst.Call) -> None:
         """`map(lambda t: t.mul_(2), xs)`, `apply_all(f, xs)`: a function handed to a call may be
@@ -570,10 +630,14 @@ def _statement_facts(
 ) -> list[StatementFacts]:
     facts = []
     scope = scope or Scope()
+    scope.note_body(body)
+    scope.escaped = {}  # counted from where each nested function is handed on, in this body's order
     for index, stmt in enumerate(body):
         where = positions[stmt]
         item = StatementFacts(index=index, node=stmt, first_line=where.start.line, last_line=where.end.line)
         stmt.visit(_Collector(item, scope))
+        for free in scope.escaped.values():
+            item.loads |= free
         item.loads.discard("self")
         facts.append(item)
     extend_pending(facts)

@@ -79,6 +79,10 @@ class Summary:
     # state beyond the arguments written in place: "self" (the object's own attributes) and
     # module-level names; a caller counts them as writes of the receiver and of those names
     state_writes: set[str] = field(default_factory=set)
+    # attributes of the object it rebinds, as paths below it (`self.calls += 1`: "calls";
+    # `self.sub.last = y`: "sub.last"), a Python number included: a caller that reads one
+    # must not see the call move across that read
+    rebinds: set[str] = field(default_factory=set)
     collective: bool = False
     rng: bool = False
     stream: bool = False
@@ -549,12 +553,14 @@ class ModuleSummaries:
         )
         body = list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else [func.body]
         scope = self.scope_for(cls)
+        scope.note_body([s for s in body if isinstance(s, cst.BaseStatement)])
         facts = [node_facts(stmt, scope) for stmt in body]
         for index, item in enumerate(facts):
             item.index = index
         open_ops = extend_pending(facts)
         not_tensors = frozenset((*self.module_imports, *self.imports, *self.classes, *self.functions))
         summary.state_writes = _state_writes(facts, func, self._scalar_attrs(cls), not_tensors)
+        summary.rebinds = _rebinds(facts, func) if cls is not None else set()
         if self.package and any(f.unknown_callees for f in facts):
             # a package's function with an unseen call may write every argument (_apply, strict);
             # every unseen call of it is named, so that one refusal lists all a reviewer must vouch for
@@ -984,6 +990,14 @@ def _state_writes(
     return found
 
 
+def _rebinds(facts: list[StatementFacts], func: cst.FunctionDef) -> set[str]:
+    """The attributes of its object a method rebinds (`self.a = v`, `self.calls += 1`, or in a
+    callee it runs on `self` or on one of its attributes), as paths below the object."""
+    first = next(iter(p.name.value for p in (*func.params.posonly_params, *func.params.params)), None)
+    prefix = f"{first}."
+    return {path.removeprefix(prefix) for f in facts for path in f.rebinds if first and path.startswith(prefix)}
+
+
 def _all_pairs(names: list[str]) -> set[tuple[str, str]]:
     """Every parameter may hold every other (a callee msrewrite cannot see into may store them)."""
     return {(p, q) for p in names for q in names if p != q}
@@ -1362,6 +1376,7 @@ def _apply(
             effect.writes.append(cst.Name(name))
         elif receiver is not None:
             effect.writes.append(receiver)
+    effect.rebinds = _rebound_on(summary.rebinds, receiver)
     may_write = dict(summary.may_write)
     if strict and summary.unknown:
         unseen = sorted(summary.unknown)[:MAX_WRITERS]
@@ -1392,8 +1407,10 @@ def _apply(
 
 def _apply_template(template: CallEffect, call: cst.Call) -> CallEffect:
     args = positional(call)
-    first = args[0] if args else None
-    pick = lambda exprs: [first for e in exprs if first is not None]  # noqa: E731 - the placeholder is the input
+    first = args[0] if args and not (call.args and call.args[0].star) else None
+    # `self.act(*args)`, `self.act(**kw)`: the input is somewhere in what the spreads hold
+    inputs = [first] if first is not None else [a.value for a in call.args if a.star]
+    pick = lambda exprs: [i for e in exprs for i in inputs]  # noqa: E731 - the placeholder is the input
     return CallEffect(writes=pick(template.writes), returns=pick(template.returns), rng=template.rng)
 
 
@@ -1427,9 +1444,36 @@ def _vouched_effect(call: cst.Call) -> CallEffect:
     return CallEffect(returns=[a.value for a in call.args], stream=ordering, barrier=ordering)
 
 
+def _rebound_on(rebinds: set[str], receiver: cst.BaseExpression | None) -> list[str]:
+    """The attributes a callee rebinds on its object, as paths on the call's receiver."""
+    if not rebinds or receiver is None:
+        return []
+    owner = _attribute_path(receiver)
+    return [f"{owner}.{path}" for path in sorted(rebinds)]
+
+
+def _attribute_path(node: cst.BaseExpression) -> str:
+    """'self.experts' for self.experts[i] (indices dropped): the object a rebinding is on; only
+    the root name (`self`: all of it) when a call's result is in the chain."""
+    parts: list[str] = []
+    called = False
+    while isinstance(node, (cst.Attribute, cst.Subscript, cst.Call)):
+        if isinstance(node, cst.Call):
+            called = True
+            node = node.func
+            continue
+        if isinstance(node, cst.Attribute):
+            parts.append(node.attr.value)
+        node = node.value
+    if not isinstance(node, cst.Name):
+        return "self"  # an object msrewrite cannot name: take it as the module's whole state
+    return node.value if called else ".".join([node.value, *reversed(parts)])
+
+
 def _union(effects: list[CallEffect]) -> CallEffect:
     out = CallEffect()
     for e in effects:
+        out.rebinds += [r for r in e.rebinds if r not in out.rebinds]
         out.writes += e.writes
         out.returns += e.returns
         out.may_writes += e.may_writes

@@ -554,6 +554,8 @@ class CallEffect:
     pending_reads: list[cst.BaseExpression] = field(default_factory=list)
     # the result is waited on first use (an AsyncCollectiveTensor), not only by `.wait()`
     waits_on_use: bool = False
+    # attributes the call rebinds, as dotted paths on its receiver (`self.shared_experts.calls`)
+    rebinds: list[str] = field(default_factory=list)
     collective: bool = False
     rng: bool = False
     stream: bool = False
@@ -703,13 +705,35 @@ def torch_call_effect(call: cst.Call) -> CallEffect | None:
         if module in FUNCOL_MODULES:
             return _funcol_effect(call, name, leaf)
         if module in _TORCH_FUNCTION_MODULES:
-            return _torch_function_effect(call, module, leaf, first)
+            effect = _torch_function_effect(call, module, leaf, first)
+            functional = module == "F" or "functional" in module
+            positions = is_inplace_name(leaf) or leaf in _INPLACE_AT or (functional and leaf in F_INPLACE_AT)
+            return spread_may_writes(call, effect, name, positions) if effect is not None else None
         effect = _other_module_effect(call, module, leaf)
         if effect is not None:
             return effect
     if isinstance(func, cst.Attribute):
-        return _method_effect(call, func)
+        effect = _method_effect(call, func)
+        if effect is not None and func.attr.value not in ORDERING_METHODS:
+            positions = any(at > 0 for at in _INPLACE_AT.get(func.attr.value, ()))
+            effect = spread_may_writes(call, effect, f"{dotted(func.value) or '<tensor>'}.{func.attr.value}", positions)
+        return effect
     return None
+
+
+def spread_may_writes(call: cst.Call, effect: CallEffect, label: str, positions: bool) -> CallEffect:
+    """A table entry matches arguments by keyword and position: a `**mapping` may carry `out=`,
+    `inplace=` or a tensor the op writes, and a `*sequence` may hold a position the op writes
+    (`positions`: the op has one). What such a spread holds (one analyze/spreads.py could not
+    write out: a parameter, an attribute, a call's result) may be written."""
+    for arg in call.args:
+        if arg.star == "**" or (arg.star == "*" and positions):
+            code = " ".join(cst.Module(body=[]).code_for_node(arg.value).split())
+            code = code if len(code) <= 30 else code[:27] + "..."
+            # no name --assume-pure takes: vouching for the op would not say what the spread holds
+            why = f"{label}({arg.star}{code}) ({arg.star}{code} is not followed by msrewrite: it may carry out=)"
+            effect.may_writes.append((arg.value, why))
+    return effect
 
 
 def _collective_effect(call: cst.Call, name: str, leaf: str) -> CallEffect:
