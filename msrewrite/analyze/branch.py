@@ -635,20 +635,11 @@ class _Search:
             side_stores,
             lambda: self._side_writes(whole, hoist_facts, join, main, storage, every_input)[1],
         )
-        rebound_by_side = [name for name in protected if name in side_stores]
-        if rebound_by_side:
-            raise NoBranch(
-                f"'{rebound_by_side[0]}' is both read and rebound by the side branch; --protect clone cannot snapshot it"
-            )
+        _refuse_snapshot_of_side_stores(protected, side_stores)
         window += main_hoist_facts
         if not main_hoists and not any(f.has_call and f.self_calls for f in window):
             raise self._nothing_to_overlap(join, fork, pushed_by, storage)
-        self._check_side_writes(whole, hoist_facts, join, main, storage, every_input)
-        self._check_module_state([*whole, *hoist_facts], [h.call for h in hoists], main, storage)
-        for g in main:
-            clash = self._state_clash(g, side_state, storage)
-            if clash:
-                raise NoBranch(clash)
+        self._check_main_against_side(whole, hoist_facts, hoists, join, main, storage, every_input, side_state)
 
         if guard is not None:
             _check_guard(guard, facts, fork, join, side_idx, guard.size)
@@ -675,6 +666,25 @@ class _Search:
             facts=facts,
             guard=guard,
         )
+
+    def _check_main_against_side(
+        self,
+        whole: list[StatementFacts],
+        hoist_facts: list[StatementFacts],
+        hoists: list,
+        join: int,
+        main: list[StatementFacts],
+        storage: Storage,
+        every_input: frozenset,
+        side_state: _SideState,
+    ) -> None:
+        """What the side writes against what main reads, and module state either side changes."""
+        self._check_side_writes(whole, hoist_facts, join, main, storage, every_input)
+        self._check_module_state([*whole, *hoist_facts], [h.call for h in hoists], main, storage)
+        for g in main:
+            clash = self._state_clash(g, side_state, storage)
+            if clash:
+                raise NoBranch(clash)
 
     def _trust_boundary(self, moved: list[StatementFacts], fork: int, side_idx: set[int]) -> list[str]:
         """The callees not seen into of the side work and the window, and of the waits before the
@@ -2479,3 +2489,11 @@ def _compound_label(node: cst.CSTNode) -> str:
         cst.Match: "match",
     }.get(type(node))
     return f"a `{keyword}` block" if keyword else "a compound statement"
+
+
+def _refuse_snapshot_of_side_stores(protected: list[str], side_stores: list[str]) -> None:
+    rebound_by_side = [name for name in protected if name in side_stores]
+    if rebound_by_side:
+        raise NoBranch(
+            f"'{rebound_by_side[0]}' is both read and rebound by the side branch; --protect clone cannot snapshot it"
+        )
