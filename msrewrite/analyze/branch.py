@@ -24,6 +24,7 @@ import libcst as cst
 from libcst.metadata import CodeRange
 
 from msrewrite.analyze.defuse import (
+    MODULE_STATE_TABLES,
     Scope,
     StatementFacts,
     alias_roots,
@@ -45,7 +46,7 @@ from msrewrite.analyze.guards import (
     source,
 )
 from msrewrite.analyze.outline import unique_name
-from msrewrite.analyze.summaries import BUILTIN_NAMES, Storage, unseen_writers
+from msrewrite.analyze.summaries import BUILTIN_NAMES, STATE_ACCESSORS, Storage, unseen_writers
 from msrewrite.analyze.walk import Visitor, walk
 from msrewrite.records import record
 
@@ -1084,7 +1085,10 @@ class _Search:
             via = _alias_origin(storage, self.facts, known[0], group, f.index, self.scope) if known[0] != name else ""
             via = f" ('{known[0]}' {via.removeprefix(', which ').rstrip(',')})" if via else ""
             callee = _writing_callee(f.node, known[0], self.scope)
-            via += f" (inside {callee}, with every override and patch of it in the file)" if callee else ""
+            overrides = (
+                "" if callee.startswith("the @property") else ", with every override and patch of it in the file"
+            )
+            via += f" (inside {callee}{overrides})" if callee else ""
             pending = f.pending.get(known[0]) or f.pending.get(name)
             via += f" ({pending})" if pending else ""
             raise NoBranch(
@@ -1177,16 +1181,20 @@ class _Search:
             for path, name in _state_written(g, storage).items():
                 hit = next((q for q in sorted(side_reads | set(side_writes)) if _same_state(path, q)), None)
                 if hit is not None:
-                    via = f" (through '{name}')" if name != path else ""
+                    via = _state_via(g, name, path, self.facts, scope)
+                    why = ""
+                    if hit == "self" and hit in side_reads:  # which read reaches all of it
+                        props = sorted(set().union(*(_properties_read(f.node, scope) for f in side)))
+                        why = f" (the @property {props[0]}, whose getter may read any of it)" if props else ""
                     raise NoBranch(
                         f"line {g.first_line} writes module state '{path}'{via} while the side stream "
-                        f"{'writes' if hit not in side_reads else 'reads'} {'it' if hit == path else repr(hit)}"
+                        f"{'writes' if hit not in side_reads else 'reads'} {'it' if hit == path else repr(hit)}{why}"
                     )
             reads = _state_read(g.node, scope)
             for path, (f, name) in side_writes.items():
                 hit = next((q for q in sorted(reads) if _same_state(path, q)), None)
                 if hit is not None:
-                    via = f" (through '{name}')" if name != path else ""
+                    via = _state_via(f, name, path, self.facts, scope)
                     raise NoBranch(
                         f"line {f.first_line}: the side branch writes module state '{path}'{via}, which the main "
                         f"path reads between the fork and the join (line {g.first_line}: '{hit}')"
@@ -1381,8 +1389,8 @@ def _same_state(a: str, b: str) -> bool:
 
 def _state_read(node: cst.CSTNode, scope: Scope) -> set[str]:
     """The module state a statement (or call) reads: each `self.<attr>` it names, and all of
-    `self` where it calls one of the class's own methods or hands `self` on (what those read is
-    not tracked)."""
+    `self` where it calls one of the class's own methods, reads a @property, or hands `self` on
+    (what those read is not tracked)."""
     found: set[str] = set()
     attrs = scope.state_attrs
 
@@ -1396,7 +1404,10 @@ def _state_read(node: cst.CSTNode, scope: Scope) -> set[str]:
             chain = dotted_name(node)
             if chain is None:
                 return True  # self.experts[i].w: the inner self.experts is found below
-            found.add(_state_key(chain))
+            attr = chain.split(".")[1]
+            # a @property's getter reads what it likes (as a method does); `self._buffers` is all of it
+            whole = attr in scope.properties or attr in MODULE_STATE_TABLES
+            found.add("self" if whole else _state_key(chain))
             return False
 
         def visit_Call(self, call: cst.Call) -> None:
@@ -1416,6 +1427,73 @@ def _state_read(node: cst.CSTNode, scope: Scope) -> set[str]:
 
     node.visit(_Reads())
     return found
+
+
+def _state_via(f: StatementFacts, name: str, path: str, facts: list[StatementFacts], scope: Scope) -> str:
+    """How statement `f` reaches the module state `path` it writes through `name`, for a refusal:
+    " (through 'p', from self.parameters())", " (through self.get_buffer('bias'))",
+    " (in self._update())", " (through 'view')", or ""."""
+    local = name.isidentifier() and name != path
+    if local:  # where the local came to hold the state: this statement, or the last one binding it
+        binder = next((h for h in [f, *reversed(facts[: f.index])] if any(t == name for _, t in h.links)), f)
+        accessor = _state_accessor_call(binder.node, scope)
+        return f" (through '{name}', from {accessor})" if accessor else f" (through '{name}')"
+    if name != path:
+        return f" (through '{name}')"  # a @property's getter: its own words
+    accessor = _state_accessor_call(f.node, scope)
+    if accessor:
+        return f" (through {accessor})"
+    table = next((t for t in sorted(MODULE_STATE_TABLES) if f"self.{t}" in _self_attributes(f.node)), None)
+    if table is not None:
+        return f" (through self.{table})"
+    for call in all_calls(f.node):  # a method of the class that writes it, or returns it
+        func = call.func
+        method = scope.state_attrs is None or (
+            isinstance(func, cst.Attribute) and func.attr.value not in scope.state_attrs
+        )
+        if isinstance(func, cst.Attribute) and dotted_name(func.value) == "self" and method:
+            written = {r for w in scope.effect_of(call).writes for r in alias_roots(w, scope)}
+            if any(_state_key(r) == path for r in written):
+                return f" (in {source(func)}())"
+            if any(_state_key(r) == path for r in alias_roots(call, scope)):
+                return f" (through {source(func)}(), which returns it)"
+    for prop in sorted(_properties_read(f.node, scope)):
+        if any(_state_key(r) == path for r in alias_roots(cst.parse_expression(prop), scope)):
+            return f" (through the @property {prop})"
+    return ""
+
+
+def _properties_read(node: cst.CSTNode, scope: Scope) -> set[str]:
+    """`self.<name>` attributes `node` reads that the class defines as a @property."""
+    return {a for a in _self_attributes(node) if a.partition(".")[2] in scope.properties}
+
+
+def _self_attributes(node: cst.CSTNode) -> set[str]:
+    """Every `self.<name>` `node` mentions."""
+    found: set[str] = set()
+
+    class _Reads(Visitor):
+        def visit_Attribute(self, attr: cst.Attribute) -> None:
+            if _is_self(attr.value):
+                found.add(f"self.{attr.attr.value}")
+
+    node.visit(_Reads())
+    return found
+
+
+def _is_self(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value == "self"
+
+
+def _state_accessor_call(node: cst.CSTNode, scope: Scope) -> str:
+    """The first nn.Module state accessor called in `node` (`self.parameters()`), as written; ""."""
+    for call in all_calls(node):
+        func = call.func
+        if isinstance(func, cst.Attribute) and func.attr.value in STATE_ACCESSORS:
+            if any(r == "self" or r.startswith("self.") for r in alias_roots(call, scope)):
+                text = " ".join(source(call).split())
+                return text if len(text) <= 50 else text[:47] + "..."
+    return ""
 
 
 def _state_written(f: StatementFacts, storage: Storage) -> dict[str, str]:
@@ -1673,6 +1751,11 @@ def _writing_callee(node: cst.CSTNode, name: str, scope: Scope) -> str:
             continue
         if any(name in alias_roots(w, scope) for w in scope.effect_of(call).writes):
             return f"{dotted_name(call.func) or 'a call'}(...)"
+    for prop in sorted(_properties_read(node, scope)):  # reading a @property runs its getter
+        if any(
+            name in alias_roots(w, scope) for w in scope.effect_of(cst.Call(func=cst.parse_expression(prop))).writes
+        ):
+            return f"the @property {prop}'s getter"
     return ""
 
 

@@ -56,6 +56,24 @@ from msrewrite.records import record
 # Activation lookups that hand out stateless, functional activations.
 ACTIVATION_TABLES = frozenset({"ACT2FN", "ACT2CLS"})
 ACTIVATION_FACTORIES = frozenset({"get_activation", "get_act_fn"})
+# nn.Module methods that hand out the module's own state (tensors, submodules): what they return
+# aliases it. One by name (`get_buffer("bias")`) is that attribute (its first dotted part);
+# otherwise, and for the iterators, all of the module's state (its submodules' too). A write
+# through the result is a write of that state.
+NAMED_STATE_ACCESSORS = frozenset({"get_buffer", "get_parameter", "get_submodule", "__getattr__"})
+STATE_ACCESSORS = NAMED_STATE_ACCESSORS | frozenset(
+    {
+        "buffers",
+        "parameters",
+        "named_buffers",
+        "named_parameters",
+        "modules",
+        "named_modules",
+        "children",
+        "named_children",
+        "state_dict",
+    }
+)
 
 
 @record
@@ -75,9 +93,13 @@ class Summary:
     pending_writes: set[str] = field(default_factory=set)
     pending_reads: set[str] = field(default_factory=set)
     unknown: set[str] = field(default_factory=set)  # callees not seen into
-    # state beyond the arguments written in place: "self" (the object's own attributes) and
-    # module-level names; a caller counts them as writes of the receiver and of those names
+    # state beyond the arguments written in place: "self.<attr>" (an attribute of the object),
+    # "self" (any of its state: through `self.parameters()`, say) and module-level names; a
+    # caller counts them as writes of that attribute of the receiver, and of those names
     state_writes: set[str] = field(default_factory=set)
+    # the object's own state the result may alias, as "self.<attr>" or "self" (all of it):
+    # `return self.scales[0]`, a @property returning a view of state, `return self.get_buffer("b")`
+    returns_state: set[str] = field(default_factory=set)
     collective: bool = False
     rng: bool = False
     stream: bool = False
@@ -85,6 +107,8 @@ class Summary:
     vararg: str | None = None
     kwarg: str | None = None
 
+
+_SELF = cst.Name("self")
 
 # Bounds on reading other modules' source for one analysis: import hops from the user's file,
 # and bytes read (a lookup past either stays an unknown callee).
@@ -303,10 +327,13 @@ class ModuleSummaries:
             todo += [b.split(".")[-1] for b in self._all_bases().get(name, [])]
         return out
 
-    def _dispatch_effects(self, call: cst.Call, cls: str, name: str, label: str, subclasses: bool) -> list[CallEffect]:
+    def _dispatch_effects(
+        self, call: cst.Call, cls: str, name: str, label: str, subclasses: bool, receiver: cst.BaseExpression = _SELF
+    ) -> list[CallEffect]:
         """What else `<cls instance>.name(...)` may run: the overrides of `name` in the subclasses of
         `cls` this module defines (with `subclasses`: the object may be of any of them) and every
-        module-level `Cls.name = f` on `cls`, its bases or those subclasses."""
+        module-level `Cls.name = f` on `cls`, its bases or those subclasses. `receiver`: the
+        object, as the caller names it."""
         effects: list[CallEffect] = []
         classes = self._ancestors(cls) + (self.subclasses(cls) if subclasses else [])
         if subclasses:
@@ -318,14 +345,14 @@ class ModuleSummaries:
                     if isinstance(stmt, cst.FunctionDef) and stmt.name.value == name:
                         summary = self.function_summary(sub, stmt)
                         effects.append(
-                            _apply(summary, call, f"{label} ({sub}.{name}, an override)", self.package, _SELF)
+                            _apply(summary, call, f"{label} ({sub}.{name}, an override)", self.package, receiver)
                         )
         for owner in classes:
             for value in self.patches.get((owner, name), []):
                 where = f"{label} ({owner}.{name} = {value or '...'} at module level"
                 if value is not None and value in self.functions:
                     summary = self.function_summary(owner, self.functions[value])
-                    effects.append(_apply(summary, call, where + ")", self.package, _SELF))
+                    effects.append(_apply(summary, call, where + ")", self.package, receiver))
                 else:
                     effects.append(_unknown(call, f"{where}, not visible to msrewrite)"))
         return effects
@@ -441,6 +468,21 @@ class ModuleSummaries:
             elif base not in ("nn.Module", "torch.nn.Module", "Module", "object"):
                 out.append(base)
         return out
+
+    def is_module_class(self, cls: str, seen: frozenset[str] = frozenset()) -> bool:
+        """Whether `cls` is an nn.Module, its bases followed through the classes msrewrite reads:
+        then `self.parameters()` and the other state accessors are torch's own (no class of the
+        chain defines them; resolve checks that first)."""
+        if cls in seen:
+            return False
+        for base in self._bases(cls):
+            if base.startswith(("nn.", "torch.nn.")):
+                return True
+            if base == "Module" and self.imports.get("Module", (0, "", ""))[1].startswith("torch"):
+                return True
+            if base in self.classes and self.is_module_class(base, seen | {cls}):
+                return True
+        return False
 
     def attribute_values(self, cls: str) -> dict[str, list[cst.BaseExpression]]:
         """`self.<attr> = value` assignments in `__init__` of the class and its same-file bases."""
@@ -706,14 +748,27 @@ class ModuleSummaries:
         element = head.endswith("[]")
         head = head.removesuffix("[]")
         label = f"self.{path.replace('[]', '')}"
+        # the object the method runs on, as the caller names it (`self`, `self.shared_experts`
+        # for a method reached through a submodule of a class msrewrite reads)
+        receiver = call.func.value if isinstance(call.func, cst.Attribute) and not rest else _SELF
         if not element:
             method = self._method(cls, head)
             if method is not None and not rest:
                 if self._vouched(head, f"self.{head}"):
                     return _vouched_effect(call)
-                own = _apply(self.function_summary(cls, method[1]), call, f"self.{head}", self.package, _SELF)
+                own = _apply(self.function_summary(cls, method[1]), call, f"self.{head}", self.package, receiver)
                 # `self` may be of a subclass that overrides the method, or the method patched
-                return _union([own, *self._dispatch_effects(call, cls, head, f"self.{head}", subclasses=True)])
+                return _union(
+                    [own, *self._dispatch_effects(call, cls, head, f"self.{head}", subclasses=True, receiver=receiver)]
+                )
+            if (
+                method is None
+                and not rest
+                and head in STATE_ACCESSORS
+                and not self.attribute_values(cls).get(head)
+                and self.is_module_class(cls)
+            ):
+                return state_accessor_effect(call, receiver)
         if self._vouched(head, label):
             return _vouched_effect(call)
         values = list(self.attribute_values(cls).get(head) or [])
@@ -786,6 +841,8 @@ class ModuleSummaries:
         leaf = ctor.split(".")[-1]
         if leaf in ACTIVATION_FACTORIES and leaf not in self.functions:
             return CallEffect()  # transformers' get_activation("silu"): an ACT2FN entry
+        if rest in STATE_ACCESSORS and not element and ctor.rpartition(".")[0] in ("nn", "torch.nn"):
+            return state_accessor_effect(call, call.func.value)  # type: ignore[attr-defined]
         if leaf in ("ModuleList", "Sequential", "ModuleDict") and ctor.split(".")[0] in ("nn", "torch"):
             items = _container_items(value)
             if leaf == "Sequential" and not element and not rest:
@@ -905,8 +962,9 @@ def _signature(cls: str | None, func: cst.FunctionDef) -> tuple[list[str], str |
 def _state_writes(
     facts: list[StatementFacts], func: cst.FunctionDef, scalars: frozenset[str], modules: frozenset[str]
 ) -> set[str]:
-    """What `func` writes in place beyond its arguments: "self" for its object's attributes
-    (`self.last.copy_(y)`, through a local alias too) and module-level names (`_BUF.mul_(2)`).
+    """What `func` writes in place beyond its arguments: "self.<attr>" for its object's attributes
+    (`self.last.copy_(y)`, through a local alias too), "self" for any of them (through
+    `self.parameters()`, a classmethod's `cls`) and module-level names (`_BUF.mul_(2)`).
     `self.calls += 1` on an attribute `__init__` sets only to literals (`scalars`) rebinds a
     Python number on the host: no device memory is written.
     Through a local alias only what the alias was bound from counts: an attribute of `self`
@@ -924,9 +982,11 @@ def _state_writes(
 
     def note(name: str, through_alias: bool) -> None:
         root = name.split(".")[0]
-        if through_alias and (root in modules or root == self_name == "cls" or name == self_name):
+        if through_alias and (root in modules or root == self_name == "cls" or name == self_name != "self"):
             return
-        if root == self_name and self_name in ("self", "cls"):
+        if root == self_name == "self":
+            found.add(".".join(name.split(".")[:2]))  # "self.last", or "self" through self.parameters()
+        elif root == self_name == "cls":
             found.add("self")
         elif root not in local and root != self_name and root not in BUILTIN_NAMES:
             found.add(root)
@@ -948,8 +1008,9 @@ def _all_pairs(names: list[str]) -> set[tuple[str, str]]:
 
 
 def _param_effects(summary: Summary, facts: list[StatementFacts], names: list[str], scope: Scope) -> None:
-    """Fills in which parameters (`names`) the body writes, may write, may return, and which
-    come to hold which (`buf[0] = x`: a caller's later write through its `buf` reaches its `x`)."""
+    """Fills in which parameters (`names`) the body writes, may write, may return, which come to
+    hold which (`buf[0] = x`: a caller's later write through its `buf` reaches its `x`), and the
+    object's own state the result may alias."""
     returns: dict[int, set[str]] = {}  # statement -> names its return values may alias
 
     class _Returns(Visitor):
@@ -977,6 +1038,11 @@ def _param_effects(summary: Summary, facts: list[StatementFacts], names: list[st
                 summary.may_write[name] = _merged(summary.may_write.get(name, []), writers)
             if returns.get(f.index) and any(storage._around(r, f.index) & mine for r in returns[f.index]):
                 summary.returns.add(name)
+    for at, roots in returns.items():  # `return self.scales[0]`, `v = self.get_buffer("b"); return v`
+        for root in roots:
+            for kind, *rest in storage._around(root, at):
+                if kind == "free" and _is_state(rest[-1]):
+                    summary.returns_state.add(".".join(rest[-1].split(".")[:2]))
     params = frozenset(names)
     for f in facts:
         for source, target in f.stored:  # a store into an object, not a rebinding
@@ -1119,7 +1185,6 @@ def _is_record(node: cst.ClassDef) -> bool:
     return "dataclass" in decorators or bool(bases & {"NamedTuple", "TypedDict"})
 
 
-_SELF = cst.Name("self")
 # `None`, `True`, `print`: a callee writing its argument may be handed one; never a tensor
 BUILTIN_NAMES = frozenset(dir(builtins))
 
@@ -1255,10 +1320,12 @@ def _apply(
     for name in summary.writes:
         effect.writes += bound.get(name, [])
     for name in sorted(summary.state_writes):
-        if name != "self":
+        if not _is_state(name):
             effect.writes.append(cst.Name(name))
         elif receiver is not None:
-            effect.writes.append(receiver)
+            effect.writes.append(_state_of(receiver, name))
+    if receiver is not None:
+        effect.returns += [_state_of(receiver, path) for path in sorted(summary.returns_state)]
     may_write = dict(summary.may_write)
     if strict and summary.unknown:
         unseen = sorted(summary.unknown)[:MAX_WRITERS]
@@ -1287,6 +1354,40 @@ def _apply(
     return effect
 
 
+def _is_state(path: str) -> bool:
+    return path == "self" or path.startswith("self.")
+
+
+def _state_of(receiver: cst.BaseExpression, path: str) -> cst.BaseExpression:
+    """The callee's `self.<attr>` (or all of `self`) as the caller names it: `receiver.<attr>`."""
+    attr = path.partition(".")[2]
+    return cst.Attribute(value=receiver, attr=cst.Name(attr)) if attr else receiver
+
+
+def state_accessor_effect(call: cst.Call, receiver: cst.BaseExpression) -> CallEffect:
+    """`<module>.parameters()`, `.get_buffer("bias")`, `.state_dict()` on an nn.Module: nothing
+    written; the result aliases the state it hands out (STATE_ACCESSORS)."""
+    leaf = call.func.attr.value  # type: ignore[attr-defined]
+    args = positional(call)
+    if leaf in NAMED_STATE_ACCESSORS:
+        keyword = next(
+            (a.value for a in call.args if a.keyword is not None and a.keyword.value in ("target", "name")), None
+        )
+        target = args[0] if args else keyword
+        named = target.evaluated_value if isinstance(target, cst.SimpleString) else None
+        first = named.split(".")[0] if isinstance(named, str) else ""
+        if first.isidentifier():
+            return CallEffect(returns=[cst.Attribute(value=receiver, attr=cst.Name(first))])
+    effect = CallEffect(returns=[receiver])
+    if leaf == "state_dict":  # state_dict(destination=d) fills d with the state
+        keyword = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "destination"), None)
+        destination = args[0] if args else keyword
+        if destination is not None:
+            effect.stores.append((destination, receiver))
+            effect.returns.append(destination)
+    return effect
+
+
 def _apply_template(template: CallEffect, call: cst.Call) -> CallEffect:
     args = positional(call)
     first = args[0] if args else None
@@ -1299,6 +1400,9 @@ def _unknown(call: cst.Call, why: str) -> CallEffect:
     receiver: list[cst.BaseExpression] = []
     if isinstance(call.func, cst.Attribute) and _self_path(call.func) is None:
         receiver = [call.func.value]  # obj.method(x) may write obj too
+    held: list[cst.BaseExpression] = []
+    if isinstance(call.func, cst.Attribute) and not receiver and call.func.attr.value in STATE_ACCESSORS:
+        held = [call.func.value]  # self.sub.parameters() of a module not seen: its state all the same
     elif not isinstance(call.func, (cst.Name, cst.Attribute)):
         # a computed callee (`getattr(x, "mul_")(2)`, `table[k](x)`) may be bound to any object its
         # expression names
@@ -1307,7 +1411,7 @@ def _unknown(call: cst.Call, why: str) -> CallEffect:
     # may order streams (an event from elsewhere), so nothing after it moves above it
     ordering = is_ordering_call(call)
     return CallEffect(
-        returns=args + receiver,
+        returns=args + receiver + held,
         may_writes=[(e, why) for e in args + receiver],
         # `lst.append(x)`, `helper(lst, x)`: any of them may now hold any other
         stores=[(c, v) for c in args + receiver for v in args if c is not v],
