@@ -189,14 +189,7 @@ def alias_roots(node: cst.BaseExpression, scope: Scope) -> set[str]:
     if isinstance(node, cst.Attribute):
         name = dotted_name(node)
         if name is not None and name.startswith("self."):
-            attr = name.split(".")[1]
-            if attr in MODULE_STATE_TABLES:
-                return {"self"}
-            if attr in scope.properties:  # self.scale_view: the state its getter returns
-                getter = cst.Attribute(value=cst.Name("self"), attr=cst.Name(attr))
-                returned = scope.effect_of(cst.Call(func=getter)).returns
-                return {f"self.{attr}", *(r for e in returned for r in alias_roots(e, scope))}
-            return {f"self.{attr}"}
+            return _self_attribute_roots(name.split(".")[1], scope)
         if node.attr.value in METADATA_ATTRS:
             return set()
         return alias_roots(node.value, scope)
@@ -224,6 +217,18 @@ def alias_roots(node: cst.BaseExpression, scope: Scope) -> set[str]:
             comp = comp.inner_for_in
         return found
     return set()
+
+
+def _self_attribute_roots(attr: str, scope: Scope) -> set[str]:
+    """What `self.<attr>` may share: itself; all module state for nn.Module's own tables
+    (`self._buffers`); for a @property, also the state its getter returns."""
+    if attr in MODULE_STATE_TABLES:
+        return {"self"}
+    if attr in scope.properties:  # self.scale_view: the state its getter returns
+        getter = cst.Attribute(value=cst.Name("self"), attr=cst.Name(attr))
+        returned = scope.effect_of(cst.Call(func=getter)).returns
+        return {f"self.{attr}", *(r for e in returned for r in alias_roots(e, scope))}
+    return {f"self.{attr}"}
 
 
 class _Collector(Visitor):

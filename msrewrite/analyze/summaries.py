@@ -43,7 +43,9 @@ from msrewrite.analyze.defuse import (
 )
 from msrewrite.analyze.torch_effects import (
     ORDERING_METHODS,
+    TENSOR_METHODS,
     CallEffect,
+    is_inplace_name,
     is_ordering_call,
     is_stream_object,
     nn_module_effect,
@@ -1038,11 +1040,7 @@ def _param_effects(summary: Summary, facts: list[StatementFacts], names: list[st
                 summary.may_write[name] = _merged(summary.may_write.get(name, []), writers)
             if returns.get(f.index) and any(storage._around(r, f.index) & mine for r in returns[f.index]):
                 summary.returns.add(name)
-    for at, roots in returns.items():  # `return self.scales[0]`, `v = self.get_buffer("b"); return v`
-        for root in roots:
-            for kind, *rest in storage._around(root, at):
-                if kind == "free" and _is_state(rest[-1]):
-                    summary.returns_state.add(".".join(rest[-1].split(".")[:2]))
+    summary.returns_state = _returned_state(returns, storage)
     params = frozenset(names)
     for f in facts:
         for source, target in f.stored:  # a store into an object, not a rebinding
@@ -1052,6 +1050,18 @@ def _param_effects(summary: Summary, facts: list[StatementFacts], names: list[st
             else:
                 holders = {t[1] for t in storage._around(target, f.index) if t[0] == "param" and t[1] in params}
             summary.holds |= {(p, q) for p in holders for q in held if p != q}
+
+
+def _returned_state(returns: dict[int, set[str]], storage: Storage) -> set[str]:
+    """The object's state ("self.<attr>", or "self" for all of it) the names returned at each
+    statement may hold: `return self.scales[0]`, `v = self.get_buffer("b"); return v`."""
+    found: set[str] = set()
+    for at, roots in returns.items():
+        for root in roots:
+            for kind, *rest in storage._around(root, at):
+                if kind == "free" and _is_state(rest[-1]):
+                    found.add(".".join(rest[-1].split(".")[:2]))
+    return found
 
 
 def unseen_writers(f: StatementFacts, names: list[str], scope: Scope) -> list[str]:
@@ -1319,13 +1329,7 @@ def _apply(
     )
     for name in summary.writes:
         effect.writes += bound.get(name, [])
-    for name in sorted(summary.state_writes):
-        if not _is_state(name):
-            effect.writes.append(cst.Name(name))
-        elif receiver is not None:
-            effect.writes.append(_state_of(receiver, name))
-    if receiver is not None:
-        effect.returns += [_state_of(receiver, path) for path in sorted(summary.returns_state)]
+    _state_effects(summary, receiver, effect)
     may_write = dict(summary.may_write)
     if strict and summary.unknown:
         unseen = sorted(summary.unknown)[:MAX_WRITERS]
@@ -1352,6 +1356,18 @@ def _apply(
         containers = [receiver] if holder == "self" and receiver is not None else bound.get(holder, [])
         effect.stores += [(c, v) for c in containers for v in bound.get(held, []) if c is not v]
     return effect
+
+
+def _state_effects(summary: Summary, receiver: cst.BaseExpression | None, effect: CallEffect) -> None:
+    """The state beyond the arguments a call writes and returns, from the callee's summary: the
+    module-level names by name, the object's own attributes on `receiver`."""
+    for name in sorted(summary.state_writes):
+        if not _is_state(name):
+            effect.writes.append(cst.Name(name))
+        elif receiver is not None:
+            effect.writes.append(_state_of(receiver, name))
+    if receiver is not None:
+        effect.returns += [_state_of(receiver, path) for path in sorted(summary.returns_state)]
 
 
 def _is_state(path: str) -> bool:
@@ -1398,12 +1414,19 @@ def _apply_template(template: CallEffect, call: cst.Call) -> CallEffect:
 def _unknown(call: cst.Call, why: str) -> CallEffect:
     args = [a.value for a in call.args]
     receiver: list[cst.BaseExpression] = []
-    if isinstance(call.func, cst.Attribute) and _self_path(call.func) is None:
-        receiver = [call.func.value]  # obj.method(x) may write obj too
-    held: list[cst.BaseExpression] = []
-    if isinstance(call.func, cst.Attribute) and not receiver and call.func.attr.value in STATE_ACCESSORS:
-        held = [call.func.value]  # self.sub.parameters() of a module not seen: its state all the same
-    elif not isinstance(call.func, (cst.Name, cst.Attribute)):
+    held: list[cst.BaseExpression] = []  # what the result aliases beyond the arguments
+    written: list[cst.BaseExpression] = []
+    if isinstance(call.func, cst.Attribute):
+        method = call.func.attr.value
+        if _self_path(call.func) is None:
+            receiver = [call.func.value]  # obj.method(x) may write obj too
+        elif method in STATE_ACCESSORS:
+            held = [call.func.value]  # self.sub.parameters() of a module not seen: its state all the same
+        elif method in TENSOR_METHODS and is_inplace_name(method) and not _is_name(call.func.value, "self"):
+            # self.norm.weight.data.mul_(0.5), self.sub.head.add_(1): an in-place tensor method on
+            # state reached through a submodule writes that state, whatever the chain holds
+            written = held = [call.func.value]
+    elif not isinstance(call.func, cst.Name):
         # a computed callee (`getattr(x, "mul_")(2)`, `table[k](x)`) may be bound to any object its
         # expression names
         receiver = [cst.Name(n) for n in sorted(expression_loads(call.func)) if n != "self"]
@@ -1411,6 +1434,7 @@ def _unknown(call: cst.Call, why: str) -> CallEffect:
     # may order streams (an event from elsewhere), so nothing after it moves above it
     ordering = is_ordering_call(call)
     return CallEffect(
+        writes=written,
         returns=args + receiver + held,
         may_writes=[(e, why) for e in args + receiver],
         # `lst.append(x)`, `helper(lst, x)`: any of them may now hold any other
