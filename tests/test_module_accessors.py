@@ -15,7 +15,7 @@ import pytest
 
 from helpers import ROOT
 from msrewrite.analyze.defuse import alias_roots, node_facts
-from msrewrite.analyze.summaries import ModuleSummaries
+from msrewrite.analyze.summaries import ModuleSummaries, meets
 from msrewrite.commands.apply import case_steps
 from msrewrite.errors import NothingToDo
 from msrewrite.load import load
@@ -49,6 +49,13 @@ REFUSED = {
     "method_returns_state_view": "writes module state 'self.bias' (through self.bias_head(), which returns it) "
     "while the side stream reads it",
     "method_writes_state": "writes module state 'self.bias' (in self._update()) while the side stream reads it",
+    # the side reads the buffer through a list taken before the fork: all of the state meets self.bias
+    "accessor_bound_before_fork": "line 27 writes 'self.bias' in place while the side stream reads it (through "
+    "'bufs', from self.buffers())",
+    # a callee msrewrite cannot see into, handed module state the side reads: named, with the option
+    "unseen_callee_on_parameters": "line 26: torch._foreach_mul_ (not visible to msrewrite) may write module state "
+    "'self' (through 'p', from self.parameters()), which the side stream reads ('self.shared_experts'); msrewrite "
+    "cannot see into it; pass --assume-pure torch._foreach_mul_ if it does not",
     # an in-place tensor method on state reached through a submodule (not a callee's own choice)
     "submodule_weight_chain": "line 26 writes module state 'self.norm' while the side stream reads it",
 }
@@ -59,6 +66,7 @@ EDITED = [
     "accessor_other_state",
     "property_view_main_only",
     "submodule_weight_chain_other",
+    "unseen_callee_on_other_parameters",
 ]
 
 
@@ -214,3 +222,10 @@ def test_an_accessor_on_a_module_msrewrite_cannot_see_still_aliases_it():
     effect = scope.effect_of(cst.parse_expression("self.linear.parameters()"))
     assert effect.unknown  # on the trust boundary, named
     assert alias_roots(cst.parse_expression("self.linear.parameters()"), scope) == {"self.linear"}
+
+
+def test_all_of_the_state_meets_each_attribute_and_attributes_do_not_meet_each_other():
+    whole = frozenset({("param", "self")})
+    bias, gate = frozenset({("free", "self.bias")}), frozenset({("free", "self.gate")})
+    assert meets(whole, bias) and meets(bias, whole) and meets(frozenset({("free", "self")}), gate)
+    assert not meets(bias, gate) and not meets(whole, frozenset({("param", "x")}))

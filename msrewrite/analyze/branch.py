@@ -46,7 +46,7 @@ from msrewrite.analyze.guards import (
     source,
 )
 from msrewrite.analyze.outline import unique_name
-from msrewrite.analyze.summaries import BUILTIN_NAMES, STATE_ACCESSORS, Storage, unseen_writers
+from msrewrite.analyze.summaries import ALL_STATE_TOKENS, BUILTIN_NAMES, STATE_ACCESSORS, Storage, unseen_writers
 from msrewrite.analyze.walk import Visitor, walk
 from msrewrite.records import record
 
@@ -1084,6 +1084,9 @@ class _Search:
             hint = "; pass --protect clone to snapshot it at the fork" if f.index >= fork else ""
             via = _alias_origin(storage, self.facts, known[0], group, f.index, self.scope) if known[0] != name else ""
             via = f" ('{known[0]}' {via.removeprefix(', which ').rstrip(',')})" if via else ""
+            if known[0] != name and _state_path(known[0]) and group & ALL_STATE_TOKENS:
+                # the side reads all of the module's state through a local (`bufs = list(self.buffers())`)
+                via = _state_via(f, name, "self", self.facts, self.scope, binder_before=True)
             callee = _writing_callee(f.node, known[0], self.scope)
             overrides = (
                 "" if callee.startswith("the @property") else ", with every override and patch of it in the file"
@@ -1177,6 +1180,7 @@ class _Search:
             *(_state_read(f.node, scope) for f in side), *(_state_read(c, scope) for c in side_calls)
         )
         side_writes = {path: (f, name) for f in side for path, name in _state_written(f, storage).items()}
+        side_may = {path: (f, hit) for f in side for path, hit in _state_may_written(f, storage).items()}
         for g in main:
             for path, name in _state_written(g, storage).items():
                 hit = next((q for q in sorted(side_reads | set(side_writes)) if _same_state(path, q)), None)
@@ -1190,7 +1194,26 @@ class _Search:
                         f"line {g.first_line} writes module state '{path}'{via} while the side stream "
                         f"{'writes' if hit not in side_reads else 'reads'} {'it' if hit == path else repr(hit)}{why}"
                     )
+            for path, (name, why) in _state_may_written(g, storage).items():
+                hit = next((q for q in sorted(side_reads | set(side_writes)) if _same_state(path, q)), None)
+                if hit is not None:
+                    via = _state_via(g, name, path, self.facts, scope) if name != path else ""
+                    raise NoBranch(
+                        f"line {g.first_line}: {why} may write module state '{path}'{via}, which the side stream "
+                        f"{'writes' if hit not in side_reads else 'reads'}"
+                        f"{'' if hit == path else ' (' + repr(hit) + ')'}; msrewrite cannot see into it; pass "
+                        f"{_vouch_options([why])} if it does not"
+                    )
             reads = _state_read(g.node, scope)
+            for path, (f, (name, why)) in side_may.items():
+                hit = next((q for q in sorted(reads) if _same_state(path, q)), None)
+                if hit is not None:
+                    via = _state_via(f, name, path, self.facts, scope) if name != path else ""
+                    raise NoBranch(
+                        f"line {f.first_line}: on the side branch {why} may write module state '{path}'{via}, which "
+                        f"the main path reads between the fork and the join (line {g.first_line}: '{hit}'); "
+                        f"msrewrite cannot see into it; pass {_vouch_options([why])} if it does not"
+                    )
             for path, (f, name) in side_writes.items():
                 hit = next((q for q in sorted(reads) if _same_state(path, q)), None)
                 if hit is not None:
@@ -1429,13 +1452,17 @@ def _state_read(node: cst.CSTNode, scope: Scope) -> set[str]:
     return found
 
 
-def _state_via(f: StatementFacts, name: str, path: str, facts: list[StatementFacts], scope: Scope) -> str:
+def _state_via(
+    f: StatementFacts, name: str, path: str, facts: list[StatementFacts], scope: Scope, binder_before: bool = False
+) -> str:
     """How statement `f` reaches the module state `path` it writes through `name`, for a refusal:
     " (through 'p', from self.parameters())", " (through self.get_buffer('bias'))",
-    " (in self._update())", " (through 'view')", or ""."""
+    " (in self._update())", " (through 'view')", or "". `binder_before`: `name` was bound before
+    `f` (a side input)."""
     local = name.isidentifier() and name != path
     if local:  # where the local came to hold the state: this statement, or the last one binding it
-        binder = next((h for h in [f, *reversed(facts[: f.index])] if any(t == name for _, t in h.links)), f)
+        before = list(reversed(facts[: f.index]))
+        binder = next((h for h in ([] if binder_before else [f]) + before if any(t == name for _, t in h.links)), f)
         accessor = _state_accessor_call(binder.node, scope)
         return f" (through '{name}', from {accessor})" if accessor else f" (through '{name}')"
     if name != path:
@@ -1461,6 +1488,10 @@ def _state_via(f: StatementFacts, name: str, path: str, facts: list[StatementFac
         if any(_state_key(r) == path for r in alias_roots(cst.parse_expression(prop), scope)):
             return f" (through the @property {prop})"
     return ""
+
+
+def _state_path(name: str) -> bool:
+    return name == "self" or name.startswith("self.")
 
 
 def _properties_read(node: cst.CSTNode, scope: Scope) -> set[str]:
@@ -1494,6 +1525,23 @@ def _state_accessor_call(node: cst.CSTNode, scope: Scope) -> str:
                 text = " ".join(source(call).split())
                 return text if len(text) <= 50 else text[:47] + "..."
     return ""
+
+
+def _state_may_written(f: StatementFacts, storage: Storage) -> dict[str, tuple[str, str]]:
+    """Module state a callee msrewrite cannot see into may write in `f` because it is handed it
+    (`torch._foreach_mul_(list(self.parameters()), 0.9)`, `kernel(self.bias)`): `self.<attr>` ->
+    (the name it is handed through, the callee)."""
+    out: dict[str, tuple[str, str]] = {}
+    for name, why in sorted(f.may_write.items()):
+        if name in f.mutates:
+            continue  # a definite write (a @property's getter): _state_written names it
+        if name == "self" or name.startswith("self."):
+            out.setdefault(_state_key(name), (name, why))
+        for kind, *rest in storage._around(name, f.index):
+            held = rest[-1] if kind in ("free", "param") else ""
+            if held == "self" or held.startswith("self."):
+                out.setdefault(_state_key(held), (name, why))
+    return out
 
 
 def _state_written(f: StatementFacts, storage: Storage) -> dict[str, str]:

@@ -113,6 +113,10 @@ def _stream_value(node: cst.BaseExpression) -> bool:
     return is_stream_object(node)
 
 
+def _is_self(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value == "self"
+
+
 def _root_name(node: cst.BaseExpression) -> str | None:
     while isinstance(node, (cst.Attribute, cst.Subscript)):
         node = node.value
@@ -449,7 +453,10 @@ class _Collector(Visitor):
             if effect.collective and isinstance(written, cst.Name):
                 self.facts.stores.add(written.value)  # recv / all_reduce fill their buffer: a new value
         for written, why in effect.may_writes:
-            for name in self._roots(written) - {"self"}:
+            # `self` handed to a callee msrewrite cannot see into counts only where it is all of
+            # the state (`self.parameters()`): `self` itself is not a tensor
+            roots = self._roots(written) - ({"self"} if _is_self(written) else set())
+            for name in roots:
                 self.facts.may_write.setdefault(name, why)
         for container, value in effect.stores:
             self._hold(container, value)

@@ -1172,11 +1172,28 @@ class Storage:
 
     def written(self, f: StatementFacts, at: int, tokens: frozenset | set) -> list[str]:
         """Names whose in-place writes in statement `f` (at body index `at`) reach `tokens`."""
-        return sorted(n for n in f.mutates if self._around(n, at) & tokens)
+        return sorted(n for n in f.mutates if meets(self._around(n, at), tokens))
 
     def maybe_written(self, f: StatementFacts, at: int, tokens: frozenset | set) -> list[str]:
         """Names an unseen callee in `f` may write whose storage reaches `tokens`."""
-        return sorted(n for n in f.may_write if self._around(n, at) & tokens)
+        return sorted(n for n in f.may_write if meets(self._around(n, at), tokens))
+
+
+# all of the module's state (`self.parameters()`, `self._buffers`): `self` where it is a
+# parameter of the function analysed (a method), or a name it does not bind
+ALL_STATE_TOKENS = frozenset({("free", "self"), ("param", "self")})
+
+
+def meets(a: frozenset | set, b: frozenset | set) -> bool:
+    """Whether two sets of storage tokens may share an object: a token in common, or all of the
+    module's state (`for p in self.parameters()`) against one of its attributes (`self.bias`)."""
+    if a & b:
+        return True
+
+    def attribute(tokens: frozenset | set) -> bool:
+        return any(t[0] == "free" and t[-1].startswith("self.") for t in tokens)
+
+    return bool(ALL_STATE_TOKENS & a and attribute(b)) or bool(ALL_STATE_TOKENS & b and attribute(a))
 
 
 def _makes_tensor(ctor: str) -> bool:
