@@ -56,6 +56,9 @@ REFUSED = {
     "unseen_callee_on_parameters": "line 26: torch._foreach_mul_ (not visible to msrewrite) may write module state "
     "'self' (through 'p', from self.parameters()), which the side stream reads ('self.shared_experts'); msrewrite "
     "cannot see into it; pass --assume-pure torch._foreach_mul_ if it does not",
+    # nn.Module's own methods that write all of its state
+    "module_load_state_dict": "line 26 writes module state 'self' (in self.load_state_dict(...)) while the side "
+    "stream reads 'self.shared_experts'",
     # an in-place tensor method on state reached through a submodule (not a callee's own choice)
     "submodule_weight_chain": "line 26 writes module state 'self.norm' while the side stream reads it",
 }
@@ -67,6 +70,7 @@ EDITED = [
     "property_view_main_only",
     "submodule_weight_chain_other",
     "unseen_callee_on_other_parameters",
+    "module_load_state_dict_other",
 ]
 
 
@@ -214,6 +218,24 @@ def test_a_write_through_an_accessor_is_a_write_of_that_state(summaries):
     assert loop.mutates == {"p"} and ("self", "p") in loop.links
     # reading is no write
     assert not node_facts(cst.parse_statement("n = sum(p.numel() for p in self.parameters())"), scope).mutates
+
+
+def test_a_module_method_that_writes_its_state_writes_all_of_it(summaries):
+    scope = summaries.scope_for("Block", "forward")
+    for code, written in {
+        "self.load_state_dict(sd)": {"self"},
+        "self.linear.to(torch.float16)": {"self.linear"},
+        "self.shared_experts.half()": {"self.shared_experts"},
+        "self.apply(init)": {"self"},  # and `init` is a callee msrewrite does not follow
+    }.items():
+        facts = node_facts(cst.parse_statement(code), scope)
+        assert facts.mutates == written, code
+    assert node_facts(cst.parse_statement("self.apply(init)"), scope).unknown_callees
+    # a tensor's .float() / .to() is no module write: self.bias is a buffer
+    assert not node_facts(cst.parse_statement("y = self.bias.float()"), scope).mutates
+    # reading the dict state_dict() returns is no write, and no unseen callee
+    read = node_facts(cst.parse_statement("n = sum(v.sum() for k, v in self.state_dict().items())"), scope)
+    assert not read.mutates and not read.may_write and not read.unknown_callees
 
 
 def test_an_accessor_on_a_module_msrewrite_cannot_see_still_aliases_it():

@@ -46,7 +46,14 @@ from msrewrite.analyze.guards import (
     source,
 )
 from msrewrite.analyze.outline import unique_name
-from msrewrite.analyze.summaries import ALL_STATE_TOKENS, BUILTIN_NAMES, STATE_ACCESSORS, Storage, unseen_writers
+from msrewrite.analyze.summaries import (
+    ALL_STATE_TOKENS,
+    BUILTIN_NAMES,
+    STATE_ACCESSORS,
+    STATE_WRITERS,
+    Storage,
+    unseen_writers,
+)
 from msrewrite.analyze.walk import Visitor, walk
 from msrewrite.records import record
 
@@ -1467,6 +1474,13 @@ def _state_via(
         return f" (through '{name}', from {accessor})" if accessor else f" (through '{name}')"
     if name != path:
         return f" (through '{name}')"  # a @property's getter: its own words
+    writer = next(
+        (c for c in all_calls(f.node) if isinstance(c.func, cst.Attribute) and c.func.attr.value in STATE_WRITERS), None
+    )
+    if writer is not None and any(
+        _state_key(r) == path for w in scope.effect_of(writer).writes for r in alias_roots(w, scope)
+    ):
+        return f" (in {source(writer.func)}(...))"  # self.load_state_dict(sd), self.sub.to(...)
     accessor = _state_accessor_call(f.node, scope)
     if accessor:
         return f" (through {accessor})"
@@ -1549,7 +1563,7 @@ def _state_written(f: StatementFacts, storage: Storage) -> dict[str, str]:
     it, or `self` handed to a callee that writes it); rebinding `self.<attr>` counts too."""
     out: dict[str, str] = {}
     for name in sorted(f.mutates):
-        if name == "self" and "self" in f.may_write:  # a @property's getter (defuse._property_read)
+        if name == "self" and "(a @property" in f.may_write.get("self", ""):  # defuse._property_read
             out.setdefault("self", f.may_write["self"])
         elif name == "self" or name.startswith("self."):
             out.setdefault(_state_key(name), name)

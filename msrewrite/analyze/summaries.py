@@ -76,6 +76,27 @@ STATE_ACCESSORS = NAMED_STATE_ACCESSORS | frozenset(
         "state_dict",
     }
 )
+# nn.Module methods that write the module's state (all of it, its submodules' too) and return the
+# module: `self.load_state_dict(sd)` copies into every tensor, `.to()` / `.half()` swap their data.
+# Those a tensor does not have too are known by name even on a module msrewrite cannot see.
+MODULE_ONLY_STATE_WRITERS = frozenset(
+    {
+        "load_state_dict",
+        "zero_grad",
+        "apply",
+        "_apply",
+        "to_empty",
+        "share_memory",
+        "register_buffer",
+        "register_parameter",
+        "register_module",
+        "add_module",
+        "set_submodule",
+    }
+)
+STATE_WRITERS = MODULE_ONLY_STATE_WRITERS | frozenset(
+    {"to", "half", "float", "double", "bfloat16", "cuda", "cpu", "npu", "xpu", "type", "requires_grad_"}
+)
 
 
 @record
@@ -660,6 +681,8 @@ class ModuleSummaries:
 
     def resolve(self, call: cst.Call, scope: Scope, owner: tuple[ModuleSummaries, str] | None) -> CallEffect:
         func = call.func
+        if isinstance(func, cst.Attribute) and func.attr.value in _MAPPING_READS and _accessor_call(func.value, scope):
+            return CallEffect(returns=[func.value])  # self.state_dict().items(): the dict's own views
         cls = owner[1] if owner is not None and owner[0] is self else None
         # self.helper(...) / self.sub(...) / self.experts[i](...)
         path = _self_path(func)
@@ -766,7 +789,7 @@ class ModuleSummaries:
             if (
                 method is None
                 and not rest
-                and head in STATE_ACCESSORS
+                and head in STATE_ACCESSORS | STATE_WRITERS
                 and not self.attribute_values(cls).get(head)
                 and self.is_module_class(cls)
             ):
@@ -843,7 +866,8 @@ class ModuleSummaries:
         leaf = ctor.split(".")[-1]
         if leaf in ACTIVATION_FACTORIES and leaf not in self.functions:
             return CallEffect()  # transformers' get_activation("silu"): an ACT2FN entry
-        if rest in STATE_ACCESSORS and not element and ctor.rpartition(".")[0] in ("nn", "torch.nn"):
+        nn_module = ctor.rpartition(".")[0] in ("nn", "torch.nn") and not _makes_tensor(ctor)
+        if rest in STATE_ACCESSORS | STATE_WRITERS and not element and nn_module:
             return state_accessor_effect(call, call.func.value)  # type: ignore[attr-defined]
         if leaf in ("ModuleList", "Sequential", "ModuleDict") and ctor.split(".")[0] in ("nn", "torch"):
             items = _container_items(value)
@@ -1387,6 +1411,17 @@ def _state_effects(summary: Summary, receiver: cst.BaseExpression | None, effect
         effect.returns += [_state_of(receiver, path) for path in sorted(summary.returns_state)]
 
 
+# methods of the dict state_dict() returns that only read it
+_MAPPING_READS = frozenset({"items", "keys", "values", "get"})
+
+
+def _accessor_call(node: cst.BaseExpression, scope: Scope) -> bool:
+    """`self.state_dict()`, `self.sub.named_parameters()`: a state accessor msrewrite resolved as one."""
+    if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)):
+        return False
+    return node.func.attr.value in STATE_ACCESSORS and not scope.effect_of(node).unknown
+
+
 def _is_state(path: str) -> bool:
     return path == "self" or path.startswith("self.")
 
@@ -1399,9 +1434,16 @@ def _state_of(receiver: cst.BaseExpression, path: str) -> cst.BaseExpression:
 
 def state_accessor_effect(call: cst.Call, receiver: cst.BaseExpression) -> CallEffect:
     """`<module>.parameters()`, `.get_buffer("bias")`, `.state_dict()` on an nn.Module: nothing
-    written; the result aliases the state it hands out (STATE_ACCESSORS)."""
+    written; the result aliases the state it hands out (STATE_ACCESSORS). `.load_state_dict(sd)`,
+    `.to(...)`, `.apply(fn)`: a write of all of its state (STATE_WRITERS); `apply` runs `fn`, which
+    msrewrite does not follow, on every submodule."""
     leaf = call.func.attr.value  # type: ignore[attr-defined]
     args = positional(call)
+    if leaf in STATE_WRITERS:
+        if leaf in ("apply", "_apply"):
+            callee = dotted_name(call.func) or _short(call.func)
+            return _unknown(call, f"{callee} (runs its argument on every submodule; not visible to msrewrite)")
+        return CallEffect(writes=[receiver], returns=[receiver])
     if leaf in NAMED_STATE_ACCESSORS:
         keyword = next(
             (a.value for a in call.args if a.keyword is not None and a.keyword.value in ("target", "name")), None
@@ -1439,6 +1481,8 @@ def _unknown(call: cst.Call, why: str) -> CallEffect:
             receiver = [call.func.value]  # obj.method(x) may write obj too
         elif method in STATE_ACCESSORS:
             held = [call.func.value]  # self.sub.parameters() of a module not seen: its state all the same
+        elif method in MODULE_ONLY_STATE_WRITERS:
+            written = held = [call.func.value]  # self.sub.load_state_dict(sd): all of its state
         elif method in TENSOR_METHODS and is_inplace_name(method) and not _is_name(call.func.value, "self"):
             # self.norm.weight.data.mul_(0.5), self.sub.head.add_(1): an in-place tensor method on
             # state reached through a submodule writes that state, whatever the chain holds
