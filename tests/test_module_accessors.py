@@ -46,9 +46,9 @@ REFUSED = {
     "reads between the fork and the join",
     "property_view_read": "writes module state 'self.scales' while the side stream reads 'self' (the @property "
     "self.scale_view, whose getter may read any of it)",
-    "method_returns_state_view": "writes module state 'self.bias' (through self.bias_head(), which returns it) "
+    "method_returns_state_view": "writes module state 'self.bias' (through self.bias_head(...), which returns it) "
     "while the side stream reads it",
-    "method_writes_state": "writes module state 'self.bias' (in self._update()) while the side stream reads it",
+    "method_writes_state": "writes module state 'self.bias' (in self._update(...)) while the side stream reads it",
     # the side reads the buffer through a list taken before the fork: all of the state meets self.bias
     "accessor_bound_before_fork": "line 27 writes 'self.bias' in place while the side stream reads it (through "
     "'bufs', from self.buffers())",
@@ -56,6 +56,9 @@ REFUSED = {
     "unseen_callee_on_parameters": "line 26: torch._foreach_mul_ (not visible to msrewrite) may write module state "
     "'self' (through 'p', from self.parameters()), which the side stream reads ('self.shared_experts'); msrewrite "
     "cannot see into it; pass --assume-pure torch._foreach_mul_ if it does not",
+    # a module-level helper handed the block: its parameter's parameters() are all of the block's state
+    "function_decays_module": "line 31 writes module state 'self' (in decay(...)) while the side stream reads "
+    "'self.shared_experts'",
     # nn.Module's own methods that write all of its state
     "module_load_state_dict": "line 26 writes module state 'self' (in self.load_state_dict(...)) while the side "
     "stream reads 'self.shared_experts'",

@@ -1464,8 +1464,10 @@ def _state_via(
 ) -> str:
     """How statement `f` reaches the module state `path` it writes through `name`, for a refusal:
     " (through 'p', from self.parameters())", " (through self.get_buffer('bias'))",
-    " (in self._update())", " (through 'view')", or "". `binder_before`: `name` was bound before
-    `f` (a side input)."""
+    " (in self._update(...))", " (through 'view')", or "". `binder_before`: `name` was bound
+    before `f` (a side input)."""
+    from msrewrite.analyze.torch_effects import torch_call_effect
+
     local = name.isidentifier() and name != path
     if local:  # where the local came to hold the state: this statement, or the last one binding it
         before = list(reversed(facts[: f.index]))
@@ -1487,17 +1489,18 @@ def _state_via(
     table = next((t for t in sorted(MODULE_STATE_TABLES) if f"self.{t}" in _self_attributes(f.node)), None)
     if table is not None:
         return f" (through self.{table})"
-    for call in all_calls(f.node):  # a method of the class that writes it, or returns it
+    for call in all_calls(f.node):  # a method of the class or a function that writes it, or returns it
         func = call.func
-        method = scope.state_attrs is None or (
-            isinstance(func, cst.Attribute) and func.attr.value not in scope.state_attrs
+        method = isinstance(func, cst.Attribute) and (
+            scope.state_attrs is None or func.attr.value not in scope.state_attrs
         )
-        if isinstance(func, cst.Attribute) and dotted_name(func.value) == "self" and method:
+        function = isinstance(func, cst.Name) and torch_call_effect(call) is None
+        if (method and dotted_name(func.value) == "self") or function:  # type: ignore[attr-defined]
             written = {r for w in scope.effect_of(call).writes for r in alias_roots(w, scope)}
             if any(_state_key(r) == path for r in written):
-                return f" (in {source(func)}())"
+                return f" (in {source(func)}(...))"
             if any(_state_key(r) == path for r in alias_roots(call, scope)):
-                return f" (through {source(func)}(), which returns it)"
+                return f" (through {source(func)}(...), which returns it)"
     for prop in sorted(_properties_read(f.node, scope)):
         if any(_state_key(r) == path for r in alias_roots(cst.parse_expression(prop), scope)):
             return f" (through the @property {prop})"
