@@ -232,8 +232,8 @@ def test_direct_rebinds_and_a_method_writing_state():
         "class M(nn.Module):\n    def bump(self):\n        self.scale.mul_(2)\n\n    def forward(self, x):\n        pass\n"
     )
     scope = ModuleSummaries(module).scope_for("M", "forward")
-    # a method that writes its object's state writes all of `self` at the call
-    assert "self" in node_facts(cst.parse_statement("self.bump()"), scope).mutates
+    # a method that writes its object's state writes that state of the receiver at the call
+    assert "self.scale" in node_facts(cst.parse_statement("self.bump()"), scope).mutates
 
 
 def _refusal(tmp_path: Path, name: str, source: str) -> str:
@@ -292,8 +292,8 @@ def test_nothing_to_overlap_says_the_fork_waits_for_the_read(tmp_path):
 def test_a_main_method_rebinding_what_the_side_reads_is_refused(tmp_path):
     why = _refusal(tmp_path, "main_rebinds", (ADVERSARIAL / "main_method_rebinds_side_state.py").read_text())
     assert (
-        "line 40 writes module state 'self' (inside self._rescale_shared(...)) while the side stream reads "
-        "'self.shared_experts'"
+        "line 40 writes module state 'self.shared_experts' (in self._rescale_shared(...)) while the side stream "
+        "reads it"
     ) in why, why
 
 

@@ -24,6 +24,7 @@ import libcst as cst
 from libcst.metadata import CodeRange
 
 from msrewrite.analyze.defuse import (
+    MODULE_STATE_TABLES,
     Scope,
     StatementFacts,
     alias_roots,
@@ -45,7 +46,14 @@ from msrewrite.analyze.guards import (
     source,
 )
 from msrewrite.analyze.outline import unique_name
-from msrewrite.analyze.summaries import BUILTIN_NAMES, Storage, unseen_writers
+from msrewrite.analyze.summaries import (
+    ALL_STATE_TOKENS,
+    BUILTIN_NAMES,
+    STATE_ACCESSORS,
+    STATE_WRITERS,
+    Storage,
+    unseen_writers,
+)
 from msrewrite.analyze.walk import Visitor, walk
 from msrewrite.analyze.wrappers import flattened, wrapping_with
 from msrewrite.records import record
@@ -1233,8 +1241,14 @@ class _Search:
             hint = "; pass --protect clone to snapshot it at the fork" if f.index >= fork else ""
             via = _alias_origin(storage, self.facts, known[0], group, f.index, self.scope) if known[0] != name else ""
             via = f" ('{known[0]}' {via.removeprefix(', which ').rstrip(',')})" if via else ""
+            if known[0] != name and _state_path(known[0]) and group & ALL_STATE_TOKENS:
+                # the side reads all of the module's state through a local (`bufs = list(self.buffers())`)
+                via = _state_via(f, name, "self", self.facts, self.scope, binder_before=True)
             callee = _writing_callee(f.node, known[0], self.scope)
-            via += f" (inside {callee}, with every override and patch of it in the file)" if callee else ""
+            overrides = (
+                "" if callee.startswith("the @property") else ", with every override and patch of it in the file"
+            )
+            via += f" (inside {callee}{overrides})" if callee else ""
             pending = f.pending.get(known[0]) or f.pending.get(name)
             via += f" ({pending})" if pending else ""
             raise NoBranch(
@@ -1328,22 +1342,47 @@ class _Search:
             *(_state_read(f.node, scope) for f in side), *(_state_read(c, scope) for c in side_calls)
         )
         side_writes = {path: (f, name) for f in side for path, name in _state_written(f, storage).items()}
+        side_may = {path: (f, hit) for f in side for path, hit in _state_may_written(f, storage).items()}
         for g in main:
             for path, name in _state_written(g, storage).items():
                 hit = next((q for q in sorted(side_reads | set(side_writes)) if _same_state(path, q)), None)
                 if hit is not None:
-                    via = f" (through '{name}')" if name != path else ""
-                    callee = _writing_callee(g.node, "self", scope) if path == "self" else ""
-                    via += f" (inside {callee})" if callee else ""
+                    via = _state_via(g, name, path, self.facts, scope)
+                    if not via and path == "self":  # a method of the block: name it
+                        callee = _writing_callee(g.node, "self", scope)
+                        via = f" (inside {callee})" if callee else ""
+                    why = ""
+                    if hit == "self" and hit in side_reads:  # which read reaches all of it
+                        props = sorted(set().union(*(_properties_read(f.node, scope) for f in side)))
+                        why = f" (the @property {props[0]}, whose getter may read any of it)" if props else ""
                     raise NoBranch(
                         f"line {g.first_line} writes module state '{path}'{via} while the side stream "
-                        f"{'writes' if hit not in side_reads else 'reads'} {'it' if hit == path else repr(hit)}"
+                        f"{'writes' if hit not in side_reads else 'reads'} {'it' if hit == path else repr(hit)}{why}"
+                    )
+            for path, (name, why) in _state_may_written(g, storage).items():
+                hit = next((q for q in sorted(side_reads | set(side_writes)) if _same_state(path, q)), None)
+                if hit is not None:
+                    via = _state_via(g, name, path, self.facts, scope) if name != path else ""
+                    raise NoBranch(
+                        f"line {g.first_line}: {why} may write module state '{path}'{via}, which the side stream "
+                        f"{'writes' if hit not in side_reads else 'reads'}"
+                        f"{'' if hit == path else ' (' + repr(hit) + ')'}; msrewrite cannot see into it; pass "
+                        f"{_vouch_options([why])} if it does not"
                     )
             reads = _state_read(g.node, scope)
+            for path, (f, (name, why)) in side_may.items():
+                hit = next((q for q in sorted(reads) if _same_state(path, q)), None)
+                if hit is not None:
+                    via = _state_via(f, name, path, self.facts, scope) if name != path else ""
+                    raise NoBranch(
+                        f"line {f.first_line}: on the side branch {why} may write module state '{path}'{via}, which "
+                        f"the main path reads between the fork and the join (line {g.first_line}: '{hit}'); "
+                        f"msrewrite cannot see into it; pass {_vouch_options([why])} if it does not"
+                    )
             for path, (f, name) in side_writes.items():
                 hit = next((q for q in sorted(reads) if _same_state(path, q)), None)
                 if hit is not None:
-                    via = f" (through '{name}')" if name != path else ""
+                    via = _state_via(f, name, path, self.facts, scope)
                     raise NoBranch(
                         f"line {f.first_line}: the side branch writes module state '{path}'{via}, which the main "
                         f"path reads between the fork and the join (line {g.first_line}: '{hit}')"
@@ -1573,7 +1612,8 @@ def _same_state(a: str, b: str) -> bool:
 def _state_read(node: cst.CSTNode, scope: Scope, full: bool = False) -> set[str]:
     """The module state a statement (or call) reads: each `self.<attr>` it names (with `full`,
     the whole attribute chain: `self.shared_experts.calls`), and all of `self` where it calls one
-    of the class's own methods or hands `self` on (what those read is not tracked)."""
+    of the class's own methods, reads a @property, or hands `self` on (what those read is not
+    tracked)."""
     found: set[str] = set()
     called: set[int] = set()
     attrs = scope.state_attrs
@@ -1590,7 +1630,10 @@ def _state_read(node: cst.CSTNode, scope: Scope, full: bool = False) -> set[str]
                 return True  # self.experts[i].w: the inner self.experts is found below
             if full and id(node) in called and chain.count(".") > 1:
                 chain = chain.rpartition(".")[0]  # self.shared_experts.reset(): its object's state
-            found.add(chain if full else _state_key(chain))
+            attr = chain.split(".")[1]
+            # a @property's getter reads what it likes (as a method does); `self._buffers` is all of it
+            whole = attr in scope.properties or attr in MODULE_STATE_TABLES
+            found.add("self" if whole else chain if full else _state_key(chain))
             return False
 
         def visit_Call(self, call: cst.Call) -> None:
@@ -1613,12 +1656,114 @@ def _state_read(node: cst.CSTNode, scope: Scope, full: bool = False) -> set[str]
     return found
 
 
+def _state_via(
+    f: StatementFacts, name: str, path: str, facts: list[StatementFacts], scope: Scope, binder_before: bool = False
+) -> str:
+    """How statement `f` reaches the module state `path` it writes through `name`, for a refusal:
+    " (through 'p', from self.parameters())", " (through self.get_buffer('bias'))",
+    " (in self._update(...))", " (through 'view')", or "". `binder_before`: `name` was bound
+    before `f` (a side input)."""
+    from msrewrite.analyze.torch_effects import torch_call_effect
+
+    local = name.isidentifier() and name != path
+    if local:  # where the local came to hold the state: this statement, or the last one binding it
+        before = list(reversed(facts[: f.index]))
+        binder = next((h for h in ([] if binder_before else [f]) + before if any(t == name for _, t in h.links)), f)
+        accessor = _state_accessor_call(binder.node, scope)
+        return f" (through '{name}', from {accessor})" if accessor else f" (through '{name}')"
+    if name != path:
+        return f" (through '{name}')"  # a @property's getter: its own words
+    writer = next(
+        (c for c in all_calls(f.node) if isinstance(c.func, cst.Attribute) and c.func.attr.value in STATE_WRITERS), None
+    )
+    if writer is not None and any(
+        _state_key(r) == path for w in scope.effect_of(writer).writes for r in alias_roots(w, scope)
+    ):
+        return f" (in {source(writer.func)}(...))"  # self.load_state_dict(sd), self.sub.to(...)
+    accessor = _state_accessor_call(f.node, scope)
+    if accessor:
+        return f" (through {accessor})"
+    table = next((t for t in sorted(MODULE_STATE_TABLES) if f"self.{t}" in _self_attributes(f.node)), None)
+    if table is not None:
+        return f" (through self.{table})"
+    for call in all_calls(f.node):  # a method of the class or a function that writes it, or returns it
+        func = call.func
+        method = isinstance(func, cst.Attribute) and (
+            scope.state_attrs is None or func.attr.value not in scope.state_attrs
+        )
+        function = isinstance(func, cst.Name) and torch_call_effect(call) is None
+        if (method and dotted_name(func.value) == "self") or function:  # type: ignore[attr-defined]
+            written = {r for w in scope.effect_of(call).writes for r in alias_roots(w, scope)}
+            if any(_state_key(r) == path for r in written):
+                return f" (in {source(func)}(...))"
+            if any(_state_key(r) == path for r in alias_roots(call, scope)):
+                return f" (through {source(func)}(...), which returns it)"
+    for prop in sorted(_properties_read(f.node, scope)):
+        if any(_state_key(r) == path for r in alias_roots(cst.parse_expression(prop), scope)):
+            return f" (through the @property {prop})"
+    return ""
+
+
+def _state_path(name: str) -> bool:
+    return name == "self" or name.startswith("self.")
+
+
+def _properties_read(node: cst.CSTNode, scope: Scope) -> set[str]:
+    """`self.<name>` attributes `node` reads that the class defines as a @property."""
+    return {a for a in _self_attributes(node) if a.partition(".")[2] in scope.properties}
+
+
+def _self_attributes(node: cst.CSTNode) -> set[str]:
+    """Every `self.<name>` `node` mentions."""
+    found: set[str] = set()
+
+    class _Reads(Visitor):
+        def visit_Attribute(self, attr: cst.Attribute) -> None:
+            if _is_self(attr.value):
+                found.add(f"self.{attr.attr.value}")
+
+    node.visit(_Reads())
+    return found
+
+
+def _is_self(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value == "self"
+
+
+def _state_accessor_call(node: cst.CSTNode, scope: Scope) -> str:
+    """The first nn.Module state accessor called in `node` (`self.parameters()`), as written; ""."""
+    for call in all_calls(node):
+        func = call.func
+        if isinstance(func, cst.Attribute) and func.attr.value in STATE_ACCESSORS:
+            if any(r == "self" or r.startswith("self.") for r in alias_roots(call, scope)):
+                text = " ".join(source(call).split())
+                return text if len(text) <= 50 else text[:47] + "..."
+    return ""
+
+
+def _state_may_written(f: StatementFacts, storage: Storage) -> dict[str, tuple[str, str]]:
+    """Module state a callee msrewrite cannot see into may write in `f` because it is handed it
+    (`torch._foreach_mul_(list(self.parameters()), 0.9)`, `kernel(self.bias)`): `self.<attr>` ->
+    (the name it is handed through, the callee)."""
+    out: dict[str, tuple[str, str]] = {}
+    for name, why in sorted(f.may_write.items()):
+        if name in f.mutates:
+            continue  # a definite write (a @property's getter): _state_written names it
+        if name == "self" or name.startswith("self."):
+            out.setdefault(_state_key(name), (name, why))
+        for kind, *rest in storage._around(name, f.index):
+            held = rest[-1] if kind in ("free", "param") else ""
+            if held == "self" or held.startswith("self."):
+                out.setdefault(_state_key(held), (name, why))
+    return out
+
+
 def _state_written(f: StatementFacts, storage: Storage) -> dict[str, str]:
     """Module state `f` writes: `self.<attr>` -> the name it writes it through (itself, a view of
     it, or `self` handed to a callee that writes it); rebinding `self.<attr>` counts too."""
     out: dict[str, str] = {}
     for name in sorted(f.mutates):
-        if name == "self" and "self" in f.may_write:  # a @property's getter (defuse._property_read)
+        if name == "self" and "(a @property" in f.may_write.get("self", ""):  # defuse._property_read
             out.setdefault("self", f.may_write["self"])
         elif name == "self" or name.startswith("self."):
             out.setdefault(_state_key(name), name)
@@ -1868,6 +2013,11 @@ def _writing_callee(node: cst.CSTNode, name: str, scope: Scope) -> str:
             continue
         if any(name in alias_roots(w, scope) for w in scope.effect_of(call).writes):
             return f"{dotted_name(call.func) or 'a call'}(...)"
+    for prop in sorted(_properties_read(node, scope)):  # reading a @property runs its getter
+        if any(
+            name in alias_roots(w, scope) for w in scope.effect_of(cst.Call(func=cst.parse_expression(prop))).writes
+        ):
+            return f"the @property {prop}'s getter"
     return ""
 
 

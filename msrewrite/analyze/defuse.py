@@ -118,6 +118,10 @@ def _stream_value(node: cst.BaseExpression) -> bool:
     return is_stream_object(node)
 
 
+def _is_self(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value == "self"
+
+
 def _root_name(node: cst.BaseExpression) -> str | None:
     while isinstance(node, (cst.Attribute, cst.Subscript)):
         node = node.value
@@ -194,15 +198,21 @@ class Scope:
         return self.resolver(call, self)
 
 
+# nn.Module's own tables of its state: `self._buffers["bias"]` is module state, any of it
+MODULE_STATE_TABLES = frozenset({"_buffers", "_parameters", "_modules", "__dict__"})
+
+
 def alias_roots(node: cst.BaseExpression, scope: Scope) -> set[str]:
     """Names whose storage the value of `node` may share: `x` for `x.view(-1)[:4]`, `torch.flatten(x)`,
-    `(x, y)`, `a if c else x`; `self.last` for an attribute of self; nothing for fresh results."""
+    `(x, y)`, `a if c else x`; `self.last` for an attribute of self; `self` (all module state) for
+    `self._buffers` or `self.parameters()`; what its getter returns for a @property of self;
+    nothing for fresh results."""
     if isinstance(node, cst.Name):
         return {node.value}
     if isinstance(node, cst.Attribute):
         name = dotted_name(node)
         if name is not None and name.startswith("self."):
-            return {".".join(name.split(".")[:2])}
+            return _self_attribute_roots(name.split(".")[1], scope)
         if node.attr.value in METADATA_ATTRS:
             return set()
         return alias_roots(node.value, scope)
@@ -232,6 +242,18 @@ def alias_roots(node: cst.BaseExpression, scope: Scope) -> set[str]:
     return set()
 
 
+def _self_attribute_roots(attr: str, scope: Scope) -> set[str]:
+    """What `self.<attr>` may share: itself; all module state for nn.Module's own tables
+    (`self._buffers`); for a @property, also the state its getter returns."""
+    if attr in MODULE_STATE_TABLES:
+        return {"self"}
+    if attr in scope.properties:  # self.scale_view: the state its getter returns
+        getter = cst.Attribute(value=cst.Name("self"), attr=cst.Name(attr))
+        returned = scope.effect_of(cst.Call(func=getter)).returns
+        return {f"self.{attr}", *(r for e in returned for r in alias_roots(e, scope))}
+    return {f"self.{attr}"}
+
+
 class _Collector(Visitor):
     def __init__(self, facts: StatementFacts, scope: Scope | None = None, after_calls: Set[int] = frozenset()) -> None:
         self.facts = facts
@@ -247,11 +269,11 @@ class _Collector(Visitor):
         if node is None:
             return
         for source in self._roots(node):
-            for target in targets:
-                if source != "self":  # x = x.view(-1) links x to itself: the same storage
-                    self.facts.links.add((source, target))
-                    if into:
-                        self.facts.stored.add((source, target))
+            for target in targets:  # x = x.view(-1) links x to itself: the same storage
+                # a source `self` is all of the module's state (`for p in self.parameters()`)
+                self.facts.links.add((source, target))
+                if into:
+                    self.facts.stored.add((source, target))
 
     def _hold(self, container: cst.BaseExpression, value: cst.BaseExpression) -> None:
         """A call made `container` hold `value` (`put(lst, x)` doing `lst[0] = x`): as after
@@ -288,7 +310,7 @@ class _Collector(Visitor):
         cannot see into may write any of the module's state (`self`)."""
         effect = self.scope.effect_of(cst.Call(func=node))
         self._apply_effect(effect)
-        state = any(isinstance(w, cst.Name) and w.value == "self" for w in effect.writes)
+        state = any(r == "self" or r.startswith("self.") for w in effect.writes for r in self._roots(w))
         if state or effect.unknown or effect.may_writes:
             unseen = f" -> {effect.unknown[0]}" if effect.unknown else ""
             self.facts.mutates.add("self")
@@ -470,11 +492,16 @@ class _Collector(Visitor):
     def _apply_effect(self, effect: CallEffect) -> None:
         """Records what one call does: its writes, what unseen callees may write, its kinds of work."""
         for written in effect.writes:
-            self._write(written)
+            # a write of `self` is a write of module state (a method writing it, a write through
+            # `self.parameters()`): kept, as `self`
+            self.facts.mutates |= self._roots(written)
             if effect.collective and isinstance(written, cst.Name):
                 self.facts.stores.add(written.value)  # recv / all_reduce fill their buffer: a new value
         for written, why in effect.may_writes:
-            for name in self._roots(written) - {"self"}:
+            # `self` handed to a callee msrewrite cannot see into counts only where it is all of
+            # the state (`self.parameters()`): `self` itself is not a tensor
+            roots = self._roots(written) - ({"self"} if _is_self(written) else set())
+            for name in roots:
                 self.facts.may_write.setdefault(name, why)
         for container, value in effect.stores:
             self._hold(container, value)

@@ -44,7 +44,9 @@ from msrewrite.analyze.defuse import (
 )
 from msrewrite.analyze.torch_effects import (
     ORDERING_METHODS,
+    TENSOR_METHODS,
     CallEffect,
+    is_inplace_name,
     is_ordering_call,
     is_stream_object,
     nn_module_effect,
@@ -57,6 +59,45 @@ from msrewrite.records import record
 # Activation lookups that hand out stateless, functional activations.
 ACTIVATION_TABLES = frozenset({"ACT2FN", "ACT2CLS"})
 ACTIVATION_FACTORIES = frozenset({"get_activation", "get_act_fn"})
+# nn.Module methods that hand out the module's own state (tensors, submodules): what they return
+# aliases it. One by name (`get_buffer("bias")`) is that attribute (its first dotted part);
+# otherwise, and for the iterators, all of the module's state (its submodules' too). A write
+# through the result is a write of that state.
+NAMED_STATE_ACCESSORS = frozenset({"get_buffer", "get_parameter", "get_submodule", "__getattr__"})
+STATE_ACCESSORS = NAMED_STATE_ACCESSORS | frozenset(
+    {
+        "buffers",
+        "parameters",
+        "named_buffers",
+        "named_parameters",
+        "modules",
+        "named_modules",
+        "children",
+        "named_children",
+        "state_dict",
+    }
+)
+# nn.Module methods that write the module's state (all of it, its submodules' too) and return the
+# module: `self.load_state_dict(sd)` copies into every tensor, `.to()` / `.half()` swap their data.
+# Those a tensor does not have too are known by name even on a module msrewrite cannot see.
+MODULE_ONLY_STATE_WRITERS = frozenset(
+    {
+        "load_state_dict",
+        "zero_grad",
+        "apply",
+        "_apply",
+        "to_empty",
+        "share_memory",
+        "register_buffer",
+        "register_parameter",
+        "register_module",
+        "add_module",
+        "set_submodule",
+    }
+)
+STATE_WRITERS = MODULE_ONLY_STATE_WRITERS | frozenset(
+    {"to", "half", "float", "double", "bfloat16", "cuda", "cpu", "npu", "xpu", "type", "requires_grad_"}
+)
 
 
 @record
@@ -76,13 +117,17 @@ class Summary:
     pending_writes: set[str] = field(default_factory=set)
     pending_reads: set[str] = field(default_factory=set)
     unknown: set[str] = field(default_factory=set)  # callees not seen into
-    # state beyond the arguments written in place: "self" (the object's own attributes) and
-    # module-level names; a caller counts them as writes of the receiver and of those names
+    # state beyond the arguments written in place: "self.<attr>" (an attribute of the object),
+    # "self" (any of its state: through `self.parameters()`, say) and module-level names; a
+    # caller counts them as writes of that attribute of the receiver, and of those names
     state_writes: set[str] = field(default_factory=set)
     # attributes of the object it rebinds, as paths below it (`self.calls += 1`: "calls";
     # `self.sub.last = y`: "sub.last"), a Python number included: a caller that reads one
     # must not see the call move across that read
     rebinds: set[str] = field(default_factory=set)
+    # the object's own state the result may alias, as "self.<attr>" or "self" (all of it):
+    # `return self.scales[0]`, a @property returning a view of state, `return self.get_buffer("b")`
+    returns_state: set[str] = field(default_factory=set)
     collective: bool = False
     rng: bool = False
     stream: bool = False
@@ -90,6 +135,8 @@ class Summary:
     vararg: str | None = None
     kwarg: str | None = None
 
+
+_SELF = cst.Name("self")
 
 # Bounds on reading other modules' source for one analysis: import hops from the user's file,
 # and bytes read (a lookup past either stays an unknown callee).
@@ -309,10 +356,13 @@ class ModuleSummaries:
             todo += [b.split(".")[-1] for b in self._all_bases().get(name, [])]
         return out
 
-    def _dispatch_effects(self, call: cst.Call, cls: str, name: str, label: str, subclasses: bool) -> list[CallEffect]:
+    def _dispatch_effects(
+        self, call: cst.Call, cls: str, name: str, label: str, subclasses: bool, receiver: cst.BaseExpression = _SELF
+    ) -> list[CallEffect]:
         """What else `<cls instance>.name(...)` may run: the overrides of `name` in the subclasses of
         `cls` this module defines (with `subclasses`: the object may be of any of them) and every
-        module-level `Cls.name = f` on `cls`, its bases or those subclasses."""
+        module-level `Cls.name = f` on `cls`, its bases or those subclasses. `receiver`: the
+        object, as the caller names it."""
         effects: list[CallEffect] = []
         classes = self._ancestors(cls) + (self.subclasses(cls) if subclasses else [])
         if subclasses:
@@ -323,13 +373,15 @@ class ModuleSummaries:
                 stmt = last_def(node.body.body, name)
                 if stmt is not None:
                     summary = self.function_summary(sub, stmt)
-                    effects.append(_apply(summary, call, f"{label} ({sub}.{name}, an override)", self.package, _SELF))
+                    effects.append(
+                        _apply(summary, call, f"{label} ({sub}.{name}, an override)", self.package, receiver)
+                    )
         for owner in classes:
             for value in self.patches.get((owner, name), []):
                 where = f"{label} ({owner}.{name} = {value or '...'} at module level"
                 if value is not None and value in self.functions:
                     summary = self.function_summary(owner, self.functions[value])
-                    effects.append(_apply(summary, call, where + ")", self.package, _SELF))
+                    effects.append(_apply(summary, call, where + ")", self.package, receiver))
                 else:
                     effects.append(_unknown(call, f"{where}, not visible to msrewrite)"))
         return effects
@@ -455,6 +507,21 @@ class ModuleSummaries:
             elif base not in ("nn.Module", "torch.nn.Module", "Module", "object"):
                 out.append(base)
         return out
+
+    def is_module_class(self, cls: str, seen: frozenset[str] = frozenset()) -> bool:
+        """Whether `cls` is an nn.Module, its bases followed through the classes msrewrite reads:
+        then `self.parameters()` and the other state accessors are torch's own (no class of the
+        chain defines them; resolve checks that first)."""
+        if cls in seen:
+            return False
+        for base in self._bases(cls):
+            if base.startswith(("nn.", "torch.nn.")):
+                return True
+            if base == "Module" and self.imports.get("Module", (0, "", ""))[1].startswith("torch"):
+                return True
+            if base in self.classes and self.is_module_class(base, seen | {cls}):
+                return True
+        return False
 
     def attribute_values(self, cls: str) -> dict[str, list[cst.BaseExpression]]:
         """`self.<attr> = value` assignments in `__init__` of the class and its same-file bases."""
@@ -645,6 +712,8 @@ class ModuleSummaries:
 
     def resolve(self, call: cst.Call, scope: Scope, owner: tuple[ModuleSummaries, str] | None) -> CallEffect:
         func = call.func
+        if isinstance(func, cst.Attribute) and func.attr.value in _MAPPING_READS and _accessor_call(func.value, scope):
+            return CallEffect(returns=[func.value])  # self.state_dict().items(): the dict's own views
         cls = owner[1] if owner is not None and owner[0] is self else None
         # self.helper(...) / self.sub(...) / self.experts[i](...)
         path = _self_path(func)
@@ -735,14 +804,27 @@ class ModuleSummaries:
         element = head.endswith("[]")
         head = head.removesuffix("[]")
         label = f"self.{path.replace('[]', '')}"
+        # the object the method runs on, as the caller names it (`self`, `self.shared_experts`
+        # for a method reached through a submodule of a class msrewrite reads)
+        receiver = call.func.value if isinstance(call.func, cst.Attribute) and not rest else _SELF
         if not element:
             method = self._method(cls, head)
             if method is not None and not rest:
                 if self._vouched(head, f"self.{head}"):
                     return _vouched_effect(call)
-                own = _apply(self.function_summary(cls, method[1]), call, f"self.{head}", self.package, _SELF)
+                own = _apply(self.function_summary(cls, method[1]), call, f"self.{head}", self.package, receiver)
                 # `self` may be of a subclass that overrides the method, or the method patched
-                return _union([own, *self._dispatch_effects(call, cls, head, f"self.{head}", subclasses=True)])
+                return _union(
+                    [own, *self._dispatch_effects(call, cls, head, f"self.{head}", subclasses=True, receiver=receiver)]
+                )
+            if (
+                method is None
+                and not rest
+                and head in STATE_ACCESSORS | STATE_WRITERS
+                and not self.attribute_values(cls).get(head)
+                and self.is_module_class(cls)
+            ):
+                return state_accessor_effect(call, receiver)
         if self._vouched(head, label):
             return _vouched_effect(call)
         values = list(self.attribute_values(cls).get(head) or [])
@@ -834,6 +916,9 @@ class ModuleSummaries:
         leaf = ctor.split(".")[-1]
         if leaf in ACTIVATION_FACTORIES and leaf not in self.functions:
             return CallEffect()  # transformers' get_activation("silu"): an ACT2FN entry
+        nn_module = ctor.rpartition(".")[0] in ("nn", "torch.nn") and not _makes_tensor(ctor)
+        if rest in STATE_ACCESSORS | STATE_WRITERS and not element and nn_module:
+            return state_accessor_effect(call, call.func.value)  # type: ignore[attr-defined]
         if leaf in ("ModuleList", "Sequential", "ModuleDict") and ctor.split(".")[0] in ("nn", "torch"):
             items = _container_items(value) + (added or [])
             if leaf == "Sequential" and not element and not rest:
@@ -953,8 +1038,9 @@ def _signature(cls: str | None, func: cst.FunctionDef) -> tuple[list[str], str |
 def _state_writes(
     facts: list[StatementFacts], func: cst.FunctionDef, scalars: frozenset[str], modules: frozenset[str]
 ) -> set[str]:
-    """What `func` writes in place beyond its arguments: "self" for its object's attributes
-    (`self.last.copy_(y)`, through a local alias too) and module-level names (`_BUF.mul_(2)`).
+    """What `func` writes in place beyond its arguments: "self.<attr>" for its object's attributes
+    (`self.last.copy_(y)`, through a local alias too), "self" for any of them (through
+    `self.parameters()`, a classmethod's `cls`) and module-level names (`_BUF.mul_(2)`).
     `self.calls += 1` on an attribute `__init__` sets only to literals (`scalars`) rebinds a
     Python number on the host: no device memory is written.
     Through a local alias only what the alias was bound from counts: an attribute of `self`
@@ -972,9 +1058,11 @@ def _state_writes(
 
     def note(name: str, through_alias: bool) -> None:
         root = name.split(".")[0]
-        if through_alias and (root in modules or root == self_name == "cls" or name == self_name):
+        if through_alias and (root in modules or root == self_name == "cls" or name == self_name != "self"):
             return
-        if root == self_name and self_name in ("self", "cls"):
+        if root == self_name == "self":
+            found.add(".".join(name.split(".")[:2]))  # "self.last", or "self" through self.parameters()
+        elif root == self_name == "cls":
             found.add("self")
         elif root not in local and root != self_name and root not in BUILTIN_NAMES:
             found.add(root)
@@ -1004,8 +1092,9 @@ def _all_pairs(names: list[str]) -> set[tuple[str, str]]:
 
 
 def _param_effects(summary: Summary, facts: list[StatementFacts], names: list[str], scope: Scope) -> None:
-    """Fills in which parameters (`names`) the body writes, may write, may return, and which
-    come to hold which (`buf[0] = x`: a caller's later write through its `buf` reaches its `x`)."""
+    """Fills in which parameters (`names`) the body writes, may write, may return, which come to
+    hold which (`buf[0] = x`: a caller's later write through its `buf` reaches its `x`), and the
+    object's own state the result may alias."""
     returns: dict[int, set[str]] = {}  # statement -> names its return values may alias
 
     class _Returns(Visitor):
@@ -1033,6 +1122,7 @@ def _param_effects(summary: Summary, facts: list[StatementFacts], names: list[st
                 summary.may_write[name] = _merged(summary.may_write.get(name, []), writers)
             if returns.get(f.index) and any(storage._around(r, f.index) & mine for r in returns[f.index]):
                 summary.returns.add(name)
+    summary.returns_state = _returned_state(returns, storage)
     params = frozenset(names)
     for f in facts:
         for source, target in f.stored:  # a store into an object, not a rebinding
@@ -1042,6 +1132,18 @@ def _param_effects(summary: Summary, facts: list[StatementFacts], names: list[st
             else:
                 holders = {t[1] for t in storage._around(target, f.index) if t[0] == "param" and t[1] in params}
             summary.holds |= {(p, q) for p in holders for q in held if p != q}
+
+
+def _returned_state(returns: dict[int, set[str]], storage: Storage) -> set[str]:
+    """The object's state ("self.<attr>", or "self" for all of it) the names returned at each
+    statement may hold: `return self.scales[0]`, `v = self.get_buffer("b"); return v`."""
+    found: set[str] = set()
+    for at, roots in returns.items():
+        for root in roots:
+            for kind, *rest in storage._around(root, at):
+                if kind == "free" and _is_state(rest[-1]):
+                    found.add(".".join(rest[-1].split(".")[:2]))
+    return found
 
 
 def unseen_writers(f: StatementFacts, names: list[str], scope: Scope) -> list[str]:
@@ -1152,11 +1254,28 @@ class Storage:
 
     def written(self, f: StatementFacts, at: int, tokens: frozenset | set) -> list[str]:
         """Names whose in-place writes in statement `f` (at body index `at`) reach `tokens`."""
-        return sorted(n for n in f.mutates if self._around(n, at) & tokens)
+        return sorted(n for n in f.mutates if meets(self._around(n, at), tokens))
 
     def maybe_written(self, f: StatementFacts, at: int, tokens: frozenset | set) -> list[str]:
         """Names an unseen callee in `f` may write whose storage reaches `tokens`."""
-        return sorted(n for n in f.may_write if self._around(n, at) & tokens)
+        return sorted(n for n in f.may_write if meets(self._around(n, at), tokens))
+
+
+# all of the module's state (`self.parameters()`, `self._buffers`): `self` where it is a
+# parameter of the function analysed (a method), or a name it does not bind
+ALL_STATE_TOKENS = frozenset({("free", "self"), ("param", "self")})
+
+
+def meets(a: frozenset | set, b: frozenset | set) -> bool:
+    """Whether two sets of storage tokens may share an object: a token in common, or all of the
+    module's state (`for p in self.parameters()`) against one of its attributes (`self.bias`)."""
+    if a & b:
+        return True
+
+    def attribute(tokens: frozenset | set) -> bool:
+        return any(t[0] == "free" and t[-1].startswith("self.") for t in tokens)
+
+    return bool(ALL_STATE_TOKENS & a and attribute(b)) or bool(ALL_STATE_TOKENS & b and attribute(a))
 
 
 def _makes_tensor(ctor: str) -> bool:
@@ -1175,7 +1294,6 @@ def _is_record(node: cst.ClassDef) -> bool:
     return "dataclass" in decorators or bool(bases & {"NamedTuple", "TypedDict"})
 
 
-_SELF = cst.Name("self")
 # `None`, `True`, `print`: a callee writing its argument may be handed one; never a tensor
 BUILTIN_NAMES = frozenset(dir(builtins))
 
@@ -1371,11 +1489,7 @@ def _apply(
     )
     for name in summary.writes:
         effect.writes += bound.get(name, [])
-    for name in sorted(summary.state_writes):
-        if name != "self":
-            effect.writes.append(cst.Name(name))
-        elif receiver is not None:
-            effect.writes.append(receiver)
+    _state_effects(summary, receiver, effect)
     effect.rebinds = _rebound_on(summary.rebinds, receiver)
     may_write = dict(summary.may_write)
     if strict and summary.unknown:
@@ -1405,6 +1519,70 @@ def _apply(
     return effect
 
 
+def _state_effects(summary: Summary, receiver: cst.BaseExpression | None, effect: CallEffect) -> None:
+    """The state beyond the arguments a call writes and returns, from the callee's summary: the
+    module-level names by name, the object's own attributes on `receiver`."""
+    for name in sorted(summary.state_writes):
+        if not _is_state(name):
+            effect.writes.append(cst.Name(name))
+        elif receiver is not None:
+            effect.writes.append(_state_of(receiver, name))
+    if receiver is not None:
+        effect.returns += [_state_of(receiver, path) for path in sorted(summary.returns_state)]
+
+
+# methods of the dict state_dict() returns that only read it
+_MAPPING_READS = frozenset({"items", "keys", "values", "get"})
+
+
+def _accessor_call(node: cst.BaseExpression, scope: Scope) -> bool:
+    """`self.state_dict()`, `self.sub.named_parameters()`: a state accessor msrewrite resolved as one."""
+    if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)):
+        return False
+    return node.func.attr.value in STATE_ACCESSORS and not scope.effect_of(node).unknown
+
+
+def _is_state(path: str) -> bool:
+    return path == "self" or path.startswith("self.")
+
+
+def _state_of(receiver: cst.BaseExpression, path: str) -> cst.BaseExpression:
+    """The callee's `self.<attr>` (or all of `self`) as the caller names it: `receiver.<attr>`."""
+    attr = path.partition(".")[2]
+    return cst.Attribute(value=receiver, attr=cst.Name(attr)) if attr else receiver
+
+
+def state_accessor_effect(call: cst.Call, receiver: cst.BaseExpression) -> CallEffect:
+    """`<module>.parameters()`, `.get_buffer("bias")`, `.state_dict()` on an nn.Module: nothing
+    written; the result aliases the state it hands out (STATE_ACCESSORS). `.load_state_dict(sd)`,
+    `.to(...)`, `.apply(fn)`: a write of all of its state (STATE_WRITERS); `apply` runs `fn`, which
+    msrewrite does not follow, on every submodule."""
+    leaf = call.func.attr.value  # type: ignore[attr-defined]
+    args = positional(call)
+    if leaf in STATE_WRITERS:
+        if leaf in ("apply", "_apply"):
+            callee = dotted_name(call.func) or _short(call.func)
+            return _unknown(call, f"{callee} (runs its argument on every submodule; not visible to msrewrite)")
+        return CallEffect(writes=[receiver], returns=[receiver])
+    if leaf in NAMED_STATE_ACCESSORS:
+        keyword = next(
+            (a.value for a in call.args if a.keyword is not None and a.keyword.value in ("target", "name")), None
+        )
+        target = args[0] if args else keyword
+        named = target.evaluated_value if isinstance(target, cst.SimpleString) else None
+        first = named.split(".")[0] if isinstance(named, str) else ""
+        if first.isidentifier():
+            return CallEffect(returns=[cst.Attribute(value=receiver, attr=cst.Name(first))])
+    effect = CallEffect(returns=[receiver])
+    if leaf == "state_dict":  # state_dict(destination=d) fills d with the state
+        keyword = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "destination"), None)
+        destination = args[0] if args else keyword
+        if destination is not None:
+            effect.stores.append((destination, receiver))
+            effect.returns.append(destination)
+    return effect
+
+
 def _apply_template(template: CallEffect, call: cst.Call) -> CallEffect:
     args = positional(call)
     first = args[0] if args and not (call.args and call.args[0].star) else None
@@ -1417,9 +1595,21 @@ def _apply_template(template: CallEffect, call: cst.Call) -> CallEffect:
 def _unknown(call: cst.Call, why: str) -> CallEffect:
     args = [a.value for a in call.args]
     receiver: list[cst.BaseExpression] = []
-    if isinstance(call.func, cst.Attribute) and _self_path(call.func) is None:
-        receiver = [call.func.value]  # obj.method(x) may write obj too
-    elif not isinstance(call.func, (cst.Name, cst.Attribute)):
+    held: list[cst.BaseExpression] = []  # what the result aliases beyond the arguments
+    written: list[cst.BaseExpression] = []
+    if isinstance(call.func, cst.Attribute):
+        method = call.func.attr.value
+        if _self_path(call.func) is None:
+            receiver = [call.func.value]  # obj.method(x) may write obj too
+        elif method in STATE_ACCESSORS:
+            held = [call.func.value]  # self.sub.parameters() of a module not seen: its state all the same
+        elif method in MODULE_ONLY_STATE_WRITERS:
+            written = held = [call.func.value]  # self.sub.load_state_dict(sd): all of its state
+        elif method in TENSOR_METHODS and is_inplace_name(method) and not _is_name(call.func.value, "self"):
+            # self.norm.weight.data.mul_(0.5), self.sub.head.add_(1): an in-place tensor method on
+            # state reached through a submodule writes that state, whatever the chain holds
+            written = held = [call.func.value]
+    elif not isinstance(call.func, cst.Name):
         # a computed callee (`getattr(x, "mul_")(2)`, `table[k](x)`) may be bound to any object its
         # expression names
         receiver = [cst.Name(n) for n in sorted(expression_loads(call.func)) if n != "self"]
@@ -1427,7 +1617,8 @@ def _unknown(call: cst.Call, why: str) -> CallEffect:
     # may order streams (an event from elsewhere), so nothing after it moves above it
     ordering = is_ordering_call(call)
     return CallEffect(
-        returns=args + receiver,
+        writes=written,
+        returns=args + receiver + held,
         may_writes=[(e, why) for e in args + receiver],
         # `lst.append(x)`, `helper(lst, x)`: any of them may now hold any other
         stores=[(c, v) for c in args + receiver for v in args if c is not v],

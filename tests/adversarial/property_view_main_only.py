@@ -1,0 +1,37 @@
+"""Adversarial model: a @property view of state read and written on the main path only
+
+Markers for tests/test_adversarial.py: `# side` statements move to the side stream, `# join` is the
+first statement that reads their output, `# leak` the main statement whose effect must be named.
+EXPECT is "clean" or a regex one of verify's problems must match.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+EXPECT = 'clean'
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.shared_experts = nn.Sequential(nn.Linear(16, 32), nn.SiLU(), nn.Linear(32, 16))
+        self.gate = nn.Linear(16, 16)
+        self.experts = nn.Linear(16, 16)
+        self.register_buffer("bias", torch.full((16,), 0.25))
+        self.register_buffer("scales", torch.full((4, 16), 0.5))
+
+    @property
+    def scale_view(self):
+        return self.scales[0]
+
+    def forward(self, x):
+        s = self.shared_experts(x + self.bias)  # side
+        self.scale_view.mul_(2.0)
+        h = self.gate(x) * self.scale_view
+        return h + s  # join
+
+
+def make():
+    torch.manual_seed(0)
+    return Block(), (torch.randn(2, 8, 16),)
