@@ -182,7 +182,7 @@ def test_other_context_managers_keep_the_refusal(tmp_path, context):
     path = with_model(tmp_path, "other", context)
     with pytest.raises(NothingToDo) as refused:
         edit(path)
-    assert "the side-branch call sits inside a With that also does other work" in str(refused.value)
+    assert "the side-branch call sits inside a `with` block that also does other work" in str(refused.value)
 
 
 def test_join_after_the_with_keeps_the_refusal(tmp_path):

@@ -114,6 +114,13 @@ class MoE(nn.Module):
     def forward(self, hidden_states):
 {body}        return routed + shared
 
+    def _handed(self, hidden_states):
+        return scaled(self, hidden_states)
+
+
+def scaled(module, hidden_states):
+    return hidden_states * module.scale
+
 
 def make():
     torch.manual_seed(0)
@@ -139,9 +146,16 @@ STATE_REFUSED = {
         "        routed = self.experts(hidden_states) * self.scale\n",
         "the side branch writes module state 'self.scale'",
     ),
-    # what a method of the class reads is not tracked: all of `self`
+    # what a method of the class reads is what its body names (self._routed reads self.scale)
     "main-writes-what-a-side-method-reads": (
         "        shared = self.shared_experts(hidden_states) + self._routed(hidden_states)\n"
+        "        routed = self.experts(hidden_states)\n"
+        "        self.scale.mul_(1.5)\n",
+        "line 19 writes module state 'self.scale' while the side stream reads it",
+    ),
+    # a method that hands `self` on may read any of it
+    "main-writes-what-a-side-method-may-read": (
+        "        shared = self.shared_experts(hidden_states) + self._handed(hidden_states)\n"
         "        routed = self.experts(hidden_states)\n"
         "        self.scale.mul_(1.5)\n",
         "line 19 writes module state 'self.scale' while the side stream reads 'self'",
@@ -323,3 +337,16 @@ def test_none_handed_to_a_writing_callee_is_no_module_level_write(tmp_path):
     edited.write_text(step.new)
     result = verify_files(edited, original=path, inputs=0)
     assert result.ok, result.problems
+
+
+def test_a_method_reads_what_its_body_names_or_all_of_the_object_when_self_escapes():
+    import libcst as cst
+
+    from msrewrite.analyze.summaries import ModuleSummaries
+
+    module = cst.parse_module(STATE.replace("{body}", "        routed = shared = hidden_states\n"))
+    reads = ModuleSummaries(module).scope_for("MoE", "forward").method_reads
+    assert reads is not None
+    assert reads("_routed") == {"self.experts", "self.scale"}
+    assert reads("_handed") is None  # `self` handed to scaled(): any of its state
+    assert reads("missing") is None  # not defined here: inherited from a class msrewrite may not see

@@ -81,7 +81,7 @@ def forged_plans() -> dict[str, tuple[dict, str]]:
                 inputs=["x", "i"],
                 outputs=["heads_output"],
             ),
-            "inside a For",
+            "inside a `for` block",
         ),
         "hoist-out-of-conditional-expression": (
             plan(

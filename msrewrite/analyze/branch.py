@@ -1645,7 +1645,12 @@ def _state_read(node: cst.CSTNode, scope: Scope, full: bool = False) -> set[str]
                 and func.value.value == "self"
                 and (attrs is None or func.attr.value not in attrs)
             ):
-                found.add("self")  # self.helper(...): a method
+                # self.helper(...): a method; what its body names, or all of the object's state
+                reads = scope.method_reads(func.attr.value) if scope.method_reads is not None else None
+                if reads is None:
+                    found.add("self")
+                else:
+                    found.update(reads if full else {_state_key(r) for r in reads})
             if any(isinstance(a.value, cst.Name) and a.value.value == "self" for a in call.args):
                 found.add("self")
 

@@ -157,6 +157,10 @@ class Scope:
     own_stream_attrs: frozenset[str] = frozenset()
     # `self.<name>` attributes the class defines as a @property: reading one runs its getter
     properties: frozenset[str] = frozenset()
+    # the class's own method `name` -> the `self.<chain>`s its body (and the same-file methods it
+    # calls, and their same-file overrides) reads; None when `self` escapes or a definition is not
+    # in this file: then the call may read any of the object's state
+    method_reads: Callable[[str], frozenset[str] | None] | None = None
     # locals bound to an asynchronous collective's work or result (`work = dist.all_reduce(x,
     # async_op=True)`): `work.wait()` ends its buffer's write (extend_pending) and orders streams
     work_locals: set[str] = field(default_factory=set)

@@ -194,6 +194,7 @@ class ModuleSummaries:
                 for small in stmt.body:
                     self._note_top_level(small)
         self._cache: dict[tuple[str, str, int], Summary] = {}
+        self._method_reads: dict[tuple[str, str], frozenset[str] | None] = {}
         self._class_hooks: dict[str, dict[str, list[str]]] = {}
         self._attrs: dict[str, dict[str, list[cst.BaseExpression]]] = {}
 
@@ -687,7 +688,53 @@ class ModuleSummaries:
             own_stream_attrs=own,
             module_names=frozenset((*self.module_imports, *self.classes, *self.functions)),
             properties=owner[0].properties(owner[1]) if owner is not None else frozenset(),
+            method_reads=(lambda name: owner[0].method_state_reads(owner[1], name)) if owner is not None else None,
         )
+
+    def method_state_reads(self, cls: str, name: str, seen: frozenset[str] = frozenset()) -> frozenset[str] | None:
+        """The `self.<chain>`s `self.<name>(...)` may read, from the bodies of its definition in
+        `cls` (or a same-file base), of every same-file subclass's override, and of the same-file
+        methods they call; None when a definition is not in this file, `self` is handed on or used
+        bare, or a @property is read: then it may read any of the object's state."""
+        key = (cls, name)
+        cache = self._method_reads
+        if key in cache:
+            return cache[key]
+        if name in seen:
+            return frozenset()  # a recursive call adds nothing the outer one does not read
+        found = self._method(cls, name)
+        if found is None:
+            cache[key] = None
+            return None
+        defs = [found[1]]
+        for sub in self.subclasses(cls):
+            node = self.classes.get(sub)
+            override = (
+                last_def(node.body.body, name)
+                if node is not None and isinstance(node.body, cst.IndentedBlock)
+                else None
+            )
+            if override is not None:
+                defs.append(override)
+        reads: set[str] = set()
+        for func in defs:
+            body = _self_chains(func)
+            if body is None:
+                cache[key] = None
+                return None
+            chains, calls = body
+            if any(chain.split(".")[1] in self.properties(cls) for chain in chains):
+                cache[key] = None
+                return None
+            reads |= chains
+            for callee in calls - set(self.attribute_values(cls)):  # submodules: their chain is read
+                inner = self.method_state_reads(cls, callee, seen | {name})
+                if inner is None:
+                    cache[key] = None
+                    return None
+                reads |= inner
+        cache[key] = frozenset(reads)
+        return cache[key]
 
     def properties(self, cls: str, seen: frozenset[str] = frozenset()) -> frozenset[str]:
         """Names class `cls` and its same-file bases define as a @property (or cached_property)."""
@@ -1678,3 +1725,43 @@ def _union(effects: list[CallEffect]) -> CallEffect:
 
 
 bind_args = _bind_args  # for analyses that rebase a callee's effects onto a call site (analyze/effects.py)
+
+
+def _self_chains(func: cst.FunctionDef) -> tuple[set[str], set[str]] | None:
+    """(every `self.<chain>` a method's body names, the `self.<method>(...)` calls among them), or
+    None when `self` is used bare (handed on, returned, stored, `getattr(self, ...)`): what is read
+    through it is not tracked."""
+    chains: set[str] = set()
+    calls: set[str] = set()
+    bare = False
+
+    class _Chains(Visitor):
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            root: cst.BaseExpression = node
+            while isinstance(root, (cst.Attribute, cst.Subscript)):
+                root = root.value
+            if not (isinstance(root, cst.Name) and root.value == "self"):
+                return True
+            chain = dotted_name(node)
+            if chain is None:
+                return True  # self.experts[i].w: the inner self.experts is found below
+            chains.add(chain)
+            return False
+
+        def visit_Call(self, call: cst.Call) -> None:
+            func = call.func
+            if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+                calls.add(func.attr.value)
+
+        def visit_Name(self, node: cst.Name) -> None:
+            nonlocal bare
+            if node.value == "self":
+                bare = True  # reached only where `self` is not the base of an attribute
+
+        def visit_Param(self, node: cst.Param) -> bool:
+            if node.default is not None:  # `def inner(y=self.scale)` reads it
+                node.default.visit(self)
+            return False  # the parameter's own name is no use of `self`
+
+    func.body.visit(_Chains())
+    return None if bare else (chains, calls)
