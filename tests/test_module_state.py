@@ -350,3 +350,11 @@ def test_a_method_reads_what_its_body_names_or_all_of_the_object_when_self_escap
     assert reads("_routed") == {"self.experts", "self.scale"}
     assert reads("_handed") is None  # `self` handed to scaled(): any of its state
     assert reads("missing") is None  # not defined here: inherited from a class msrewrite may not see
+    # a method of a submodule reads that submodule's state, whatever it names
+    module = cst.parse_module(
+        STATE.replace("{body}", "        routed = shared = hidden_states\n").replace(
+            "return scaled(self, hidden_states)", "return self.shared_experts.reset_parameters()"
+        )
+    )
+    handed = ModuleSummaries(module).scope_for("MoE", "forward").method_reads
+    assert handed is not None and "self.shared_experts" in (handed("_handed") or set())

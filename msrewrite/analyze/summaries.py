@@ -1752,6 +1752,9 @@ def _self_chains(func: cst.FunctionDef) -> tuple[set[str], set[str]] | None:
             func = call.func
             if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
                 calls.add(func.attr.value)
+            named = dotted_name(func) or ""
+            if named.startswith("self.") and named.count(".") > 1:
+                chains.add(named.rpartition(".")[0])  # self.shared_experts.reset(): its object's state
 
         def visit_Name(self, node: cst.Name) -> None:
             nonlocal bare
