@@ -30,6 +30,20 @@ MAX_PLAN_ERRORS = 3  # shown in the one error line; the rest are counted
 PLAN_FILE_STREAM_TAG = "shared_expert"
 
 
+PROTECT_CHOICES = ("auto", "none", "clone")
+
+
+def protects(protect: str) -> bool:
+    """Whether a --protect value snapshots side inputs (auto, the command line's default, and clone)
+    or refuses the move (none, and "": the library's default, Options(), as before --protect auto)."""
+    return protect in ("auto", "clone")
+
+
+def protect_choice(given: str) -> str:
+    """The command line's --protect: auto when not given."""
+    return given or "auto"
+
+
 @record(frozen=True)
 class FlagSpec:
     """How the overlap is switched on and off.

@@ -46,6 +46,7 @@ from msrewrite.analyze.guards import (
 )
 from msrewrite.analyze.outline import unique_name
 from msrewrite.analyze.summaries import BUILTIN_NAMES, Storage, unseen_writers
+from msrewrite.analyze.value_kinds import IMMUTABLE, OBJECT_PREFIX, ValueKinds, is_object
 from msrewrite.analyze.walk import Visitor, walk
 from msrewrite.records import record
 
@@ -593,11 +594,7 @@ class _Search:
             side_stores,
             lambda: self._side_writes(whole, hoist_facts, join, main, storage, every_input)[1],
         )
-        rebound_by_side = [name for name in protected if name in side_stores]
-        if rebound_by_side:
-            raise NoBranch(
-                f"'{rebound_by_side[0]}' is both read and rebound by the side branch; --protect clone cannot snapshot it"
-            )
+        protected = self._snapshot_inputs(protected, fork, side_stores)
         window += main_hoist_facts
         if not main_hoists and not any(f.has_call and f.self_calls for f in window):
             raise self._nothing_to_overlap(join, fork, pushed_by, storage)
@@ -629,6 +626,30 @@ class _Search:
             facts=facts,
             guard=guard,
         )
+
+    def _snapshot_inputs(self, protected: list[str], fork: int, side_stores: list[str]) -> list[str]:
+        """The inputs to snapshot at the fork, by what the source says they hold there: an
+        immutable value (None, a number, a string) cannot be written in place and needs none; an
+        object of a named class cannot be copied by a snapshot, nor an input the side rebinds, so
+        the move is refused."""
+        if not protected:
+            return protected
+        rebound_by_side = [name for name in protected if name in side_stores]
+        if rebound_by_side:
+            raise NoBranch(
+                f"'{rebound_by_side[0]}' is both read and rebound by the side branch; --protect clone cannot snapshot it"
+            )
+        kinds = ValueKinds(self.func, [f.node for f in self.facts])
+        of = {name: kinds.of(name, fork) for name in protected}
+        for name in protected:
+            if is_object(of[name]):
+                cls = of[name].removeprefix(OBJECT_PREFIX)
+                raise NoBranch(
+                    f"the main path may write '{name}' while the side stream reads it, and '{name}' is a {cls}: "
+                    "a snapshot copies tensors (also in tuples, lists and dicts), not the state of a "
+                    f"{cls}"
+                )
+        return [name for name in protected if of[name] != IMMUTABLE]
 
     def _trust_boundary(self, moved: list[StatementFacts], fork: int, side_idx: set[int]) -> list[str]:
         """The callees not seen into of the side work and the window, and of the waits before the
@@ -1054,7 +1075,7 @@ class _Search:
             if clash:
                 raise NoBranch(f"line {f.first_line} uses '{sorted(clash)[0]}' between the fork and the join")
         if unseen_hits:
-            raise NoBranch(_unseen_refusal(unseen_hits, side_unseen()))
+            raise NoBranch(_unseen_refusal(unseen_hits, side_unseen(), self.protect))
         return protected
 
     def _window_write(
@@ -1734,10 +1755,11 @@ def _vouch_options(callees: list[str]) -> str:
     return text
 
 
-def _unseen_refusal(hits: list[_Unseen], side: list[_SideUnseen]) -> str:
+def _unseen_refusal(hits: list[_Unseen], side: list[_SideUnseen], protect: bool) -> str:
     """One refusal naming every unseen callee that may write a side input on the main path, and
     those of the side branch that may write an input the main path reads (a snapshot cannot help
-    those), with the exact options that let the edit through."""
+    those), with the exact options that let the edit through. With `protect` on, the main path's
+    hits are writes before the fork, which a snapshot taken there cannot help either."""
     clauses, room = [], MAX_DESCRIBED
     for i, (line, callees, name) in enumerate(hits):
         clauses.append(
@@ -1746,10 +1768,21 @@ def _unseen_refusal(hits: list[_Unseen], side: list[_SideUnseen]) -> str:
         )
         room -= len(_by_layer(callees))
     main_callees = [c for _, callees, _ in hits for c in callees]
+    side_callees = [c for _, callees, *_ in side for c in callees]
+    if protect:
+        if side:
+            line, callees, name, reader = side[0]
+            clauses.append(
+                f"on the side branch, line {line}: {_named(callees, room)} may write its input '{name}', "
+                f"which the main path reads (line {reader})"
+            )
+        return (
+            "; ".join(clauses)
+            + f"; a snapshot at the fork cannot help; pass {_vouch_options(main_callees + side_callees)}"
+        )
     if not side:
         vouch = _vouch_options(main_callees)
         return "; ".join(clauses) + f"; pass --protect clone{'' if vouch.startswith(' (') else ' or '}{vouch}"
-    side_callees = [c for _, callees, *_ in side for c in callees]
     line, callees, name, reader = side[0]
     clauses.append(
         f"on the side branch, line {line}: {_named(callees, room)} may write its input '{name}', "
