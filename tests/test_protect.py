@@ -131,6 +131,30 @@ SIDE_WRITES = block(
 )
 
 
+# an unseen callee on the main path is handed the shared expert's weights: module state a snapshot
+# of the side's inputs does not copy
+UNSEEN_STATE = block(
+    "x",
+    """
+    shared = self.shared_experts(x)
+    h = fused_moe(self.shared_experts.lin.weight, x)
+    return self.experts(h) + shared
+    """,
+    "MoeBlock(), (torch.randn(4, 16),)",
+).replace("import torch\n", "import torch\nfrom some_kernels import fused_moe\n", 1)
+# both branches draw random numbers: their order changes on two streams
+RNG = block(
+    "x",
+    """
+    shared = self.shared_experts(torch.dropout(x, 0.5, True))
+    x.mul_(2.0)
+    h = torch.dropout(self.gate(x), 0.5, True)
+    return self.experts(h) + shared
+    """,
+    "MoeBlock(), (torch.randn(4, 16),)",
+)
+
+
 def edit(tmp_path: Path, source: str, protect: str = "auto"):
     original = tmp_path / "block.py"
     original.write_text(source)
@@ -261,6 +285,19 @@ def test_an_object_of_a_named_class_is_refused(tmp_path):
 def test_the_side_writing_what_main_reads_is_refused_with_a_snapshot_on(tmp_path):
     why = refusal(tmp_path, SIDE_WRITES)
     assert "x" in why and "protect" not in why.split(";")[0], why
+
+
+def test_an_unseen_callee_handed_the_side_modules_state_is_refused_with_a_snapshot_on(tmp_path):
+    why = refusal(tmp_path, UNSEEN_STATE)
+    assert (
+        "fused_moe (not visible to msrewrite) may write module state 'self.shared_experts', which the side stream "
+        "uses; a snapshot cannot help here; pass --assume-pure fused_moe if it does not"
+    ) in why, why
+
+
+def test_reordered_random_draws_are_refused_with_a_snapshot_on(tmp_path):
+    why = refusal(tmp_path, RNG)
+    assert "draws random numbers" in why and "--allow-rng-reorder" in why, why
 
 
 def test_the_cli_says_what_the_snapshot_costs_and_none_refuses(tmp_path):

@@ -1195,6 +1195,7 @@ class _Search:
         )
         side_writes = {path: (f, name) for f in side for path, name in _state_written(f, storage).items()}
         for g in main:
+            _check_unseen_state_writes(g, side_reads | set(side_writes))
             for path, name in _state_written(g, storage).items():
                 hit = next((q for q in sorted(side_reads | set(side_writes)) if _same_state(path, q)), None)
                 if hit is not None:
@@ -1389,6 +1390,23 @@ def _reordered(
             f"see into and which {kind.may}: {kind.unseen}"
         ), side_unseen[0]
     return "", ""
+
+
+def _check_unseen_state_writes(g: StatementFacts, side_state: set[str]) -> None:
+    """Refuses a main statement whose callee msrewrite cannot see into is handed module state
+    the side work reads or writes (`fused_moe(self.shared_experts.w1, x)`): it may write it, and a
+    snapshot of the side's inputs does not copy module state."""
+    for name, callee in sorted(g.may_write.items()):
+        if not name.startswith("self."):
+            continue
+        path = _state_key(name)
+        hit = next((q for q in sorted(side_state) if _same_state(path, q)), None)
+        if hit is not None:
+            raise NoBranch(
+                f"line {g.first_line}: {callee} may write module state '{path}', which the side stream "
+                f"{'uses' if hit == path else f'uses ({hit!r})'}; a snapshot cannot help here; pass "
+                f"{_vouch_options([callee])} if it does not"
+            )
 
 
 def _state_key(path: str) -> str:
