@@ -155,7 +155,7 @@ RNG = block(
 )
 
 
-def edit(tmp_path: Path, source: str, protect: str = "auto"):
+def edit(tmp_path: Path, source: str, protect: str = "auto", mode: str = "eager"):
     original = tmp_path / "block.py"
     original.write_text(source)
     src = load(original)
@@ -164,7 +164,7 @@ def edit(tmp_path: Path, source: str, protect: str = "auto"):
         src.text,
         src.module,
         "moe-shared-expert",
-        "eager",
+        mode,
         None,
         FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM"),
         None,
@@ -181,10 +181,10 @@ def refusal(tmp_path: Path, source: str, protect: str = "auto") -> str:
     return str(err.value)
 
 
-def verified(tmp_path: Path, source: str, protect: str = "auto"):
+def verified(tmp_path: Path, source: str, protect: str = "auto", mode: str = "eager"):
     from msrewrite.verify import verify_files
 
-    step, edited, original = edit(tmp_path, source, protect)
+    step, edited, original = edit(tmp_path, source, protect, mode)
     result = verify_files(edited, original=original, schedule_source=ScheduleSource(step.old, step.plans))
     assert result.schedules == ["early", "late", "interleaved"], result.schedule_note
     assert result.ok and not result.findings, result.problems
@@ -321,6 +321,13 @@ def test_keyword_and_scalar_arguments_verify(tmp_path):
     plan, text, result = verified(tmp_path, KEYWORDS)
     assert plan.protect_inputs == ("x", "scale")
     assert any(s != "main" for s in result.runs[-1].streams), result.runs[-1].streams
+
+
+@pytest.mark.slow  # runs the model through verify
+@pytest.mark.parametrize("mode", ["cuda", "npugraph-ex", "ge-graph"])
+def test_snapshot_edits_verify_in_every_mode(tmp_path, mode):
+    plan, text, _result = verified(tmp_path, KEYWORDS, mode=mode)
+    assert plan.protect_inputs == ("x", "scale") and "scale_side = scale.clone()" in text
 
 
 @pytest.mark.slow  # runs the model through verify
