@@ -131,6 +131,16 @@ SIDE_WRITES = block(
 )
 
 
+# annotated a bool, but written in place by the source itself: the annotation is wrong, the copy is made
+MISANNOTATED = block(
+    "x, mask: bool",
+    """
+    shared = self.shared_experts(x, scale=mask)
+    mask.mul_(2.0)
+    return self.experts(x * mask) + shared
+    """,
+    "MoeBlock(), (torch.randn(4, 16), torch.full((1,), 3.0))",
+)
 # an unseen callee on the main path is handed the shared expert's weights: module state a snapshot
 # of the side's inputs does not copy
 UNSEEN_STATE = block(
@@ -268,6 +278,12 @@ def test_a_known_tensor_needs_no_helper(tmp_path):
     text = edited.read_text()
     assert "x_side = x.clone()" in text and "scale_side = scale.clone()" in text
     assert "_ms_snapshot" not in text and "_ms_can_snapshot" not in text
+
+
+@pytest.mark.slow  # runs the model through verify
+def test_an_annotation_the_source_contradicts_is_not_trusted(tmp_path):
+    plan, text, _result = verified(tmp_path, MISANNOTATED)
+    assert plan.protect_inputs == ("mask",) and "mask_side = _ms_snapshot(mask)" in text
 
 
 def test_protect_none_refuses_what_auto_snapshots(tmp_path):

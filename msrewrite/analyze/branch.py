@@ -542,6 +542,7 @@ class _Search:
             p.name.value for p in (*func.params.params, *func.params.kwonly_params, *func.params.posonly_params)
         }
         self.local_names = self.params | {name for f in facts for name in f.stores}
+        self.written_in_place: set[str] = set()  # snapshot inputs the source itself writes in place
 
     def reaching_def(self, name: str, before: int, skip: set[int]) -> int | None:
         """The last statement before `before` (outside `skip`) that binds `name`."""
@@ -649,7 +650,9 @@ class _Search:
                     "a snapshot copies tensors (also in tuples, lists and dicts), not the state of a "
                     f"{cls}"
                 )
-        return [name for name in protected if of[name] != IMMUTABLE]
+        # an annotation `flag: bool` is trusted to mean nothing can write it in place, unless the
+        # source does so itself (then the annotation is wrong: the snapshot is made anyway)
+        return [name for name in protected if of[name] != IMMUTABLE or name in self.written_in_place]
 
     def _trust_boundary(self, moved: list[StatementFacts], fork: int, side_idx: set[int]) -> list[str]:
         """The callees not seen into of the side work and the window, and of the waits before the
@@ -1099,6 +1102,8 @@ class _Search:
             # gives the side exactly what it read before
             if name not in protected:
                 protected.append(name)
+            if known:
+                self.written_in_place.add(name)
             return
         if known:
             hint = "; pass --protect clone to snapshot it at the fork" if f.index >= fork else ""
