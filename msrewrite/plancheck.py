@@ -25,7 +25,7 @@ from msrewrite.cases._finder import branch_plan, check_main_hoists, check_rng_or
 from msrewrite.emit.locate import locate
 from msrewrite.emit.templates import code_of, strip_leading
 from msrewrite.errors import BadInput
-from msrewrite.plan import MODES, OverlapPlan, protects
+from msrewrite.plan import MODES, OverlapPlan, snapshots
 
 # What `suggest` names a branch no case claims; carried out with `apply --plan`.
 GENERIC = Case(
@@ -130,7 +130,7 @@ def derive_plan(
         anchors=anchors,
         phase_anchors=options.phase_anchors or None,
         scope=scope,
-        protect=protects(options.protect),
+        protect=snapshots(options.protect, options.start_gates),
     )
     check_rng_order(branch, options)
     check_main_hoists(case, branch)

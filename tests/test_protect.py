@@ -393,3 +393,20 @@ def test_the_readme_invalid_example_is_edited_by_default_and_verifies(tmp_path):
     result = run_main("apply", "--case", "moe-shared-expert", str(path), "--verify")
     assert result.returncode == 0, result.stderr
     assert "x_side = _ms_snapshot(x)" in result.stdout
+
+
+def test_start_after_with_auto_refuses_as_none_does(tmp_path):
+    """--start-after rebinds the side's input inside the GE graph, which a snapshot cannot: with
+    it, auto refuses the write as none does (a refusal, not an error about the options)."""
+    from msrewrite.plan import StartGate
+
+    source = KEYWORDS.replace("        is_prefill = not is_prefill\n", "")
+    original = tmp_path / "block.py"
+    original.write_text(source)
+    src = load(original)
+    flag = FlagSpec(name="ENABLE_MOE_SHARED_EXPERT_STREAM")
+    gates = (StartGate("", "h"),)
+    with pytest.raises(NothingToDo, match="writes 'x' in place while the side stream reads it"):
+        case_steps(
+            original, src.text, src.module, "moe-shared-expert", "ge-graph", None, flag, None, gates, protect="auto"
+        )

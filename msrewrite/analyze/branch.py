@@ -87,7 +87,7 @@ class SideBranch:
     # The side statements sit inside this `if` (its block is spliced into `facts`, so indices are
     # those of the function with the block flattened in place of the `if`).
     guard: Guard | None = None
-    # inputs the main path may write inside the window, snapshot at the fork (--protect clone)
+    # inputs the main path may write inside the window, snapshot at the fork (--protect auto/clone)
     protected_inputs: list[str] = field(default_factory=list)
     # callees the side branch and the window call that msrewrite could not see into
     trust_boundary: list[str] = field(default_factory=list)

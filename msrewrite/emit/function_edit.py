@@ -216,7 +216,7 @@ def _names(plan: OverlapPlan, cls: cst.ClassDef | None, taken: set[str]) -> Name
 def _start_gates(plan: OverlapPlan, where: Layout, taken: set[str]):
     """(gates, renames, snapshots): GE start gates rebind the gated tensor; it is renamed inside the
     side block when the main path still reads the original name, so main work is not ordered after
-    the anchor too. --protect clone: the side stream reads a snapshot of each input the main path
+    the anchor too. --protect: the side stream reads a snapshot of each input the main path
     writes before the join, taken on the main stream before the fork."""
     gates: list[tuple[str, str, str]] = []
     renames: dict[str, str] = {}
@@ -226,7 +226,9 @@ def _start_gates(plan: OverlapPlan, where: Layout, taken: set[str]):
             main_reads |= function_names(stmt)
     snapshots: dict[str, str] = {}
     if plan.protect_inputs and plan.start_gates:
-        raise BadInput(f"plan for {plan.function}: --protect clone and --start-after cannot be combined")
+        raise BadInput(
+            f"plan for {plan.function}: a snapshot (--protect) and --start-after cannot be combined; pass --protect none"
+        )
     for name in plan.protect_inputs:
         snapshots[name] = _unique(f"{name}_side", taken)
     for gate in plan.start_gates:
