@@ -49,7 +49,7 @@ def render(case_name: str, mode: str, example: str, root: Path = ROOT) -> tuple[
     path = root / "examples" / f"{example}.py"
     src = load(path)
     flag = FlagSpec(kind="env", name=require_case(case_name).flag_name)
-    steps = case_steps(path, src.text, src.module, case_name, mode, None, flag, None)
+    steps = case_steps(path, src.text, src.module, case_name, mode, None, flag, None, protect="auto")
     new = steps[-1].new
     return new, unified_diff(src.text, new, f"examples/{example}.py")
 

@@ -30,6 +30,27 @@ MAX_PLAN_ERRORS = 3  # shown in the one error line; the rest are counted
 PLAN_FILE_STREAM_TAG = "shared_expert"
 
 
+PROTECT_CHOICES = ("auto", "none", "clone")
+
+
+def protects(protect: str) -> bool:
+    """Whether a --protect value snapshots side inputs (auto, the command line's default, and clone)
+    or refuses the move (none, and "": the library's default, Options(), as before --protect auto)."""
+    return protect in ("auto", "clone")
+
+
+def snapshots(protect: str, start_gates: tuple) -> bool:
+    """Whether the branch finder snapshots side inputs: --protect auto does not with GE start gates
+    (--start-after rebinds the side's input, which a snapshot cannot), so it refuses as none does;
+    clone says so explicitly and is refused by the emitter, naming both options."""
+    return protects(protect) and (protect == "clone" or not start_gates)
+
+
+def protect_choice(given: str) -> str:
+    """The command line's --protect: auto when not given."""
+    return given or "auto"
+
+
 @record(frozen=True)
 class FlagSpec:
     """How the overlap is switched on and off.
@@ -186,7 +207,8 @@ class OverlapPlan:
     guard: str = ""
     guard_line: int = 0
     # Side inputs the main path may write before the join: the side stream reads a copy made at
-    # the fork (`--protect clone`; costs one copy of each).
+    # the fork (`--protect auto`, apply's default, or `clone`; costs one copy of each). A tensor is
+    # cloned; a value the source does not show to be one goes through `_ms_snapshot`.
     protect_inputs: tuple[str, ...] = ()
     # Callees the analysis could not see into (it trusted them), and those a reviewer vouched for
     # with --assume-pure: printed with every edit.

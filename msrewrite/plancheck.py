@@ -25,7 +25,7 @@ from msrewrite.cases._finder import branch_plan, check_main_hoists, check_rng_or
 from msrewrite.emit.locate import locate
 from msrewrite.emit.templates import code_of, strip_leading
 from msrewrite.errors import BadInput
-from msrewrite.plan import MODES, OverlapPlan
+from msrewrite.plan import MODES, OverlapPlan, snapshots
 
 # What `suggest` names a branch no case claims; carried out with `apply --plan`.
 GENERIC = Case(
@@ -130,7 +130,7 @@ def derive_plan(
         anchors=anchors,
         phase_anchors=options.phase_anchors or None,
         scope=scope,
-        protect=options.protect == "clone",
+        protect=snapshots(options.protect, options.start_gates),
     )
     check_rng_order(branch, options)
     check_main_hoists(case, branch)
@@ -151,7 +151,11 @@ def check_plan_in(
 
     `derived_from`: the side calls `plan` was just derived from (suggest). When the plan names
     exactly these calls, the finder (deterministic) would derive the same plan again: it is
-    returned as is, without a second derivation."""
+    returned as is, without a second derivation.
+
+    `protect`: a side input the main path may write is snapshot at the fork (--protect auto, apply's
+    default); False refuses the move instead (--protect none); None: as the plan has it (snapshots
+    when it carries any)."""
     from msrewrite.cases import get_case
 
     case = get_case(plan.case)
@@ -167,7 +171,7 @@ def check_plan_in(
         start_gates=plan.start_gates,
         phase_anchors=plan.phase_anchors,
         core_limits=plan.core_limits,
-        protect="clone" if (plan.protect_inputs if protect is None else protect) else "",
+        protect="auto" if (plan.protect_inputs if protect is None else protect) else "none",
         assume_pure=plan.assume_pure,
         allow_rng_reorder=plan.allow_rng_reorder,
     )
@@ -261,7 +265,7 @@ def case_shapes(
             if not has_seed(func, is_seed):
                 continue
             try:
-                branch = find_side_branch(func, positions, is_seed, scope=scope)
+                branch = find_side_branch(func, positions, is_seed, scope=scope, protect=True)
             except NoBranch:
                 continue
             found.append((case, name, shape(branch_plan(case, Path(file), function, branch, Options()))))

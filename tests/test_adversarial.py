@@ -180,15 +180,18 @@ def test_train_only_write_is_seen_in_train(tmp_path):
 
 @pytest.mark.slow  # the CLI with verify
 def test_forced_plan_through_the_cli(tmp_path):
-    """apply --plan re-derives a hand-written unsafe plan and refuses it; the same plan forced
-    through the emitter is caught by verify --plan: exit 1 with the race named."""
+    """apply --plan re-derives a hand-written unsafe plan: with --protect none it refuses it, by
+    default (--protect auto) it carries it out with the side stream reading a copy of x; the plan
+    forced through the emitter without the copy is caught by verify --plan: exit 1 with the race named."""
     model = MODELS / "inplace_method.py"
     plan = forced_plan(model, model.read_text())
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps([plan.to_dict()]))
-    applied = run_main("apply", str(model), "--plan", str(plan_file))
+    applied = run_main("apply", str(model), "--plan", str(plan_file), "--protect", "none")
     assert applied.returncode == 1 and not applied.stdout, applied.stderr
     assert "refused plan" in applied.stderr and "writes 'x' in place" in applied.stderr
+    protected = run_main("apply", str(model), "--plan", str(plan_file))
+    assert protected.returncode == 0 and "x_side = _ms_snapshot(x)" in protected.stdout, protected.stderr
     src = load(model)
     edited = tmp_path / "inplace_method_ms.py"
     edited.write_text(apply_plans(src.module, [plan], src.text).code)
@@ -245,3 +248,50 @@ def test_rng_model_refused_without_the_option_and_caught_when_forced(tmp_path):
     assert any(p.startswith("rng-order: train: flag on") and "aten.bernoulli" in p for p in report["problems"]), report[
         "problems"
     ]
+
+
+# Unsafe models whose only hazard is a main-path write of the side input after the fork: apply's
+# default --protect auto edits them with the side stream reading a copy of x, and that edit verifies
+# clean where the forced plan without the copy does not (test_adversarial_model).
+SNAPSHOT_FIXES = [
+    "annotated_alias",
+    "closure_mutation",
+    "copy_into_input",
+    "data_assignment",
+    "flatten_alias",
+    "identity_module_alias",
+    "index_put_input",
+    "inplace_functional",
+    "inplace_method",
+    "inplace_relu_submodule",
+    "inplace_torch_fn",
+    "list_element_alias",
+    "out_argument",
+    "outlier_clamp",
+    "router_clamps_input",
+    "self_attribute_alias",
+    "starred_alias",
+    "storage_free",
+    "storage_set",
+    "train_only_jitter",
+    "view_inplace",
+    "view_setitem",
+    "walrus_alias",
+]
+
+
+@pytest.mark.slow  # runs the model through verify
+@pytest.mark.parametrize("name", SNAPSHOT_FIXES)
+def test_the_snapshot_edit_of_an_unsafe_model_verifies(tmp_path, name):
+    from msrewrite.commands.apply import case_steps
+
+    path = MODELS / f"{name}.py"
+    assert load_file(path, f"_adv_{name}").EXPECT != "clean"
+    src = load(path)
+    steps = case_steps(path, src.text, src.module, "moe-shared-expert", "eager", None, FLAG, None, protect="auto")
+    assert steps[-1].plans[0].protect_inputs == ("x",)
+    edited = tmp_path / f"{name}_ms.py"
+    edited.write_text(steps[-1].new)
+    result = verify_files(edited, original=path, schedule_source=ScheduleSource(steps[-1].old, steps[-1].plans))
+    assert result.schedules == ["early", "late", "interleaved"], result.schedule_note
+    assert result.ok and not result.findings, result.problems

@@ -16,15 +16,15 @@ VALID = [(case, i) for case in all_cases() for i in range(len(case.valid))]
 INVALID = [(case, i) for case in all_cases() for i in range(len(case.invalid))]
 
 
-def _apply(case, source: str, tmp_path) -> tuple[int, str, str, object]:
-    """`msrewrite apply --case CASE --mode M FILE` in this process: (exit code, stdout, stderr, file)."""
+def _apply(case, source: str, tmp_path, args: tuple[str, ...] = ()) -> tuple[int, str, str, object]:
+    """`msrewrite apply --case CASE --mode M [ARGS] FILE` in this process: (exit code, stdout, stderr, file)."""
     from msrewrite.cli import main
 
     path = tmp_path / "model.py"
     path.write_text(source)
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as done:
-        main(["apply", "--case", case.name, "--mode", case.modes[0], "-i", str(path)])
+        main(["apply", "--case", case.name, "--mode", case.modes[0], *args, "-i", str(path)])
     return int(done.value.code or 0), out.getvalue(), err.getvalue(), path
 
 
@@ -57,7 +57,7 @@ def test_valid_snippet_is_edited_and_the_edit_verifies(case, index, tmp_path):
 @pytest.mark.parametrize("case,index", INVALID, ids=[f"{c.name}-{i}" for c, i in INVALID])
 def test_invalid_snippet_is_refused_with_its_reason(case, index, tmp_path):
     invalid = case.invalid[index]
-    code, out, err, path = _apply(case, invalid.source, tmp_path)
+    code, out, err, path = _apply(case, invalid.source, tmp_path, invalid.args)
     assert code == 1 and not out, err
     assert invalid.reason in err, err
     assert path.read_text() == invalid.source

@@ -241,7 +241,7 @@ def test_main_path_write_of_a_side_input_is_refused(tmp_path, name):
 def test_protect_clone_snapshots_the_input_and_verifies(tmp_path, name):
     plan, text = verified(tmp_path, model(window(UNSAFE_WRITES[name])), protect="clone")
     assert plan.protect_inputs == ("x",)
-    assert "x_side = x.clone()" in text
+    assert "x_side = _ms_snapshot(x)" in text  # x is not annotated: copied if it is a tensor
     assert "self.shared_experts(x_side)" in text
 
 
@@ -525,7 +525,7 @@ def test_every_edit_prints_its_trust_boundary(tmp_path):
     result = run_main("apply", "--case", "moe-shared-expert", str(tmp_path / "block.py"), "--protect", "clone")
     assert result.returncode == 0, result.stderr
     assert "trust boundary (callees not seen into): self.experts (FusedMoE, not visible to msrewrite)" in result.stderr
-    assert "costs one copy of each" in result.stderr
+    assert "it costs one copy of x per call" in result.stderr and "paid only while the flag is on" in result.stderr
     plain = run_main("apply", "--case", "moe-shared-expert", str(tmp_path / "block.py"), "--assume-pure", "FusedMoE")
     assert plain.returncode == 0 and "vouched for with --assume-pure: FusedMoE" in plain.stderr
 
@@ -539,7 +539,8 @@ def test_plan_carries_protect_and_assume_pure(tmp_path):
 
 
 def test_apply_plan_respects_protect(tmp_path):
-    """The snapshot travels in the plan: apply --plan emits it, and --protect clone adds it to a plan without."""
+    """The snapshot travels in the plan: apply --plan emits it, and --protect auto (the default) or clone
+    adds it to a plan without; --protect none refuses. x is not annotated: the copy is `_ms_snapshot(x)`."""
     from helpers import run_main
 
     plan, _, original = edit(tmp_path, model(SGLANG_SHAPE, experts="FusedMoE", fused_inplace=True), protect="clone")
@@ -547,19 +548,20 @@ def test_apply_plan_respects_protect(tmp_path):
     with_snapshot.write_text(plan.to_json())
     result = run_main("apply", "--plan", str(with_snapshot), str(original))
     assert result.returncode == 0, result.stderr
-    assert "+            x_side = x.clone()" in result.stdout
+    assert "+            x_side = _ms_snapshot(x)" in result.stdout
     without = tmp_path / "without.json"
     without.write_text(plan.with_changes(protect_inputs=()).to_json())
-    plain = run_main("apply", "--plan", str(without), str(original))  # re-derived: FusedMoE may write x
-    assert plain.returncode == 1 and "--assume-pure FusedMoE" in plain.stderr and not plain.stdout
-    added = run_main("apply", "--plan", str(without), str(original), "--protect", "clone")
-    assert added.returncode == 0 and "x_side = x.clone()" in added.stdout, added.stderr
+    refused = run_main("apply", "--plan", str(without), str(original), "--protect", "none")  # FusedMoE may write x
+    assert refused.returncode == 1 and "--assume-pure FusedMoE" in refused.stderr and not refused.stdout
+    for given in ((), ("--protect", "auto"), ("--protect", "clone")):
+        added = run_main("apply", "--plan", str(without), str(original), *given)
+        assert added.returncode == 0 and "x_side = _ms_snapshot(x)" in added.stdout, (given, added.stderr)
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
-        (("--protect", "copy"), "--protect must be clone"),
+        (("--protect", "copy"), "--protect must be one of auto, none, clone"),
         (("--assume-pure", "not a name"), "--assume-pure needs a class, function or attribute name"),
     ],
 )

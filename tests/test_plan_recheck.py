@@ -106,7 +106,7 @@ def forged_plans() -> dict[str, tuple[dict, str]]:
     }
 
 
-def carry_out(tmp_path: Path, plan_dict: dict, file: Path = FIXTURE) -> str:
+def carry_out(tmp_path: Path, plan_dict: dict, file: Path = FIXTURE, protect: str = "") -> str:
     """`apply --plan` in process: the diff, or NothingToDo with the refusal."""
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps(plan_dict))
@@ -125,6 +125,7 @@ def carry_out(tmp_path: Path, plan_dict: dict, file: Path = FIXTURE) -> str:
         output=None,
         verify=False,
         harness=None,
+        protect=protect,
     )
     return "edited"
 
@@ -134,9 +135,18 @@ def test_apply_plan_refuses_a_forged_unsafe_plan(tmp_path: Path, name: str, caps
     plan_dict, reason = forged_plans()[name]
     OverlapPlan.from_dict(plan_dict)  # well-formed: only the analysis can tell it is unsafe
     with pytest.raises(NothingToDo, match=reason) as refused:
-        carry_out(tmp_path, plan_dict)
+        carry_out(tmp_path, plan_dict, protect="none")  # a write a snapshot fixes is refused only without one
     assert str(refused.value).startswith(f"refused plan for {plan_dict['function']}: ")
     assert capsys.readouterr().out == ""  # nothing printed, nothing written
+
+
+def test_apply_plan_snapshots_the_forged_plans_input_by_default(tmp_path: Path, capsys) -> None:
+    """The view-alias plan's only hazard is a main-path write of the side input after the fork:
+    --protect auto (the default) carries it out with the side stream reading a copy of x."""
+    plan_dict, _reason = forged_plans()["view-alias-written-in-place"]
+    carry_out(tmp_path, plan_dict)
+    out = capsys.readouterr().out
+    assert "x_side = _ms_snapshot(x)" in out and "self.shared_experts(x_side)" in out
 
 
 def test_cli_refusal_is_one_line_exit_1(tmp_path: Path) -> None:

@@ -54,6 +54,7 @@ from msrewrite.analyze.summaries import (
     Storage,
     unseen_writers,
 )
+from msrewrite.analyze.value_kinds import IMMUTABLE, OBJECT_PREFIX, ValueKinds, is_object
 from msrewrite.analyze.walk import Visitor, walk
 from msrewrite.analyze.wrappers import flattened, wrapping_with
 from msrewrite.records import record
@@ -95,7 +96,7 @@ class SideBranch:
     # The side statements sit inside this `if` (its block is spliced into `facts`, so indices are
     # those of the function with the block flattened in place of the `if`).
     guard: Guard | None = None
-    # inputs the main path may write inside the window, snapshot at the fork (--protect clone)
+    # inputs the main path may write inside the window, snapshot at the fork (--protect auto/clone)
     protected_inputs: list[str] = field(default_factory=list)
     # callees the side branch and the window call that msrewrite could not see into
     trust_boundary: list[str] = field(default_factory=list)
@@ -587,6 +588,7 @@ class _Search:
             p.name.value for p in (*func.params.params, *func.params.kwonly_params, *func.params.posonly_params)
         }
         self.local_names = self.params | {name for f in facts for name in f.stores}
+        self.written_in_place: set[str] = set()  # snapshot inputs the source itself writes in place
 
     def reaching_def(self, name: str, before: int, skip: set[int]) -> int | None:
         """The last statement before `before` (outside `skip`) that binds `name`."""
@@ -643,7 +645,7 @@ class _Search:
             side_stores,
             lambda: self._side_writes(whole, hoist_facts, join, main, storage, every_input)[1],
         )
-        _refuse_snapshot_of_side_stores(protected, side_stores)
+        protected = self._snapshot_inputs(protected, fork, side_stores)
         window += main_hoist_facts
         if not main_hoists and not any(f.has_call and f.self_calls for f in window):
             raise self._nothing_to_overlap(join, fork, pushed_by, storage)
@@ -693,6 +695,32 @@ class _Search:
             clash = self._state_clash(g, side_state, storage)
             if clash:
                 raise NoBranch(clash)
+
+    def _snapshot_inputs(self, protected: list[str], fork: int, side_stores: list[str]) -> list[str]:
+        """The inputs to snapshot at the fork, by what the source says they hold there: an
+        immutable value (None, a number, a string) cannot be written in place and needs none; an
+        object of a named class cannot be copied by a snapshot, nor an input the side rebinds, so
+        the move is refused."""
+        if not protected:
+            return protected
+        rebound_by_side = [name for name in protected if name in side_stores]
+        if rebound_by_side:
+            raise NoBranch(
+                f"'{rebound_by_side[0]}' is both read and rebound by the side branch; --protect clone cannot snapshot it"
+            )
+        kinds = ValueKinds(self.func, [f.node for f in self.facts])
+        of = {name: kinds.of(name, fork) for name in protected}
+        for name in protected:
+            if is_object(of[name]):
+                cls = of[name].removeprefix(OBJECT_PREFIX)
+                raise NoBranch(
+                    f"the main path may write '{name}' while the side stream reads it, and '{name}' is a {cls}: "
+                    "a snapshot copies tensors (also in tuples, lists and dicts), not the state of a "
+                    f"{cls}"
+                )
+        # an annotation `flag: bool` is trusted to mean nothing can write it in place, unless the
+        # source does so itself (then the annotation is wrong: the snapshot is made anyway)
+        return [name for name in protected if of[name] != IMMUTABLE or name in self.written_in_place]
 
     def _trust_boundary(self, moved: list[StatementFacts], fork: int, side_idx: set[int]) -> list[str]:
         """The callees not seen into of the side work and the window, and of the waits before the
@@ -1212,7 +1240,7 @@ class _Search:
             if clash:
                 raise NoBranch(f"line {f.first_line} uses '{sorted(clash)[0]}' between the fork and the join")
         if unseen_hits:
-            raise NoBranch(_unseen_refusal(unseen_hits, side_unseen()))
+            raise NoBranch(_unseen_refusal(unseen_hits, side_unseen(), self.protect))
         return protected
 
     def _window_write(
@@ -1236,6 +1264,8 @@ class _Search:
             # gives the side exactly what it read before
             if name not in protected:
                 protected.append(name)
+            if known:
+                self.written_in_place.add(name)
             return
         if known:
             hint = "; pass --protect clone to snapshot it at the fork" if f.index >= fork else ""
@@ -1344,6 +1374,7 @@ class _Search:
         side_writes = {path: (f, name) for f in side for path, name in _state_written(f, storage).items()}
         side_may = {path: (f, hit) for f in side for path, hit in _state_may_written(f, storage).items()}
         for g in main:
+            _check_unseen_state_writes(g, side_reads | set(side_writes))
             for path, name in _state_written(g, storage).items():
                 hit = next((q for q in sorted(side_reads | set(side_writes)) if _same_state(path, q)), None)
                 if hit is not None:
@@ -1598,6 +1629,23 @@ def _state_paths(path: str, at: int, storage: Storage) -> set[str]:
 def _state_via_locals(f: StatementFacts, at: int, storage: Storage) -> set[str]:
     """The module state statement `f` reads through locals bound to it (`m = self.shared_experts`)."""
     return {p for name in f.loads for p in _state_paths(name, at, storage)}
+
+
+def _check_unseen_state_writes(g: StatementFacts, side_state: set[str]) -> None:
+    """Refuses a main statement whose callee msrewrite cannot see into is handed module state
+    the side work reads or writes (`fused_moe(self.shared_experts.w1, x)`): it may write it, and a
+    snapshot of the side's inputs does not copy module state."""
+    for name, callee in sorted(g.may_write.items()):
+        if not name.startswith("self."):
+            continue
+        path = _state_key(name)
+        hit = next((q for q in sorted(side_state) if _same_state(path, q)), None)
+        if hit is not None:
+            raise NoBranch(
+                f"line {g.first_line}: {callee} may write module state '{path}', which the side stream "
+                f"{'uses' if hit == path else f'uses ({hit!r})'}; a snapshot cannot help here; pass "
+                f"{_vouch_options([callee])} if it does not"
+            )
 
 
 def _state_key(path: str) -> str:
@@ -2084,10 +2132,11 @@ def _vouch_options(callees: list[str]) -> str:
     return text
 
 
-def _unseen_refusal(hits: list[_Unseen], side: list[_SideUnseen]) -> str:
+def _unseen_refusal(hits: list[_Unseen], side: list[_SideUnseen], protect: bool) -> str:
     """One refusal naming every unseen callee that may write a side input on the main path, and
     those of the side branch that may write an input the main path reads (a snapshot cannot help
-    those), with the exact options that let the edit through."""
+    those), with the exact options that let the edit through. With `protect` on, the main path's
+    hits are writes before the fork, which a snapshot taken there cannot help either."""
     clauses, room = [], MAX_DESCRIBED
     for i, (line, callees, name) in enumerate(hits):
         clauses.append(
@@ -2096,10 +2145,21 @@ def _unseen_refusal(hits: list[_Unseen], side: list[_SideUnseen]) -> str:
         )
         room -= len(_by_layer(callees))
     main_callees = [c for _, callees, _ in hits for c in callees]
+    side_callees = [c for _, callees, *_ in side for c in callees]
+    if protect:
+        if side:
+            line, callees, name, reader = side[0]
+            clauses.append(
+                f"on the side branch, line {line}: {_named(callees, room)} may write its input '{name}', "
+                f"which the main path reads (line {reader})"
+            )
+        return (
+            "; ".join(clauses)
+            + f"; a snapshot at the fork cannot help; pass {_vouch_options(main_callees + side_callees)}"
+        )
     if not side:
         vouch = _vouch_options(main_callees)
         return "; ".join(clauses) + f"; pass --protect clone{'' if vouch.startswith(' (') else ' or '}{vouch}"
-    side_callees = [c for _, callees, *_ in side for c in callees]
     line, callees, name, reader = side[0]
     clauses.append(
         f"on the side branch, line {line}: {_named(callees, room)} may write its input '{name}', "
@@ -2644,11 +2704,3 @@ def _compound_label(node: cst.CSTNode) -> str:
         cst.Match: "match",
     }.get(type(node))
     return f"a `{keyword}` block" if keyword else "a compound statement"
-
-
-def _refuse_snapshot_of_side_stores(protected: list[str], side_stores: list[str]) -> None:
-    rebound_by_side = [name for name in protected if name in side_stores]
-    if rebound_by_side:
-        raise NoBranch(
-            f"'{rebound_by_side[0]}' is both read and rebound by the side branch; --protect clone cannot snapshot it"
-        )

@@ -23,6 +23,7 @@ reads is rebound or written in place between the fork and the `if`.
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Callable
 from typing import Any
 
@@ -175,7 +176,31 @@ def _with_block(node: cst.If, in_orelse: bool, statements: list[cst.BaseStatemen
 
 
 def source(node: cst.CSTNode) -> str:
-    return _EMPTY.code_for_node(node).strip()
+    """The node's code on one line: a condition written over several lines (`if (a\n and b):`)
+    is emitted in a comment and in a one-line `if`, so its line breaks and comments go."""
+    text = _EMPTY.code_for_node(node).strip()
+    if "\n" not in text and "\r" not in text:
+        return text
+    flat = node.visit(_OneLine())
+    assert isinstance(flat, cst.CSTNode)  # _OneLine only replaces whitespace
+    text = _EMPTY.code_for_node(flat).strip()
+    if "\n" in text or "\r" in text:  # a string literal spanning lines: Python's own spelling
+        text = ast.unparse(ast.parse(_EMPTY.code_for_node(node).strip(), mode="eval"))
+    return text
+
+
+class _OneLine(cst.CSTTransformer):
+    """Line breaks inside brackets and backslash continuations become one space; comments go."""
+
+    def leave_ParenthesizedWhitespace(
+        self, _original: cst.ParenthesizedWhitespace, _updated: cst.ParenthesizedWhitespace
+    ) -> cst.SimpleWhitespace:
+        return cst.SimpleWhitespace(" ")
+
+    def leave_SimpleWhitespace(
+        self, _original: cst.SimpleWhitespace, updated: cst.SimpleWhitespace
+    ) -> cst.SimpleWhitespace:
+        return cst.SimpleWhitespace(" ") if "\\" in updated.value else updated
 
 
 def negate(test: cst.BaseExpression) -> str:

@@ -163,6 +163,19 @@ def _init_assignments(init: cst.FunctionDef) -> dict[str, list[cst.BaseExpressio
     return assigned
 
 
+def init_layers(init: cst.FunctionDef | None) -> dict[str, str]:
+    """attr -> the dotted constructor of every value `__init__` assigns to `self.<attr>` (`nn.Linear`),
+    where that is one constructor call."""
+    if init is None or not isinstance(init.body, cst.IndentedBlock):
+        return {}
+    layers: dict[str, str] = {}
+    for attr, values in _init_assignments(init).items():
+        ctors = {dotted_name(v.func) if isinstance(v, cst.Call) else None for v in values}
+        if len(ctors) == 1 and None not in ctors:
+            layers[attr] = ctors.pop() or ""
+    return layers
+
+
 def _is_stream_value(value: cst.BaseExpression, api: str, params: dict[str, cst.Param]) -> bool:
     """`<api>.Stream()`, `... if c else None`, or a constructor argument named like a stream that
     is not annotated as the other API family's."""

@@ -212,7 +212,8 @@ PROTECT = CaseOption(
             Option(
                 "",
                 "--protect",
-                help="clone: snapshot side inputs the main path may write before the join (one copy each).",
+                help="auto (the default): snapshot at the fork each side input the main path may write before "
+                "the join (one copy each, paid only with the flag on); clone: the same; none: refuse instead.",
             ),
         ),
     ),
@@ -281,10 +282,12 @@ CASE_OPTIONS = (START_AFTER, ANCHOR, CORES, SECOND_COMM_GROUP, ALLOW_RNG_REORDER
 
 @record(frozen=True)
 class Invalid:
-    """A snippet the case must refuse, and a substring of the reason it gives."""
+    """A snippet the case must refuse, a substring of the reason it gives, and the options it is
+    refused under besides --case and --mode."""
 
     source: str
     reason: str
+    args: tuple[str, ...] = ()
 
 
 @record
@@ -297,7 +300,9 @@ class Options:
     start_gates: tuple = field(default_factory=tuple)  # StartGate; tensor "" = the first side input
     phase_anchors: tuple[str, ...] = ()
     core_limits: tuple[int, int, int, int] | None = None
-    protect: str = ""  # "clone": snapshot side inputs the main path may write, instead of refusing
+    # "auto" (the command line's default) and "clone": snapshot side inputs the main path may write
+    # at the fork; "none", and "" (the library's default): refuse the move instead
+    protect: str = ""
     assume_pure: tuple[str, ...] = ()  # callees a reviewer vouched for (class, function or attribute names)
     allow_rng_reorder: bool = False  # move side work even when the order of random draws changes
     second_group: str | None = None  # prefill-microbatch: micro-batch 1's process group (self.NAME)

@@ -30,7 +30,7 @@ from msrewrite.analyze.seeds import (
 from msrewrite.analyze.summaries import ModuleSummaries
 from msrewrite.analyze.walk import Visitor
 from msrewrite.emit.templates import code_of, strip_leading
-from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement, StartGate
+from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement, StartGate, snapshots
 from msrewrite.records import record
 
 if TYPE_CHECKING:
@@ -225,7 +225,7 @@ class _CallFinder:
                     anchors=tuple(gate.anchor for gate in options.start_gates),
                     phase_anchors=options.phase_anchors if case.phased else None,
                     scope=self.summaries.scope_for(cls.name.value if cls is not None else None, func.name.value),
-                    protect=options.protect == "clone",
+                    protect=snapshots(options.protect, options.start_gates),
                 )
             check_rng_order(side, options)
             check_main_hoists(case, side)

@@ -83,5 +83,10 @@ CASE = SeedCase(
     mutant_modes=("eager", "cuda", "npugraph-ex"),
     mutant_examples=("deepseek_moe", "qwen_gated_moe", "guarded_moe"),
     valid=(VALID,),
-    invalid=(Invalid(INVALID, "writes 'x' in place while the side stream reads it; pass --protect clone"),),
+    # refused with --protect none; by default (auto) the side stream reads a snapshot of x
+    invalid=(
+        Invalid(
+            INVALID, "writes 'x' in place while the side stream reads it; pass --protect clone", ("--protect", "none")
+        ),
+    ),
 )

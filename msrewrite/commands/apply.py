@@ -32,7 +32,16 @@ from msrewrite.errors import EXIT_OK, BadInput, EmptyFile, NothingToDo
 from msrewrite.load import git_root, load, read_source
 from msrewrite.modes import resolve_mode
 from msrewrite.output.diff import unified_diff
-from msrewrite.plan import FlagSpec, MicrobatchPlan, OverlapPlan, StartGate, load_plans
+from msrewrite.plan import (
+    PROTECT_CHOICES,
+    FlagSpec,
+    MicrobatchPlan,
+    OverlapPlan,
+    StartGate,
+    load_plans,
+    protect_choice,
+    protects,
+)
 from msrewrite.records import record
 
 # The documented limits of torch_npu / torchair core budgets (docs: torchair core_limit.md and
@@ -193,9 +202,13 @@ def trust_lines(plan: OverlapPlan | MicrobatchPlan) -> list[str]:
     if plan.rng_reorder:
         lines.append(f"--allow-rng-reorder: {plan.rng_reorder}")
     if plan.protect_inputs:
+        names = plan.protect_inputs
+        copies = " and ".join(f"one copy of {n}" for n in names)
         lines.append(
-            f"--protect clone: the side stream reads a copy of {', '.join(plan.protect_inputs)} made at the fork "
-            f"(costs one copy of each, {len(plan.protect_inputs)} per call)"
+            f"snapshot (--protect): the main path may write {', '.join(names)} before the join, so the side stream "
+            f"reads {'a copy' if len(names) == 1 else 'copies'} made at the fork; it costs {copies} per call "
+            "(for a [tokens, hidden] activation: hidden x element size bytes per token), paid only while the flag "
+            "is on; --protect none refuses the edit instead"
         )
     return lines
 
@@ -214,7 +227,7 @@ def _recheck(module, plan: OverlapPlan, text: str, path: Path, protect: bool) ->
             raise BadInput(f"case {case.name} does not support mode {plan.mode} (supports {', '.join(case.modes)})")
         return check_microbatch_plan(module, plan, text, path)
     try:
-        checked = check_plan(module, plan, text, path, protect=protect or None)
+        checked = check_plan(module, plan, text, path, protect=protect)
     except NoBranch as exc:
         raise NothingToDo(f"refused plan for {plan.function}: {exc}") from None
     return checked.with_changes(markers=plan.markers)  # ranges are the file's choice, not the analysis'
@@ -466,8 +479,8 @@ def _check_args(args: ApplyArgs) -> None:
     ):
         if value is not None:
             _checked(check, value, option)
-    if args.protect not in ("", "clone"):
-        raise BadInput(f"--protect must be clone, got {args.protect!r}")
+    if args.protect not in ("", *PROTECT_CHOICES):
+        raise BadInput(f"--protect must be one of {', '.join(PROTECT_CHOICES)}, got {args.protect!r}")
     bad_names = [n for n in args.assume_pure if not all(part.isidentifier() for part in n.split("."))]
     if bad_names:
         raise BadInput(f"--assume-pure needs a class, function or attribute name, got {bad_names[0]!r}")
@@ -505,7 +518,7 @@ def case_request(args: ApplyArgs, chosen_mode: str) -> tuple[Case, Options]:
             start_gates=gates,
             phase_anchors=tuple(args.anchors),
             core_limits=budget,
-            protect=args.protect,
+            protect=protect_choice(args.protect),
             assume_pure=args.assume_pure,
             allow_rng_reorder=args.allow_rng_reorder,
             second_group=args.second_comm_group,
@@ -654,9 +667,9 @@ def _plan_file_plans(args: ApplyArgs, src, chosen_mode: str, why: str) -> list:
     except ValueError as exc:
         raise BadInput(str(exc)) from None
     _note(f"mode {plans[0].mode} ({'from the plan' if args.mode == 'auto' else why})")
-    # re-derived by the branch finder with the file's summaries: --protect clone snapshots
-    # exactly the inputs the analysis finds written, as with --case
-    return [_recheck(src.module, plan, src.text, args.file, args.protect == "clone") for plan in plans]
+    # re-derived by the branch finder with the file's summaries: --protect (auto by default)
+    # snapshots exactly the inputs the analysis finds written, as with --case
+    return [_recheck(src.module, plan, src.text, args.file, protects(protect_choice(args.protect))) for plan in plans]
 
 
 def _plan_file_steps(src, plans: list) -> list[EditStep]:

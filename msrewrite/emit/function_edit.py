@@ -32,8 +32,16 @@ import libcst as cst
 
 from msrewrite.analyze.defuse import function_names, node_facts, statement_facts
 from msrewrite.analyze.guards import conjoin
-from msrewrite.analyze.outline import already_applied, bound_on_every_path, init_info, model_stream, self_attrs
+from msrewrite.analyze.outline import (
+    already_applied,
+    bound_on_every_path,
+    init_info,
+    init_layers,
+    model_stream,
+    self_attrs,
+)
 from msrewrite.analyze.outline import unique_name as _unique
+from msrewrite.analyze.value_kinds import TENSOR, ValueKinds
 from msrewrite.analyze.wrappers import flattened, rewrapped, wrapping_with
 from msrewrite.emit import frameworks
 from msrewrite.emit.constructor import extend_init
@@ -108,7 +116,8 @@ class _Edit:
     names: Names
     init: cst.FunctionDef | None
     taken: set[str]  # names the function binds, and those the edit chose so far
-    snapshots: dict[str, str]  # --protect clone: input -> the copy the side stream reads
+    snapshots: dict[str, str]  # --protect: input -> the copy the side stream reads
+    snapshot_tensors: set[str]  # the inputs known to be tensors (`x.clone()`; the others `_ms_snapshot(x)`)
     renames: dict[str, str]  # GE start gates: gated tensor -> the name the side block reads
     what: str
     main: str
@@ -243,7 +252,7 @@ def _names(plan: OverlapPlan, cls: cst.ClassDef | None, taken: set[str]) -> Name
 def _start_gates(plan: OverlapPlan, where: Layout, taken: set[str]):
     """(gates, renames, snapshots): GE start gates rebind the gated tensor; it is renamed inside the
     side block when the main path still reads the original name, so main work is not ordered after
-    the anchor too. --protect clone: the side stream reads a snapshot of each input the main path
+    the anchor too. --protect: the side stream reads a snapshot of each input the main path
     writes before the join, taken on the main stream before the fork."""
     gates: list[tuple[str, str, str]] = []
     renames: dict[str, str] = {}
@@ -253,7 +262,9 @@ def _start_gates(plan: OverlapPlan, where: Layout, taken: set[str]):
             main_reads |= function_names(stmt)
     snapshots: dict[str, str] = {}
     if plan.protect_inputs and plan.start_gates:
-        raise BadInput(f"plan for {plan.function}: --protect clone and --start-after cannot be combined")
+        raise BadInput(
+            f"plan for {plan.function}: a snapshot (--protect) and --start-after cannot be combined; pass --protect none"
+        )
     for name in plan.protect_inputs:
         snapshots[name] = _unique(f"{name}_side", taken)
     for gate in plan.start_gates:
@@ -280,9 +291,11 @@ def _prepare(module, func, cls, where: Layout, positions, plan: OverlapPlan, wor
     what, main = words
     gates, renames, snapshots = _start_gates(plan, where, taken)
     reused = model_stream(cls, init, plan)  # an attribute name read from the class's __init__
+    tensors = _snapshot_tensors(func, where, init, snapshots)
     ctx = _context(
         plan, init, config_param, init_sets_flag, gates, names, what, snapshots, phase_gate, framework_imports, reused
     )
+    ctx.snapshot_checked = [n for n in snapshots if n not in tensors]
     em = async_comm(ctx) if plan.sync == "async-comm" else STRATEGIES[plan.mode](ctx)
     if where.main_hoisted and em.main_limit:
         raise BadInput(
@@ -295,7 +308,27 @@ def _prepare(module, func, cls, where: Layout, positions, plan: OverlapPlan, wor
             raise BadInput(
                 f"plan for {plan.function}: a guarded side statement lies outside its `if` (line {plan.guard_line})"
             )
-    return _Edit(plan, func, where, positions, em, names, init, taken, snapshots, renames, what, main, reused)
+    if len(tensors) < len(snapshots):
+        em.helpers.append("_ms_snapshot")
+    return _Edit(plan, func, where, positions, em, names, init, taken, snapshots, tensors, renames, what, main, reused)
+
+
+def _snapshot_tensors(func, where: Layout, init, snapshots: dict[str, str]) -> set[str]:
+    """The snapshot inputs the source shows to be tensors at the fork. The others are copied by
+    `_ms_snapshot`, checked first by `_ms_can_snapshot` where the prelude runs, which must see the
+    value the fork copies."""
+    kinds = ValueKinds(func, where.body, init_layers(init))
+    tensors = {name for name in snapshots if kinds.of(name, where.fork) == TENSOR}
+    prelude_at = min([where.fork, *where.whole])
+    for name in snapshots:
+        if name in tensors:
+            continue
+        if any(name in node_facts(stmt).stores for stmt in where.body[prelude_at : where.fork]):
+            raise BadInput(
+                f"{func.name.value}: {name} is bound between the first side statement and the fork, where "
+                "the side stream is chosen: its snapshot cannot be checked there"
+            )
+    return tensors
 
 
 def _context(
@@ -483,7 +516,12 @@ def _fork_block(e: _Edit, side_nodes: list[cst.BaseStatement], runs: _Runs):
         inner = [*parse_block(em.side_head), *side_nodes, *parse_block(em.side_tail)]
     else:
         inner = side_nodes
-    clones = parse_block([f"{new} = {old}.clone()" for old, new in e.snapshots.items()])
+    clones = parse_block(
+        [
+            f"{new} = {old}.clone()" if old in e.snapshot_tensors else f"{new} = _ms_snapshot({old})"
+            for old, new in e.snapshots.items()
+        ]
+    )
     if clones:
         note = (
             f"msrewrite({e.label}): the main path may write {', '.join(e.snapshots)} before the join: "

@@ -154,6 +154,39 @@ def _ms_record_stream(stream, *values):
         elif isinstance(value, (tuple, list)):
             _ms_record_stream(stream, *value)
 ''',
+    "_ms_can_snapshot": '''\
+def _ms_can_snapshot(*values):
+    """True when _ms_snapshot copies all of `values` that could be written: tensors, immutable
+    values (None, numbers, strings, dtypes, devices) and plain tuples, lists and dicts of these.
+    Any other object may hold state a snapshot cannot copy: the original single-stream code runs."""
+    for value in values:
+        if type(value) in (tuple, list) or (isinstance(value, tuple) and hasattr(value, "_fields")):
+            if not _ms_can_snapshot(*value):
+                return False
+        elif type(value) is dict:
+            if not _ms_can_snapshot(*value.values()):
+                return False
+        elif not isinstance(
+            value, (torch.Tensor, type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
+        ):
+            return False
+    return True
+''',
+    "_ms_snapshot": '''\
+def _ms_snapshot(value):
+    """A copy of `value` for the side stream to read while the main path may write the original:
+    tensors are cloned, also inside tuples, lists and dicts; immutable values are returned as they
+    are (_ms_can_snapshot has checked there is nothing else)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple keeps its type
+        return type(value)(*(_ms_snapshot(v) for v in value))
+    if type(value) in (tuple, list):
+        return type(value)(_ms_snapshot(v) for v in value)
+    if type(value) is dict:
+        return {k: _ms_snapshot(v) for k, v in value.items()}
+    return value
+''',
     "_ms_num_tokens": '''\
 def _ms_num_tokens(hidden_states):
     """Tokens in a [..., hidden] activation, for the token-count gate."""

@@ -484,7 +484,9 @@ def _derive(text: str, original_name: str, original_text: str, mode: str, flag):
     case = cases.pop()
     try:
         module = _parsed(original, original_text)
-        steps = require_case(case).steps(original, original_text, module, Options(mode=mode, flag=flag), None)
+        # apply's defaults: --protect auto snapshots what the main path may write
+        options = Options(mode=mode, flag=flag, protect="auto")
+        steps = require_case(case).steps(original, original_text, module, options, None)
     except MsrewriteError as exc:
         return None, f"apply --case {case} does not reproduce the edit ({exc})"
     last = steps[-1]

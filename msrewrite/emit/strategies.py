@@ -60,6 +60,9 @@ class Context:
     model_stream: str = ""  # self.<attr> already holding a side stream of this API family: reused
     # phased plans: (attr, Class) of each submodule whose forward the side statements inline
     inline_guards: list[tuple[str, str]] = field(default_factory=list)
+    # inputs snapshot at the fork by _ms_snapshot (their type is not known from the source): the
+    # side stream runs only while _ms_can_snapshot says it copies them whole
+    snapshot_checked: list[str] = field(default_factory=list)
 
 
 @record
@@ -147,6 +150,9 @@ def _gate_condition(ctx: Context, em: Emission) -> str | None:
     for attr, cls in ctx.inline_guards:  # the inlined forward is what the call would run
         em.helpers.append("_ms_runs_as_inlined")
         gates.append(f"_ms_runs_as_inlined(self.{attr}, {cls})")
+    if ctx.snapshot_checked:
+        em.helpers.append("_ms_can_snapshot")
+        gates.append(f"_ms_can_snapshot({', '.join(ctx.snapshot_checked)})")
     if ctx.max_tokens is not None and ctx.token_input is not None:
         em.helpers.append("_ms_num_tokens")
         gates.append(f"_ms_num_tokens({ctx.token_input}) <= {ctx.max_tokens}")

@@ -119,7 +119,8 @@ def returns(stmt: cst.CSTNode) -> bool:
 
 # Rewrites of side statements ----------------------------------------------------------------------
 class Rename(cst.CSTTransformer):
-    """Every name `old` becomes `new`; attribute names (x.old) stay."""
+    """Every name `old` becomes `new`; attribute names (x.old) and keyword names (f(old=...)) stay:
+    they name a field or a parameter, not the variable."""
 
     def __init__(self, old: str, new: str) -> None:
         self.old, self.new = old, new
@@ -131,6 +132,12 @@ class Rename(cst.CSTTransformer):
         # keep attribute names (x.old) untouched
         if updated_node.attr.value == self.new and original_node.attr.value == self.old:
             return updated_node.with_changes(attr=original_node.attr)
+        return updated_node
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        # f(old=old) -> f(old=new): the callee's parameter keeps its name
+        if original_node.keyword is not None:
+            return updated_node.with_changes(keyword=original_node.keyword)
         return updated_node
 
 

@@ -117,7 +117,9 @@ def edit_for(file: Path, text: str, case: str, mode: str, options: list[str]) ->
     max_tokens = int(opts["--max-tokens"]) if "--max-tokens" in opts else None
     spec = parse_flag("", "on", max_tokens, known.flag_name)
     budget = cores.resolve(opts.get("--cores", "a3"), None).as_tuple() if known.core_limits else None
-    steps = case_steps(file, text, parse_source(file, text), case, mode, None, spec, None, (), anchors, budget)
+    steps = case_steps(
+        file, text, parse_source(file, text), case, mode, None, spec, None, (), anchors, budget, protect="auto"
+    )
     return steps[-1].new, steps[-1].old, steps[-1].plans
 
 

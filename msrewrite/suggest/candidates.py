@@ -258,13 +258,15 @@ def _candidate(
     memo[seeds] = True
     scope = _scope_of(info, file, memo)
     try:
-        branch, plan = derive_plan(GENERIC, file, info.qualname, info.node, info.positions, calls, scope=scope)
+        # apply's default --protect auto: an input the main path may write is snapshot, as apply would
+        protect = Options(protect="auto")
+        branch, plan = derive_plan(GENERIC, file, info.qualname, info.node, info.positions, calls, protect, scope)
         if ("shapes", info.qualname) not in memo:
             callees = {c.callee for s in info.statements for c in s.calls}
             memo["shapes", info.qualname] = case_shapes(info.node, info.positions, file, info.qualname, callees, scope)
         case, branch_name = classify(memo["shapes", info.qualname], plan)
         if case is not GENERIC:
-            plan = branch_plan(case, Path(file), info.qualname, branch, Options())
+            plan = branch_plan(case, Path(file), info.qualname, branch, protect)
             if branch_name:
                 plan = plan.with_changes(case_branch=branch_name)
         plan = check_plan_in(info.node, info.positions, plan, derived_from=calls, scope=scope)  # as apply --plan will
