@@ -69,6 +69,11 @@ def _snippet(source: str) -> str:
     return (source[:at] + "\n" if at >= 0 else source).rstrip() + "\n"
 
 
+def _with_options(args: tuple[str, ...]) -> str:
+    """The options an INVALID snippet is refused under, as written: " with `--protect none`"."""
+    return f" with `{' '.join(args)}`" if args else ""
+
+
 def examples_markdown() -> str:
     """docs/cases.md's block: one VALID and one INVALID snippet of every case, as the case declares them."""
     from msrewrite.cases import all_cases
@@ -86,7 +91,7 @@ def examples_markdown() -> str:
             _snippet(case.valid[0]).rstrip(),
             "```",
             "",
-            f"Refused (`... {case.invalid[0].reason} ...`):",
+            f"Refused{_with_options(case.invalid[0].args)} (`... {case.invalid[0].reason} ...`):",
             "",
             "```python",
             _snippet(case.invalid[0].source).rstrip(),

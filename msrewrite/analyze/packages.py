@@ -104,10 +104,11 @@ def module_file(dotted: str, near: Path | None = None) -> Path | None:
     roots = _roots(own)
     key = (roots, dotted)
     if key not in _found:
-        found = _found[key] = _walk(dotted, roots)
-        if found is not None:
-            _note_read(found, top, roots, own)
-    return _found[key]
+        _found[key] = _walk(dotted, roots)
+    found = _found[key]
+    if found is not None:
+        _note_read(found, top, roots, own)
+    return found
 
 
 def _note_read(file: Path, top: str, roots: tuple[str, ...], own: Path | None) -> None:
@@ -121,6 +122,11 @@ def _note_read(file: Path, top: str, roots: tuple[str, ...], own: Path | None) -
                 how = "installed"
             _read_from.setdefault(root, (how, set()))[1].add(top)
             return
+
+
+def forget_reads() -> None:
+    """Start a run's record of where package sources were read (a process may run several)."""
+    _read_from.clear()
 
 
 def roots_read() -> list[str]:

@@ -407,6 +407,8 @@ class ApplyArgs:
 
 def run_apply(**kwargs) -> int:
     """`msrewrite apply` (cli.apply's options, as ApplyArgs' fields, and the cases' own)."""
+    from msrewrite.analyze.packages import forget_reads
+
     args = ApplyArgs.of(**kwargs)
     if args.no_markers:
         if (
@@ -427,6 +429,7 @@ def run_apply(**kwargs) -> int:
         chosen_mode, why = resolve_mode(args.mode, src.text)
     except ValueError as exc:
         raise BadInput(str(exc)) from None
+    forget_reads()
     try:
         if args.case is not None:
             steps = _case_edit(args, src, chosen_mode, why)
