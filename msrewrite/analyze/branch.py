@@ -52,6 +52,7 @@ from msrewrite.analyze.summaries import (
     STATE_ACCESSORS,
     STATE_WRITERS,
     Storage,
+    self_chain,
     unseen_writers,
 )
 from msrewrite.analyze.value_kinds import IMMUTABLE, OBJECT_PREFIX, ValueKinds, is_object
@@ -1668,14 +1669,9 @@ def _state_read(node: cst.CSTNode, scope: Scope, full: bool = False) -> set[str]
 
     class _Reads(Visitor):
         def visit_Attribute(self, node: cst.Attribute) -> bool:
-            root: cst.BaseExpression = node
-            while isinstance(root, (cst.Attribute, cst.Subscript)):
-                root = root.value
-            if not (isinstance(root, cst.Name) and root.value == "self"):
-                return True
-            chain = dotted_name(node)
+            chain = self_chain(node)
             if chain is None:
-                return True  # self.experts[i].w: the inner self.experts is found below
+                return True  # not on `self`, or self.experts[i].w: the inner self.experts is found below
             if full and id(node) in called and chain.count(".") > 1:
                 chain = chain.rpartition(".")[0]  # self.shared_experts.reset(): its object's state
             attr = chain.split(".")[1]

@@ -106,7 +106,8 @@ def module_file(dotted: str, near: Path | None = None) -> Path | None:
     if key not in _found:
         _found[key] = _walk(dotted, roots)
     found = _found[key]
-    if found is not None:
+    # the lookup is hot: a package already recorded this run is not placed again
+    if found is not None and not any(top in tops for _how, tops in _read_from.values()):
         _note_read(found, top, roots, own)
     return found
 

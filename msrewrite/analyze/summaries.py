@@ -1727,6 +1727,17 @@ def _union(effects: list[CallEffect]) -> CallEffect:
 bind_args = _bind_args  # for analyses that rebase a callee's effects onto a call site (analyze/effects.py)
 
 
+def self_chain(node: cst.Attribute) -> str | None:
+    """`self.shared_experts.calls` for an attribute chain on `self` with no subscript in it; None
+    for one on another object, or with a subscript (its inner `self.<attr>` is a chain of its own)."""
+    root: cst.BaseExpression = node
+    while isinstance(root, (cst.Attribute, cst.Subscript)):
+        root = root.value
+    if not (isinstance(root, cst.Name) and root.value == "self"):
+        return None
+    return dotted_name(node)
+
+
 def _self_chains(func: cst.FunctionDef) -> tuple[set[str], set[str]] | None:
     """(every `self.<chain>` a method's body names, the `self.<method>(...)` calls among them), or
     None when `self` is used bare (handed on, returned, stored, `getattr(self, ...)`): what is read
@@ -1737,14 +1748,9 @@ def _self_chains(func: cst.FunctionDef) -> tuple[set[str], set[str]] | None:
 
     class _Chains(Visitor):
         def visit_Attribute(self, node: cst.Attribute) -> bool:
-            root: cst.BaseExpression = node
-            while isinstance(root, (cst.Attribute, cst.Subscript)):
-                root = root.value
-            if not (isinstance(root, cst.Name) and root.value == "self"):
-                return True
-            chain = dotted_name(node)
+            chain = self_chain(node)
             if chain is None:
-                return True  # self.experts[i].w: the inner self.experts is found below
+                return True  # not on `self`, or self.experts[i].w: the inner self.experts is found below
             chains.add(chain)
             return False
 
