@@ -31,6 +31,7 @@ BUILT = 'nn.ModuleDict({"softmax": SoftmaxRouter(16), "sigmoid": SigmoidRouter(1
 DICTS = {
     "dict-literal": BUILT,
     "dict-call": "nn.ModuleDict(dict(softmax=SoftmaxRouter(16), sigmoid=SigmoidRouter(16)))",
+    "from-a-factory": 'nn.ModuleDict({"softmax": make_router(16), "sigmoid": SigmoidRouter(16)})',
     "assigned-keys": (
         "nn.ModuleDict()\n"
         '        self.routers["softmax"] = SoftmaxRouter(16)\n'
@@ -41,7 +42,7 @@ DICTS = {
 UNSEEN_DICTS = {
     "starred-entry": ('nn.ModuleDict({"softmax": SoftmaxRouter(16), **extra_routers()})', "extra_routers"),
     "updated": ("nn.ModuleDict()\n        self.routers.update(extra_routers())", "self.routers.update"),
-    "value-from-a-call": ('nn.ModuleDict({"softmax": make_router(16)})', "make_router"),
+    "value-from-a-call": ('nn.ModuleDict({"softmax": table_router(16)})', "table_router"),
 }
 
 WITH_MODEL = """
@@ -113,7 +114,10 @@ def routers(tmp_path: Path, name: str, built: str, key: str = "self.kind") -> Pa
     return write(
         tmp_path,
         name,
-        text + "\n\ndef make_router(d):\n    return SoftmaxRouter(d)\n\n\ndef extra_routers():\n    return {}\n",
+        text
+        + "\n\ndef make_router(d):\n    return SoftmaxRouter(d)\n\n\ndef extra_routers():\n    return {}\n"
+        # a table filled at import time may hold anything: its entries are not followed
+        + '\n\nROUTERS = {"softmax": SoftmaxRouter}\n\n\ndef table_router(d):\n    return ROUTERS["softmax"](d)\n',
     )
 
 

@@ -60,7 +60,7 @@ def forged_plans() -> dict[str, tuple[dict, str]]:
                 outputs=["up_proj_output"],
             ),
             # the seed statement returns: the join, whose gate_proj/act run before the hoisted call
-            "never used|nothing to overlap|before the side call in the same statement",
+            "never used|nothing to overlap|before the side call in the same statement|which the plan does not",
         ),
         "hoist-out-of-if": (  # drops the `is not None` guard: flag off would raise TypeError too
             plan(

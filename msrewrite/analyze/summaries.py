@@ -42,6 +42,7 @@ from msrewrite.analyze.defuse import (
     node_facts,
     parameter_names,
 )
+from msrewrite.analyze.reach import UNSEEN_STORE, attribute_stores, instance_targets
 from msrewrite.analyze.torch_effects import (
     ORDERING_METHODS,
     TENSOR_METHODS,
@@ -197,6 +198,7 @@ class ModuleSummaries:
         self._method_reads: dict[tuple[str, str], frozenset[str] | None] = {}
         self._class_hooks: dict[str, dict[str, list[str]]] = {}
         self._attrs: dict[str, dict[str, list[cst.BaseExpression]]] = {}
+        self._stored_in: dict[int, cst.FunctionDef] = {}  # id of a value in _attrs -> the method storing it
 
     def _note_top_level(self, small: cst.BaseSmallStatement) -> None:
         """Records what a top-level small statement binds: imports, star imports, `Cls.forward = fn`."""
@@ -525,7 +527,11 @@ class ModuleSummaries:
         return False
 
     def attribute_values(self, cls: str) -> dict[str, list[cst.BaseExpression]]:
-        """`self.<attr> = value` assignments in `__init__` of the class and its same-file bases."""
+        """What `self.<attr>` may hold: every value a method of the class or of a same-file base
+        puts there (`__init__`'s first, in source order). Not only `__init__`'s: a module set to
+        None there and bound in `setup()` is called as whatever `setup()` binds. A store whose
+        value cannot be told apart (`self.a, self.b = pair()`, `for self.x in ...`,
+        `setattr(self, name, v)`) records a stand-in that resolves to nothing seen into."""
         if cls in self._attrs:
             return self._attrs[cls]
         values: dict[str, list[cst.BaseExpression]] = {}
@@ -533,18 +539,18 @@ class ModuleSummaries:
             if base in self.classes and base != cls:
                 for k, v in self.attribute_values(base).items():
                     values.setdefault(k, []).extend(v)
-        found = self._method(cls, "__init__")
-        if found is not None and found[0] == cls:
-            for node in _assignments(found[1]):
-                if isinstance(node, cst.AnnAssign):
-                    if node.value is None:
-                        continue
-                    value, names = node.value, [dotted_name(node.target)]
-                else:
-                    value, names = node.value, [dotted_name(t.target) for t in node.targets]
-                for name in names:
-                    if name and name.startswith("self.") and name.count(".") == 1:
-                        values.setdefault(name[5:], []).append(value)
+        node = self.classes.get(cls)
+        methods = [m for m in node.body.body if isinstance(m, cst.FunctionDef)] if node is not None else []
+        init = last_def(node.body.body, "__init__") if node is not None else None
+        methods.sort(key=lambda m: m is not init)  # stable: __init__ first, the rest in source order
+        for method in methods:
+            for name, value in attribute_stores(method):
+                values.setdefault(name, []).append(value)
+                self._stored_in[id(value)] = method
+        if "*" in values:  # setattr(self, <computed name>, v): any attribute may hold v
+            anywhere = values.pop("*")
+            for name in values:
+                values[name] = values[name] + anywhere
         self._attrs[cls] = values
         return values
 
@@ -891,7 +897,7 @@ class ModuleSummaries:
         added = self.element_values(cls, head)  # `self.layers.append(X())`, `self.routers[k] = X()`
         effects = []
         for value in self._through_self_aliases(cls, values):
-            effect = self._module_value(call, value, label, element, rest, added)
+            effect = self._module_value(call, value, label, element, rest, added, cls)
             if effect is not None:
                 effects.append(effect)
         if not effects and rest:
@@ -926,26 +932,71 @@ class ModuleSummaries:
         element: bool,
         rest: str,
         added: list[cst.BaseExpression] | None = None,
+        cls: str | None = None,
     ) -> CallEffect | None:
-        """Calling what `self.<attr>` holds when `__init__` sets it to `value` (with `element`, an
-        element of it: `self.routers[k](x)`, where `added` are the values put into it later)."""
+        """Calling what `self.<attr>` holds when a method of `cls` sets it to `value` (with
+        `element`, an element of it: `self.routers[k](x)`, where `added` are the values put into
+        it later)."""
         if isinstance(value, cst.Name) and value.value == "None":
             return None
         if isinstance(value, cst.IfExp):
-            parts = [self._module_value(call, v, label, element, rest) for v in (value.body, value.orelse)]
+            parts = [self._module_value(call, v, label, element, rest, None, cls) for v in (value.body, value.orelse)]
             return _union([p for p in parts if p is not None])
         if isinstance(value, cst.Subscript) and dotted_name(value.value) in ACTIVATION_TABLES:
             return CallEffect()  # ACT2FN["silu"]: a functional activation
+        if not rest and not element and cls is not None:
+            bound = self._bound_callable(call, value, cls, label)
+            if bound is not None:
+                return bound
         if isinstance(value, (cst.Attribute, cst.Name)) and not rest and not element:
             # self.act = F.silu / torch.relu: call it as the torch function
             known = torch_call_effect(call.with_changes(func=value))
             if known is not None:
                 return known
+        if isinstance(value, cst.Call) and dotted_name(value.func) == UNSEEN_STORE:
+            where = _short(value.args[0].value) if value.args else "a store"
+            return _unknown(call, f"{label} (set through `{where}`, not visible to msrewrite)")
         if isinstance(value, cst.Call):
             if is_stream_object(value) and not element and rest in ORDERING_METHODS:
                 return CallEffect(stream=True, barrier=True)  # self.comm_stream = torch.npu.Stream()
             return self._constructed_value(call, value, label, element, rest, added or [])
         return _unknown(call, f"{label} (set from {_short(value)}, not visible to msrewrite)")
+
+    def _bound_callable(self, call: cst.Call, value: cst.BaseExpression, cls: str, label: str) -> CallEffect | None:
+        """Calling `self.<attr>` bound to a method of the class (`self.down_proj_forward =
+        self.forward_a8w8`) or to `functools.partial` of one or of a function msrewrite reads,
+        whose bound arguments are constants or `self.<chain>`s (anything else may be a local of
+        the binding method, which the call site cannot name). None: not such a value."""
+        args: list[cst.Arg] = []
+        if isinstance(value, cst.Call) and self._is_partial(value.func):
+            if not value.args or value.args[0].star or value.args[0].keyword is not None:
+                return None
+            bound = list(value.args[1:])
+            if not all(_constant_or_self(a.value) and not a.star for a in bound):
+                return _unknown(
+                    call, f"{label} (set from {_short(value)}, which binds values msrewrite cannot name here)"
+                )
+            args, value = bound, value.args[0].value
+        target = _self_path(value)
+        if target is not None and "." not in target and not target.endswith("[]"):
+            if self._method(cls, target) is None:
+                return None
+        elif not (isinstance(value, cst.Name) and value.value in self.functions) and not args:
+            return None
+        given = {a.keyword.value for a in call.args if a.keyword is not None}
+        merged = [a for a in args if a.keyword is None] + [a for a in call.args if a.keyword is None]
+        merged += [a for a in args if a.keyword is not None and a.keyword.value not in given]
+        merged += [a for a in call.args if a.keyword is not None]
+        through = call.with_changes(func=value, args=merged)
+        if target is not None:
+            return self._resolve_self(through, cls, target)
+        return self.resolve(through, Scope(), (self, cls))
+
+    def _is_partial(self, func: cst.BaseExpression) -> bool:
+        named = dotted_name(func)
+        if named == "partial":
+            return self.imports.get("partial") == (0, "functools", "partial")
+        return named is not None and named.endswith(".partial") and self.module_imports.get(named[:-8]) == "functools"
 
     def _constructed_value(
         self,
@@ -996,6 +1047,17 @@ class ModuleSummaries:
         found = self.find_class(ctor)
         if found is not None:
             return self._instance_call(call, found, label, ctor, rest)
+        # a factory (`build_fused_moe(...)`), a class-valued local (`moe_cls(...)`) or helper
+        # (`get_moe_impl_class(cfg)(...)`): calling any instance it can give
+        targets = instance_targets(self, value, self._stored_in.get(id(value)))
+        if targets:
+            made = _short(value.func)
+            return _union(
+                [
+                    where._instance_call(call, (where, name), label, f"{name} from {made}", rest)
+                    for where, name in targets
+                ]
+            )
         return _unknown(call, f"{label} ({ctor or _short(value.func)}, not visible to msrewrite)")
 
     def _instance_call(
@@ -1346,6 +1408,16 @@ BUILTIN_NAMES = frozenset(dir(builtins))
 
 # a name no table knows as a module (`torch`, `dist`) or as msrewrite's own `_ms_` helpers
 _STATE_RECEIVER = "module_state_tensor"
+
+
+def _constant_or_self(node: cst.BaseExpression) -> bool:
+    """A literal (`True`, `3`, `"x"`, `None`) or a `self.<chain>`: the same value wherever named."""
+    if isinstance(node, (cst.Integer, cst.Float, cst.SimpleString)):
+        return True
+    if isinstance(node, cst.Name):
+        return node.value in ("True", "False", "None")
+    named = dotted_name(node)
+    return named is not None and named.startswith("self.")
 
 
 def _is_name(node: cst.BaseExpression, name: str) -> bool:

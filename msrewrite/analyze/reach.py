@@ -1,0 +1,328 @@
+"""What a value in a class's code can be, read from the source (never run):
+
+- `attribute_stores`: each value a method puts into `self.<attr>`;
+- `local_values`: each value a function binds to a local name, or None when some binding is
+  not a plain assignment (a parameter, a loop target, `x += ...`): then the name can hold
+  anything;
+- `class_targets` / `instance_targets`: the classes a class-valued expression or a constructed
+  value can be, through factories (`build_fused_moe(...)` returns one of several classes' instances),
+  class-valued variables and helpers (`moe_cls = get_moe_impl_class(cfg)`, `moe_cls(...)`) and `if`
+  expressions.
+
+Every target list is complete or None: a branch msrewrite cannot follow makes the whole answer
+None, so a caller resolving a call through these unions every possible callee or calls it
+unknown, never a subset.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from msrewrite.analyze.defuse import dotted_name
+
+if TYPE_CHECKING:
+    from msrewrite.analyze.summaries import ModuleSummaries
+
+Target = tuple["ModuleSummaries", str]  # a class: the module that defines it, its name
+
+# factory -> factory hops followed before a value counts as unknown
+MAX_HOPS = 4
+# stand-in a store records when the value put into `self.<attr>` cannot be told apart
+UNSEEN_STORE = "__unseen_store__"
+
+
+def _unseen(what: cst.CSTNode) -> cst.BaseExpression:
+    """A value that resolves to nothing seen into, carrying the source it came from for messages."""
+    return cst.Call(
+        func=cst.Name(UNSEEN_STORE), args=[cst.Arg(value=what)] if isinstance(what, cst.BaseExpression) else []
+    )
+
+
+def _self_attr(node: cst.BaseExpression) -> str | None:
+    name = dotted_name(node)
+    return name[5:] if name and name.startswith("self.") and name.count(".") == 1 else None
+
+
+class _AttributeStores(cst.CSTVisitor):
+    """The stores into `self.<attr>` of one method (see `attribute_stores`)."""
+
+    def __init__(self, method: cst.FunctionDef) -> None:
+        self.method = method
+        self.found: list[tuple[str, cst.BaseExpression]] = []
+
+    def store(self, target: cst.BaseExpression, value: cst.BaseExpression | None) -> None:
+        attr = _self_attr(target)
+        if attr is not None:
+            self.found.append((attr, value if value is not None else _unseen(target)))
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            pairs = value.elements if isinstance(value, (cst.Tuple, cst.List)) else None
+            same = pairs is not None and len(pairs) == len(target.elements)
+            for i, element in enumerate(target.elements):
+                inner = pairs[i].value if same and pairs is not None else None
+                if isinstance(element, cst.StarredElement) or isinstance(inner, cst.StarredElement):
+                    inner = None
+                self.store(element.value, inner)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return node is self.method
+
+    def visit_ClassDef(self, _node: cst.ClassDef) -> bool:
+        return False
+
+    def visit_Lambda(self, _node: cst.Lambda) -> bool:
+        return False
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for t in node.targets:  # `self.a = self.b = X()`: both hold X()
+            self.store(t.target, node.value)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None:
+            self.store(node.target, node.value)
+
+    def visit_For(self, node: cst.For) -> None:
+        self.store(node.target, None)
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        if node.asname is not None:
+            self.store(node.asname.name, None)
+
+    def visit_CompFor(self, node: cst.CompFor) -> None:
+        self.store(node.target, None)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if dotted_name(node.func) != "setattr" or len(node.args) < 3:
+            return
+        receiver, name, value = (a.value for a in node.args[:3])
+        if not (isinstance(receiver, cst.Name) and receiver.value == "self"):
+            return
+        if isinstance(name, cst.SimpleString) and isinstance(name.evaluated_value, str):
+            self.found.append((name.evaluated_value, value))
+        else:
+            self.found.append(("*", value))
+
+
+def attribute_stores(method: cst.FunctionDef) -> list[tuple[str, cst.BaseExpression]]:
+    """(attr, value) for each store into `self.<attr>` in `method` (nested functions and classes
+    skipped: their `self` is another object), in source order; "*" for `setattr(self, name, v)`
+    whose name is not a string literal."""
+    stores = _AttributeStores(method)
+    method.visit(stores)
+    return stores.found
+
+
+class _NotLocal:
+    """`local_values` of a name the function never binds: a module-level or builtin name."""
+
+
+NOT_LOCAL = _NotLocal()
+
+
+class _LocalBinds(cst.CSTVisitor):
+    """The bindings of one name in one function (see `local_values`)."""
+
+    def __init__(self, func: cst.FunctionDef, name: str) -> None:
+        self.func, self.name = func, name
+        self.values: list[cst.BaseExpression] = []
+        self.other = False  # bound some way that is not `name = value`
+
+    def bind(self, target: cst.BaseExpression, value: cst.BaseExpression | None) -> None:
+        if isinstance(target, cst.Name) and target.value == self.name:
+            if value is None:
+                self.other = True
+            else:
+                self.values.append(value)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self.bind(element.value, None)
+        elif isinstance(target, cst.StarredElement):
+            self.bind(target.value, None)
+
+    def _names(self, names) -> None:
+        if any(n.name.value == self.name for n in names):
+            self.other = True
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        if node is not self.func:
+            self.bind(node.name, None)
+        return node is self.func
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        self.bind(node.name, None)
+        return False
+
+    def visit_Lambda(self, _node: cst.Lambda) -> bool:
+        return False
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for t in node.targets:
+            self.bind(t.target, node.value)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None:
+            self.bind(node.target, node.value)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self.bind(node.target, None)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self.bind(node.target, node.value)
+
+    def visit_For(self, node: cst.For) -> None:
+        self.bind(node.target, None)
+
+    def visit_CompFor(self, node: cst.CompFor) -> None:
+        self.bind(node.target, None)
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        if node.asname is not None:
+            self.bind(node.asname.name, None)
+
+    def visit_ExceptHandler(self, node: cst.ExceptHandler) -> None:
+        if node.name is not None:
+            self.bind(node.name.name, None)
+
+    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
+        bound = node.asname.name if node.asname is not None else node.name
+        if isinstance(bound, cst.Name):
+            self.bind(bound, None)
+
+    def visit_ImportStar(self, _node: cst.ImportStar) -> None:
+        self.other = True
+
+    def visit_Global(self, node: cst.Global) -> None:
+        self._names(node.names)
+
+    def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
+        self._names(node.names)
+
+    def visit_Del(self, node: cst.Del) -> None:
+        self.bind(node.target, None)
+
+
+def local_values(func: cst.FunctionDef, name: str) -> list[cst.BaseExpression] | None | _NotLocal:
+    """Every value `func` binds to the local `name` by a plain `name = value`; None when it is
+    also bound otherwise (a parameter, a loop or `with` target, `name += ...`, unpacking, an
+    import, `global`): it can then hold anything; NOT_LOCAL when `func` never binds it."""
+    params = func.params
+    every = [*params.posonly_params, *params.params, *params.kwonly_params]
+    every += [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
+    if any(p.name.value == name for p in every):
+        return None
+    binds = _LocalBinds(func, name)
+    func.visit(binds)
+    if binds.other:
+        return None
+    return binds.values if binds.values else NOT_LOCAL
+
+
+def returned_values(func: cst.FunctionDef) -> list[cst.BaseExpression] | None:
+    """The values `func`'s `return` statements give (a bare `return` or falling off the end
+    gives None, which holds no class); None for a generator, whose call returns no value of these."""
+    values: list[cst.BaseExpression] = []
+    generator = False
+
+    class _Returns(cst.CSTVisitor):
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is func
+
+        def visit_ClassDef(self, _node: cst.ClassDef) -> bool:
+            return False
+
+        def visit_Lambda(self, _node: cst.Lambda) -> bool:
+            return False
+
+        def visit_Return(self, node: cst.Return) -> None:
+            if node.value is not None:
+                values.append(node.value)
+
+        def visit_Yield(self, _node: cst.Yield) -> None:
+            nonlocal generator
+            generator = True
+
+    func.visit(_Returns())
+    return None if generator else values
+
+
+def _union(parts: list[list[Target] | None]) -> list[Target] | None:
+    out: list[Target] = []
+    for part in parts:
+        if part is None:
+            return None
+        out += [t for t in part if not any(t[0] is o[0] and t[1] == o[1] for o in out)]
+    return out
+
+
+def _is_none(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value == "None"
+
+
+def class_targets(
+    owner: ModuleSummaries, expr: cst.BaseExpression, home: cst.FunctionDef | None, hops: int = 0
+) -> list[Target] | None:
+    """The classes `expr` (evaluated in `home`, a function of `owner`'s file; None: at module
+    level) may be: a class name, a local bound only to class names, `A if c else B`, a call of a
+    function that returns only classes (`get_moe_impl_class(cfg)`). None when any possibility is
+    not a class msrewrite reads (a registry filled at import time is one: anything may be put in)."""
+    if hops > MAX_HOPS:
+        return None
+    if isinstance(expr, cst.IfExp):
+        return _union([class_targets(owner, e, home, hops) for e in (expr.body, expr.orelse)])
+    if isinstance(expr, cst.Name) and home is not None:
+        bound = local_values(home, expr.value)
+        if bound is None:
+            return None
+        if not isinstance(bound, _NotLocal):
+            return _union([class_targets(owner, v, home, hops) for v in bound])
+    if isinstance(expr, (cst.Name, cst.Attribute)):
+        named = dotted_name(expr)
+        found = owner.find_class(named) if named else None
+        return [found] if found is not None else None
+    if isinstance(expr, cst.Call):
+        return _through_function(owner, expr, hops, class_targets)
+    return None
+
+
+def instance_targets(
+    owner: ModuleSummaries, expr: cst.BaseExpression, home: cst.FunctionDef | None, hops: int = 0
+) -> list[Target] | None:
+    """The classes whose instance `expr` (evaluated in `home`) may be: a constructor call
+    (`Cls(...)`, `moe_cls(...)`, `get_moe_impl_class(cfg)(...)`), a factory call whose every
+    return is such an instance (`build_fused_moe(...)`), a local bound only to them, an `if`
+    expression of them. None when any possibility is not one msrewrite reads."""
+    if hops > MAX_HOPS:
+        return None
+    if _is_none(expr):
+        return []
+    if isinstance(expr, cst.IfExp):
+        return _union([instance_targets(owner, e, home, hops) for e in (expr.body, expr.orelse)])
+    if isinstance(expr, cst.Name) and home is not None:
+        bound = local_values(home, expr.value)
+        if bound is None or isinstance(bound, _NotLocal):
+            return None
+        return _union([instance_targets(owner, v, home, hops) for v in bound])
+    if not isinstance(expr, cst.Call):
+        return None
+    classes = class_targets(owner, expr.func, home, hops)
+    if classes is not None:
+        return classes
+    return _through_function(owner, expr, hops, instance_targets)
+
+
+def _through_function(owner: ModuleSummaries, call: cst.Call, hops: int, follow) -> list[Target] | None:
+    """What a call of a free function msrewrite reads can give: `follow` over each returned value,
+    in the function's own file and scope."""
+    named = dotted_name(call.func)
+    found = owner.find_function(named) if named else None
+    if found is None:
+        return None
+    where, name = found
+    func = where.functions[name]
+    if not isinstance(func, cst.FunctionDef) or func.decorators:
+        return None  # a decorator may return something else
+    values = returned_values(func)
+    if values is None:
+        return None
+    return _union([follow(where, v, func, hops + 1) for v in values if not _is_none(v)])
