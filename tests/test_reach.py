@@ -254,3 +254,84 @@ def test_attribute_stores_sees_every_form():
 
 def test_a_generator_factory_gives_no_class():
     assert reach.returned_values(_func("def f():\n    yield A()\n")) is None
+
+
+NEW_MODEL = """import torch
+from torch import nn
+
+REPLACEMENTS = {}
+
+
+class Op(nn.Module):
+    def __new__(cls, *args, **kwargs):
+        NEW
+
+
+class Pure(Op):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.w(x)
+
+
+class Scales(Pure):
+    def forward(self, x):
+        return x.mul_(2)
+
+
+REPLACEMENTS["Pure"] = Scales  # what an out-of-tree platform plugin registers
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.shared_experts = nn.Linear(16, 16)
+        self.experts = Pure()
+
+    def forward(self, x):
+        s = self.shared_experts(x)
+        h = self.experts(x)
+        return h + s
+
+
+def make():
+    torch.manual_seed(0)
+    return Block(), (torch.randn(2, 8, 16),)
+"""
+SWAPPING_NEW = "return super().__new__(REPLACEMENTS.get(cls.__name__, cls))"
+PLAIN_NEW = "return super().__new__(cls)"
+
+
+def test_a_new_that_may_build_another_class_is_not_trusted(tmp_path):
+    """vLLM's CustomOp.__new__ builds the class an out-of-tree platform registered (vllm-ascend's
+    NPU layers): the source of the class named at the call is not what runs."""
+    path = tmp_path / "swapping_new.py"
+    path.write_text(NEW_MODEL.replace("NEW", SWAPPING_NEW))
+    with pytest.raises(NothingToDo) as refused:
+        edit(path)
+    assert "Op.__new__ may build an instance of another class" in str(refused.value), refused.value
+
+
+def test_a_new_that_builds_its_own_class_is_followed(tmp_path):
+    path = tmp_path / "plain_new.py"
+    path.write_text(NEW_MODEL.replace("NEW", PLAIN_NEW))
+    assert edit(path).plans[0].trust_boundary == ()
+
+
+@pytest.mark.slow  # runs the models through verify
+def test_verify_agrees_on_new(tmp_path):
+    plain = tmp_path / "plain_new.py"
+    plain.write_text(NEW_MODEL.replace("NEW", PLAIN_NEW))
+    step = edit(plain)
+    edited = tmp_path / "plain_new_ms.py"
+    edited.write_text(step.new)
+    result = verify_files(edited, original=plain, schedule_source=ScheduleSource(step.old, step.plans))
+    assert result.ok and not result.findings, result.problems
+    swapping = tmp_path / "swapping_new.py"
+    swapping.write_text(NEW_MODEL.replace("NEW", SWAPPING_NEW))
+    text, source = forced(swapping)
+    raced = tmp_path / "swapping_new_ms.py"
+    raced.write_text(text)
+    assert not verify_files(raced, original=swapping, schedule_source=source).ok

@@ -42,7 +42,7 @@ from msrewrite.analyze.defuse import (
     node_facts,
     parameter_names,
 )
-from msrewrite.analyze.reach import UNSEEN_STORE, attribute_stores, instance_targets
+from msrewrite.analyze.reach import UNSEEN_STORE, attribute_stores, instance_targets, returned_values
 from msrewrite.analyze.torch_effects import (
     ORDERING_METHODS,
     TENSOR_METHODS,
@@ -464,6 +464,35 @@ class ModuleSummaries:
                 return hit
         return None
 
+    def replacing_new(self, cls: str) -> str | None:
+        """`Base.__new__` when the `__new__` that `Cls(...)` runs (its own or a base's) may
+        return an instance of another class: vLLM's `CustomOp.__new__` builds the class an
+        out-of-tree platform registered under the op's name (vllm-ascend's NPU layers), so the
+        object is not what `cls`'s source says. None when there is no `__new__` or every return
+        is `super().__new__(cls)` / `object.__new__(cls)` of its own first parameter."""
+        found = self._inherited(cls, "__new__")
+        if found is None:
+            return None
+        _, owner_cls, method = found
+        params = method.params.params
+        first = params[0].name.value if params else None
+        values = returned_values(method)
+        for value in values if values is not None else [None]:
+            if not (
+                isinstance(value, cst.Call)
+                and isinstance(value.func, cst.Attribute)
+                and value.func.attr.value == "__new__"
+                and (
+                    dotted_name(value.func.value) == "object"
+                    or (isinstance(value.func.value, cst.Call) and dotted_name(value.func.value.func) == "super")
+                )
+                and value.args
+                and isinstance(value.args[0].value, cst.Name)
+                and value.args[0].value.value == first
+            ):
+                return f"{owner_cls}.__new__"
+        return None
+
     def _overridden(self, cls: str, owner: ModuleSummaries, base: str) -> str | None:
         """A `self.<name>` the base class (in another module) uses that `cls` reassigns or
         redefines: the base's method, summarized in its own module, would not see the subclass's."""
@@ -580,7 +609,7 @@ class ModuleSummaries:
         found: dict[tuple[int, str], tuple[ModuleSummaries, str]] = {}
         for value in self._through_self_aliases(cls, values or []):
             hit = self.find_class(dotted_name(value.func) or "") if isinstance(value, cst.Call) else None
-            if hit is None:
+            if hit is None or hit[0].replacing_new(hit[1]) is not None:
                 return None
             found[(id(hit[0]), hit[1])] = hit
         return next(iter(found.values())) if len(found) == 1 else None
@@ -1066,6 +1095,11 @@ class ModuleSummaries:
         """Calling an instance of a class msrewrite can read (`found`): its forward, or the
         method `rest` names on it."""
         owner, name = found
+        swapped = owner.replacing_new(name)
+        if swapped is not None:
+            return _unknown(
+                call, f"{label} ({ctor}: {swapped} may build an instance of another class; not visible to msrewrite)"
+            )
         if rest:  # self.experts.dispatcher.dispatch(...): follow into the submodule's class
             return owner._resolve_self(call, name, rest)
         forward = owner._method(name, "forward")
