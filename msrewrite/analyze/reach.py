@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from msrewrite.analyze.defuse import dotted_name
+from msrewrite.analyze.walk import Visitor
 
 if TYPE_CHECKING:
     from msrewrite.analyze.summaries import ModuleSummaries
@@ -45,10 +46,11 @@ def _self_attr(node: cst.BaseExpression) -> str | None:
     return name[5:] if name and name.startswith("self.") and name.count(".") == 1 else None
 
 
-class _AttributeStores(cst.CSTVisitor):
+class _AttributeStores(Visitor):
     """The stores into `self.<attr>` of one method (see `attribute_stores`)."""
 
     def __init__(self, method: cst.FunctionDef) -> None:
+        super().__init__()
         self.method = method
         self.found: list[tuple[str, cst.BaseExpression]] = []
 
@@ -120,10 +122,11 @@ class _NotLocal:
 NOT_LOCAL = _NotLocal()
 
 
-class _LocalBinds(cst.CSTVisitor):
+class _LocalBinds(Visitor):
     """The bindings of one name in one function (see `local_values`)."""
 
     def __init__(self, func: cst.FunctionDef, name: str) -> None:
+        super().__init__()
         self.func, self.name = func, name
         self.values: list[cst.BaseExpression] = []
         self.other = False  # bound some way that is not `name = value`
@@ -202,10 +205,23 @@ class _LocalBinds(cst.CSTVisitor):
         self.bind(node.target, None)
 
 
-def local_values(func: cst.FunctionDef, name: str) -> list[cst.BaseExpression] | None | _NotLocal:
+def local_values(
+    func: cst.FunctionDef, name: str, cache: dict | None = None
+) -> list[cst.BaseExpression] | None | _NotLocal:
     """Every value `func` binds to the local `name` by a plain `name = value`; None when it is
     also bound otherwise (a parameter, a loop or `with` target, `name += ...`, unpacking, an
-    import, `global`): it can then hold anything; NOT_LOCAL when `func` never binds it."""
+    import, `global`): it can then hold anything; NOT_LOCAL when `func` never binds it. `cache`:
+    the caller's, kept while `func`'s tree is alive (keyed by its id)."""
+    key = (id(func), name)
+    if cache is not None and key in cache:
+        return cache[key]
+    found = _local_values(func, name)
+    if cache is not None:
+        cache[key] = found
+    return found
+
+
+def _local_values(func: cst.FunctionDef, name: str) -> list[cst.BaseExpression] | None | _NotLocal:
     params = func.params
     every = [*params.posonly_params, *params.params, *params.kwonly_params]
     every += [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
@@ -224,7 +240,7 @@ def returned_values(func: cst.FunctionDef) -> list[cst.BaseExpression] | None:
     values: list[cst.BaseExpression] = []
     generator = False
 
-    class _Returns(cst.CSTVisitor):
+    class _Returns(Visitor):
         def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
             return node is func
 
@@ -271,7 +287,7 @@ def class_targets(
     if isinstance(expr, cst.IfExp):
         return _union([class_targets(owner, e, home, hops) for e in (expr.body, expr.orelse)])
     if isinstance(expr, cst.Name) and home is not None:
-        bound = local_values(home, expr.value)
+        bound = local_values(home, expr.value, owner.reach_cache)
         if bound is None:
             return None
         if not isinstance(bound, _NotLocal):
@@ -299,7 +315,7 @@ def instance_targets(
     if isinstance(expr, cst.IfExp):
         return _union([instance_targets(owner, e, home, hops) for e in (expr.body, expr.orelse)])
     if isinstance(expr, cst.Name) and home is not None:
-        bound = local_values(home, expr.value)
+        bound = local_values(home, expr.value, owner.reach_cache)
         if bound is None or isinstance(bound, _NotLocal):
             return None
         return _union([instance_targets(owner, v, home, hops) for v in bound])

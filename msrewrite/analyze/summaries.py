@@ -199,6 +199,8 @@ class ModuleSummaries:
         self._class_hooks: dict[str, dict[str, list[str]]] = {}
         self._attrs: dict[str, dict[str, list[cst.BaseExpression]]] = {}
         self._stored_in: dict[int, cst.FunctionDef] = {}  # id of a value in _attrs -> the method storing it
+        self._fills: dict[int, dict[str, list[cst.BaseExpression]]] = {}  # id of a method -> its container fills
+        self.reach_cache: dict = {}  # analyze/reach.py's answers about this file's functions
 
     def _note_top_level(self, small: cst.BaseSmallStatement) -> None:
         """Records what a top-level small statement binds: imports, star imports, `Cls.forward = fn`."""
@@ -593,7 +595,7 @@ class ModuleSummaries:
             node = self.classes.get(klass)
             methods = [m for m in node.body.body if isinstance(m, cst.FunctionDef)] if node is not None else []
             for method in methods:
-                found += _container_fills(method, f"self.{attr}")
+                found += _container_fills(method, self._fills).get(f"self.{attr}", [])
         return found
 
     # queries for the other analyses (analyze/effects.py) -----------------------------------
@@ -1582,24 +1584,34 @@ def _filled(call: cst.Call, method: str) -> list[cst.BaseExpression]:
     return [call]
 
 
-def _container_fills(func: cst.FunctionDef, holder: str) -> list[cst.BaseExpression]:
-    """What `func` puts into the container `holder` names (`self.routers`): the value of each
-    `holder[key] = value`, and each call that fills it otherwise (`holder.update(...)`)."""
-    found: list[cst.BaseExpression] = []
+def _container_fills(func: cst.FunctionDef, cache: dict) -> dict[str, list[cst.BaseExpression]]:
+    """What `func` puts into each container it fills, by the container's dotted name
+    (`self.routers`): the value of each `holder[key] = value`, and each call that fills it
+    otherwise (`holder.update(...)`). One pass over the body, kept per function: a class's
+    containers are asked about one by one, and walking every method each time dominated
+    the run on large serving files (`cache`: the caller's, by id of the function)."""
+    cached = cache.get(id(func))
+    if cached is not None:
+        return cached
+    found: dict[str, list[cst.BaseExpression]] = {}
 
-    class _Fills(cst.CSTVisitor):
+    class _Fills(Visitor):
         def visit_Assign(self, node: cst.Assign) -> None:
             for target in node.targets:
-                if isinstance(target.target, cst.Subscript) and dotted_name(target.target.value) == holder:
-                    found.append(node.value)
+                if isinstance(target.target, cst.Subscript):
+                    holder = dotted_name(target.target.value)
+                    if holder:
+                        found.setdefault(holder, []).append(node.value)
 
         def visit_Call(self, node: cst.Call) -> None:
             func = node.func
             if isinstance(func, cst.Attribute) and func.attr.value in _CONTAINER_FILLS:
-                if dotted_name(func.value) == holder:
-                    found.extend(_filled(node, func.attr.value))
+                holder = dotted_name(func.value)
+                if holder:
+                    found.setdefault(holder, []).extend(_filled(node, func.attr.value))
 
     func.body.visit(_Fills())
+    cache[id(func)] = found
     return found
 
 
