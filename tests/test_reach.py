@@ -335,3 +335,140 @@ def test_verify_agrees_on_new(tmp_path):
     raced = tmp_path / "swapping_new_ms.py"
     raced.write_text(text)
     assert not verify_files(raced, original=swapping, schedule_source=source).ok
+
+
+CONTAINER_MODEL = """import torch
+from torch import nn
+
+TUNED = {"small": 2.0}
+
+
+class Writer:
+    def get(self, key, x):
+        return x.mul_(2)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.shared_experts = nn.Linear(16, 16)
+        self.experts = nn.Linear(16, 16)
+        self.cache = {}
+
+    def forward(self, x):
+        s = self.shared_experts(x)
+        h = self.experts(x) * TUNED.get("small", x)
+        h = h + self.cache.get("bias", 0.0)
+        return h + s
+
+
+def make():
+    torch.manual_seed(0)
+    return Block(), (torch.randn(2, 8, 16),)
+"""
+
+
+def test_reads_of_a_literal_container_write_nothing(tmp_path):
+    path = tmp_path / "containers.py"
+    path.write_text(CONTAINER_MODEL)
+    assert edit(path).plans[0].trust_boundary == ()
+
+
+@pytest.mark.parametrize(
+    "rebinding",
+    [
+        "\n\ndef reset():\n    global TUNED\n    TUNED = Writer()\n",  # another value, through `global`
+        "\n\nTUNED = Writer()\n",  # rebound at module level
+    ],
+)
+def test_a_container_name_bound_to_anything_else_is_not_trusted(tmp_path, rebinding):
+    path = tmp_path / "containers_rebound.py"
+    path.write_text(CONTAINER_MODEL.replace('        h = h + self.cache.get("bias", 0.0)\n', "") + rebinding)
+    with pytest.raises(NothingToDo) as refused:
+        edit(path)
+    assert "TUNED.get" in str(refused.value) or "writes 'x'" in str(refused.value), refused.value
+
+
+def test_an_attribute_bound_to_a_container_and_to_an_object_is_both(tmp_path):
+    path = tmp_path / "containers_attr.py"
+    path.write_text(
+        CONTAINER_MODEL.replace(
+            '        h = h + self.cache.get("bias", 0.0)\n', '        h = h + self.cache.get("bias", x)\n'
+        )
+        + "\n\ndef swap(block):\n    block.cache = {}\n"
+    )
+    assert edit(path).plans[0].trust_boundary == ()
+    path.write_text(
+        path.read_text().replace(
+            "        self.cache = {}\n", "        self.cache = {}\n        self.cache = Writer()\n"
+        )
+    )
+    with pytest.raises(NothingToDo):
+        edit(path, protect="none")
+
+
+LOCAL_IMPORT_MODEL = """import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        from routed_layers import ROUTED as Routed  # kept out of import time
+
+        self.shared_experts = nn.Linear(16, 16)
+        self.experts = Routed()
+
+    def forward(self, x):
+        s = self.shared_experts(x)
+        h = self.experts(x)
+        return h + s
+
+
+def make():
+    torch.manual_seed(0)
+    return Block(), (torch.randn(2, 8, 16),)
+"""
+ROUTED_LAYERS = """from torch import nn
+
+
+class Pure(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.w(x)
+
+
+class Scales(nn.Module):
+    def forward(self, x):
+        return x.mul_(2)
+"""
+
+
+@pytest.mark.parametrize("imported, writes", [("Pure", False), ("Scales", True)])
+def test_a_class_imported_inside_init_is_followed(tmp_path, imported, writes):
+    (tmp_path / "routed_layers.py").write_text(ROUTED_LAYERS)
+    path = tmp_path / "local_import.py"
+    path.write_text(LOCAL_IMPORT_MODEL.replace("ROUTED", imported))
+    if not writes:
+        assert edit(path).plans[0].trust_boundary == ()
+        return
+    with pytest.raises(NothingToDo) as refused:
+        edit(path)
+    assert "writes 'x' in place while the side stream reads it" in str(refused.value), refused.value
+
+
+@pytest.mark.slow  # runs the models through verify
+def test_container_and_local_import_edits_verify(tmp_path, monkeypatch):
+    (tmp_path / "routed_layers.py").write_text(ROUTED_LAYERS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name, text in (("containers", CONTAINER_MODEL), ("local_import", LOCAL_IMPORT_MODEL.replace("ROUTED", "Pure"))):
+        path = tmp_path / f"{name}.py"
+        path.write_text(text)
+        step = edit(path)
+        edited = tmp_path / f"{name}_ms.py"
+        edited.write_text(step.new)
+        result = verify_files(edited, original=path, schedule_source=ScheduleSource(step.old, step.plans))
+        assert result.ok and not result.findings, (name, result.problems)

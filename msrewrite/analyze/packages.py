@@ -179,6 +179,9 @@ class SourceIndex:
     # (class, attribute) -> each module-level `Cls.attr = value`: the function's name, or None
     # for any other value (a lambda, a call)
     patches: dict[tuple[str, str], list[str | None]] = field(default_factory=dict)
+    # module-level names that only ever hold a builtin container built by a literal (`CONFIGS =
+    # {...}`): see `container_globals`
+    containers: frozenset[str] = frozenset()
 
     parsed: dict = field(default_factory=dict)  # name -> its libcst node (None: does not parse alone)
 
@@ -282,4 +285,58 @@ def _index(text: str) -> SourceIndex:
                 _note_patch(index, stmt)
 
     visit(tree.body)
+    index.containers = container_globals(tree)
     return index
+
+
+_CONTAINER_DISPLAYS = ("Dict", "List", "Set", "Tuple", "DictComp", "ListComp", "SetComp")
+_CONTAINER_CALLS = frozenset({"dict", "list", "set", "tuple"})
+
+
+def container_globals(tree) -> frozenset[str]:
+    """Names the module binds only at its top level, only to a dict, list, set or tuple display or
+    comprehension (or a bare `dict()`...), and that nothing else in the file binds, deletes,
+    declares `global` or takes as a parameter: wherever the file reads such a name it is that
+    container, so its read methods (`CONFIGS.get(key)`) touch no tensor."""
+    import ast
+
+    top = []
+    todo = list(tree.body)
+    while todo:  # top-level statements, also inside top-level if/try (guarded tables)
+        stmt = todo.pop()
+        if isinstance(stmt, (ast.If, ast.Try)):
+            todo += stmt.body + stmt.orelse
+        else:
+            top.append(stmt)
+    literal: set[str] = set()
+    display_targets: set[int] = set()  # ids of the Name nodes bound to a display
+    for stmt in top:
+        if not isinstance(stmt, (ast.Assign, ast.AnnAssign)) or stmt.value is None:
+            continue
+        value = stmt.value
+        if type(value).__name__ in _CONTAINER_DISPLAYS or (
+            isinstance(value, ast.Call)
+            and isinstance(value.func, ast.Name)
+            and value.func.id in _CONTAINER_CALLS
+            and not value.args
+            and not value.keywords
+        ):
+            for target in stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]:
+                if isinstance(target, ast.Name):
+                    literal.add(target.id)
+                    display_targets.add(id(target))
+    other: set[str] = set(_CONTAINER_CALLS)  # `dict = ...` rebinding the builtin: nothing is known
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load) and id(node) not in display_targets:
+            other.add(node.id)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            other.update(node.names)
+        elif isinstance(node, ast.arg):
+            other.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            other.add(node.name)
+        elif isinstance(node, ast.alias):
+            other.add((node.asname or node.name).split(".")[0])
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            other.add(node.name)
+    return frozenset(literal - other)

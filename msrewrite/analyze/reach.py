@@ -129,7 +129,8 @@ class _LocalBinds(Visitor):
         super().__init__()
         self.func, self.name = func, name
         self.values: list[cst.BaseExpression] = []
-        self.other = False  # bound some way that is not `name = value`
+        self.other = False  # bound some way that is not `name = value` or `from m import name`
+        self.imported: list[tuple[int, str, str]] = []  # `from <dots><module> import <name>`
 
     def bind(self, target: cst.BaseExpression, value: cst.BaseExpression | None) -> None:
         if isinstance(target, cst.Name) and target.value == self.name:
@@ -187,13 +188,21 @@ class _LocalBinds(Visitor):
         if node.name is not None:
             self.bind(node.name.name, None)
 
-    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
-        bound = node.asname.name if node.asname is not None else node.name
-        if isinstance(bound, cst.Name):
-            self.bind(bound, None)
+    def visit_Import(self, node: cst.Import) -> None:
+        for alias in node.names:
+            bound = alias.asname.name if alias.asname is not None else alias.name
+            if (dotted_name(bound) or "").split(".")[0] == self.name:
+                self.other = True
 
-    def visit_ImportStar(self, _node: cst.ImportStar) -> None:
-        self.other = True
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if isinstance(node.names, cst.ImportStar):
+            self.other = True
+            return
+        for alias in node.names:
+            bound = alias.asname.name if alias.asname is not None else alias.name
+            if isinstance(bound, cst.Name) and bound.value == self.name:
+                source = dotted_name(node.module) if node.module is not None else ""
+                self.imported.append((len(node.relative), source or "", dotted_name(alias.name) or ""))
 
     def visit_Global(self, node: cst.Global) -> None:
         self._names(node.names)
@@ -229,9 +238,19 @@ def _local_values(func: cst.FunctionDef, name: str) -> list[cst.BaseExpression] 
         return None
     binds = _LocalBinds(func, name)
     func.visit(binds)
-    if binds.other:
+    if binds.other or binds.imported:
         return None
     return binds.values if binds.values else NOT_LOCAL
+
+
+def local_import(func: cst.FunctionDef, name: str) -> tuple[int, str, str] | None:
+    """(dots, module, name) when `func` binds `name` only by one `from <module> import <name>`
+    inside its body (an import kept out of the module's import time); else None."""
+    binds = _LocalBinds(func, name)
+    func.visit(binds)
+    if binds.other or binds.values or len(binds.imported) != 1:
+        return None
+    return binds.imported[0]
 
 
 def returned_values(func: cst.FunctionDef) -> list[cst.BaseExpression] | None:

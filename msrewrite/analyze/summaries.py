@@ -42,7 +42,7 @@ from msrewrite.analyze.defuse import (
     node_facts,
     parameter_names,
 )
-from msrewrite.analyze.reach import UNSEEN_STORE, attribute_stores, instance_targets, returned_values
+from msrewrite.analyze.reach import UNSEEN_STORE, attribute_stores, instance_targets, local_import, returned_values
 from msrewrite.analyze.torch_effects import (
     ORDERING_METHODS,
     TENSOR_METHODS,
@@ -185,6 +185,8 @@ class ModuleSummaries:
         self.patches: dict[tuple[str, str], list[str | None]] = {}
         self._class_bases: dict[str, list[str]] | None = None  # class -> its bases (read modules: the index's)
         self.star_imports: list[tuple[int, str]] = []  # `from <dots><module> import *`, in order
+        self._tree = module
+        self._containers: frozenset[str] | None = None  # see container_globals
         self._reading = _reading if _reading is not None else _Reading()
         for stmt in _top_level(module.body):
             if isinstance(stmt, cst.ClassDef):
@@ -231,6 +233,18 @@ class ModuleSummaries:
                 self.patches.setdefault((owner, attr), []).append(value)
                 if value is not None:
                     self.patched[value] = owner
+
+    def container_globals(self) -> frozenset[str]:
+        """Module-level names that only ever hold a dict/list/set/tuple built by a literal
+        (packages.container_globals), from an `ast` pass over this file made when first asked."""
+        if self._containers is None:
+            import ast
+
+            try:
+                self._containers = packages.container_globals(ast.parse(self._tree.code))
+            except (SyntaxError, ValueError, RecursionError):
+                self._containers = frozenset()
+        return self._containers
 
     # classes ----------------------------------------------------------------------------
     def find_class(self, name: str) -> tuple[ModuleSummaries, str] | None:
@@ -323,6 +337,7 @@ class ModuleSummaries:
             dict(index.patched),
         )
         other.star_imports = list(index.star_imports)
+        other._containers = index.containers
         other.patches = {k: list(v) for k, v in index.patches.items()}
         other._class_bases = {k: list(v) for k, v in index.bases.items()}
         other.assumed = self.assumed  # names vouched for anywhere count as used
@@ -823,6 +838,13 @@ class ModuleSummaries:
                 inherited = self._resolve_super(call, func.attr.value, cls)
                 if inherited is not None:
                     return inherited
+        if (
+            isinstance(func, cst.Attribute)
+            and func.attr.value in _CONTAINER_READS
+            and isinstance(func.value, cst.Name)
+            and func.value.value in self.container_globals()
+        ):
+            return CallEffect(returns=[func.value])  # CONFIGS.get(key): a stored value, nothing written
         callee = dotted_name(func) or _short(func)
         if self._vouched(callee, callee.split(".")[-1]):
             return _vouched_effect(call)
@@ -984,6 +1006,8 @@ class ModuleSummaries:
             known = torch_call_effect(call.with_changes(func=value))
             if known is not None:
                 return known
+        if rest in _CONTAINER_READS and not element and _container_display(value):
+            return CallEffect(returns=[call.func.value])  # type: ignore[attr-defined]  # self.cache.get(k)
         if isinstance(value, cst.Call) and dotted_name(value.func) == UNSEEN_STORE:
             where = _short(value.args[0].value) if value.args else "a store"
             return _unknown(call, f"{label} (set through `{where}`, not visible to msrewrite)")
@@ -992,6 +1016,19 @@ class ModuleSummaries:
                 return CallEffect(stream=True, barrier=True)  # self.comm_stream = torch.npu.Stream()
             return self._constructed_value(call, value, label, element, rest, added or [])
         return _unknown(call, f"{label} (set from {_short(value)}, not visible to msrewrite)")
+
+    def _locally_imported_class(self, name: str, home: cst.FunctionDef | None) -> tuple[ModuleSummaries, str] | None:
+        """A class `home` imports inside its body (`from ..unquant import UnquantizedLinearMethod`
+        in `__init__`, kept out of the module's import time), when that import is the only way
+        `home` binds the name."""
+        if home is None or "." in name or not name:
+            return None
+        imported = local_import(home, name)
+        if imported is None:
+            return None
+        dots, source, original = imported
+        other = self._module(dots, source)
+        return other._find_def(original, "classes") if other is not None else None
 
     def _bound_callable(self, call: cst.Call, value: cst.BaseExpression, cls: str, label: str) -> CallEffect | None:
         """Calling `self.<attr>` bound to a method of the class (`self.down_proj_forward =
@@ -1075,7 +1112,7 @@ class ModuleSummaries:
         nn_effect = nn_module_effect(value)
         if nn_effect is not None and not rest:
             return _apply_template(nn_effect, call)
-        found = self.find_class(ctor)
+        found = self.find_class(ctor) or self._locally_imported_class(ctor, self._stored_in.get(id(value)))
         if found is not None:
             return self._instance_call(call, found, label, ctor, rest)
         # a factory (`build_fused_moe(...)`), a class-valued local (`moe_cls(...)`) or helper
@@ -1698,6 +1735,23 @@ def _state_effects(summary: Summary, receiver: cst.BaseExpression | None, effect
 
 # methods of the dict state_dict() returns that only read it
 _MAPPING_READS = frozenset({"items", "keys", "values", "get"})
+# methods of a builtin dict / list / set / tuple that only read it
+_CONTAINER_READS = frozenset(
+    {"get", "keys", "values", "items", "copy", "count", "index", "__contains__", "__getitem__", "__len__"}
+)
+
+
+def _container_display(value: cst.BaseExpression) -> bool:
+    """`{...}`, `[...]`, `(...)`, a comprehension of them, or a bare `dict()` / `list()` / `set()` /
+    `tuple()`: a builtin container."""
+    if isinstance(value, (cst.Dict, cst.List, cst.Set, cst.Tuple, cst.DictComp, cst.ListComp, cst.SetComp)):
+        return True
+    return (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Name)
+        and value.func.value in ("dict", "list", "set", "tuple")
+        and not value.args
+    )
 
 
 def _accessor_call(node: cst.BaseExpression, scope: Scope) -> bool:
