@@ -148,7 +148,8 @@ def test_the_options_the_refusal_names_let_the_edit_through_and_it_verifies(tmp_
 def test_vouching_for_two_names_the_one_left(tmp_path, left):
     why = refusal(model(tmp_path), assume_pure=tuple(n for n in THREE if n != left))
     assert f"({left}, not visible to msrewrite) may write 'x'" in why, why
-    assert why.endswith(f"pass --protect clone or --assume-pure {left}"), why
+    assert f"pass --protect clone or --assume-pure {left}; " in why, why
+    assert why.endswith(f"; checked: with --assume-pure {left} this function is edited"), why
     assert all(f"({n}," not in why for n in THREE if n != left), why
 
 
