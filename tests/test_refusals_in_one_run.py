@@ -171,7 +171,7 @@ def test_one_refusal_names_the_blockers_of_both_rounds_and_the_command(tmp_path)
     assert f"line {side}: self.shared_experts (MLP) -> self.act (SideAct, not visible to msrewrite) may write" in error
     assert "pass --assume-pure SideAct if it does not; once that is lifted: " in error, error
     assert f"line {state}: scale_rows (not visible to msrewrite) may write module state 'self.shared_experts'" in error
-    assert "checked: with all of --assume-pure SideAct --assume-pure scale_rows this function is edited" in error
+    assert "checked: with all of --assume-pure SideAct --assume-pure scale_rows the analysis lets it through" in error
     assert suggested(error) == [
         "apply",
         "--case",
@@ -212,8 +212,9 @@ def test_protect_clone_is_the_command_where_it_is_the_remedy():
     """--protect none refuses a main-path write a snapshot fixes: the command swaps in clone."""
     path = ADVERSARIAL / "augassign_keeps_alias.py"
     error = refused(path, "--protect", "none")
-    assert "pass --protect clone to snapshot it at the fork; checked: with --protect clone this function is edited" in (
-        error
+    assert (
+        "pass --protect clone to snapshot it at the fork; checked: with --protect clone the analysis lets it through"
+        in (error)
     )
     args = suggested(error)
     assert args[-2:] == ["--protect", "clone"] and "none" not in args, args
@@ -235,10 +236,12 @@ def test_a_refusal_that_vouching_does_not_lift_gets_no_command(tmp_path):
 
 
 def test_blockers_wording():
-    assert _blockers(["A"], ("X",), False, edits=True) == "A; checked: with --assume-pure X this function is edited"
+    assert (
+        _blockers(["A"], ("X",), False, edits=True) == "A; checked: with --assume-pure X the analysis lets it through"
+    )
     assert _blockers(["A", "B", "C"], ("X", "Y"), True, edits=True) == (
         "A; once that is lifted: B; once that is lifted: C; checked: with all of --assume-pure X --assume-pure Y "
-        "--protect clone this function is edited"
+        "--protect clone the analysis lets it through"
     )
     assert _blockers(["A", "B"], ("X",), False) == "A; even with --assume-pure X: B"
 

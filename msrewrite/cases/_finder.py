@@ -326,7 +326,7 @@ def _blockers(reasons: list[str], vouched: tuple[str, ...], clone: bool, edits: 
     options = " ".join([*(f"--assume-pure {n}" for n in vouched), *(["--protect clone"] if clone else [])])
     text = reasons[0] + "".join(f"; once that is lifted: {r}" for r in reasons[1 : -1 if not edits else None])
     if edits:
-        return f"{text}; checked: with {'all of ' if len(reasons) > 1 else ''}{options} this function is edited"
+        return f"{text}; checked: with {'all of ' if len(reasons) > 1 else ''}{options} the analysis lets it through"
     return f"{text}; even with {options}: {reasons[-1]}"
 
 

@@ -574,9 +574,11 @@ def _case_edit(args: ApplyArgs, src, chosen_mode: str, why: str) -> list[EditSte
 def _edit_command(args: ApplyArgs, src, chosen_mode: str, refused: Refused) -> str:
     """'; this command edits: msrewrite apply ... --assume-pure A': the command that was run with
     what the analysis found lifts every blocker of a refused function, checked by making the edit
-    with it (all functions' remedies at once, else each function's with --target); '' when none does."""
+    with it (all functions' remedies at once, else each function's with --target); else why the
+    edit is still refused with them."""
     if not refused.remedies:
         return ""
+    still = ""
     every = list(dict.fromkeys(n for _f, names, _c in refused.remedies for n in names))
     tries = [(tuple(every), any(c for *_, c in refused.remedies), args.target)]
     if len(refused.remedies) > 1:
@@ -608,10 +610,11 @@ def _edit_command(args: ApplyArgs, src, chosen_mode: str, refused: Refused) -> s
                 allow_rng_reorder=options.allow_rng_reorder,
                 extra=options.extra,
             )
-        except MsrewriteError:
+        except MsrewriteError as exc:
+            still = still or str(exc)
             continue
         return f"; this command edits: {command_line(names, clone, target if target != args.target else None)}"
-    return ""
+    return f"; even with those options apply refuses: {still.removeprefix('no safe ')}"
 
 
 def command_line(vouch: tuple[str, ...], clone: bool, target: str | None) -> str:
