@@ -256,41 +256,44 @@ class _CallFinder:
         """The refusal of a function, naming every blocker the analysis meets on the way to an
         edit: a refusal that --assume-pure (or --protect clone) lifts is lifted and the function
         analysed again, so that one run names them all, not one per run. It says what is still
-        refused at the end, or that with all of them the function is edited (checked here: the
-        analysis made its plan)."""
+        refused at the end, or that with all of them the analysis lets the function through (it
+        made the plan). The rounds share one analysis budget: a refusal costs at most twice the
+        analysis of the function."""
         reasons, vouched, clone = [str(first)], list(self.options.assume_pure), False
         protect = snapshots(self.options.protect, self.options.start_gates)
         exc: NoBranch | OverBudget = first
-        summaries = self.summaries
-        for _ in range(MAX_ROUNDS):
-            assert isinstance(exc, NoBranch)  # an OverBudget ends the loop below
-            new = [n for n in exc.vouch if n not in vouched]
-            lift_clone = exc.clone and not protect and not new
-            if not new and not lift_clone:
-                break
-            vouched += new
-            clone, protect = clone or lift_clone, protect or lift_clone
-            if new:
-                summaries = ModuleSummaries(self.module, tuple(vouched), path=self.path)
-            try:
-                self._side_branch(name, func, cls, is_seed, positions, summaries, protect)
-            except (NoBranch, OverBudget) as again:
-                exc = again
-                reasons.append(str(again))
-                if isinstance(again, OverBudget):
+        summaries, edits = self.summaries, False
+        with function_budget(name):
+            for _ in range(MAX_ROUNDS):
+                assert isinstance(exc, NoBranch)  # an OverBudget ends the rounds below
+                new = [n for n in exc.vouch if n not in vouched]
+                lift_clone = exc.clone and not protect and not new
+                if not new and not lift_clone:
                     break
-                continue
-            extra = tuple(vouched[len(self.options.assume_pure) :])
+                vouched += new
+                clone, protect = clone or lift_clone, protect or lift_clone
+                try:
+                    if new:
+                        summaries = ModuleSummaries(self.module, tuple(vouched), path=self.path)
+                    self._side_branch(name, func, cls, is_seed, positions, summaries, protect)
+                except (NoBranch, OverBudget) as again:
+                    exc = again
+                    reasons.append(str(again))
+                    if isinstance(again, OverBudget):
+                        break
+                    continue
+                edits = True
+                break
+        extra = tuple(vouched[len(self.options.assume_pure) :])
+        why = self._why_unseen(extra)
+        if edits:
             return Target(
                 name,
-                reason=_blockers(reasons, extra, clone, edits=True) + self._why_unseen(extra),
+                reason=_blockers(reasons, extra, clone, edits=True) + why,
                 vouch_to_edit=extra,
                 clone_to_edit=clone,
             )
-        if len(reasons) == 1:
-            return Target(name, reason=reasons[0] + self._why_unseen(tuple(vouched[len(self.options.assume_pure) :])))
-        extra = tuple(vouched[len(self.options.assume_pure) :])
-        return Target(name, reason=_blockers(reasons, extra, clone) + self._why_unseen(extra))
+        return Target(name, reason=(reasons[0] if len(reasons) == 1 else _blockers(reasons, extra, clone)) + why)
 
     def _why_unseen(self, names: tuple[str, ...]) -> str:
         """' (why unknown: FusedMoE, TopK: no source found for vllm.x; searched /a, /b)' for the
