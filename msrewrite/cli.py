@@ -262,10 +262,15 @@ def bench(
     )
 
 
+# The arguments of the command being run: a refusal repeats them in the command line that edits.
+COMMAND_LINE: list[str] = []
+
+
 def main(argv: list[str] | None = None) -> None:
     from msrewrite.output.console import run_guarded
 
     args = sys.argv[1:] if argv is None else argv
+    COMMAND_LINE[:] = args
 
     def run() -> None:
         try:

@@ -148,7 +148,8 @@ def test_the_options_the_refusal_names_let_the_edit_through_and_it_verifies(tmp_
 def test_vouching_for_two_names_the_one_left(tmp_path, left):
     why = refusal(model(tmp_path), assume_pure=tuple(n for n in THREE if n != left))
     assert f"({left}, not visible to msrewrite) may write 'x'" in why, why
-    assert why.endswith(f"pass --protect clone or --assume-pure {left}"), why
+    assert f"pass --protect clone or --assume-pure {left}; " in why, why
+    assert why.endswith(f"; checked: with --assume-pure {left} the analysis lets it through"), why
     assert all(f"({n}," not in why for n in THREE if n != left), why
 
 
@@ -173,7 +174,8 @@ def test_unseen_callees_of_the_side_branch_are_named_in_the_same_refusal(tmp_pat
         f"on the side branch, line {line}: self.shared_experts (MLP) -> self.pre (SideAct, not visible to msrewrite)"
         in why
     ), why
-    assert why.endswith(f"pass {options(*THREE, 'SideAct')}, or --protect clone {options('SideAct')}"), why
+    assert f"pass {options(*THREE, 'SideAct')}, or --protect clone {options('SideAct')}; " in why, why
+    assert why.endswith(f"; checked: with {options(*THREE, 'SideAct')} the analysis lets it through"), why
     assert "a snapshot cannot help here; pass --assume-pure SideAct if it does not" in refusal(path, protect="clone")
     for how in ({"assume_pure": (*THREE, "SideAct")}, {"assume_pure": ("SideAct",), "protect": "clone"}):
         checked = verify_files(edit(path, **how), original=path)

@@ -111,7 +111,22 @@ class SideBranch:
 
 
 class NoBranch(Exception):
-    """The function has seed calls but no branch that can safely move; the message says why."""
+    """The function has seed calls but no branch that can safely move; the message says why.
+
+    `vouch`: the --assume-pure names that lift this refusal (every unseen callee it names has
+    one); `clone`: --protect clone lifts it (a snapshot at the fork). The finder tries them to
+    name every blocker of a function in one refusal (cases/_finder.py)."""
+
+    def __init__(self, message: str = "", vouch: tuple[str, ...] = (), clone: bool = False) -> None:
+        super().__init__(message)
+        self.vouch, self.clone = vouch, clone
+
+
+def vouch_for(callees: list[str]) -> tuple[str, ...]:
+    """The --assume-pure names that lift a refusal naming `callees`, or () when one of them has no
+    name --assume-pure takes (vouching for the rest would not lift it)."""
+    names = vouch_names(callees)
+    return tuple(names) if all(names) else ()
 
 
 SeedPredicate = Callable[[str], bool]  # dotted callee after "self." -> is it side work?
@@ -227,7 +242,9 @@ def _find_in_body(
             generic = any(
                 w in str(unsplit) for w in ("does not split", "conditional inside the join", "nothing to overlap")
             )
-            raise NoBranch(guard if generic else str(unsplit)) from None
+            if generic:
+                raise NoBranch(guard) from None
+            raise unsplit from None
         holder = facts[guard.index].node
         assert isinstance(holder, cst.If)  # _splittable_if returns a guard only for an `if`
         block = _guarded_block(holder, is_seed)
@@ -239,7 +256,9 @@ def _find_in_body(
             )
         except NoBranch as split:
             if "does not split" in str(unsplit) or "conditional inside the join" in str(unsplit):
-                raise NoBranch(f"{split} (with the `if` at line {guard.line} split)") from None
+                raise NoBranch(
+                    f"{split} (with the `if` at line {guard.line} split)", vouch=split.vouch, clone=split.clone
+                ) from None
             raise unsplit from None
 
 
@@ -590,6 +609,9 @@ class _Search:
         }
         self.local_names = self.params | {name for f in facts for name in f.stores}
         self.written_in_place: set[str] = set()  # snapshot inputs the source itself writes in place
+        # main statements the fork waits for only because an unseen callee may write a side
+        # input there: (index, the name written) -> those callees
+        self.unseen_pushes: dict[tuple[int, str], list[str]] = {}
 
     def reaching_def(self, name: str, before: int, skip: set[int]) -> int | None:
         """The last statement before `before` (outside `skip`) that binds `name`."""
@@ -1043,8 +1065,11 @@ class _Search:
                 for g in self.facts[:index]:
                     if g.index not in side_idx and _writes(storage, g, mine) and g.index + 1 > fork:
                         fork = g.index + 1
-                        hit = storage.written(g, g.index, mine) + storage.maybe_written(g, g.index, mine)
+                        known = storage.written(g, g.index, mine)
+                        hit = known + storage.maybe_written(g, g.index, mine)
                         pushed_by = (g.index, _own_first(hit, name)[0] if hit else name, name)
+                        if not known and hit:  # only a callee msrewrite cannot see into may write it
+                            self.unseen_pushes[(g.index, pushed_by[1])] = unseen_writers(g, [pushed_by[1]], self.scope)
         return fork, pushed_by
 
     def _side_state(self, side: list[StatementFacts], side_calls: list[cst.Call], storage: Storage) -> _SideState:
@@ -1241,7 +1266,13 @@ class _Search:
             if clash:
                 raise NoBranch(f"line {f.first_line} uses '{sorted(clash)[0]}' between the fork and the join")
         if unseen_hits:
-            raise NoBranch(_unseen_refusal(unseen_hits, side_unseen(), self.protect))
+            side = side_unseen()
+            every = [c for _, callees, _ in unseen_hits for c in callees] + [c for _, cs, *_ in side for c in cs]
+            raise NoBranch(
+                _unseen_refusal(unseen_hits, side, self.protect),
+                vouch=vouch_for(every),
+                clone=not self.protect and not side,
+            )
         return protected
 
     def _window_write(
@@ -1283,7 +1314,8 @@ class _Search:
             pending = f.pending.get(known[0]) or f.pending.get(name)
             via += f" ({pending})" if pending else ""
             raise NoBranch(
-                f"line {f.first_line} writes '{known[0]}' in place while the side stream reads it{via}{hint}"
+                f"line {f.first_line} writes '{known[0]}' in place while the side stream reads it{via}{hint}",
+                clone=bool(hint),
             )
         unseen_hits.append((f.first_line, unseen_writers(f, [unseen[0]], self.scope), unseen[0]))
 
@@ -1293,6 +1325,7 @@ class _Search:
         """The refusal when no main work runs between the fork and the join, with why if known."""
         facts = self.facts
         why = ""
+        vouch: tuple[str, ...] = ()
         in_join = (
             [f"self.{c}" for c in facts[join].self_calls if not self.is_seed(c)] + _super_calls(facts[join].node)
             if join < len(facts)
@@ -1316,17 +1349,25 @@ class _Search:
                     f" (the fork waits for line {line}, which orders streams (a wait or synchronize): "
                     "the side work must not start before it)"
                 )
-            elif written == name:
-                why = f" (the fork waits for line {line}, which writes '{name}' before the side work reads it)"
             else:
-                via = _alias_origin(
-                    storage, facts, name, storage.held(written, at) - {("free", written)}, at, self.scope
-                )
-                why = (
-                    f" (the fork waits for line {line}, which writes '{written}' before the side work reads "
-                    f"'{name}'{via.rstrip(',')})"
-                )
-        return NoBranch(f"no main-path work between the fork and the join: nothing to overlap{why}")
+                unseen = self.unseen_pushes.get((at, written))
+                # "writes" only when proved; a callee msrewrite cannot see into only "may write"
+                writes = f"where {_named(unseen, MAX_DESCRIBED)} may write" if unseen else "which writes"
+                if written == name:
+                    why = f" (the fork waits for line {line}, {writes} '{name}' before the side work reads it"
+                else:
+                    via = _alias_origin(
+                        storage, facts, name, storage.held(written, at) - {("free", written)}, at, self.scope
+                    )
+                    why = (
+                        f" (the fork waits for line {line}, {writes} '{written}' before the side work reads "
+                        f"'{name}'{via.rstrip(',')}"
+                    )
+                if unseen:
+                    vouch = vouch_for(unseen)
+                    why += f"; pass {_vouch_options(unseen)} if {'it does' if len(unseen) == 1 else 'they do'} not"
+                why += ")"
+        return NoBranch(f"no main-path work between the fork and the join: nothing to overlap{why}", vouch=vouch)
 
     def _check_side_writes(
         self,
@@ -1356,7 +1397,8 @@ class _Search:
             raise NoBranch(
                 f"line {line}: {_named(callees, MAX_DESCRIBED)} may write its input '{name}', which the main path still "
                 f"reads (line {reader}){others}; a snapshot cannot help here; pass {_vouch_options(every)} if "
-                f"{'it does' if len(every) == 1 else 'they do'} not"
+                f"{'it does' if len(every) == 1 else 'they do'} not",
+                vouch=vouch_for(every),
             )
 
     def _check_module_state(
@@ -1399,7 +1441,8 @@ class _Search:
                         f"line {g.first_line}: {why} may write module state '{path}'{via}, which the side stream "
                         f"{'writes' if hit not in side_reads else 'reads'}"
                         f"{'' if hit == path else ' (' + repr(hit) + ')'}; msrewrite cannot see into it; pass "
-                        f"{_vouch_options([why])} if it does not"
+                        f"{_vouch_options([why])} if it does not",
+                        vouch=vouch_for([why]),
                     )
             reads = _state_read(g.node, scope)
             for path, (f, (name, why)) in side_may.items():
@@ -1409,7 +1452,8 @@ class _Search:
                     raise NoBranch(
                         f"line {f.first_line}: on the side branch {why} may write module state '{path}'{via}, which "
                         f"the main path reads between the fork and the join (line {g.first_line}: '{hit}'); "
-                        f"msrewrite cannot see into it; pass {_vouch_options([why])} if it does not"
+                        f"msrewrite cannot see into it; pass {_vouch_options([why])} if it does not",
+                        vouch=vouch_for([why]),
                     )
             for path, (f, name) in side_writes.items():
                 hit = next((q for q in sorted(reads) if _same_state(path, q)), None)
@@ -1645,7 +1689,8 @@ def _check_unseen_state_writes(g: StatementFacts, side_state: set[str]) -> None:
             raise NoBranch(
                 f"line {g.first_line}: {callee} may write module state '{path}', which the side stream "
                 f"{'uses' if hit == path else f'uses ({hit!r})'}; a snapshot cannot help here; pass "
-                f"{_vouch_options([callee])} if it does not"
+                f"{_vouch_options([callee])} if it does not",
+                vouch=vouch_for([callee]),
             )
 
 
@@ -1816,7 +1861,7 @@ def _state_written(f: StatementFacts, storage: Storage) -> dict[str, str]:
             out.setdefault("self", f.may_write["self"])
         elif name == "self" or name.startswith("self."):
             out.setdefault(_state_key(name), name)
-        for kind, *rest in storage._around(name, f.index):
+        for kind, *rest in storage.write_reach(f, name, f.index):
             held = rest[-1] if kind in ("free", "param") else ""
             if held == "self" or held.startswith("self."):
                 out.setdefault(_state_key(held), name)
@@ -1831,7 +1876,10 @@ def _check_order(*window) -> str:
     collectives, unseen = _reordered(COLLECTIVES, *window)
     if collectives:
         vouch = f", or pass {_vouch_options([unseen])} if it runs none" if unseen else ""
-        raise NoBranch(f"{collectives}; msrewrite keeps collectives in the program's order{vouch}")
+        raise NoBranch(
+            f"{collectives}; msrewrite keeps collectives in the program's order{vouch}",
+            vouch=vouch_for([unseen]) if unseen else (),
+        )
     return _reordered(RNG, *window)[0]
 
 

@@ -57,6 +57,9 @@ class StatementFacts:
     # the links that store into an object the target already names (`lst[0] = x`, `obj.a = x`,
     # `put(lst, x)`), not rebindings of it: a summary reads "argument i now holds argument j" here
     stored: set[tuple[str, str]] = field(default_factory=set)
+    # links of an augmented assignment from its right side (`lst += [x]`: (x, lst)): the target
+    # holds those objects only after its own in-place write
+    late_links: set[tuple[str, str]] = field(default_factory=set)
     self_stores: set[str] = field(default_factory=set)  # `self.x = v`: "self.x" (its old value is replaced)
     # attributes rebound (`obj.a = v`, `self.calls += 1`, `del obj.a`, or inside a callee: its
     # summary's, on the call's receiver), as dotted paths ("self.shared_experts.last_norm"): an
@@ -258,6 +261,19 @@ def _self_attribute_roots(attr: str, scope: Scope) -> set[str]:
     return {f"self.{attr}"}
 
 
+# `t op= v` whose result may hold v's objects: concatenation (`lst += [x]`, a tuple's `+=`),
+# set and dict union and intersection (`d |= table`), and an int repeating a sequence
+# (`n *= [x]`). `-=`, `/=`, `**=`, `%=`, `@=`, shifts and the rest give numbers, tensors, a
+# set of t's own elements or a string: like `t - v`, never something holding v.
+_HOLDING_AUG_OPERATORS = (
+    cst.AddAssign,
+    cst.MultiplyAssign,
+    cst.BitOrAssign,
+    cst.BitAndAssign,
+    cst.BitXorAssign,
+)
+
+
 class _Collector(Visitor):
     def __init__(self, facts: StatementFacts, scope: Scope | None = None, after_calls: Set[int] = frozenset()) -> None:
         self.facts = facts
@@ -397,7 +413,14 @@ class _Collector(Visitor):
         self._rebind(node.target)
         roots = self._roots(node.target) - {"self"}
         self.facts.mutates |= roots
-        self._link(roots, node.value, into=True)  # `lst += [x]`
+        # in place, `t` keeps its object (`h = x.view(-1); h *= s` leaves h on x's storage)
+        self._link({r for r in roots if not r.startswith("self.")}, node.target)
+        if isinstance(node.operator, _HOLDING_AUG_OPERATORS):
+            before = set(self.facts.links)
+            self._link(roots, node.value, into=True)  # `lst += [x]`, `n *= [x]` (a list of x)
+            # the write of `t` itself happens before it holds what it is given: `h *= self.scale`
+            # writes h's object, not the scale (Storage.write_reach)
+            self.facts.late_links |= self.facts.links - before
         root = _root_name(node.target)
         if root is not None:
             self.facts.loads.add(root)

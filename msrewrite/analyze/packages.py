@@ -112,6 +112,14 @@ def module_file(dotted: str, near: Path | None = None) -> Path | None:
     return found
 
 
+def search_roots(dotted: str, near: Path | None = None) -> tuple[str, ...]:
+    """The folders `module_file` searches for module `dotted` imported by the file `near`, in
+    order (a refusal says where a source was looked for); () for a package never read (torch)."""
+    if not dotted or dotted.split(".")[0] in NOT_READ:
+        return ()
+    return _roots(enclosing_root(near, dotted.split(".")[0]))
+
+
 def _note_read(file: Path, top: str, roots: tuple[str, ...], own: Path | None) -> None:
     for root in roots:
         if file.is_relative_to(root):

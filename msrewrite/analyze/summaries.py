@@ -1254,7 +1254,7 @@ def _state_writes(
             if name.count(".") == 1 and name.split(".")[0] == self_name and name.split(".")[1] in scalars:
                 continue
             note(name, False)
-            for kind, *rest in storage._around(name, f.index):
+            for kind, *rest in storage.write_reach(f, name, f.index):
                 if kind == "free":
                     note(rest[-1], True)
     return found
@@ -1434,9 +1434,20 @@ class Storage:
     def _around(self, name: str, at: int) -> frozenset:
         return self.held(name, at) | self.held(name, at + 1)
 
+    def write_reach(self, f: StatementFacts, name: str, at: int) -> frozenset:
+        """The storage an in-place write of `name` in statement `f` (at body index `at`) may reach:
+        what it holds around the statement, except that `h *= self.scale` writes h's object
+        before h holds anything the right side gives it (`lst += [x]` extends lst, never writes
+        x). That holds only where the statement names `name` just once: a later write in the
+        same statement (`h += [x]; h[0].mul_(2)`) reaches x."""
+        late = {s for s, t in f.late_links if t == name}
+        if late and _mentions(f.node, name) == 1:
+            return self.held(name, at)
+        return self._around(name, at)
+
     def written(self, f: StatementFacts, at: int, tokens: frozenset | set) -> list[str]:
         """Names whose in-place writes in statement `f` (at body index `at`) reach `tokens`."""
-        return sorted(n for n in f.mutates if meets(self._around(n, at), tokens))
+        return sorted(n for n in f.mutates if meets(self.write_reach(f, n, at), tokens))
 
     def maybe_written(self, f: StatementFacts, at: int, tokens: frozenset | set) -> list[str]:
         """Names an unseen callee in `f` may write whose storage reaches `tokens`."""
@@ -1446,6 +1457,23 @@ class Storage:
 # all of the module's state (`self.parameters()`, `self._buffers`): `self` where it is a
 # parameter of the function analysed (a method), or a name it does not bind
 ALL_STATE_TOKENS = frozenset({("free", "self"), ("param", "self")})
+
+
+def _mentions(node: cst.CSTNode, name: str) -> int:
+    """How often `node` names the variable `name` (`Name` nodes, not attribute fields)."""
+    count = 0
+
+    class _Names(Visitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            nonlocal count
+            count += n.value == name
+
+        def visit_Attribute(self, n: cst.Attribute) -> bool:
+            n.value.visit(self)  # `obj.name` is a field, not the variable
+            return False
+
+    node.visit(_Names())
+    return count
 
 
 def meets(a: frozenset | set, b: frozenset | set) -> bool:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from msrewrite.cliargs import Option
-from msrewrite.errors import BadInput, NothingToDo
+from msrewrite.errors import BadInput, NothingToDo, Refused
 from msrewrite.records import record
 
 if TYPE_CHECKING:
@@ -525,7 +525,12 @@ class Case(_Record):
             if applied:  # the others were refused before the first apply as well
                 raise NothingToDo(f"{', '.join(applied)}: already applied, nothing to do")
             reasons = "; ".join(f"{t.function}: {t.reason}" for t in targets if not t.applied)
-            raise NothingToDo(f"no safe {self.name} edit: {reasons}")
+            remedies = tuple(
+                (t.function, t.vouch_to_edit, t.clone_to_edit)
+                for t in targets
+                if not t.applied and (t.vouch_to_edit or t.clone_to_edit)
+            )
+            raise Refused(f"no safe {self.name} edit: {reasons}", remedies)
         if len(plans) > 1:
             names = ", ".join(p.function for p in plans)
             raise BadInput(f"ambiguous target: {len(plans)} functions match ({names}); pick one with --target")

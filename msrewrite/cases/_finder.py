@@ -46,6 +46,10 @@ class Target:
     plan: OverlapPlan | None = None
     reason: str = ""  # why there is no plan
     applied: bool = False
+    # what lets the function's plan through, found by analysing it again with it (`reason` names
+    # every blocker met on the way): --assume-pure names beyond those given, and --protect clone
+    vouch_to_edit: tuple[str, ...] = ()
+    clone_to_edit: bool = False
 
 
 def check_rng_order(branch: SideBranch, options: Options) -> None:
@@ -216,27 +220,117 @@ class _CallFinder:
         if family:
             return Target(name, reason=family)
         positions = positions_for(self.module, name, func, self.text)
+        protect = snapshots(options.protect, options.start_gates)
         try:
-            with function_budget(name):
-                side = find_side_branch(
-                    func,
-                    positions,
-                    is_seed,
-                    anchors=tuple(gate.anchor for gate in options.start_gates),
-                    phase_anchors=options.phase_anchors if case.phased else None,
-                    scope=self.summaries.scope_for(cls.name.value if cls is not None else None, func.name.value),
-                    protect=snapshots(options.protect, options.start_gates),
-                )
-            check_rng_order(side, options)
-            check_main_hoists(case, side)
-        except (NoBranch, OverBudget) as exc:
+            side = self._side_branch(name, func, cls, is_seed, positions, self.summaries, protect)
+        except OverBudget as exc:
             return Target(name, reason=str(exc))
+        except NoBranch as exc:
+            return self._every_blocker(name, func, cls, is_seed, positions, exc)
         plan = branch_plan(case, self.path, name, side, options)
         if branch is not None:
             plan = plan.with_changes(
                 stream_tag=branch.stream_tag, case_branch=branch.name, summary=f"{branch.what}: {plan.summary}"
             )
         return Target(name, plan=plan)
+
+    def _side_branch(self, name, func, cls, is_seed, positions, summaries: ModuleSummaries, protect: bool):
+        """The function's side branch with these summaries (its --assume-pure names) and --protect,
+        or NoBranch / OverBudget."""
+        case, options = self.case, self.options
+        with function_budget(name):
+            side = find_side_branch(
+                func,
+                positions,
+                is_seed,
+                anchors=tuple(gate.anchor for gate in options.start_gates),
+                phase_anchors=options.phase_anchors if case.phased else None,
+                scope=summaries.scope_for(cls.name.value if cls is not None else None, func.name.value),
+                protect=protect,
+            )
+        check_rng_order(side, options)
+        check_main_hoists(case, side)
+        return side
+
+    def _every_blocker(self, name, func, cls, is_seed, positions, first: NoBranch) -> Target:
+        """The refusal of a function, naming every blocker the analysis meets on the way to an
+        edit: a refusal that --assume-pure (or --protect clone) lifts is lifted and the function
+        analysed again, so that one run names them all, not one per run. It says what is still
+        refused at the end, or that with all of them the analysis lets the function through (it
+        made the plan). The rounds share one analysis budget: a refusal costs at most twice the
+        analysis of the function."""
+        reasons, vouched, clone = [str(first)], list(self.options.assume_pure), False
+        protect = snapshots(self.options.protect, self.options.start_gates)
+        exc: NoBranch | OverBudget = first
+        summaries, edits = self.summaries, False
+        with function_budget(name):
+            for _ in range(MAX_ROUNDS):
+                assert isinstance(exc, NoBranch)  # an OverBudget ends the rounds below
+                new = [n for n in exc.vouch if n not in vouched]
+                lift_clone = exc.clone and not protect and not new
+                if not new and not lift_clone:
+                    break
+                vouched += new
+                clone, protect = clone or lift_clone, protect or lift_clone
+                try:
+                    if new:
+                        summaries = ModuleSummaries(self.module, tuple(vouched), path=self.path)
+                    self._side_branch(name, func, cls, is_seed, positions, summaries, protect)
+                except (NoBranch, OverBudget) as again:
+                    exc = again
+                    reasons.append(str(again))
+                    if isinstance(again, OverBudget):
+                        break
+                    continue
+                edits = True
+                break
+        extra = tuple(vouched[len(self.options.assume_pure) :])
+        why = self._why_unseen(extra)
+        if edits:
+            return Target(
+                name,
+                reason=_blockers(reasons, extra, clone, edits=True) + why,
+                vouch_to_edit=extra,
+                clone_to_edit=clone,
+            )
+        return Target(name, reason=(reasons[0] if len(reasons) == 1 else _blockers(reasons, extra, clone)) + why)
+
+    def _why_unseen(self, names: tuple[str, ...]) -> str:
+        """' (why unknown: FusedMoE, TopK: no source found for vllm.x; searched /a, /b)' for the
+        names to vouch for that this file imports from a module msrewrite found no source for;
+        '' when it read them all (the refusal's callee chains say what it could not follow)."""
+        from msrewrite.analyze import packages
+
+        missing: dict[str, list[str]] = {}  # what was not found, and where it was looked for -> names
+        for name in names:
+            head = name.split(".")[0]
+            summaries = self.summaries
+            if head not in summaries.imports or summaries.find_class(name) or summaries.find_function(name):
+                continue
+            dots, source, _original = summaries.imports[head]
+            if dots:
+                missing.setdefault(f"{'.' * dots}{source} next to {self.path}", []).append(name)
+            elif packages.module_file(source, near=self.path) is None:  # read but not defining it: the chain says more
+                roots = packages.search_roots(source, near=self.path)
+                where = f"; searched {', '.join(roots)}" if roots else " (never read: msrewrite's tables cover it)"
+                missing.setdefault(f"{source}{where}", []).append(name)
+        whys = [f"{', '.join(found)}: no source found for {what}" for what, found in missing.items()]
+        return f" (why unknown: {'; '.join(whys)})" if whys else ""
+
+
+# Rounds of lifting a function's refusals (each a fresh analysis): past them the refusal names
+# those met so far. SGLang's deepseek_v2 needs three.
+MAX_ROUNDS = 6
+
+
+def _blockers(reasons: list[str], vouched: tuple[str, ...], clone: bool, edits: bool = False) -> str:
+    """One refusal for the blockers met in turn: the first as found, each later one as what is
+    left once the earlier ones are lifted, then what lifts them all (or what still refuses)."""
+    options = " ".join([*(f"--assume-pure {n}" for n in vouched), *(["--protect clone"] if clone else [])])
+    text = reasons[0] + "".join(f"; once that is lifted: {r}" for r in reasons[1 : -1 if not edits else None])
+    if edits:
+        return f"{text}; checked: with {'all of ' if len(reasons) > 1 else ''}{options} the analysis lets it through"
+    return f"{text}; even with {options}: {reasons[-1]}"
 
 
 class _SeedsPerClass:

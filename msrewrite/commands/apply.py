@@ -28,7 +28,7 @@ from msrewrite.cases._base import (
 )
 from msrewrite.emit.engine import apply_plans
 from msrewrite.emit.torchair_config import records_config
-from msrewrite.errors import EXIT_OK, BadInput, EmptyFile, NothingToDo
+from msrewrite.errors import EXIT_OK, BadInput, EmptyFile, MsrewriteError, NothingToDo, Refused
 from msrewrite.load import git_root, load, read_source
 from msrewrite.modes import resolve_mode
 from msrewrite.output.diff import unified_diff
@@ -432,7 +432,10 @@ def run_apply(**kwargs) -> int:
     forget_reads()
     try:
         if args.case is not None:
-            steps = _case_edit(args, src, chosen_mode, why)
+            try:
+                steps = _case_edit(args, src, chosen_mode, why)
+            except Refused as refused:
+                raise NothingToDo(f"{refused}{_edit_command(args, src, chosen_mode, refused)}") from None
             plans = [plan for step in steps for plan in step.plans]
         else:
             plans = _plan_file_plans(args, src, chosen_mode, why)
@@ -566,6 +569,76 @@ def _case_edit(args: ApplyArgs, src, chosen_mode: str, why: str) -> list[EditSte
         allow_rng_reorder=options.allow_rng_reorder,
         extra=options.extra,
     )
+
+
+def _edit_command(args: ApplyArgs, src, chosen_mode: str, refused: Refused) -> str:
+    """'; this command edits: msrewrite apply ... --assume-pure A': the command that was run with
+    what the analysis found lifts every blocker of a refused function, checked by making the edit
+    with it (all functions' remedies at once, else each function's with --target); else why the
+    edit is still refused with them."""
+    if not refused.remedies:
+        return ""
+    still = ""
+    every = list(dict.fromkeys(n for _f, names, _c in refused.remedies for n in names))
+    tries = [(tuple(every), any(c for *_, c in refused.remedies), args.target)]
+    if len(refused.remedies) > 1:
+        tries += [(names, clone, args.target or function) for function, names, clone in refused.remedies]
+    for names, clone, target in tries:
+        trial = dataclasses.replace(
+            args,
+            assume_pure=(*args.assume_pure, *names),
+            protect="clone" if clone else args.protect,
+            target=target,
+        )
+        try:
+            _case, options = case_request(trial, chosen_mode)
+            case_steps(
+                trial.file,
+                src.text,
+                src.module,
+                trial.case or "",
+                chosen_mode,
+                trial.target,
+                options.flag,
+                options.stream_tag,
+                options.start_gates,
+                options.phase_anchors,
+                options.core_limits,
+                options.second_group,
+                protect=options.protect,
+                assume_pure=options.assume_pure,
+                allow_rng_reorder=options.allow_rng_reorder,
+                extra=options.extra,
+            )
+        except MsrewriteError as exc:
+            still = still or str(exc)
+            continue
+        return f"; this command edits: {command_line(names, clone, target if target != args.target else None)}"
+    return f"; even with those options apply refuses: {still.removeprefix('no safe ')}"
+
+
+def command_line(vouch: tuple[str, ...], clone: bool, target: str | None) -> str:
+    """The command being run (cli.COMMAND_LINE) with `--assume-pure` for each of `vouch`,
+    `--protect clone` in place of any --protect given, and `--target`, quoted for a POSIX shell."""
+    import shlex
+
+    from msrewrite.cli import COMMAND_LINE
+
+    argv, skip = [], False
+    for word in COMMAND_LINE:
+        if skip:
+            skip = False
+            continue
+        if clone and word == "--protect":
+            skip = True
+            continue
+        if clone and word.startswith("--protect="):
+            continue
+        argv.append(word)
+    argv += [w for n in vouch for w in ("--assume-pure", n)]
+    argv += ["--protect", "clone"] if clone else []
+    argv += ["--target", target] if target else []
+    return shlex.join(["msrewrite", *argv])
 
 
 def _read_plan_file(args: ApplyArgs, src) -> list:
