@@ -262,11 +262,8 @@ def bench(
     )
 
 
-# The arguments of the command being run: a refusal repeats them in the command line that edits.
-COMMAND_LINE: list[str] = []
-
-
 def main(argv: list[str] | None = None) -> None:
+    from msrewrite.cliargs import COMMAND_LINE
     from msrewrite.output.console import run_guarded
 
     args = sys.argv[1:] if argv is None else argv

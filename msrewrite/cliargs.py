@@ -32,6 +32,10 @@ from typing import TYPE_CHECKING, Any
 
 from msrewrite.records import record
 
+# The arguments of the command being run (set by cli.main): a refusal repeats them in the command
+# line that edits.
+COMMAND_LINE: list[str] = []
+
 if TYPE_CHECKING:
     import argparse
 

@@ -618,11 +618,11 @@ def _edit_command(args: ApplyArgs, src, chosen_mode: str, refused: Refused) -> s
 
 
 def command_line(vouch: tuple[str, ...], clone: bool, target: str | None) -> str:
-    """The command being run (cli.COMMAND_LINE) with `--assume-pure` for each of `vouch`,
+    """The command being run (cliargs.COMMAND_LINE) with `--assume-pure` for each of `vouch`,
     `--protect clone` in place of any --protect given, and `--target`, quoted for a POSIX shell."""
     import shlex
 
-    from msrewrite.cli import COMMAND_LINE
+    from msrewrite.cliargs import COMMAND_LINE
 
     argv, skip = [], False
     for word in COMMAND_LINE:
