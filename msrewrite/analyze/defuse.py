@@ -57,8 +57,9 @@ class StatementFacts:
     # the links that store into an object the target already names (`lst[0] = x`, `obj.a = x`,
     # `put(lst, x)`), not rebindings of it: a summary reads "argument i now holds argument j" here
     stored: set[tuple[str, str]] = field(default_factory=set)
-    # links of an augmented assignment from its right side (`lst += [x]`: (x, lst)): the target
-    # holds those objects only after its own in-place write
+    # links of an augmented assignment from its right side (`lst += [x]`: (x, lst)) or of a store
+    # into a field (`obj.a = x`, `lst[0] = x`): the target holds those objects only after its own
+    # in-place write
     late_links: set[tuple[str, str]] = field(default_factory=set)
     self_stores: set[str] = field(default_factory=set)  # `self.x = v`: "self.x" (its old value is replaced)
     # attributes rebound (`obj.a = v`, `self.calls += 1`, `del obj.a`, or inside a callee: its
@@ -360,7 +361,11 @@ class _Collector(Visitor):
             else:
                 roots = self._roots(target.value)
                 self.facts.mutates |= roots - {"self"}
+                before = set(self.facts.links)
                 self._link(roots - {"self"}, value, into=True)
+                # the store writes the object's old storage, then the object holds the value:
+                # `moe.backend = Backend.AUTO` writes moe, not the Backend it is given
+                self.facts.late_links |= self.facts.links - before
             target.visit(self)
 
     def visit_Assign(self, node: cst.Assign) -> bool:

@@ -1370,6 +1370,17 @@ class _LazyDefinitions(dict):
     def __contains__(self, name: object) -> bool:
         return name in self._names
 
+    # every name the index has, parsed or not: `*module.classes` lists the names a module binds
+    # (what is not a tensor there), not only those some summary has parsed so far
+    def __iter__(self):
+        return iter(sorted(self._names))
+
+    def keys(self):  # type: ignore[override]
+        return sorted(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
     def __getitem__(self, name: str):
         if name not in self._names:
             raise KeyError(name)
