@@ -365,3 +365,51 @@ def test_fullgraph_text_precheck_neither_misses_a_region_nor_walks_for_a_class_a
     assert fullgraph_region(cst.parse_module(spaced), "MoE.forward", spaced) is not None
     flagged = base.replace("class Model", "class Model:\n    _can_compile_fullgraph = True\n\n\nclass _Model", 1)
     assert fullgraph_region(cst.parse_module(flagged), "MoE.forward", flagged) is None
+
+
+def _sglang_tree(tmp_path: Path, defines: str | None) -> Path:
+    """An SGLang source tree (never imported) whose `defines` module holds get_is_capture_mode,
+    with the model file inside it, as a user runs msrewrite in their checkout."""
+    executor = tmp_path / "sglang" / "srt" / "model_executor"
+    executor.mkdir(parents=True)
+    for folder in (tmp_path / "sglang", tmp_path / "sglang" / "srt", executor):
+        (folder / "__init__.py").write_text("")
+    (tmp_path / "sglang" / "srt" / "utils.py").write_text("def add_prefix(name, prefix):\n    return name\n")
+    (executor / "cuda_graph_runner.py").write_text("class CudaGraphRunner:\n    pass\n")
+    if defines is not None:
+        (executor / f"{defines}.py").write_text("def get_is_capture_mode():\n    return False\n")
+    models = tmp_path / "sglang" / "srt" / "models"
+    models.mkdir()
+    model = models / "sglang_style_moe.py"
+    model.write_text(SGLANG_MOE.read_text())
+    return model
+
+
+@pytest.mark.parametrize("defines", ["runner", "cuda_graph_runner"])
+def test_the_capture_gate_imports_from_where_this_sglang_defines_it(tmp_path, defines):
+    """Older SGLang releases define get_is_capture_mode in cuda_graph_runner: an edit importing it
+    from runner would fail at import there. The tree the file lives in decides."""
+    from msrewrite.commands.apply import case_steps
+    from msrewrite.load import load
+
+    model = _sglang_tree(tmp_path, defines)
+    src = load(model)
+    flag = FlagSpec(kind="sglang", name="SGLANG_NPU_USE_MULTI_STREAM", default=False, gate="capture")
+    step = case_steps(model, src.text, src.module, "moe-shared-expert", "eager", None, flag, None)[-1]
+    assert f"from sglang.srt.model_executor.{defines} import get_is_capture_mode" in step.new
+    other = "cuda_graph_runner" if defines == "runner" else "runner"
+    assert f"model_executor.{other} import" not in step.new
+
+
+def test_the_capture_gate_is_refused_where_this_sglang_defines_it_nowhere(tmp_path):
+    from msrewrite.commands.apply import case_steps
+    from msrewrite.errors import BadInput
+    from msrewrite.load import load
+
+    model = _sglang_tree(tmp_path, None)
+    src = load(model)
+    flag = FlagSpec(kind="sglang", name="SGLANG_NPU_USE_MULTI_STREAM", default=False, gate="capture")
+    with pytest.raises(BadInput) as refused:
+        case_steps(model, src.text, src.module, "moe-shared-expert", "eager", None, flag, None)
+    assert "defines get_is_capture_mode() in none of its modules" in str(refused.value)
+    assert "cuda_graph_runner.py" in str(refused.value)

@@ -12,6 +12,7 @@ looked for, so the edit never guesses at an API.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import libcst as cst
 
@@ -22,6 +23,9 @@ from msrewrite.plan import FlagSpec
 # (module, name) as the framework's model files import them (SGLang 0.5.23, vllm-ascend 0.23)
 SGLANG_ENV = ("sglang.srt.utils", "get_bool_env_var")
 SGLANG_CAPTURE = ("sglang.srt.model_executor.runner", "get_is_capture_mode")
+# where SGLang releases define get_is_capture_mode, newest first: `runner` (0.5.2x), and
+# `cuda_graph_runner` before it; the installed or enclosing SGLang's own source decides
+SGLANG_CAPTURE_MODULES = ("sglang.srt.model_executor.runner", "sglang.srt.model_executor.cuda_graph_runner")
 VLLM_ASCEND_CONFIG = ("vllm_ascend.ascend_config", "get_ascend_config")
 
 _FRAMEWORK_ROOT = {"sglang": "sglang", "vllm-ascend": "vllm_ascend"}
@@ -108,8 +112,47 @@ def _param(func: cst.FunctionDef, name: str) -> cst.Param | None:
     return None
 
 
+def capture_import(module: cst.Module, file: Path | None) -> tuple[str, str]:
+    """Where this file's SGLang defines `get_is_capture_mode`: the sglang module the file already
+    imports it from; else the first of SGLANG_CAPTURE_MODULES whose source (the SGLang tree the file lives
+    in, or an installed one: read, never imported) defines or re-exports it; else, with no SGLang
+    source to read, the newest layout. BadInput when the source is there and defines it nowhere."""
+    name = SGLANG_CAPTURE[1]
+    for stmt in module.body:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for node in stmt.body:
+            if (
+                isinstance(node, cst.ImportFrom)
+                and node.module is not None
+                and not node.relative
+                and _dotted(node.module).split(".")[0] == "sglang"  # another package's is refused later
+            ):
+                if not isinstance(node.names, cst.ImportStar) and any(
+                    _dotted(alias.name) == name and alias.asname is None for alias in node.names
+                ):
+                    return _dotted(node.module), name
+    from msrewrite.analyze import packages
+
+    searched = []
+    for candidate in SGLANG_CAPTURE_MODULES:
+        source = packages.module_file(candidate, near=file)
+        if source is None:
+            continue
+        searched.append(str(source))
+        index = packages.index_file(source)
+        if index is not None and (name in index.functions or name in index.imports):
+            return candidate, name
+    if searched:
+        raise BadInput(
+            f"--gate capture: this SGLang defines {name}() in none of its modules msrewrite knows "
+            f"({', '.join(searched)}); use --flag-default or another --gate"
+        )
+    return SGLANG_CAPTURE
+
+
 def phase_predicate(
-    gate: str, func: cst.FunctionDef, roots: set[str], qualified: str
+    gate: str, func: cst.FunctionDef, roots: set[str], qualified: str, module: cst.Module, file: Path | None
 ) -> tuple[str, list[tuple[str, str]]]:
     """(the predicate expression for `gate` in `func`, the framework imports it needs)."""
     if gate == "capture":
@@ -118,7 +161,7 @@ def phase_predicate(
                 f"--gate capture: {qualified} has no capture predicate: looked for SGLang's "
                 "get_is_capture_mode() (the file imports nothing from sglang)"
             )
-        return f"{SGLANG_CAPTURE[1]}()", [SGLANG_CAPTURE]
+        return f"{SGLANG_CAPTURE[1]}()", [capture_import(module, file)]
     rebound = _assigned_names(func)
     for name, prefill, decode in _PHASE_PARAMS:
         param = _param(func, name)

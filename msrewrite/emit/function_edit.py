@@ -26,6 +26,7 @@ Where the lines go is read by emit/locate.py; what they say comes from the mode'
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import libcst as cst
@@ -282,7 +283,9 @@ def _prepare(module, func, cls, where: Layout, positions, plan: OverlapPlan, wor
     framework_imports = frameworks.flag_imports(plan.flag, roots)
     phase_gate = None
     if plan.flag.gate is not None:
-        phase_gate, needed = frameworks.phase_predicate(plan.flag.gate, func, roots, plan.function)
+        phase_gate, needed = frameworks.phase_predicate(
+            plan.flag.gate, func, roots, plan.function, module, Path(plan.file) if plan.file else None
+        )
         framework_imports += [i for i in needed if i not in framework_imports]
     frameworks.check_own_bindings(module, framework_imports)
     init, config_param, init_sets_flag = init_info(cls, (switch,))

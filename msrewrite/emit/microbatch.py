@@ -21,6 +21,8 @@ where its stages split is decided by the analysis (msrewrite/analyze/microbatch.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import libcst as cst
 
 from msrewrite.analyze.definitions import kept_method
@@ -290,7 +292,9 @@ def microbatch_edit(module: cst.Module, plan: MicrobatchPlan, text: str | None =
     condition = f"_ms_microbatch({switch}, {found.loop.carried})"
     when = ""
     if plan.flag.gate is not None:  # prefill: the model forward's own phase predicate
-        predicate, needed = frameworks.phase_predicate(plan.flag.gate, found.forward, roots, plan.function)
+        predicate, needed = frameworks.phase_predicate(
+            plan.flag.gate, found.forward, roots, plan.function, module, Path(plan.file) if plan.file else None
+        )
         extras["from_imports"] += [i for i in needed if i not in extras["from_imports"]]
         condition += f" and {predicate}"
         when = f", in {plan.flag.gate}"
