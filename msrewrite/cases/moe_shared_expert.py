@@ -19,8 +19,9 @@ SHARED_EXPERT_ATTRS = frozenset({"shared_experts", "shared_expert", "shared_mlp"
 
 
 def is_shared_expert_call(callee: str) -> bool:
-    """`callee` is the dotted name after "self.", e.g. "shared_expert.down_proj"."""
-    return callee.split(".")[0] in SHARED_EXPERT_ATTRS
+    """`callee` is the dotted name after "self.", e.g. "shared_expert.down_proj"; a private
+    attribute of the same name counts (vllm-ascend's `self._shared_experts(...)`)."""
+    return callee.split(".")[0].lstrip("_") in SHARED_EXPERT_ATTRS
 
 
 def describe(branch) -> str:
