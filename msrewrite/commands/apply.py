@@ -550,7 +550,12 @@ def _case_edit(args: ApplyArgs, src, chosen_mode: str, why: str) -> list[EditSte
         args.flag, args.flag_default, args.max_tokens, known.flag_name if known else "ENABLE_SIDE_STREAM", args.gate
     )
     _note(f"mode {chosen_mode} ({'auto: ' if args.mode == 'auto' else ''}{why})")
-    _case, options = case_request(args, chosen_mode)  # every field of options is passed on: settled already
+    return _requested_steps(args, src, chosen_mode)
+
+
+def _requested_steps(args: ApplyArgs, src, chosen_mode: str) -> list[EditStep]:
+    """The case's steps with every option `args` asks for (case_request settles them)."""
+    _case, options = case_request(args, chosen_mode)
     return case_steps(
         args.file,
         src.text,
@@ -591,25 +596,7 @@ def _edit_command(args: ApplyArgs, src, chosen_mode: str, refused: Refused) -> s
             target=target,
         )
         try:
-            _case, options = case_request(trial, chosen_mode)
-            case_steps(
-                trial.file,
-                src.text,
-                src.module,
-                trial.case or "",
-                chosen_mode,
-                trial.target,
-                options.flag,
-                options.stream_tag,
-                options.start_gates,
-                options.phase_anchors,
-                options.core_limits,
-                options.second_group,
-                protect=options.protect,
-                assume_pure=options.assume_pure,
-                allow_rng_reorder=options.allow_rng_reorder,
-                extra=options.extra,
-            )
+            _requested_steps(trial, src, chosen_mode)
         except MsrewriteError as exc:
             still = still or str(exc)
             continue
