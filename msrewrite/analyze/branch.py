@@ -57,7 +57,7 @@ from msrewrite.analyze.summaries import (
 )
 from msrewrite.analyze.value_kinds import IMMUTABLE, OBJECT_PREFIX, ValueKinds, is_object
 from msrewrite.analyze.walk import Visitor, walk
-from msrewrite.analyze.wrappers import flattened, wrapping_with
+from msrewrite.analyze.wrappers import flattened, is_transparent, opaque_context, placement, top_level_withs
 from msrewrite.records import record
 
 if TYPE_CHECKING:
@@ -183,31 +183,74 @@ def find_side_branch(
     their arguments. `protect`: a side input the main path may write inside the window is
     snapshot at the fork instead of refusing the move.
 
-    A `with` of a context manager that neither orders nor frees tensors (analyze/wrappers.py)
-    around the whole body is looked through: when the side branch found in its block forks and
-    joins there, that is the branch (the edit goes inside the `with`); else the function is
-    analysed as written."""
+    A top-level `with` of a context manager that neither orders nor frees tensors
+    (analyze/wrappers.py) is looked through: when the side branch found with its block flattened
+    joins inside it, forking inside it or (side work before it) before it, that is the branch (the
+    edit goes into the `with`). Else the function is analysed as written, and when that refuses
+    while a `with` msrewrite cannot see through would hold the join, the refusal names it."""
     args = (positions, is_seed, anchors, phase_anchors, scope, protect)
-    wrapped = wrapping_with(func)
-    if wrapped is None:
+    withs = top_level_withs(func)
+    if not withs:
         return _find_in_body(func, *args)
-    at, node = wrapped
+    inside_reason: NoBranch | None = None
+    for at, node in withs:
+        if not is_transparent(node):
+            continue
+        try:  # side work inside the `with` forks no earlier than its block: it keeps its context
+            branch = _find_in_body(flattened(func, at, node), *args, min_fork=at)
+        except NoBranch as inside:
+            inside_reason = inside_reason or inside
+            continue
+        if _placement(func, at, node, branch, positions) is not None:
+            return branch
     try:
-        branch = _find_in_body(flattened(func, at, node), *args)
-    except NoBranch as inside:
-        try:
-            return _find_in_body(func, *args)
-        except NoBranch as unsplit:  # the reason found inside the `with`, unless the other is not about it
-            raise (inside if "does not split" in str(unsplit) else unsplit) from None
-    facts, span = branch.facts, positions[node]
+        return _find_in_body(func, *args)
+    except NoBranch as unsplit:
+        opaque = _opaque_with_refusal(func, withs, args, positions)
+        if opaque is not None:
+            raise opaque from None
+        if inside_reason is not None and "does not split" in str(unsplit):
+            raise inside_reason from None  # the reason found inside the `with`
+        raise
+
+
+def _placement(
+    func: cst.FunctionDef, at: int, node: cst.With, branch: SideBranch, positions: dict[cst.CSTNode, CodeRange]
+) -> str | None:
+    """wrappers.placement of `branch` (found with the `with` at `at` flattened) against that `with`."""
+    facts = branch.facts
     fork_line = facts[min(branch.fork, len(facts) - 1)].first_line
-    if branch.join < len(facts):
-        join_inside = facts[branch.join].first_line <= span.end.line
-    else:  # the join falls off the function's end: inside when nothing follows the `with`
-        join_inside = at == len(func.body.body) - 1  # type: ignore[union-attr]
-    if fork_line >= span.start.line and join_inside:
-        return branch
-    return _find_in_body(func, *args)  # a join after the `with`: as before
+    join_line = facts[branch.join].first_line if branch.join < len(facts) else None
+    side_lines = [f.first_line for f in branch.statements] + [h.first_line for h in branch.hoists]
+    if any(branch.phases.values()) or (branch.guard is not None and fork_line < positions[node].start.line):
+        return None  # phases and guarded `if`s re-enter the stream at places the `with` would split
+    is_last = at == len(func.body.body) - 1  # type: ignore[union-attr]
+    return placement(node, positions[node], is_last, fork_line, join_line, side_lines)
+
+
+def _opaque_with_refusal(
+    func: cst.FunctionDef, withs: list[tuple[int, cst.With]], args: tuple, positions: dict[cst.CSTNode, CodeRange]
+) -> NoBranch | None:
+    """The refusal naming a `with` msrewrite cannot see through, when the function's side branch
+    found with that `with`'s block flattened would join inside it; else None."""
+    for at, node in withs:
+        if is_transparent(node):
+            continue
+        try:
+            branch = _find_in_body(flattened(func, at, node), *args)
+        except NoBranch:
+            continue
+        facts = branch.facts
+        join_line = facts[branch.join].first_line if branch.join < len(facts) else None
+        span = positions[node]
+        is_last = at == len(func.body.body) - 1  # type: ignore[union-attr]
+        if (join_line is None and is_last) or (join_line is not None and span.start.line < join_line <= span.end.line):
+            return NoBranch(
+                f"the join falls inside `with {opaque_context(node)}:` (line {span.start.line}), a context manager "
+                "msrewrite cannot see through: its enter or exit may order streams or free tensors, so the fork "
+                "and join are not moved into it"
+            )
+    return None
 
 
 def _find_in_body(
@@ -218,7 +261,10 @@ def _find_in_body(
     phase_anchors: tuple[str, ...] | None,
     scope: Scope | None,
     protect: bool,
+    min_fork: int = 0,
 ) -> SideBranch:
+    """The side branch of `func` as written; `min_fork`: the body index the fork goes no earlier
+    than, unless a side statement comes first (not applied with an `if` split: its indices differ)."""
     body = list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else []
     scope = scope or Scope()
     facts = statement_facts(body, positions, scope)
@@ -232,7 +278,9 @@ def _find_in_body(
             "with here; the overlap belongs where it is called"
         )
     try:
-        return _find_side_branch(func, body, facts, positions, is_seed, anchors, phase_anchors, None, scope, protect)
+        return _find_side_branch(
+            func, body, facts, positions, is_seed, anchors, phase_anchors, None, scope, protect, min_fork
+        )
     except NoBranch as unsplit:
         guard = _splittable_if(func, facts, is_seed, scope)
         if guard is None:
@@ -536,9 +584,12 @@ def _find_side_branch(
     guard: Guard | None,
     scope: Scope,
     protect: bool,
+    min_fork: int = 0,
 ) -> SideBranch:
     """The side branch over `facts` (a guarded `if`'s block flattened in when `guard` is set)."""
-    return _Search(func, body, facts, positions, is_seed, anchors, phase_anchors, guard, scope, protect).run()
+    search = _Search(func, body, facts, positions, is_seed, anchors, phase_anchors, guard, scope, protect)
+    search.min_fork = min_fork
+    return search.run()
 
 
 def _exit_line(node: cst.CSTNode, positions: dict[cst.CSTNode, CodeRange]) -> int | None:
@@ -587,6 +638,8 @@ _Unit = tuple[int, set[str], set[str]]
 class _Search:
     """One run of the side-branch analysis of a function: `run` takes the steps in order, each
     a method that computes one part of the branch or refuses it with NoBranch."""
+
+    min_fork = 0  # the fork goes no earlier than this body index (a `with`'s block), side work aside
 
     def __init__(
         self,
@@ -649,6 +702,7 @@ class _Search:
             units, side_idx, hoists, *self._fork_after_state(units, side_idx, side_state, storage, fork, pushed_by)
         )
         fork = self._fork_after_anchors(fork, join, side_idx)
+        fork = max(fork, min(self.min_fork, *side_idx, join))  # a later fork only shortens the window
         self._check_rebound_inputs(units, inputs, side_idx, fork)
         start = min([fork, *side_idx])
         if hoists:
