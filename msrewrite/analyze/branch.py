@@ -115,11 +115,16 @@ class NoBranch(Exception):
 
     `vouch`: the --assume-pure names that lift this refusal (every unseen callee it names has
     one); `clone`: --protect clone lifts it (a snapshot at the fork). The finder tries them to
-    name every blocker of a function in one refusal (cases/_finder.py)."""
+    name every blocker of a function in one refusal (cases/_finder.py). `structural`: the shape
+    of the function refuses it whatever callees do (nothing to overlap, a `with` msrewrite cannot
+    see through): no option lifts it, and vouching for callees cannot either, so the finder
+    names it alone."""
 
-    def __init__(self, message: str = "", vouch: tuple[str, ...] = (), clone: bool = False) -> None:
+    def __init__(
+        self, message: str = "", vouch: tuple[str, ...] = (), clone: bool = False, structural: bool = False
+    ) -> None:
         super().__init__(message)
-        self.vouch, self.clone = vouch, clone
+        self.vouch, self.clone, self.structural = vouch, clone, structural
 
 
 def vouch_for(callees: list[str]) -> tuple[str, ...]:
@@ -248,7 +253,8 @@ def _opaque_with_refusal(
             return NoBranch(
                 f"the join falls inside `with {opaque_context(node)}:` (line {span.start.line}), a context manager "
                 "msrewrite cannot see through: its enter or exit may order streams or free tensors, so the fork "
-                "and join are not moved into it"
+                "and join are not moved into it",
+                structural=True,
             )
     return None
 
@@ -275,7 +281,8 @@ def _find_in_body(
         side = ", ".join(f"self.{c}" for c in dict.fromkeys(calls))
         raise NoBranch(
             f"{func.name.value}() calls no submodule besides the side work ({side}): nothing to overlap it "
-            "with here; the overlap belongs where it is called"
+            "with here; the overlap belongs where it is called",
+            structural=True,
         )
     try:
         return _find_side_branch(
@@ -305,7 +312,10 @@ def _find_in_body(
         except NoBranch as split:
             if "does not split" in str(unsplit) or "conditional inside the join" in str(unsplit):
                 raise NoBranch(
-                    f"{split} (with the `if` at line {guard.line} split)", vouch=split.vouch, clone=split.clone
+                    f"{split} (with the `if` at line {guard.line} split)",
+                    vouch=split.vouch,
+                    clone=split.clone,
+                    structural=split.structural,
                 ) from None
             raise unsplit from None
 
@@ -1421,7 +1431,13 @@ class _Search:
                     vouch = vouch_for(unseen)
                     why += f"; pass {_vouch_options(unseen)} if {'it does' if len(unseen) == 1 else 'they do'} not"
                 why += ")"
-        return NoBranch(f"no main-path work between the fork and the join: nothing to overlap{why}", vouch=vouch)
+        # the fork pushed by a callee that may write: vouching for it may widen the window; else
+        # vouching only ever moves the fork earlier, and no main work is there to overlap either way
+        return NoBranch(
+            f"no main-path work between the fork and the join: nothing to overlap{why}",
+            vouch=vouch,
+            structural=not vouch and not (pushed_by is not None and pushed_by[0] + 1 == fork),
+        )
 
     def _check_side_writes(
         self,

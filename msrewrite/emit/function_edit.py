@@ -226,12 +226,9 @@ def _check_function(module: cst.Module, func: cst.FunctionDef, plan: OverlapPlan
         raise NothingToDo(f"{plan.function} already runs its side branch on a side stream")
     if not isinstance(func.body, cst.IndentedBlock):
         raise BadInput(f"{plan.function}: a one-line function body cannot be split")
-    compiled = frameworks.fullgraph_region(module, plan.function, text)
+    compiled = frameworks.fullgraph_refusal(module, plan.function, text)
     if compiled is not None:
-        raise BadInput(
-            f"{plan.function} runs inside a torch.compile fullgraph region ({compiled}): stream code there "
-            "would be traced into the graph; vLLM keeps its own stream code inside a custom op"
-        )
+        raise BadInput(compiled)
 
 
 # What the lines say ------------------------------------------------------------------------------
