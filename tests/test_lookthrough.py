@@ -186,8 +186,8 @@ def test_other_context_managers_keep_the_refusal(tmp_path, context):
     path = with_model(tmp_path, "other", context)
     with pytest.raises(NothingToDo) as refused:
         edit(path)
-    # named: the join would fall inside it
-    assert f"the join falls inside `with {context}:` (line 16), a context manager msrewrite cannot see through" in str(
+    # named: the side work cannot leave it, and no join goes into it
+    assert f"the side call sits inside `with {context}:` (line 16), a context manager msrewrite cannot see" in str(
         refused.value
     ), str(refused.value)
 

@@ -144,12 +144,22 @@ def test_side_work_before_a_mode_context_is_not_moved_into_it(tmp_path, context)
     assert "nothing to overlap" in why, why
 
 
-@pytest.mark.parametrize("context", ["sp_ctx", "self._sequence_parallel_context()", "torch.random.fork_rng()"])
-def test_a_join_inside_another_context_manager_is_refused_naming_it(tmp_path, context):
+OPAQUE_CONTEXTS = ["sp_ctx", "self._sequence_parallel_context()", "torch.random.fork_rng()"]
+
+
+@pytest.mark.parametrize("context", OPAQUE_CONTEXTS)
+def test_side_work_inside_another_context_manager_is_refused_naming_it(tmp_path, context):
     forward = INSIDE.replace("CONTEXT", context).replace("def forward(self, x):", "def forward(self, x, sp_ctx=None):")
     why = refusal(write(tmp_path, "opaque", forward))
-    assert f"the join falls inside `with {context}:` (line 27), a context manager msrewrite cannot see" in why, why
+    assert f"the side call sits inside `with {context}:` (line 27), a context manager msrewrite cannot see" in why, why
     assert "--assume-pure" not in why
+
+
+@pytest.mark.parametrize("context", OPAQUE_CONTEXTS)
+def test_a_join_inside_another_context_manager_is_refused_naming_it(tmp_path, context):
+    forward = BEFORE.replace("CONTEXT", context).replace("def forward(self, x):", "def forward(self, x, sp_ctx=None):")
+    why = refusal(write(tmp_path, "opaque", forward))
+    assert f"the join falls inside `with {context}:` (line 27), a context manager msrewrite cannot see" in why, why
 
 
 @pytest.mark.slow  # runs verify
@@ -345,3 +355,32 @@ def test_outside_the_compiled_region_the_vouched_edit_verifies(tmp_path):
     )[-1]
     result = verify(tmp_path, path, step.new)
     assert result.ok and not result.findings, result.problems
+
+
+def test_a_context_manager_no_option_lifts_is_refused_alone(tmp_path):
+    """The shared expert's SideAct may write x (an --assume-pure refusal), but the side work sits
+    inside `with sp_ctx:` with the routed work: that alone is named, with no callee to vouch for."""
+    path = tmp_path / "opaque_with.py"
+    path.write_text(
+        OPAQUE_SIDE.replace("@support_torch_compile\n", "").replace(
+            """    def forward(self, x):
+        shared = self.shared_experts(x)
+        y = self.experts(x)
+        return y + shared
+""",
+            """    def forward(self, x, sp_ctx=None):
+        h = self.experts(x)
+        with sp_ctx:
+            shared = self.shared_experts(x)
+            y = self.experts(h)
+            out = y + shared
+        return out
+""",
+        )
+    )
+    error = apply_error(path)
+    assert error.endswith(
+        "Block.forward: the side call sits inside `with sp_ctx:` (line 35), a context manager msrewrite cannot see "
+        "through: its enter or exit may order streams or free tensors, so the side work is not moved out of it nor a "
+        "fork and join into it"
+    ), error

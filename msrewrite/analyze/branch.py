@@ -236,24 +236,34 @@ def _placement(
 def _opaque_with_refusal(
     func: cst.FunctionDef, withs: list[tuple[int, cst.With]], args: tuple, positions: dict[cst.CSTNode, CodeRange]
 ) -> NoBranch | None:
-    """The refusal naming a `with` msrewrite cannot see through, when the function's side branch
-    found with that `with`'s block flattened would join inside it; else None."""
+    """The refusal naming a `with` msrewrite cannot see through, when it holds side calls and main
+    work (the side work can move neither out of it nor with a fork and join inside it), or when the side branch found
+    with its block flattened would join inside it; else None."""
+    is_seed = args[1]
     for at, node in withs:
         if is_transparent(node):
             continue
+        span = positions[node]
+        named = (
+            f"`with {opaque_context(node)}:` (line {span.start.line}), a context manager msrewrite cannot see through"
+        )
+        if has_seed(node, is_seed) and _main_work(is_seed)(node):
+            return NoBranch(
+                f"the side call sits inside {named}: its enter or exit may order streams or free tensors, so "
+                "the side work is not moved out of it nor a fork and join into it",
+                structural=True,
+            )
         try:
             branch = _find_in_body(flattened(func, at, node), *args)
         except NoBranch:
             continue
         facts = branch.facts
         join_line = facts[branch.join].first_line if branch.join < len(facts) else None
-        span = positions[node]
         is_last = at == len(func.body.body) - 1  # type: ignore[union-attr]
         if (join_line is None and is_last) or (join_line is not None and span.start.line < join_line <= span.end.line):
             return NoBranch(
-                f"the join falls inside `with {opaque_context(node)}:` (line {span.start.line}), a context manager "
-                "msrewrite cannot see through: its enter or exit may order streams or free tensors, so the fork "
-                "and join are not moved into it",
+                f"the join falls inside {named}: its enter or exit may order streams or free tensors, so the "
+                "join is not moved into it",
                 structural=True,
             )
     return None
