@@ -5,7 +5,7 @@
   a value that writes its input, or one msrewrite cannot see into, is still refused;
 - a `with` of a context manager that neither orders nor frees tensors (torch.autocast, no_grad,
   inference_mode, amp.autocast, cuda.amp.autocast, profiler.record_function) around the whole body,
-  fork and join inside, is edited inside it; any other context manager is refused as before.
+  fork and join inside, is edited inside it; any other context manager is refused naming it.
 
 The edited ones run through verify (slow); the refusals are the analysis alone.
 """
@@ -186,7 +186,10 @@ def test_other_context_managers_keep_the_refusal(tmp_path, context):
     path = with_model(tmp_path, "other", context)
     with pytest.raises(NothingToDo) as refused:
         edit(path)
-    assert "the side-branch call sits inside a `with` block that also does other work" in str(refused.value)
+    # named: the side work cannot leave it, and no join goes into it
+    assert f"the side call sits inside `with {context}:` (line 16), a context manager msrewrite cannot see" in str(
+        refused.value
+    ), str(refused.value)
 
 
 def test_join_after_the_with_keeps_the_refusal(tmp_path):

@@ -57,7 +57,7 @@ from msrewrite.analyze.summaries import (
 )
 from msrewrite.analyze.value_kinds import IMMUTABLE, OBJECT_PREFIX, ValueKinds, is_object
 from msrewrite.analyze.walk import Visitor, walk
-from msrewrite.analyze.wrappers import flattened, wrapping_with
+from msrewrite.analyze.wrappers import flattened, is_transparent, opaque_context, placement, top_level_withs
 from msrewrite.records import record
 
 if TYPE_CHECKING:
@@ -115,11 +115,16 @@ class NoBranch(Exception):
 
     `vouch`: the --assume-pure names that lift this refusal (every unseen callee it names has
     one); `clone`: --protect clone lifts it (a snapshot at the fork). The finder tries them to
-    name every blocker of a function in one refusal (cases/_finder.py)."""
+    name every blocker of a function in one refusal (cases/_finder.py). `structural`: the shape
+    of the function refuses it whatever callees do (nothing to overlap, a `with` msrewrite cannot
+    see through): no option lifts it, and vouching for callees cannot either, so the finder
+    names it alone."""
 
-    def __init__(self, message: str = "", vouch: tuple[str, ...] = (), clone: bool = False) -> None:
+    def __init__(
+        self, message: str = "", vouch: tuple[str, ...] = (), clone: bool = False, structural: bool = False
+    ) -> None:
         super().__init__(message)
-        self.vouch, self.clone = vouch, clone
+        self.vouch, self.clone, self.structural = vouch, clone, structural
 
 
 def vouch_for(callees: list[str]) -> tuple[str, ...]:
@@ -183,31 +188,85 @@ def find_side_branch(
     their arguments. `protect`: a side input the main path may write inside the window is
     snapshot at the fork instead of refusing the move.
 
-    A `with` of a context manager that neither orders nor frees tensors (analyze/wrappers.py)
-    around the whole body is looked through: when the side branch found in its block forks and
-    joins there, that is the branch (the edit goes inside the `with`); else the function is
-    analysed as written."""
+    A top-level `with` of a context manager that neither orders nor frees tensors
+    (analyze/wrappers.py) is looked through: when the side branch found with its block flattened
+    joins inside it, forking inside it or (side work before it) before it, that is the branch (the
+    edit goes into the `with`). Else the function is analysed as written, and when that refuses
+    while a `with` msrewrite cannot see through would hold the join, the refusal names it."""
     args = (positions, is_seed, anchors, phase_anchors, scope, protect)
-    wrapped = wrapping_with(func)
-    if wrapped is None:
+    withs = top_level_withs(func)
+    if not withs:
         return _find_in_body(func, *args)
-    at, node = wrapped
+    inside_reason: NoBranch | None = None
+    for at, node in withs:
+        if not is_transparent(node):
+            continue
+        try:  # side work inside the `with` forks no earlier than its block: it keeps its context
+            branch = _find_in_body(flattened(func, at, node), *args, min_fork=at)
+        except NoBranch as inside:
+            inside_reason = inside_reason or inside
+            continue
+        if _placement(func, at, node, branch, positions) is not None:
+            return branch
     try:
-        branch = _find_in_body(flattened(func, at, node), *args)
-    except NoBranch as inside:
-        try:
-            return _find_in_body(func, *args)
-        except NoBranch as unsplit:  # the reason found inside the `with`, unless the other is not about it
-            raise (inside if "does not split" in str(unsplit) else unsplit) from None
-    facts, span = branch.facts, positions[node]
+        return _find_in_body(func, *args)
+    except NoBranch as unsplit:
+        opaque = _opaque_with_refusal(func, withs, args, positions)
+        if opaque is not None:
+            raise opaque from None
+        if inside_reason is not None and "does not split" in str(unsplit):
+            raise inside_reason from None  # the reason found inside the `with`
+        raise
+
+
+def _placement(
+    func: cst.FunctionDef, at: int, node: cst.With, branch: SideBranch, positions: dict[cst.CSTNode, CodeRange]
+) -> str | None:
+    """wrappers.placement of `branch` (found with the `with` at `at` flattened) against that `with`."""
+    facts = branch.facts
     fork_line = facts[min(branch.fork, len(facts) - 1)].first_line
-    if branch.join < len(facts):
-        join_inside = facts[branch.join].first_line <= span.end.line
-    else:  # the join falls off the function's end: inside when nothing follows the `with`
-        join_inside = at == len(func.body.body) - 1  # type: ignore[union-attr]
-    if fork_line >= span.start.line and join_inside:
-        return branch
-    return _find_in_body(func, *args)  # a join after the `with`: as before
+    join_line = facts[branch.join].first_line if branch.join < len(facts) else None
+    side_lines = [f.first_line for f in branch.statements] + [h.first_line for h in branch.hoists]
+    if any(branch.phases.values()) or (branch.guard is not None and fork_line < positions[node].start.line):
+        return None  # phases and guarded `if`s re-enter the stream at places the `with` would split
+    is_last = at == len(func.body.body) - 1  # type: ignore[union-attr]
+    return placement(node, positions[node], is_last, fork_line, join_line, side_lines)
+
+
+def _opaque_with_refusal(
+    func: cst.FunctionDef, withs: list[tuple[int, cst.With]], args: tuple, positions: dict[cst.CSTNode, CodeRange]
+) -> NoBranch | None:
+    """The refusal naming a `with` msrewrite cannot see through, when it holds side calls and main
+    work (the side work can move neither out of it nor with a fork and join inside it), or when the side branch found
+    with its block flattened would join inside it; else None."""
+    is_seed = args[1]
+    for at, node in withs:
+        if is_transparent(node):
+            continue
+        span = positions[node]
+        named = (
+            f"`with {opaque_context(node)}:` (line {span.start.line}), a context manager msrewrite cannot see through"
+        )
+        if has_seed(node, is_seed) and _main_work(is_seed)(node):
+            return NoBranch(
+                f"the side call sits inside {named}: its enter or exit may order streams or free tensors, so "
+                "the side work is not moved out of it nor a fork and join into it",
+                structural=True,
+            )
+        try:
+            branch = _find_in_body(flattened(func, at, node), *args)
+        except NoBranch:
+            continue
+        facts = branch.facts
+        join_line = facts[branch.join].first_line if branch.join < len(facts) else None
+        is_last = at == len(func.body.body) - 1  # type: ignore[union-attr]
+        if (join_line is None and is_last) or (join_line is not None and span.start.line < join_line <= span.end.line):
+            return NoBranch(
+                f"the join falls inside {named}: its enter or exit may order streams or free tensors, so the "
+                "join is not moved into it",
+                structural=True,
+            )
+    return None
 
 
 def _find_in_body(
@@ -218,7 +277,10 @@ def _find_in_body(
     phase_anchors: tuple[str, ...] | None,
     scope: Scope | None,
     protect: bool,
+    min_fork: int = 0,
 ) -> SideBranch:
+    """The side branch of `func` as written; `min_fork`: the body index the fork goes no earlier
+    than, unless a side statement comes first (not applied with an `if` split: its indices differ)."""
     body = list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else []
     scope = scope or Scope()
     facts = statement_facts(body, positions, scope)
@@ -229,10 +291,13 @@ def _find_in_body(
         side = ", ".join(f"self.{c}" for c in dict.fromkeys(calls))
         raise NoBranch(
             f"{func.name.value}() calls no submodule besides the side work ({side}): nothing to overlap it "
-            "with here; the overlap belongs where it is called"
+            "with here; the overlap belongs where it is called",
+            structural=True,
         )
     try:
-        return _find_side_branch(func, body, facts, positions, is_seed, anchors, phase_anchors, None, scope, protect)
+        return _find_side_branch(
+            func, body, facts, positions, is_seed, anchors, phase_anchors, None, scope, protect, min_fork
+        )
     except NoBranch as unsplit:
         guard = _splittable_if(func, facts, is_seed, scope)
         if guard is None:
@@ -257,7 +322,10 @@ def _find_in_body(
         except NoBranch as split:
             if "does not split" in str(unsplit) or "conditional inside the join" in str(unsplit):
                 raise NoBranch(
-                    f"{split} (with the `if` at line {guard.line} split)", vouch=split.vouch, clone=split.clone
+                    f"{split} (with the `if` at line {guard.line} split)",
+                    vouch=split.vouch,
+                    clone=split.clone,
+                    structural=split.structural,
                 ) from None
             raise unsplit from None
 
@@ -536,9 +604,12 @@ def _find_side_branch(
     guard: Guard | None,
     scope: Scope,
     protect: bool,
+    min_fork: int = 0,
 ) -> SideBranch:
     """The side branch over `facts` (a guarded `if`'s block flattened in when `guard` is set)."""
-    return _Search(func, body, facts, positions, is_seed, anchors, phase_anchors, guard, scope, protect).run()
+    search = _Search(func, body, facts, positions, is_seed, anchors, phase_anchors, guard, scope, protect)
+    search.min_fork = min_fork
+    return search.run()
 
 
 def _exit_line(node: cst.CSTNode, positions: dict[cst.CSTNode, CodeRange]) -> int | None:
@@ -587,6 +658,8 @@ _Unit = tuple[int, set[str], set[str]]
 class _Search:
     """One run of the side-branch analysis of a function: `run` takes the steps in order, each
     a method that computes one part of the branch or refuses it with NoBranch."""
+
+    min_fork = 0  # the fork goes no earlier than this body index (a `with`'s block), side work aside
 
     def __init__(
         self,
@@ -649,6 +722,7 @@ class _Search:
             units, side_idx, hoists, *self._fork_after_state(units, side_idx, side_state, storage, fork, pushed_by)
         )
         fork = self._fork_after_anchors(fork, join, side_idx)
+        fork = max(fork, min(self.min_fork, *side_idx, join))  # a later fork only shortens the window
         self._check_rebound_inputs(units, inputs, side_idx, fork)
         start = min([fork, *side_idx])
         if hoists:
@@ -1367,7 +1441,13 @@ class _Search:
                     vouch = vouch_for(unseen)
                     why += f"; pass {_vouch_options(unseen)} if {'it does' if len(unseen) == 1 else 'they do'} not"
                 why += ")"
-        return NoBranch(f"no main-path work between the fork and the join: nothing to overlap{why}", vouch=vouch)
+        # the fork pushed by a callee that may write: vouching for it may widen the window; else
+        # vouching only ever moves the fork earlier, and no main work is there to overlap either way
+        return NoBranch(
+            f"no main-path work between the fork and the join: nothing to overlap{why}",
+            vouch=vouch,
+            structural=not vouch and not (pushed_by is not None and pushed_by[0] + 1 == fork),
+        )
 
     def _check_side_writes(
         self,

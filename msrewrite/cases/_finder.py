@@ -15,6 +15,7 @@ from msrewrite.analyze.branch import NoBranch, SideBranch, find_side_branch, has
 from msrewrite.analyze.budget import OverBudget, function_budget
 from msrewrite.analyze.defuse import dotted_name
 from msrewrite.analyze.outline import already_applied, iter_functions
+from msrewrite.analyze.platforms import module_platform_names, other_platform_blocks, outside
 from msrewrite.analyze.positions import parsed_tree, positions_for, self_calls
 from msrewrite.analyze.seeds import (
     Helpers,
@@ -29,6 +30,7 @@ from msrewrite.analyze.seeds import (
 )
 from msrewrite.analyze.summaries import ModuleSummaries
 from msrewrite.analyze.walk import Visitor
+from msrewrite.emit.frameworks import fullgraph_refusal
 from msrewrite.emit.templates import code_of, strip_leading
 from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement, StartGate, snapshots
 from msrewrite.records import record
@@ -172,6 +174,7 @@ class _CallFinder:
             module, branch.is_seed if branch is not None else case.is_seed, self.calls, source
         )
         self.summaries = ModuleSummaries(module, options.assume_pure, path=path)
+        self._platform_names: dict[str, str] | None = None
 
     def targets(self) -> list[Target]:
         targets = []
@@ -209,10 +212,18 @@ class _CallFinder:
         case, options, branch = self.case, self.options, self.branch
         if already_applied(func, marker=branch_marker(case.name, branch)):
             return Target(name, applied=True, reason="already applied")
+        # a refusal no option lifts comes first and alone: nothing else about the function matters
+        compiled = fullgraph_refusal(self.module, name, self.text)
+        if compiled is not None:
+            return Target(name, reason=compiled)
         # msrewrite's own stream code (a branch done before) is not counted
-        func_calls = calls_in(func)
+        # stream code only in another platform's branch (`if _is_npu:` for a CUDA edit) is not
+        # an overlap of this platform's path (analyze/platforms.py)
+        func_calls = self._this_platform(func, calls_in(func))
         existing = stream_calls(func, func_calls) or [
-            c for other in self.seeds_of.stream_siblings(name, cls, func) for c in stream_calls(other)
+            c
+            for other in self.seeds_of.stream_siblings(name, cls, func)
+            for c in stream_calls(other, self._this_platform(other, calls_in(other)))
         ]
         if existing:
             return Target(name, reason=_already_overlapped(most_telling(existing), cls, func))
@@ -233,6 +244,13 @@ class _CallFinder:
                 stream_tag=branch.stream_tag, case_branch=branch.name, summary=f"{branch.what}: {plan.summary}"
             )
         return Target(name, plan=plan)
+
+    def _this_platform(self, func: cst.FunctionDef, calls: list[cst.Call]) -> list[cst.Call]:
+        """`calls` (made in `func`) less those in blocks that never run on the edit's platform."""
+        if self._platform_names is None:
+            self._platform_names = module_platform_names(self.module)
+        blocks = other_platform_blocks(func, self.options.mode, self._platform_names)
+        return outside(calls, blocks) if blocks else calls
 
     def _side_branch(self, name, func, cls, is_seed, positions, summaries: ModuleSummaries, protect: bool):
         """The function's side branch with these summaries (its --assume-pure names) and --protect,
@@ -258,7 +276,8 @@ class _CallFinder:
         analysed again, so that one run names them all, not one per run. It says what is still
         refused at the end, or that with all of them the analysis lets the function through (it
         made the plan). The rounds share one analysis budget: a refusal costs at most twice the
-        analysis of the function."""
+        analysis of the function. A structural refusal met in a later round (nothing to overlap)
+        is named alone: no option lifts it, so the earlier ones would only cost a review."""
         reasons, vouched, clone = [str(first)], list(self.options.assume_pure), False
         protect = snapshots(self.options.protect, self.options.start_gates)
         exc: NoBranch | OverBudget = first
@@ -277,6 +296,9 @@ class _CallFinder:
                         summaries = ModuleSummaries(self.module, tuple(vouched), path=self.path)
                     self._side_branch(name, func, cls, is_seed, positions, summaries, protect)
                 except (NoBranch, OverBudget) as again:
+                    if isinstance(again, NoBranch) and again.structural:
+                        # the function's shape refuses it whatever callees do: that alone, no options
+                        return Target(name, reason=str(again))
                     exc = again
                     reasons.append(str(again))
                     if isinstance(again, OverBudget):

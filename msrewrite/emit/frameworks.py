@@ -251,6 +251,17 @@ def _built_classes(cls: cst.ClassDef, classes: set[str]) -> set[str]:
     return found
 
 
+def fullgraph_refusal(module: cst.Module, qualified: str, text: str | None = None) -> str | None:
+    """Why no stream code can go into `qualified`: it runs inside a fullgraph compile; else None."""
+    compiled = fullgraph_region(module, qualified, text)
+    if compiled is None:
+        return None
+    return (
+        f"{qualified} runs inside a torch.compile fullgraph region ({compiled}): stream code there "
+        "would be traced into the graph; vLLM keeps its own stream code inside a custom op"
+    )
+
+
 def fullgraph_region(module: cst.Module, qualified: str, text: str | None = None) -> str | None:
     """How `qualified` ("Class.method" or "function") runs inside a fullgraph compile, else None.
     A class is inside when a compiled class constructs it, directly or through other classes of the

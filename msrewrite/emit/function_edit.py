@@ -43,7 +43,7 @@ from msrewrite.analyze.outline import (
 )
 from msrewrite.analyze.outline import unique_name as _unique
 from msrewrite.analyze.value_kinds import TENSOR, ValueKinds
-from msrewrite.analyze.wrappers import flattened, rewrapped, wrapping_with
+from msrewrite.analyze.wrappers import flattened, is_transparent, placement, rewrapped, top_level_withs
 from msrewrite.emit import frameworks
 from msrewrite.emit.constructor import extend_init
 from msrewrite.emit.locate import Layout, layout, locate
@@ -99,10 +99,11 @@ class PlannedEdit:
     # Main calls hoisted out of the join statement (plan.main_hoists): the assignments that open the
     # flag-on branch of the join block (at `window[1]`), the very nodes; main work of the window.
     main_hoisted: tuple[cst.BaseStatement, ...] = ()
-    # A `with` around the whole body that the edit went inside (analyze/wrappers.py): (its index,
-    # the `with`, the statements after it); new_func and the indices above are those of the body
-    # with the `with`'s block in its place, and unwrapped_edit puts it back.
-    wrapped: tuple[int, cst.With, tuple[cst.BaseStatement, ...]] | None = None
+    # A top-level `with` that the edit's join went inside (analyze/wrappers.py): (its index, the
+    # `with`, the statements after it, and the first statement of its block in new_func when the
+    # fork went before it, else None: the block starts at the same index); new_func and the indices
+    # above are those of the body with the `with`'s block in its place, and unwrapped_edit puts it back.
+    wrapped: tuple[int, cst.With, tuple[cst.BaseStatement, ...], cst.BaseStatement | None] | None = None
 
 
 @record
@@ -147,7 +148,7 @@ def plan_edit(
     func = located.func
     _check_function(module, func, plan, text)
     wrapped = _wrapping_both(func, positions, plan)
-    work = flattened(func, *wrapped) if wrapped is not None else func
+    work = flattened(func, *wrapped[:2]) if wrapped is not None else func
     where = layout(work, positions, plan)
     e = _prepare(module, work, located.cls, where, positions, plan, words)
     phase_nodes, hoist_assigns = _side_statements(e)
@@ -156,7 +157,14 @@ def plan_edit(
     runs = _runs(where, plan)
     fork_block, prelude = _fork_block(e, side_nodes, runs)
     join_block, join_stmt, main_assigns = _join_block(e, runs, hoist_assigns)
-    built = _Assembly(e, runs, prelude, fork_block, join_block, join_stmt, phase_blocks, phase_issued).build()
+    with_at = wrapped[0] if wrapped is not None and wrapped[2] == "before" else None
+    if with_at is not None and e.em.main_limit:
+        raise BadInput(
+            f"{plan.function}: the side work runs before a `with` that holds the join; a core limit around "
+            "the window would cross its edge"
+        )
+    assembly = _Assembly(e, runs, prelude, fork_block, join_block, join_stmt, phase_blocks, phase_issued, with_at)
+    built = assembly.build()
     new_func = work.with_changes(body=work.body.with_changes(body=built.body))
     new_init = extend_init(e.init, e.em.init_lines, plan, e.names.stream_attr)
     edit = PlannedEdit(
@@ -175,24 +183,30 @@ def plan_edit(
         tuple(main_assigns),
     )
     if wrapped is not None:
-        at, node = wrapped
-        assert isinstance(func.body, cst.IndentedBlock)  # wrapping_with found a `with` in it
-        edit.wrapped = (at, node, tuple(func.body.body[at + 1 :]))
+        at, node, _how = wrapped
+        assert isinstance(func.body, cst.IndentedBlock)  # top_level_withs found a `with` in it
+        first = built.body[assembly.with_start] if assembly.with_start is not None else None
+        edit.wrapped = (at, node, tuple(func.body.body[at + 1 :]), first)
     return edit
 
 
-def _wrapping_both(func: cst.FunctionDef, positions, plan: OverlapPlan) -> tuple[int, cst.With] | None:
-    """The `with` around the whole body (analyze/wrappers.py) when it holds the plan's fork and
-    join: the edit then goes inside it."""
-    wrapped = wrapping_with(func)
-    if wrapped is None:
-        return None
-    at, node = wrapped
-    span = positions[node]
+def _wrapping_both(func: cst.FunctionDef, positions, plan: OverlapPlan) -> tuple[int, cst.With, str] | None:
+    """The top-level `with` (analyze/wrappers.py) that holds the plan's join, with how the edit
+    stands to it ("inside": the fork in it too; "before": the side work and the fork before it).
+    The edit then goes into it."""
     body = func.body.body  # type: ignore[union-attr]
-    falls_off = plan.join_line == positions[body[-1]].end.line + 1 and at == len(body) - 1
-    if span.start.line < plan.fork_line <= span.end.line and (plan.join_line <= span.end.line or falls_off):
-        return wrapped
+    falls_off = plan.join_line == positions[body[-1]].end.line + 1
+    side_lines = [s.first_line for s in plan.side]
+    for at, node in top_level_withs(func):
+        if not is_transparent(node):
+            continue
+        is_last = at == len(body) - 1
+        join_line = None if falls_off else plan.join_line
+        how = placement(node, positions[node], is_last, plan.fork_line, join_line, side_lines)
+        if how == "before" and (plan.phase_anchors or plan.guard):
+            continue
+        if how is not None:
+            return at, node, how
     return None
 
 
@@ -201,7 +215,10 @@ def unwrapped_edit(edit: PlannedEdit) -> cst.FunctionDef:
     edited block (schedule variants work on the flattened body before this)."""
     if edit.wrapped is None:
         return edit.new_func
-    at, node, after = edit.wrapped
+    at, node, after, first = edit.wrapped
+    if first is not None:  # the fork went before the `with`: its block starts at this very node
+        body = edit.new_func.body.body  # type: ignore[union-attr]
+        at = next(k for k, stmt in enumerate(body) if stmt is first)
     return rewrapped(edit.new_func, at, node, list(after))
 
 
@@ -210,12 +227,9 @@ def _check_function(module: cst.Module, func: cst.FunctionDef, plan: OverlapPlan
         raise NothingToDo(f"{plan.function} already runs its side branch on a side stream")
     if not isinstance(func.body, cst.IndentedBlock):
         raise BadInput(f"{plan.function}: a one-line function body cannot be split")
-    compiled = frameworks.fullgraph_region(module, plan.function, text)
+    compiled = frameworks.fullgraph_refusal(module, plan.function, text)
     if compiled is not None:
-        raise BadInput(
-            f"{plan.function} runs inside a torch.compile fullgraph region ({compiled}): stream code there "
-            "would be traced into the graph; vLLM keeps its own stream code inside a custom op"
-        )
+        raise BadInput(compiled)
 
 
 # What the lines say ------------------------------------------------------------------------------
@@ -629,8 +643,13 @@ class _Assembly:
     """The new function body: the original statements with the fork, join, off-path and phase
     blocks in their places, and where each of them went."""
 
-    def __init__(self, e: _Edit, runs: _Runs, prelude, fork_block, join_block, join_stmt, phase_blocks, phase_issued):
+    def __init__(
+        self, e: _Edit, runs: _Runs, prelude, fork_block, join_block, join_stmt, phase_blocks, phase_issued, with_at
+    ):
         self.e, self.runs, self.prelude, self.fork_block = e, runs, prelude, fork_block
+        # the index of a `with`'s first statement (the fork before it), and where it went in `new`
+        self.with_at: int | None = with_at
+        self.with_start: int | None = None
         self.join_block, self.join_stmt = join_block, join_stmt
         self.phase_blocks, self.phase_issued = phase_blocks, phase_issued
         self.body = list(e.where.body)  # a statement the prelude goes before loses its leading lines here
@@ -650,6 +669,8 @@ class _Assembly:
                 self.block_end = len(self.new)
             if i == where.join:
                 self._wrap_window()
+            if i == self.with_at:
+                self.with_start = len(self.new)
             self._statement(i, stmt)
         block_end = len(self.new) if self.block_end is None else self.block_end
         if where.join == len(self.body):

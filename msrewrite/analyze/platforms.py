@@ -1,0 +1,170 @@
+"""Code of a function that never runs on the platform an edit is for.
+
+Serving frameworks keep one function for every platform and branch on platform tests: SGLang's
+`_is_npu` / `is_npu()` / `_is_cuda`, vLLM's `current_platform.is_npu()`. Stream code that sits only
+in a branch of another platform (an NPU overlap under `if _is_npu:`) is not an overlap of the
+path the edit is for, so it does not make the function "already overlapped" there.
+
+Conservative: only the tests below count, as written: a module-level name bound once to one of the
+helper calls (`_is_npu = is_npu()`), the call itself, `X and Y` with one of them a test, and a local
+bound once at the function's top level to such a test (`enable_npu_dual_stream = _is_npu and ...`).
+The body of `if <npu test>:` (and the `else:` of `if not <npu test>:`) never runs for a CUDA edit;
+for an NPU edit, the body of `if <cuda test>:` (CUDA, ROCm) and of `if not <npu test>:` (and the
+`else:` of `if <npu test>:`) never run.
+The CUDA side has no `not`: `not is_cuda()` still holds on ROCm, where torch.cuda streams run too.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from msrewrite.analyze.torch_effects import dotted
+from msrewrite.analyze.walk import Visitor, walk
+
+
+def _nodes(node: cst.CSTNode, kind: type) -> list:
+    """Every node of `kind` in `node`, itself included."""
+    found: list = []
+
+    class Collect(Visitor):
+        def on_visit(self, n: cst.CSTNode) -> bool:
+            if isinstance(n, kind):
+                found.append(n)
+            return True
+
+    walk(node, Collect())
+    return found
+
+
+# helper callee -> the platform it tests for
+_HELPERS = {
+    "is_npu": "npu",
+    "current_platform.is_npu": "npu",
+    "is_cuda": "cuda",
+    "is_cuda_alike": "cuda",
+    "current_platform.is_cuda": "cuda",
+    "current_platform.is_cuda_alike": "cuda",
+    "is_hip": "cuda",  # ROCm runs the torch.cuda stream API
+    "current_platform.is_rocm": "cuda",
+}
+
+
+def platform_of(mode: str) -> str:
+    """The device family an edit in `mode` runs on: "cuda" (torch.cuda, also ROCm) or "npu"."""
+    return "cuda" if mode == "cuda" else "npu"
+
+
+def _helper_platform(expr: cst.BaseExpression) -> str | None:
+    if isinstance(expr, cst.Call) and not expr.args:
+        return _HELPERS.get(dotted(expr.func) or "")
+    return None
+
+
+def module_platform_names(module: cst.Module) -> dict[str, str]:
+    """Module-level names bound exactly once, to a platform helper call (`_is_npu = is_npu()`)."""
+    bound: dict[str, list[str | None]] = {}
+    for stmt in module.body:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            if isinstance(small, cst.Assign):
+                for target in small.targets:
+                    if isinstance(target.target, cst.Name):
+                        bound.setdefault(target.target.value, []).append(_helper_platform(small.value))
+    # a name bound anywhere else (a function's `global`, a nested block) is not counted: only
+    # top-level simple statements are read, and a second binding there drops it
+    return {name: kinds[0] for name, kinds in bound.items() if len(kinds) == 1 and kinds[0] is not None}
+
+
+def _test_platform(expr: cst.BaseExpression, names: dict[str, str]) -> str | None:
+    """The platform `expr` being true implies, or None."""
+    if isinstance(expr, cst.Name):
+        return names.get(expr.value)
+    if isinstance(expr, cst.BooleanOperation) and isinstance(expr.operator, cst.And):
+        return _test_platform(expr.left, names) or _test_platform(expr.right, names)
+    return _helper_platform(expr)
+
+
+def _stores(func: cst.FunctionDef) -> dict[str, int]:
+    """How many times each name is bound in `func` (assignments, loops, `with ... as`, walrus, imports)."""
+    counts: dict[str, int] = {}
+
+    def add(target: cst.CSTNode) -> None:
+        for node in _nodes(target, cst.Name):
+            counts[node.value] = counts.get(node.value, 0) + 1
+
+    class Stores(Visitor):
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            add(node.target)
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            add(node.target)
+
+        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+            add(node.target)
+
+        def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+            add(node.target)
+
+        def visit_For(self, node: cst.For) -> None:
+            add(node.target)
+
+        def visit_AsName(self, node: cst.AsName) -> None:
+            add(node.name)
+
+        def visit_Param(self, node: cst.Param) -> None:
+            add(node.name)
+
+    walk(func, Stores())
+    return counts
+
+
+def _local_platform_names(func: cst.FunctionDef, names: dict[str, str]) -> dict[str, str]:
+    """Locals bound once, at the function's top level, to a platform test (`flag = _is_npu and ...`)."""
+    if not isinstance(func.body, cst.IndentedBlock):
+        return {}
+    counts = _stores(func)
+    found: dict[str, str] = {}
+    for stmt in func.body.body:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            if isinstance(small, cst.Assign) and len(small.targets) == 1:
+                target = small.targets[0].target
+                if isinstance(target, cst.Name) and counts.get(target.value) == 1 and target.value not in names:
+                    kind = _test_platform(small.value, names)
+                    if kind is not None:
+                        found[target.value] = kind
+    return found
+
+
+def other_platform_blocks(func: cst.FunctionDef, mode: str, names: dict[str, str]) -> list[cst.CSTNode]:
+    """The blocks of `func` that never run on `mode`'s platform (`names`: module_platform_names)."""
+    names = {**names, **_local_platform_names(func, names)}
+    ours = platform_of(mode)
+    blocks: list[cst.CSTNode] = []
+
+    class Ifs(Visitor):
+        def visit_If(self, node: cst.If) -> None:
+            test = node.test
+            if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+                kind = _test_platform(test.expression, names)
+                if ours == "npu" and kind == "npu":
+                    blocks.append(node.body)  # `if not _is_npu:` never runs on NPU
+                elif kind is not None and kind != ours and isinstance(node.orelse, cst.Else):
+                    blocks.append(node.orelse.body)  # its `else:` runs on the other platform only
+                return
+            kind = _test_platform(test, names)
+            if kind is not None and kind != ours:
+                blocks.append(node.body)
+            elif kind == "npu" and ours == "npu" and isinstance(node.orelse, cst.Else):
+                blocks.append(node.orelse.body)  # only `else:`, not an `elif`: it may test for NPU again
+
+    walk(func, Ifs())
+    return blocks
+
+
+def outside(calls: list[cst.Call], blocks: list[cst.CSTNode]) -> list[cst.Call]:
+    """The calls that lie in none of `blocks`."""
+    inside = {id(node) for block in blocks for node in _nodes(block, cst.Call)}
+    return [c for c in calls if id(c) not in inside]

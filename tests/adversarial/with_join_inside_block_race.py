@@ -1,0 +1,34 @@
+"""Adversarial model: inside a torch.no_grad block, main scales the side input in place before the join
+
+Markers for tests/test_adversarial.py: `# side` statements move to the side stream, `# join` is the
+first statement that reads their output, `# leak` the main statement whose effect must be named.
+EXPECT is "clean" or a regex one of verify's problems must match.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+EXPECT = "race-(war|raw|waw)|late schedule|interleaved schedule"
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.shared_experts = nn.Sequential(nn.Linear(16, 32), nn.SiLU(), nn.Linear(32, 16))
+        self.gate = nn.Linear(16, 16)
+        self.experts = nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.gate(x)
+        with torch.no_grad():
+            s = self.shared_experts(x)  # side
+            x.mul_(2)  # leak
+            y = self.experts(h + x)
+            out = y + s  # join
+        return out
+
+
+def make():
+    torch.manual_seed(0)
+    return Block(), (torch.randn(2, 8, 16),)
