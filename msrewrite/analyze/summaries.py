@@ -30,7 +30,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from msrewrite.analyze import packages
+from msrewrite.analyze import declared, packages
 from msrewrite.analyze.definitions import last_def
 from msrewrite.analyze.defuse import (
     Scope,
@@ -117,6 +117,8 @@ class Summary:
     pending_writes: set[str] = field(default_factory=set)
     pending_reads: set[str] = field(default_factory=set)
     unknown: set[str] = field(default_factory=set)  # callees not seen into
+    # callees whose tensor effects are declared but whose other work is not seen (CallEffect.unseen_work)
+    unseen_work: set[str] = field(default_factory=set)
     # state beyond the arguments written in place: "self.<attr>" (an attribute of the object),
     # "self" (any of its state: through `self.parameters()`, say) and module-level names; a
     # caller counts them as writes of that attribute of the receiver, and of those names
@@ -155,6 +157,8 @@ class _Reading:
 
     loaded: dict[Path, ModuleSummaries | None] = field(default_factory=dict)
     bytes_read: int = 0
+    # (namespace, op, the file asking) -> (its declaration, "") or (None, why none is trusted)
+    ops: dict[tuple, tuple] = field(default_factory=dict)
 
 
 class ModuleSummaries:
@@ -588,6 +592,10 @@ class ModuleSummaries:
         key = (cls or "", func.name.value, id(func))
         if key in self._cache:
             return self._cache[key]
+        declaration = self._decorator_declaration(func) if cls is None else None
+        if declaration is not None:
+            self._cache[key] = self._declared_summary(func, declaration)
+            return self._cache[key]
         summary = self._body_summary(cls, func)
         opaque = opaque_decorator(func)
         if opaque is not None and not self._vouched(opaque):
@@ -602,6 +610,214 @@ class ModuleSummaries:
             )
             self._cache[key] = summary
         return summary
+
+    # declared effects (analyze/declared.py) ----------------------------------------------
+    def qualified(self, name: str) -> str:
+        """`name` as this file's absolute imports spell it in full (`library.custom_op` after
+        `from torch import library`: "torch.library.custom_op"); "" when its head is not imported so."""
+        head, _, rest = name.partition(".")
+        if head in self.module_imports:
+            base = self.module_imports[head]
+        elif head in self.imports and self.imports[head][0] == 0:
+            _dots, source, original = self.imports[head]
+            base = f"{source}.{original}" if source else original
+        else:
+            return ""
+        return f"{base}.{rest}" if rest else base
+
+    def helper_library(self, name: str) -> str | None:
+        """The library a framework registration helper (declared.FRAMEWORK_HELPERS), called as
+        `name` in this file, registers into; None when `name` resolves to none of them."""
+        found = self.find_function(name) if name else None
+        if found is None or found[0].path is None:
+            return None
+        entry = declared.FRAMEWORK_HELPERS.get(found[1])
+        path = found[0].path.as_posix()
+        for suffix in entry[0] if entry is not None else ():
+            if path.endswith("/" + suffix):
+                return entry[1] or suffix.split("/")[0]  # type: ignore[index]
+        return None
+
+    def _decorator_declaration(self, func: cst.FunctionDef) -> declared.Declaration | None:
+        """What a registering decorator of `func` declares (`@torch.library.custom_op(...,
+        mutates_args=...)`, SGLang's `@register_custom_op(...)`), when every other decorator is
+        transparent; None when it has no such decorator."""
+        for d in func.decorators:
+            call = d.decorator if isinstance(d.decorator, cst.Call) else None
+            name = dotted_name(call.func if call is not None else d.decorator) or ""
+            keywords = {a.keyword.value: a.value for a in (call.args if call else ()) if a.keyword is not None}
+            if call is not None and self.qualified(name) in declared.TORCH_CUSTOM_OP:
+                first = positional(call)
+                label = f"@{name}({_short(first[0]) if first else ''})"
+                schema = keywords.get("schema")
+                if isinstance(schema, cst.SimpleString) and isinstance(schema.evaluated_value, str):
+                    decl = declared.from_schema(label, f"op{schema.evaluated_value}")[1]
+                elif schema is not None:
+                    decl = declared.Declaration(label=label, why="its schema is not a literal")
+                elif "mutates_args" not in keywords:
+                    decl = declared.Declaration(label=label, why="mutates_args is not given")
+                else:
+                    names, why = declared.literal_names(keywords["mutates_args"])
+                    decl = declared.from_mutates(label, func, names, why, helper=False)
+            elif (
+                name.split(".")[-1] == "register_custom_op"
+                and not (call is not None and positional(call))
+                and self.helper_library(name) is not None
+            ):
+                names, why = declared.literal_names(keywords.get("mutates_args"))
+                decl = declared.from_mutates(f"@{name}", func, names, why, helper=True)
+            else:
+                continue
+            # another decorator msrewrite does not see through may wrap the op: the call runs that
+            if any(opaque_decorator(func.with_changes(decorators=[o])) for o in func.decorators if o is not d):
+                return None
+            return decl
+        return None
+
+    def _declared_summary(self, func: cst.FunctionDef, decl: declared.Declaration) -> Summary:
+        """The summary of a free function registered as an op: it writes what its declaration
+        says (and what its body is seen to write); the result is new, or may alias what it
+        writes (decl.returns). Its body's collectives, RNG and stream work count, and the callees
+        in it not seen into are its `unseen_work`."""
+        params, vararg, kwarg = _signature(None, func)
+        every = [*params, *(n for n in (vararg, kwarg) if n)]
+        if not decl.why and not decl.writes <= set(every):
+            decl.why = "its schema names parameters the function does not have"
+        if decl.why:
+            why = f"{func.name.value} ({decl.label}: {decl.why}; not visible to msrewrite)"
+            return Summary(
+                params=params,
+                vararg=vararg,
+                kwarg=kwarg,
+                may_write={p: [why] for p in every},
+                returns=set(every),
+                holds=_all_pairs(every),
+                unknown={why},
+            )
+        body = self._body_summary(None, func)
+        label = f"{func.name.value} ({decl.label}, declared)"
+        return Summary(
+            params=params,
+            vararg=vararg,
+            kwarg=kwarg,
+            writes=set(decl.writes) | body.writes,
+            returns=set(decl.returns),
+            state_writes=set(body.state_writes),
+            collective=body.collective,
+            rng=body.rng,
+            stream=body.stream,
+            barrier=body.barrier,
+            unseen_work={f"{label} -> {u}" for u in body.unknown | body.unseen_work},
+        )
+
+    def _torch_op(self, call: cst.Call, named: str) -> CallEffect:
+        """`torch.ops.ns.op(...)` / `torch.ops.ns.op.default(...)`: what the op's registration
+        declares (declared.py), found in this file and in the tree of the package named `ns`;
+        an op registered nowhere msrewrite looked, or in two places that disagree, stays unknown."""
+        parts = named.split(".")[2:]
+        if len(parts) == 3 and parts[2] == "default":
+            parts = parts[:2]
+        if self._vouched(named, parts[-1] if parts else named):
+            return _vouched_effect(call)
+        if len(parts) != 2:
+            return _unknown(call, f"{named} (an op overload msrewrite does not read; not visible to msrewrite)")
+        decl, why = self._op_declaration(*parts)
+        if decl is None:
+            return _unknown(call, f"{named} ({why}; not visible to msrewrite)")
+        summary = Summary(
+            params=[*decl.params, *decl.kwonly],
+            writes=set(decl.writes),
+            returns=set(decl.returns),
+            collective=decl.collective,
+            rng=decl.rng,
+            stream=decl.stream,
+            barrier=decl.barrier,
+            unseen_work={f"{named} ({decl.label}, declared) -> {u}" for u in sorted(decl.unseen_work)},
+        )
+        return _apply(summary, call, named)
+
+    def _op_declaration(self, ns: str, op: str) -> tuple[declared.Declaration | None, str]:
+        """(the one declaration of op `ns::op`, "") or (None, why there is none to trust).
+        Searched: this file, and the tree of the package named `ns` (the folder of that name
+        above this file, else the one the package roots give): where a framework registers its
+        own ops (`torch.ops.vllm.*` in vllm/, `torch.ops.sglang.*` in sglang/). Every
+        registration found there must agree; one in a library msrewrite cannot name, or through
+        a helper it does not know, may be this op too and keeps it unknown."""
+        key = (ns, op, self.path)
+        cache = self._reading.ops
+        if key in cache:
+            return cache[key]
+        roots: list[Path] = [self.path.resolve()] if self.path is not None else []
+        enclosing = packages.enclosing_root(self.path, ns)
+        if enclosing is not None:
+            roots.append(enclosing / ns)
+        else:
+            init = packages.module_file(ns, near=self.path) if self.path is not None else None
+            if init is not None and init.name == "__init__.py":
+                roots.append(init.parent)
+        sites: dict[tuple[Path, int], declared.Site] = {}
+        for root in roots:
+            found, incomplete = declared.registry(root)
+            if incomplete:
+                cache[key] = (None, f"the search for its registration stopped: {incomplete}")
+                return cache[key]
+            for site in found.get(op, []):
+                if site.namespace in (ns, "", "?"):
+                    sites.setdefault((site.file, site.line), site)
+        decls = [d for d in (self._site_declaration(s, ns) for s in sites.values()) if d is not None]
+        searched = " and ".join(str(r) for r in roots) or "no file"
+        if not decls:
+            cache[key] = (None, f"no registration of {ns}::{op} found in {searched}")
+        elif any(d.why for d in decls):
+            bad = next(d for d in decls if d.why)
+            cache[key] = (None, f"{bad.label} at {bad.where}: {bad.why}")
+        elif len({d.key() for d in decls}) > 1:
+            wheres = ", ".join(d.where for d in decls)
+            cache[key] = (None, f"{ns}::{op} is registered with different declarations ({wheres})")
+        else:
+            one = decls[0]
+            for other in decls[1:]:
+                one.collective |= other.collective
+                one.rng |= other.rng
+                one.stream |= other.stream
+                one.barrier |= other.barrier
+                one.unseen_work |= other.unseen_work
+            cache[key] = (one, "")
+        return cache[key]
+
+    def _site_declaration(self, site: declared.Site, ns: str) -> declared.Declaration | None:
+        """What one registration found by the search declares (`why` set when it cannot be
+        read exactly); None when it registers into another library than `ns`."""
+        mine = self.path is not None and site.file == self.path.resolve()
+        module = self if mine else self._read(site.file, package=True)
+        named = f"{site.namespace}::{site.op}" if site.namespace not in ("", "?") else site.op
+        label = f"{site.helper}({named})"
+        if module is None:
+            decl = declared.Declaration(label=label, why="its registering file is past the reading bounds")
+        elif site.kind in ("schema", "library"):
+            decl = _schema_site(module, site, label)
+        else:
+            found = module.find_function(site.op_func) if site.op_func else None
+            func = found[0].functions[found[1]] if found is not None else None
+            if site.kind == "custom_op":
+                decl = _custom_op_site(module, site, label, func)
+            else:
+                library = module.helper_library(site.helper)
+                if library is not None and site.namespace == "?" and library != ns:
+                    return None
+                decl = _helper_site(site, label, func, library)
+            if func is not None and found is not None and not decl.why:
+                # what the implementing function does besides its declared writes
+                body = found[0].function_summary(None, func)
+                decl.collective, decl.rng, decl.stream, decl.barrier = (
+                    body.collective,
+                    body.rng,
+                    body.stream,
+                    body.barrier,
+                )
+                decl.unseen_work = {f"{func.name.value} -> {u}" for u in body.unknown} | body.unseen_work
+        decl.where = f"{site.file.name}:{site.line}"
+        return decl
 
     def _body_summary(self, cls: str | None, func: cst.FunctionDef) -> Summary:
         """Summary of `func`'s own body (function_summary without its decorators)."""
@@ -777,6 +993,8 @@ class ModuleSummaries:
             if self.find_class(name) is not None:
                 return CallEffect()  # constructing a module does not touch tensors
         named = dotted_name(func)
+        if named and named.startswith("torch.ops.") and self.qualified(named).startswith("torch.ops."):
+            return self._torch_op(call, named)
         if named and named.split(".")[0] in (*self.imports, *self.module_imports) and named not in scope.modules:
             imported = self._resolve_imported(call, named)
             if imported is not None:
@@ -1018,6 +1236,50 @@ class ModuleSummaries:
         return _union([own, *patched]) if patched else own
 
 
+def _custom_op_site(
+    module: ModuleSummaries, site: declared.Site, label: str, func: cst.FunctionDef | None
+) -> declared.Declaration:
+    """`@torch.library.custom_op("ns::op", mutates_args=...)` / `custom_op(...)(fn)` found by the search."""
+    if module.qualified(site.helper) not in declared.TORCH_CUSTOM_OP:
+        return declared.Declaration(label=label, why=f"{site.helper} is not torch.library.custom_op")
+    if site.schema:
+        return declared.from_schema(label, f"op{site.schema}")[1]
+    if func is None:
+        return declared.Declaration(label=label, why=f"its function {site.op_func or '?'} is not found")
+    if not site.mutates_given:
+        return declared.Declaration(label=label, why="mutates_args is not given")
+    names, why = declared.ast_names(site.mutates, True)
+    return declared.from_mutates(label, func, names, why, helper=False)
+
+
+def _helper_site(
+    site: declared.Site, label: str, func: cst.FunctionDef | None, library: str | None
+) -> declared.Declaration:
+    """A framework helper's registration (declared.FRAMEWORK_HELPERS) found by the search."""
+    if library is None:
+        return declared.Declaration(label=label, why=f"{site.helper} is no registration helper msrewrite knows")
+    if site.namespace == "":
+        return declared.Declaration(label=label, why="it registers into a library passed as target_lib")
+    if func is None:
+        return declared.Declaration(label=label, why=f"its function {site.op_func or '?'} is not found")
+    names, why = declared.ast_names(site.mutates, site.mutates_given)
+    return declared.from_mutates(label, func, names, why, helper=True)
+
+
+def _schema_site(module: ModuleSummaries, site: declared.Site, label: str) -> declared.Declaration:
+    """`torch.library.define("ns::op", "(...) -> ...")` or `<Library>.define("op(...) -> ...")`."""
+    ctor = module.qualified(site.helper)
+    if site.kind == "schema" and ctor not in declared.TORCH_DEFINE:
+        return declared.Declaration(label=label, why=f"{site.helper} is not torch.library.define")
+    if site.kind == "library" and ctor not in declared.TORCH_LIBRARY:
+        return declared.Declaration(label=label, why="its library is not a torch.library.Library msrewrite can name")
+    name, decl = declared.from_schema(label, site.schema)
+    if not decl.why and name != site.op:
+        decl.why = f"it defines the overload {name}, not the op itself"
+    decl.unseen_work = {"its implementation, registered apart from the schema (not read)"}
+    return decl
+
+
 # Decorators that leave what the function does to its arguments as its body says (they change
 # grad mode, compilation, binding or documentation only); any other one wraps the body in code
 # msrewrite does not follow. Matched on the decorator's last dotted name (`torch.no_grad()`).
@@ -1069,6 +1331,7 @@ def _note_kinds(summary: Summary, facts: list[StatementFacts]) -> None:
         summary.rng |= f.rng
         summary.stream |= f.stream
         summary.barrier |= f.barrier
+        summary.unseen_work |= f.unseen_work
 
 
 def _signature(cls: str | None, func: cst.FunctionDef) -> tuple[list[str], str | None, str | None]:
@@ -1529,6 +1792,7 @@ def _apply(
     bound = _bind_args(summary, call)
     effect = CallEffect(
         unknown=sorted(summary.unknown),
+        unseen_work=sorted(summary.unseen_work),
         collective=summary.collective,
         rng=summary.rng,
         stream=summary.stream,
@@ -1717,6 +1981,7 @@ def _union(effects: list[CallEffect]) -> CallEffect:
         out.may_writes += e.may_writes
         out.stores += e.stores
         out.unknown += [u for u in e.unknown if u not in out.unknown]
+        out.unseen_work += [u for u in e.unseen_work if u not in out.unseen_work]
         out.collective |= e.collective
         out.rng |= e.rng
         out.stream |= e.stream
