@@ -720,10 +720,10 @@ class ModuleSummaries:
         if self._vouched(named, parts[-1] if parts else named):
             return _vouched_effect(call)
         if len(parts) != 2:
-            return _unknown(call, f"{named} (an op overload msrewrite does not read; not visible to msrewrite)")
+            return _unknown(call, f"{named} (not visible to msrewrite: an overload msrewrite does not read)")
         decl, why = self._op_declaration(*parts)
         if decl is None:
-            return _unknown(call, f"{named} ({why}; not visible to msrewrite)")
+            return _unknown(call, f"{named} (not visible to msrewrite: {why})")
         summary = Summary(
             params=[*decl.params, *decl.kwonly],
             writes=set(decl.writes),
