@@ -258,6 +258,7 @@ SNAPSHOT_FIXES = [
     "closure_mutation",
     "copy_into_input",
     "data_assignment",
+    "declared_custom_op_call_writes",
     "declared_custom_op_writes",
     "declared_schema_writes",
     "declared_torch_ops_writes",

@@ -49,6 +49,7 @@ def _edited(path: Path) -> list:
     ("name", "callee"),
     [
         ("declared_custom_op_writes", "scale_into(...)"),
+        ("declared_custom_op_call_writes", "scale_into(...)"),
         ("declared_torch_ops_writes", "torch.ops.msr_adv_ops_w.scale_into(...)"),
         ("declared_schema_writes", "torch.ops.msr_adv_schema_w.scale_into.default(...)"),
     ],
@@ -59,7 +60,10 @@ def test_a_declared_write_of_the_side_input_refuses_naming_the_op(name, callee):
     assert "writes 'x' in place while the side stream reads it" in refusal and f"inside {callee}" in refusal, refusal
 
 
-@pytest.mark.parametrize("name", ["declared_custom_op_pure", "declared_torch_ops_pure", "declared_schema_pure"])
+@pytest.mark.parametrize(
+    "name",
+    ["declared_custom_op_pure", "declared_custom_op_call_pure", "declared_torch_ops_pure", "declared_schema_pure"],
+)
 def test_a_declared_pure_op_lets_the_edit_happen(name):
     _edited(ADVERSARIAL / f"{name}.py")
 

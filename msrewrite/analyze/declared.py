@@ -238,7 +238,9 @@ class Site:
     mutates_given: bool = False
 
 
-_registries: dict[Path, tuple[dict[str, list[Site]], str]] = {}
+# per process: a file by its path, size and modification time (it may be edited between runs
+# of one process); a tree by its path (a framework tree is not edited under a run)
+_registries: dict[tuple, tuple[dict[str, list[Site]], str]] = {}
 
 
 def registry(root: Path) -> tuple[dict[str, list[Site]], str]:
@@ -246,8 +248,13 @@ def registry(root: Path) -> tuple[dict[str, list[Site]], str]:
     why the search is incomplete ("" when it is not). One pass per tree per process: files whose
     text holds a registration marker are parsed with `ast`."""
     root = root.resolve()
-    if root in _registries:
-        return _registries[root]
+    try:
+        stat = root.stat()
+    except OSError:
+        return {}, ""
+    key = (root, stat.st_size, stat.st_mtime_ns) if root.is_file() else (root,)
+    if key in _registries:
+        return _registries[key]
     found: dict[str, list[Site]] = {}
     files = [root] if root.is_file() else sorted(root.rglob("*.py"))
     incomplete = ""
@@ -272,7 +279,7 @@ def registry(root: Path) -> tuple[dict[str, list[Site]], str]:
             continue
         for site in _sites(file, tree):
             found.setdefault(site.op, []).append(site)
-    _registries[root] = (found, incomplete)
+    _registries[key] = (found, incomplete)
     return found, incomplete
 
 

@@ -188,6 +188,9 @@ class ModuleSummaries:
         self.patches: dict[tuple[str, str], list[str | None]] = {}
         self._class_bases: dict[str, list[str]] | None = None  # class -> its bases (read modules: the index's)
         self.star_imports: list[tuple[int, str]] = []  # `from <dots><module> import *`, in order
+        # `op = torch.library.custom_op("ns::op", mutates_args=...)(impl)` at module level: op ->
+        # impl's def with that registration as its decorator (function_summary reads it so)
+        self.registered_ops: dict[str, cst.FunctionDef] = {}
         self._reading = _reading if _reading is not None else _Reading()
         for stmt in _top_level(module.body):
             if isinstance(stmt, cst.ClassDef):
@@ -222,6 +225,21 @@ class ModuleSummaries:
                     head = full.split(".")[0]
                     self.module_imports[head] = head
         elif isinstance(small, cst.Assign):
+            value = small.value
+            if (
+                len(small.targets) == 1
+                and isinstance(small.targets[0].target, cst.Name)
+                and isinstance(value, cst.Call)
+                and isinstance(value.func, cst.Call)
+                and (dotted_name(value.func.func) or "").split(".")[-1] in ("custom_op", "register_custom_op")
+                and len(value.args) == 1
+                and isinstance(value.args[0].value, cst.Name)
+                and value.args[0].value.value in self.functions
+            ):
+                impl = self.functions[value.args[0].value.value]
+                self.registered_ops[small.targets[0].target.value] = impl.with_changes(
+                    decorators=[cst.Decorator(decorator=value.func)]
+                )
             for target in small.targets:
                 name = dotted_name(target.target) or ""
                 if name.count(".") != 1:
@@ -984,6 +1002,8 @@ class ModuleSummaries:
             path = scope.modules[func.value][len("self.") :]
         if path is not None and owner is not None:
             return owner[0]._resolve_self(call, owner[1], path)
+        if isinstance(func, cst.Name) and func.value in self.registered_ops:
+            return _apply(self.function_summary(None, self.registered_ops[func.value]), call, func.value)
         if isinstance(func, cst.Name):
             name = func.value
             if name in self.functions:
@@ -993,8 +1013,8 @@ class ModuleSummaries:
             if self.find_class(name) is not None:
                 return CallEffect()  # constructing a module does not touch tensors
         named = dotted_name(func)
-        if named and named.startswith("torch.ops.") and self.qualified(named).startswith("torch.ops."):
-            return self._torch_op(call, named)
+        if named and self.qualified(named).startswith("torch.ops."):  # also `from torch import ops`
+            return self._torch_op(call, self.qualified(named))
         if named and named.split(".")[0] in (*self.imports, *self.module_imports) and named not in scope.modules:
             imported = self._resolve_imported(call, named)
             if imported is not None:
