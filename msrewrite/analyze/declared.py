@@ -66,7 +66,7 @@ FRAMEWORK_HELPERS: dict[str, tuple[tuple[str, ...], str]] = {
 MAX_REGISTRY_FILES = 8000
 MAX_REGISTRY_BYTES = 120_000_000
 # a file is parsed only if its text holds one of these (every registration form above does)
-_MARKERS = ("custom_op", ".define(")
+_MARKERS = ("custom_op(", ".define(")
 
 
 @record
@@ -240,23 +240,44 @@ class Site:
 
 # per process: a file by its path, size and modification time (it may be edited between runs
 # of one process); a tree by its path (a framework tree is not edited under a run)
-_registries: dict[tuple, tuple[dict[str, list[Site]], str]] = {}
+_marked: dict[tuple, tuple[list[tuple[Path, bytes]], str]] = {}
+_file_sites: dict[tuple[Path, int], list[Site]] = {}
 
 
-def registry(root: Path) -> tuple[dict[str, list[Site]], str]:
-    """op name -> the registrations of it found under `root` (a file or a package folder), and
-    why the search is incomplete ("" when it is not). One pass per tree per process: files whose
-    text holds a registration marker are parsed with `ast`."""
+def registrations(root: Path, op: str) -> tuple[list[Site], str]:
+    """The registrations of op `op` (any namespace) found under `root` (a file or a package
+    folder), and why the search is incomplete ("" when it is not). The tree is read once per
+    process, keeping the files whose text holds a registration marker; of those, only the files
+    that hold the op's name are parsed (with `ast`, once). Sound for what msrewrite reads: every
+    registration it can read names the op literally in its file (`"ns::op"`, `op_name="op"`, a
+    schema `"op(...)"`, or `def op` for a decorator that takes the function's name)."""
+    files, incomplete = _marked_files(root)
+    wanted = op.encode()
+    found: list[Site] = []
+    for file, data in files:
+        if wanted in data:
+            key = (file, len(data))
+            if key not in _file_sites:
+                try:
+                    _file_sites[key] = _sites(file, ast.parse(data))
+                except (SyntaxError, ValueError, RecursionError):
+                    _file_sites[key] = []
+            found += [s for s in _file_sites[key] if s.op == op]
+    return found, incomplete
+
+
+def _marked_files(root: Path) -> tuple[list[tuple[Path, bytes]], str]:
+    """The files under `root` whose text holds a registration marker, with their bytes."""
     root = root.resolve()
     try:
         stat = root.stat()
     except OSError:
-        return {}, ""
+        return [], ""
     key = (root, stat.st_size, stat.st_mtime_ns) if root.is_file() else (root,)
-    if key in _registries:
-        return _registries[key]
-    found: dict[str, list[Site]] = {}
+    if key in _marked:
+        return _marked[key]
     files = [root] if root.is_file() else sorted(root.rglob("*.py"))
+    kept: list[tuple[Path, bytes]] = []
     incomplete = ""
     total = 0
     if len(files) > MAX_REGISTRY_FILES:
@@ -271,16 +292,10 @@ def registry(root: Path) -> tuple[dict[str, list[Site]], str]:
         if total > MAX_REGISTRY_BYTES:
             incomplete = f"{root} holds more than {MAX_REGISTRY_BYTES // 1_000_000} MB of source (search bound)"
             break
-        if not any(m.encode() in data for m in _MARKERS):
-            continue
-        try:
-            tree = ast.parse(data)
-        except (SyntaxError, ValueError, RecursionError):
-            continue
-        for site in _sites(file, tree):
-            found.setdefault(site.op, []).append(site)
-    _registries[key] = (found, incomplete)
-    return found, incomplete
+        if any(m.encode() in data for m in _MARKERS):
+            kept.append((file, data))
+    _marked[key] = (kept, incomplete)
+    return _marked[key]
 
 
 def _dotted(node: ast.expr) -> str:

@@ -225,21 +225,7 @@ class ModuleSummaries:
                     head = full.split(".")[0]
                     self.module_imports[head] = head
         elif isinstance(small, cst.Assign):
-            value = small.value
-            if (
-                len(small.targets) == 1
-                and isinstance(small.targets[0].target, cst.Name)
-                and isinstance(value, cst.Call)
-                and isinstance(value.func, cst.Call)
-                and (dotted_name(value.func.func) or "").split(".")[-1] in ("custom_op", "register_custom_op")
-                and len(value.args) == 1
-                and isinstance(value.args[0].value, cst.Name)
-                and value.args[0].value.value in self.functions
-            ):
-                impl = self.functions[value.args[0].value.value]
-                self.registered_ops[small.targets[0].target.value] = impl.with_changes(
-                    decorators=[cst.Decorator(decorator=value.func)]
-                )
+            self._note_registered_op(small)
             for target in small.targets:
                 name = dotted_name(target.target) or ""
                 if name.count(".") != 1:
@@ -249,6 +235,26 @@ class ModuleSummaries:
                 self.patches.setdefault((owner, attr), []).append(value)
                 if value is not None:
                     self.patched[value] = owner
+
+    def _note_registered_op(self, small: cst.Assign) -> None:
+        """`op = torch.library.custom_op("ns::op", mutates_args=...)(impl)` (or SGLang's
+        `register_custom_op(...)(impl)`): `op` is impl with that registration as its decorator."""
+        registering = small.value
+        if not (
+            len(small.targets) == 1
+            and isinstance(small.targets[0].target, cst.Name)
+            and isinstance(registering, cst.Call)
+            and isinstance(registering.func, cst.Call)
+            and (dotted_name(registering.func.func) or "").split(".")[-1] in ("custom_op", "register_custom_op")
+            and len(registering.args) == 1
+        ):
+            return
+        impl = registering.args[0].value
+        if isinstance(impl, cst.Name) and impl.value in self.functions:
+            decorator = cst.Decorator(decorator=registering.func)
+            self.registered_ops[small.targets[0].target.value] = self.functions[impl.value].with_changes(
+                decorators=[decorator]
+            )
 
     # classes ----------------------------------------------------------------------------
     def find_class(self, name: str) -> tuple[ModuleSummaries, str] | None:
@@ -728,6 +734,15 @@ class ModuleSummaries:
             unseen_work={f"{label} -> {u}" for u in body.unknown | body.unseen_work},
         )
 
+    def _declared_call(self, call: cst.Call) -> CallEffect | None:
+        """`torch.ops.ns.op(...)` (also through `from torch import ops`), or a name bound at module
+        level to `custom_op(...)(impl)`: the op's declared effect; None for any other call."""
+        func = call.func
+        if isinstance(func, cst.Name) and func.value in self.registered_ops:
+            return _apply(self.function_summary(None, self.registered_ops[func.value]), call, func.value)
+        qualified = self.qualified(dotted_name(func) or "")
+        return self._torch_op(call, qualified) if qualified.startswith("torch.ops.") else None
+
     def _torch_op(self, call: cst.Call, named: str) -> CallEffect:
         """`torch.ops.ns.op(...)` / `torch.ops.ns.op.default(...)`: what the op's registration
         declares (declared.py), found in this file and in the tree of the package named `ns`;
@@ -775,11 +790,11 @@ class ModuleSummaries:
                 roots.append(init.parent)
         sites: dict[tuple[Path, int], declared.Site] = {}
         for root in roots:
-            found, incomplete = declared.registry(root)
+            found, incomplete = declared.registrations(root, op)
             if incomplete:
                 cache[key] = (None, f"the search for its registration stopped: {incomplete}")
                 return cache[key]
-            for site in found.get(op, []):
+            for site in found:
                 if site.namespace in (ns, "", "?"):
                     sites.setdefault((site.file, site.line), site)
         decls = [d for d in (self._site_declaration(s, ns) for s in sites.values()) if d is not None]
@@ -1002,8 +1017,9 @@ class ModuleSummaries:
             path = scope.modules[func.value][len("self.") :]
         if path is not None and owner is not None:
             return owner[0]._resolve_self(call, owner[1], path)
-        if isinstance(func, cst.Name) and func.value in self.registered_ops:
-            return _apply(self.function_summary(None, self.registered_ops[func.value]), call, func.value)
+        declared_op = self._declared_call(call)
+        if declared_op is not None:
+            return declared_op
         if isinstance(func, cst.Name):
             name = func.value
             if name in self.functions:
@@ -1013,8 +1029,6 @@ class ModuleSummaries:
             if self.find_class(name) is not None:
                 return CallEffect()  # constructing a module does not touch tensors
         named = dotted_name(func)
-        if named and self.qualified(named).startswith("torch.ops."):  # also `from torch import ops`
-            return self._torch_op(call, self.qualified(named))
         if named and named.split(".")[0] in (*self.imports, *self.module_imports) and named not in scope.modules:
             imported = self._resolve_imported(call, named)
             if imported is not None:
