@@ -260,6 +260,7 @@ SNAPSHOT_FIXES = [
     "data_assignment",
     "declared_custom_op_call_writes",
     "declared_custom_op_writes",
+    "declared_inplace_flag_writes",
     "declared_schema_writes",
     "declared_torch_ops_writes",
     "flatten_alias",

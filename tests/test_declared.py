@@ -50,6 +50,7 @@ def _edited(path: Path) -> list:
     [
         ("declared_custom_op_writes", "scale_into(...)"),
         ("declared_custom_op_call_writes", "scale_into(...)"),
+        ("declared_inplace_flag_writes", "fused(...)"),
         ("declared_torch_ops_writes", "torch.ops.msr_adv_ops_w.scale_into(...)"),
         ("declared_schema_writes", "torch.ops.msr_adv_schema_w.scale_into.default(...)"),
     ],
@@ -62,7 +63,13 @@ def test_a_declared_write_of_the_side_input_refuses_naming_the_op(name, callee):
 
 @pytest.mark.parametrize(
     "name",
-    ["declared_custom_op_pure", "declared_custom_op_call_pure", "declared_torch_ops_pure", "declared_schema_pure"],
+    [
+        "declared_custom_op_pure",
+        "declared_custom_op_call_pure",
+        "declared_torch_ops_pure",
+        "declared_schema_pure",
+        "declared_inplace_flag_pure",
+    ],
 )
 def test_a_declared_pure_op_lets_the_edit_happen(name):
     _edited(ADVERSARIAL / f"{name}.py")
@@ -72,6 +79,40 @@ def test_a_schema_ops_implementation_is_in_the_trust_boundary():
     """The schema says what it writes, not whether its implementation runs a collective."""
     (plan,) = _edited(ADVERSARIAL / "declared_schema_pure.py")
     assert any("torch.ops.msr_adv_schema_p.mix" in u and "not read" in u for u in plan.trust_boundary), plan
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        # the flag is rebound before its test: it may not hold the call's value there
+        ("    if inplace:\n", "    inplace = inplace or x.is_leaf\n    if inplace:\n"),
+        # the call spreads arguments msrewrite cannot write out: the flag may be among them
+        ("fused(x, h, inplace=False)", "fused(x, h, *self.flags)"),
+        ("fused(x, h, inplace=False)", "fused(x, h, **self.options)"),
+        # a flag that is not a literal at the call
+        ("fused(x, h, inplace=False)", "fused(x, h, inplace=self.training)"),
+        # the test is not decided by the flag alone
+        ("    if inplace:\n", "    if inplace or x.is_leaf:\n"),
+    ],
+)
+def test_a_flag_the_call_does_not_fix_keeps_both_branches(tmp_path, old, new):
+    text = (ADVERSARIAL / "declared_inplace_flag_pure.py").read_text()
+    assert old in text
+    init = "        self.gate = nn.Linear(16, 16)\n"
+    text = text.replace(init, init + '        self.flags = (True,)\n        self.options = {"inplace": True}\n')
+    path = tmp_path / "model.py"
+    path.write_text(text.replace(old, new))
+    plans, refusal = _apply(path)
+    assert not plans and "fused(...)" in refusal, refusal
+
+
+def test_the_flags_default_decides_when_the_call_leaves_it_out(tmp_path):
+    text = (ADVERSARIAL / "declared_inplace_flag_pure.py").read_text()
+    path = tmp_path / "model.py"
+    path.write_text(text.replace("fused(x, h, inplace=False)", "fused(x, h)"))
+    _edited(path)
+    path.write_text(text.replace("fused(x, h, inplace=False)", "fused(x, h, True)"))
+    assert "inside fused(...)" in _apply(path)[1]
 
 
 @pytest.mark.parametrize(
@@ -148,6 +189,11 @@ def test_sglang_inplace_keyword_writes_through_the_declared_op():
     """`fused_experts(x, w, inplace=True)`: the body hands x to the op declared to write it."""
     plans, refusal = _apply(PACKAGES / "sglang" / "srt" / "models" / "moe_inplace.py")
     assert not plans and "writes 'x' in place" in refusal and "inside fused_experts(...)" in refusal, refusal
+
+
+@pytest.mark.parametrize("name", ["moe_not_inplace", "moe_default_inplace"])
+def test_sglang_out_of_place_call_of_the_same_function_edits(name):
+    _edited(PACKAGES / "sglang" / "srt" / "models" / f"{name}.py")
 
 
 def test_sglang_decorated_op_through_torch_ops():

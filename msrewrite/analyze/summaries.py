@@ -201,6 +201,8 @@ class ModuleSummaries:
                 for small in stmt.body:
                     self._note_top_level(small)
         self._cache: dict[tuple[str, str, int], Summary] = {}
+        # (id of a function, its flag literals) -> the function without the branches they rule out
+        self._specialized: dict[tuple, cst.FunctionDef] = {}
         self._method_reads: dict[tuple[str, str], frozenset[str] | None] = {}
         self._class_hooks: dict[str, dict[str, list[str]]] = {}
         self._attrs: dict[str, dict[str, list[cst.BaseExpression]]] = {}
@@ -662,6 +664,20 @@ class ModuleSummaries:
                 return entry[1] or suffix.split("/")[0]  # type: ignore[index]
         return None
 
+    def call_summary(self, func: cst.FunctionDef, call: cst.Call) -> Summary:
+        """The summary of free function `func` for this call: where the call fixes a flag
+        parameter to a literal (`fused_experts(x, w, inplace=False)`, or its literal default), the
+        body's `if inplace:` branches that cannot run are left out (a keyword convention read
+        from the body: what the flag selects is what the call does)."""
+        flags = flag_literals(func, call)
+        if not flags:
+            return self.function_summary(None, func)
+        key = (id(func), tuple(sorted(flags.items())))
+        if key not in self._specialized:
+            body = func.body.visit(_FlagBranches(flags))
+            self._specialized[key] = func.with_changes(body=body) if isinstance(body, cst.BaseSuite) else func
+        return self.function_summary(None, self._specialized[key])
+
     def _decorator_declaration(self, func: cst.FunctionDef) -> declared.Declaration | None:
         """What a registering decorator of `func` declares (`@torch.library.custom_op(...,
         mutates_args=...)`, SGLang's `@register_custom_op(...)`), when every other decorator is
@@ -1025,7 +1041,7 @@ class ModuleSummaries:
             if name in self.functions:
                 if self._vouched(name):
                     return _vouched_effect(call)
-                return _apply(self.function_summary(None, self.functions[name]), call, name, strict=self.package)
+                return _apply(self.call_summary(self.functions[name], call), call, name, strict=self.package)
             if self.find_class(name) is not None:
                 return CallEffect()  # constructing a module does not touch tensors
         named = dotted_name(func)
@@ -1052,7 +1068,7 @@ class ModuleSummaries:
         if found is not None:
             owner_module, fname = found
             return _apply(
-                owner_module.function_summary(None, owner_module.functions[fname]),
+                owner_module.call_summary(owner_module.functions[fname], call),
                 call,
                 named,
                 strict=owner_module.package,
@@ -1312,6 +1328,164 @@ def _schema_site(module: ModuleSummaries, site: declared.Site, label: str) -> de
         decl.why = f"it defines the overload {name}, not the op itself"
     decl.unseen_work = {"its implementation, registered apart from the schema (not read)"}
     return decl
+
+
+def flag_literals(func: cst.FunctionDef, call: cst.Call) -> dict[str, bool]:
+    """Parameters of `func` the call fixes to a literal truth value (`True`, `False`, `None`, an
+    integer), passed or by their default, that the body tests (`if inplace:`) and never rebinds.
+    None when the call spreads `*args` / `**kwargs` (any of them may be set there)."""
+    if any(a.star for a in call.args):
+        return {}
+    params = [*func.params.posonly_params, *func.params.params]
+    named = {p.name.value: p for p in (*params, *func.params.kwonly_params)}
+    values: dict[str, cst.BaseExpression | None] = {p: named[p].default for p in named}
+    for param, given in zip(params, positional(call), strict=False):  # extra ones go to *args
+        values[param.name.value] = given
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value in values:
+            values[arg.keyword.value] = arg.value
+    tested = _tested_names(func)
+    flags: dict[str, bool] = {}
+    for name, value in values.items():
+        truth = _literal_truth(value)
+        if truth is not None and name in tested:
+            flags[name] = truth
+    return {n: v for n, v in flags.items() if n not in _rebound_names(func)}
+
+
+def _literal_truth(node: cst.BaseExpression | None) -> bool | None:
+    if isinstance(node, cst.Name) and node.value in ("True", "False", "None"):
+        return node.value == "True"
+    if isinstance(node, cst.Integer):
+        return int(node.value, 0) != 0
+    return None
+
+
+def _tested_names(func: cst.FunctionDef) -> set[str]:
+    """Names that are (part of) an `if` test in the body."""
+    found: set[str] = set()
+
+    class _Tests(cst.CSTVisitor):
+        def visit_If(self, node: cst.If) -> None:
+            found.update(n.value for n in _names_in(node.test))
+
+    func.body.visit(_Tests())
+    return found
+
+
+def _names_in(node: cst.CSTNode) -> list[cst.Name]:
+    out: list[cst.Name] = []
+
+    class _Names(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            out.append(n)
+
+    node.visit(_Names())
+    return out
+
+
+def _rebound_names(func: cst.FunctionDef) -> set[str]:
+    """Names the body binds anywhere (assignment, loop, `with ... as`, walrus, `del`, an inner
+    def, `global`/`nonlocal`): a flag bound there may not hold the call's value at its test."""
+    found: set[str] = set()
+
+    class _Binds(cst.CSTVisitor):
+        def _targets(self, node: cst.CSTNode | None) -> None:
+            if node is not None:
+                found.update(n.value for n in _names_in(node))
+
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            self._targets(node.target)
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            self._targets(node.target)
+
+        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+            self._targets(node.target)
+
+        def visit_For(self, node: cst.For) -> None:
+            self._targets(node.target)
+
+        def visit_CompFor(self, node: cst.CompFor) -> None:
+            self._targets(node.target)
+
+        def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+            self._targets(node.target)
+
+        def visit_AsName(self, node: cst.AsName) -> None:
+            self._targets(node.name)
+
+        def visit_Del(self, node: cst.Del) -> None:
+            self._targets(node.target)
+
+        def visit_Global(self, node: cst.Global) -> None:
+            found.update(n.name.value for n in node.names)
+
+        def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
+            found.update(n.name.value for n in node.names)
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+            found.add(node.name.value)
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> None:
+            found.add(node.name.value)
+
+    func.body.visit(_Binds())
+    return found
+
+
+def _test_truth(test: cst.BaseExpression, flags: dict[str, bool]) -> bool | None:
+    """The value of an `if` test the flags decide: `flag`, `not flag`, and `a and b` / `a or b`
+    whose left side decides it (`inplace and not disabled()` with inplace False); else None."""
+    if isinstance(test, cst.Name) and test.value in flags:
+        return flags[test.value]
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        inner = _test_truth(test.expression, flags)
+        return None if inner is None else not inner
+    if isinstance(test, cst.BooleanOperation):
+        left = _test_truth(test.left, flags)
+        if isinstance(test.operator, cst.And) and left is False:
+            return False
+        if isinstance(test.operator, cst.Or) and left is True:
+            return True
+    return None
+
+
+class _FlagBranches(cst.CSTTransformer):
+    """A function body with the `if` statements its flags decide replaced by the branch that
+    runs (an `elif` chain is left whole: only a decided `if` with a plain `else` or none goes)."""
+
+    def __init__(self, flags: dict[str, bool]) -> None:
+        super().__init__()
+        self.flags = flags
+        self.elifs: set[int] = set()
+
+    def visit_If(self, node: cst.If) -> None:
+        if isinstance(node.orelse, cst.If):
+            self.elifs.add(id(node.orelse))
+
+    def visit_FunctionDef(self, _node: cst.FunctionDef) -> bool:
+        return False  # a nested function's parameters may shadow the flags
+
+    def visit_Lambda(self, _node: cst.Lambda) -> bool:
+        return False
+
+    def visit_ClassDef(self, _node: cst.ClassDef) -> bool:
+        return False
+
+    def leave_If(self, original: cst.If, updated: cst.If):  # type: ignore[override]
+        truth = _test_truth(updated.test, self.flags)
+        if truth is None or id(original) in self.elifs or isinstance(updated.orelse, cst.If):
+            return updated
+        if truth:
+            branch = updated.body
+        elif updated.orelse is not None:
+            branch = updated.orelse.body
+        else:
+            return cst.FlattenSentinel([cst.SimpleStatementLine([cst.Pass()])])
+        if isinstance(branch, cst.SimpleStatementSuite):  # `if flag: x.add_(1)` on one line
+            return cst.FlattenSentinel([cst.SimpleStatementLine(list(branch.body))])
+        return cst.FlattenSentinel(list(branch.body))
 
 
 # Decorators that leave what the function does to its arguments as its body says (they change
