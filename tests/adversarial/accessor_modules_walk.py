@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-EXPECT = "race-(war|raw|waw)|late schedule|interleaved schedule"
+EXPECT = 'race-(war|raw|waw)|late schedule|interleaved schedule'
 
 
 class Block(nn.Module):
@@ -23,8 +23,7 @@ class Block(nn.Module):
     def forward(self, x):
         s = self.shared_experts(x)  # side
         h = self.gate(x)
-        for m in self.modules():
-            m.weight.data.mul_(0.5) if isinstance(m, nn.Linear) else None  # leak
+        for m in self.modules(): m.weight.data.mul_(0.5) if isinstance(m, nn.Linear) else None  # leak
         return h + s  # join
 
 

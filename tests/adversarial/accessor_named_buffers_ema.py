@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-EXPECT = "race-(war|raw|waw)|late schedule|interleaved schedule"
+EXPECT = 'race-(war|raw|waw)|late schedule|interleaved schedule'
 
 
 class Block(nn.Module):
@@ -23,8 +23,7 @@ class Block(nn.Module):
     def forward(self, x):
         s = self.shared_experts(x * self.bias)  # side
         h = self.gate(x)
-        for _, b in self.named_buffers():
-            b.mul_(0.9).add_(0.1)  # leak
+        for _, b in self.named_buffers(): b.mul_(0.9).add_(0.1)  # leak
         return h + s  # join
 
 

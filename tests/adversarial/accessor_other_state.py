@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-EXPECT = "clean"
+EXPECT = 'clean'
 
 
 class Block(nn.Module):
@@ -22,8 +22,7 @@ class Block(nn.Module):
 
     def forward(self, x):
         s = self.shared_experts(x + self.bias)  # side
-        for p in self.gate.parameters():
-            p.data.mul_(0.5)
+        for p in self.gate.parameters(): p.data.mul_(0.5)
         h = self.gate(x)
         return h + s  # join
 

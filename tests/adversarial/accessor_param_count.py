@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-EXPECT = "clean"
+EXPECT = 'clean'
 
 
 class Block(nn.Module):

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-EXPECT = "race-(war|raw|waw)|late schedule|interleaved schedule"
+EXPECT = 'race-(war|raw|waw)|late schedule|interleaved schedule'
 
 
 class Block(nn.Module):
@@ -23,8 +23,7 @@ class Block(nn.Module):
     def forward(self, x):
         s = self.shared_experts(x)  # side
         h = self.gate(x)
-        for p in self.parameters():
-            p.data.mul_(0.5)  # leak
+        for p in self.parameters(): p.data.mul_(0.5)  # leak
         return h + s  # join
 
 

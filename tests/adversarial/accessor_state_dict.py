@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-EXPECT = "race-(war|raw|waw)|late schedule|interleaved schedule"
+EXPECT = 'race-(war|raw|waw)|late schedule|interleaved schedule'
 
 
 class Block(nn.Module):
