@@ -203,6 +203,7 @@ class ModuleSummaries:
         self._cache: dict[tuple[str, str, int], Summary] = {}
         # (id of a function, its flag literals) -> the function without the branches they rule out
         self._specialized: dict[tuple, cst.FunctionDef] = {}
+        self._flag_params: dict[int, frozenset[str]] = {}  # id of a function -> flag_params
         self._method_reads: dict[tuple[str, str], frozenset[str] | None] = {}
         self._class_hooks: dict[str, dict[str, list[str]]] = {}
         self._attrs: dict[str, dict[str, list[cst.BaseExpression]]] = {}
@@ -669,7 +670,10 @@ class ModuleSummaries:
         parameter to a literal (`fused_experts(x, w, inplace=False)`, or its literal default), the
         body's `if inplace:` branches that cannot run are left out (a keyword convention read
         from the body: what the flag selects is what the call does)."""
-        flags = flag_literals(func, call)
+        if id(func) not in self._flag_params:  # once per function: every call of it asks
+            self._flag_params[id(func)] = flag_params(func)
+        wanted = self._flag_params[id(func)]
+        flags = flag_literals(func, call, wanted) if wanted else {}
         if not flags:
             return self.function_summary(None, func)
         key = (id(func), tuple(sorted(flags.items())))
@@ -1330,10 +1334,17 @@ def _schema_site(module: ModuleSummaries, site: declared.Site, label: str) -> de
     return decl
 
 
-def flag_literals(func: cst.FunctionDef, call: cst.Call) -> dict[str, bool]:
-    """Parameters of `func` the call fixes to a literal truth value (`True`, `False`, `None`, an
-    integer), passed or by their default, that the body tests (`if inplace:`) and never rebinds.
-    None when the call spreads `*args` / `**kwargs` (any of them may be set there)."""
+def flag_params(func: cst.FunctionDef) -> frozenset[str]:
+    """Parameters of `func` its body tests (`if inplace:`) and never rebinds."""
+    params = {p.name.value for p in (*func.params.posonly_params, *func.params.params, *func.params.kwonly_params)}
+    tested = params & _tested_names(func)
+    return frozenset(tested - _rebound_names(func)) if tested else frozenset()
+
+
+def flag_literals(func: cst.FunctionDef, call: cst.Call, wanted: frozenset[str]) -> dict[str, bool]:
+    """Of the parameters `wanted` (flag_params), those the call fixes to a literal truth value
+    (`True`, `False`, `None`, an integer), passed or by their default. None when the call
+    spreads `*args` / `**kwargs` (any of them may be set there)."""
     if any(a.star for a in call.args):
         return {}
     params = [*func.params.posonly_params, *func.params.params]
@@ -1344,13 +1355,12 @@ def flag_literals(func: cst.FunctionDef, call: cst.Call) -> dict[str, bool]:
     for arg in call.args:
         if arg.keyword is not None and arg.keyword.value in values:
             values[arg.keyword.value] = arg.value
-    tested = _tested_names(func)
     flags: dict[str, bool] = {}
     for name, value in values.items():
-        truth = _literal_truth(value)
-        if truth is not None and name in tested:
+        truth = _literal_truth(value) if name in wanted else None
+        if truth is not None:
             flags[name] = truth
-    return {n: v for n, v in flags.items() if n not in _rebound_names(func)}
+    return flags
 
 
 def _literal_truth(node: cst.BaseExpression | None) -> bool | None:
