@@ -1375,7 +1375,7 @@ def _tested_names(func: cst.FunctionDef) -> set[str]:
     """Names that are (part of) an `if` test in the body."""
     found: set[str] = set()
 
-    class _Tests(cst.CSTVisitor):
+    class _Tests(Visitor):
         def visit_If(self, node: cst.If) -> None:
             found.update(n.value for n in _names_in(node.test))
 
@@ -1386,7 +1386,7 @@ def _tested_names(func: cst.FunctionDef) -> set[str]:
 def _names_in(node: cst.CSTNode) -> list[cst.Name]:
     out: list[cst.Name] = []
 
-    class _Names(cst.CSTVisitor):
+    class _Names(Visitor):
         def visit_Name(self, n: cst.Name) -> None:
             out.append(n)
 
@@ -1399,7 +1399,7 @@ def _rebound_names(func: cst.FunctionDef) -> set[str]:
     def, `global`/`nonlocal`): a flag bound there may not hold the call's value at its test."""
     found: set[str] = set()
 
-    class _Binds(cst.CSTVisitor):
+    class _Binds(Visitor):
         def _targets(self, node: cst.CSTNode | None) -> None:
             if node is not None:
                 found.update(n.value for n in _names_in(node))
