@@ -823,7 +823,7 @@ class _Search:
         """The callees not seen into of the side work and the window, and of the waits before the
         fork that msrewrite could not see into (it took them as stream ordering: the fork follows them)."""
         waits = [f for f in self.facts[:fork] if f.barrier and f.index not in side_idx]
-        return sorted({u for f in [*moved, *waits] for u in f.unknown_callees})
+        return sorted({u for f in [*moved, *waits] for u in f.unknown_callees | f.unseen_work})
 
     def _input_groups(self, units: list[_Unit], inputs: list[str], storage: Storage) -> dict[str, frozenset]:
         """The objects each side input names where the side reads it."""
@@ -1646,7 +1646,7 @@ def _ordered_calls(
             effect = scope.effect_of(call)
             if kind.holds(effect):
                 found.append(source(call.func))
-            unseen.extend(u for u in effect.unknown if u not in unseen)
+            unseen.extend(u for u in [*effect.unknown, *effect.unseen_work] if u not in unseen)
             return True
 
         def visit_FunctionDef(self, _n: cst.FunctionDef) -> bool:
@@ -1968,7 +1968,7 @@ def _side_only_if(f: StatementFacts, func: cst.FunctionDef, facts: list[Statemen
     work too when the `if` as a whole writes nothing in place, assigns no `self.` state, reaches no
     callee msrewrite cannot see into and holds no collective, RNG or stream code, and every test
     of it (and its `elif`s) is invariant: then the whole `if` moves to the side stream."""
-    if f.mutates or f.may_write or f.unknown_callees or f.collective or f.rng or f.stream:
+    if f.mutates or f.may_write or f.unknown_callees or f.unseen_work or f.collective or f.rng or f.stream:
         return False
     node = f.node
     assert isinstance(node, cst.If)

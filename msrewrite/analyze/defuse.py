@@ -68,6 +68,7 @@ class StatementFacts:
     rebinds: set[str] = field(default_factory=set)
     may_write: dict[str, str] = field(default_factory=dict)
     unknown_callees: set[str] = field(default_factory=set)
+    unseen_work: set[str] = field(default_factory=set)  # CallEffect.unseen_work of its calls
     collective: bool = False
     rng: bool = False
     stream: bool = False
@@ -511,6 +512,7 @@ class _Collector(Visitor):
             for name, why in closure.may_write.items():
                 self.facts.may_write.setdefault(name, why)
             self.facts.unknown_callees |= closure.unknown_callees
+            self.facts.unseen_work |= closure.unseen_work
             self.facts.barrier |= closure.barrier
             params, written_params = self.scope.closure_params.get(node.func.value, ((), frozenset()))
             for arg in _bound_to(node, params, written_params):
@@ -548,6 +550,7 @@ class _Collector(Visitor):
                 )
             )
         self.facts.unknown_callees |= set(effect.unknown)
+        self.facts.unseen_work |= set(effect.unseen_work)
         self.facts.collective |= effect.collective
         self.facts.rng |= effect.rng
         self.facts.stream |= effect.stream
@@ -619,6 +622,7 @@ class _Collector(Visitor):
                     if name not in own:
                         self.facts.may_write.setdefault(name, why)
                 self.facts.unknown_callees |= inner.unknown_callees
+                self.facts.unseen_work |= inner.unseen_work
                 self.facts.barrier |= inner.barrier
                 writes_params = bool((inner.mutates | set(inner.may_write)) & own)
             elif isinstance(value, cst.Name) and value.value in self.scope.closure_params:

@@ -130,14 +130,14 @@ class DeepCollectives:
     def statement_communicates(self, stmt: cst.BaseStatement) -> bool:
         facts = node_facts(stmt, self.scope)
         if not facts.collective:
-            if facts.unknown_callees:
+            if facts.unknown_callees or facts.unseen_work:
                 raise NothingToDo(
                     f"{self.cls}.{self.func.name.value}: `{statement_source(stmt)}` calls "
-                    f"{sorted(facts.unknown_callees)[0]}: a collective in it would run on the compute stream, "
+                    f"{sorted(facts.unknown_callees | facts.unseen_work)[0]}: a collective in it would run on the compute stream, "
                     "out of order with the comm stream"
                 )
             return False
-        self.unseen |= facts.unknown_callees
+        self.unseen |= facts.unknown_callees | facts.unseen_work
         for call in all_calls(stmt):
             if self.scope.effect_of(call).collective:
                 where = self._nested_collective(self.summaries, self.cls, call, depth=0)

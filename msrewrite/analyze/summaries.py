@@ -30,7 +30,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from msrewrite.analyze import packages
+from msrewrite.analyze import declared, packages
 from msrewrite.analyze.definitions import last_def
 from msrewrite.analyze.defuse import (
     Scope,
@@ -118,6 +118,8 @@ class Summary:
     pending_writes: set[str] = field(default_factory=set)
     pending_reads: set[str] = field(default_factory=set)
     unknown: set[str] = field(default_factory=set)  # callees not seen into
+    # callees whose tensor effects are declared but whose other work is not seen (CallEffect.unseen_work)
+    unseen_work: set[str] = field(default_factory=set)
     # state beyond the arguments written in place: "self.<attr>" (an attribute of the object),
     # "self" (any of its state: through `self.parameters()`, say) and module-level names; a
     # caller counts them as writes of that attribute of the receiver, and of those names
@@ -156,6 +158,8 @@ class _Reading:
 
     loaded: dict[Path, ModuleSummaries | None] = field(default_factory=dict)
     bytes_read: int = 0
+    # (namespace, op, the file asking) -> (its declaration, "") or (None, why none is trusted)
+    ops: dict[tuple, tuple] = field(default_factory=dict)
 
 
 class ModuleSummaries:
@@ -187,6 +191,9 @@ class ModuleSummaries:
         self.star_imports: list[tuple[int, str]] = []  # `from <dots><module> import *`, in order
         self._tree = module
         self._containers: frozenset[str] | None = None  # see container_globals
+        # `op = torch.library.custom_op("ns::op", mutates_args=...)(impl)` at module level: op ->
+        # impl's def with that registration as its decorator (function_summary reads it so)
+        self.registered_ops: dict[str, cst.FunctionDef] = {}
         self._reading = _reading if _reading is not None else _Reading()
         for stmt in _top_level(module.body):
             if isinstance(stmt, cst.ClassDef):
@@ -197,6 +204,9 @@ class ModuleSummaries:
                 for small in stmt.body:
                     self._note_top_level(small)
         self._cache: dict[tuple[str, str, int], Summary] = {}
+        # (id of a function, its flag literals) -> the function without the branches they rule out
+        self._specialized: dict[tuple, cst.FunctionDef] = {}
+        self._flag_params: dict[int, frozenset[str]] = {}  # id of a function -> flag_params
         self._method_reads: dict[tuple[str, str], frozenset[str] | None] = {}
         self._class_hooks: dict[str, dict[str, list[str]]] = {}
         self._attrs: dict[str, dict[str, list[cst.BaseExpression]]] = {}
@@ -224,6 +234,7 @@ class ModuleSummaries:
                     head = full.split(".")[0]
                     self.module_imports[head] = head
         elif isinstance(small, cst.Assign):
+            self._note_registered_op(small)
             for target in small.targets:
                 name = dotted_name(target.target) or ""
                 if name.count(".") != 1:
@@ -245,6 +256,26 @@ class ModuleSummaries:
             except (SyntaxError, ValueError, RecursionError):
                 self._containers = frozenset()
         return self._containers
+
+    def _note_registered_op(self, small: cst.Assign) -> None:
+        """`op = torch.library.custom_op("ns::op", mutates_args=...)(impl)` (or SGLang's
+        `register_custom_op(...)(impl)`): `op` is impl with that registration as its decorator."""
+        registering = small.value
+        if not (
+            len(small.targets) == 1
+            and isinstance(small.targets[0].target, cst.Name)
+            and isinstance(registering, cst.Call)
+            and isinstance(registering.func, cst.Call)
+            and (dotted_name(registering.func.func) or "").split(".")[-1] in ("custom_op", "register_custom_op")
+            and len(registering.args) == 1
+        ):
+            return
+        impl = registering.args[0].value
+        if isinstance(impl, cst.Name) and impl.value in self.functions:
+            decorator = cst.Decorator(decorator=registering.func)
+            self.registered_ops[small.targets[0].target.value] = self.functions[impl.value].with_changes(
+                decorators=[decorator]
+            )
 
     # classes ----------------------------------------------------------------------------
     def find_class(self, name: str) -> tuple[ModuleSummaries, str] | None:
@@ -640,6 +671,10 @@ class ModuleSummaries:
         key = (cls or "", func.name.value, id(func))
         if key in self._cache:
             return self._cache[key]
+        declaration = self._decorator_declaration(func) if cls is None else None
+        if declaration is not None:
+            self._cache[key] = self._declared_summary(func, declaration)
+            return self._cache[key]
         summary = self._body_summary(cls, func)
         opaque = opaque_decorator(func)
         if opaque is not None and not self._vouched(opaque):
@@ -654,6 +689,240 @@ class ModuleSummaries:
             )
             self._cache[key] = summary
         return summary
+
+    # declared effects (analyze/declared.py) ----------------------------------------------
+    def qualified(self, name: str) -> str:
+        """`name` as this file's absolute imports spell it in full (`library.custom_op` after
+        `from torch import library`: "torch.library.custom_op"); "" when its head is not imported so."""
+        head, _, rest = name.partition(".")
+        if head in self.module_imports:
+            base = self.module_imports[head]
+        elif head in self.imports and self.imports[head][0] == 0:
+            _dots, source, original = self.imports[head]
+            base = f"{source}.{original}" if source else original
+        else:
+            return ""
+        return f"{base}.{rest}" if rest else base
+
+    def helper_library(self, name: str) -> str | None:
+        """The library a framework registration helper (declared.FRAMEWORK_HELPERS), called as
+        `name` in this file, registers into; None when `name` resolves to none of them."""
+        found = self.find_function(name) if name else None
+        if found is None or found[0].path is None:
+            return None
+        entry = declared.FRAMEWORK_HELPERS.get(found[1])
+        path = found[0].path.as_posix()
+        for suffix in entry[0] if entry is not None else ():
+            if path.endswith("/" + suffix):
+                return entry[1] or suffix.split("/")[0]  # type: ignore[index]
+        return None
+
+    def call_summary(self, func: cst.FunctionDef, call: cst.Call) -> Summary:
+        """The summary of free function `func` for this call: where the call fixes a flag
+        parameter to a literal (`fused_experts(x, w, inplace=False)`, or its literal default), the
+        body's `if inplace:` branches that cannot run are left out (a keyword convention read
+        from the body: what the flag selects is what the call does)."""
+        if id(func) not in self._flag_params:  # once per function: every call of it asks
+            self._flag_params[id(func)] = flag_params(func)
+        wanted = self._flag_params[id(func)]
+        flags = flag_literals(func, call, wanted) if wanted else {}
+        if not flags:
+            return self.function_summary(None, func)
+        key = (id(func), tuple(sorted(flags.items())))
+        if key not in self._specialized:
+            body = func.body.visit(_FlagBranches(flags))
+            self._specialized[key] = func.with_changes(body=body) if isinstance(body, cst.BaseSuite) else func
+        return self.function_summary(None, self._specialized[key])
+
+    def _decorator_declaration(self, func: cst.FunctionDef) -> declared.Declaration | None:
+        """What a registering decorator of `func` declares (`@torch.library.custom_op(...,
+        mutates_args=...)`, SGLang's `@register_custom_op(...)`), when every other decorator is
+        transparent; None when it has no such decorator."""
+        for d in func.decorators:
+            call = d.decorator if isinstance(d.decorator, cst.Call) else None
+            name = dotted_name(call.func if call is not None else d.decorator) or ""
+            keywords = {a.keyword.value: a.value for a in (call.args if call else ()) if a.keyword is not None}
+            if call is not None and self.qualified(name) in declared.TORCH_CUSTOM_OP:
+                first = positional(call)
+                label = f"@{name}({_short(first[0]) if first else ''})"
+                schema = keywords.get("schema")
+                if isinstance(schema, cst.SimpleString) and isinstance(schema.evaluated_value, str):
+                    decl = declared.from_schema(label, f"op{schema.evaluated_value}")[1]
+                elif schema is not None:
+                    decl = declared.Declaration(label=label, why="its schema is not a literal")
+                elif "mutates_args" not in keywords:
+                    decl = declared.Declaration(label=label, why="mutates_args is not given")
+                else:
+                    names, why = declared.literal_names(keywords["mutates_args"])
+                    decl = declared.from_mutates(label, func, names, why, helper=False)
+            elif (
+                name.split(".")[-1] == "register_custom_op"
+                and not (call is not None and positional(call))
+                and self.helper_library(name) is not None
+            ):
+                names, why = declared.literal_names(keywords.get("mutates_args"))
+                decl = declared.from_mutates(f"@{name}", func, names, why, helper=True)
+            else:
+                continue
+            # another decorator msrewrite does not see through may wrap the op: the call runs that
+            if any(opaque_decorator(func.with_changes(decorators=[o])) for o in func.decorators if o is not d):
+                return None
+            return decl
+        return None
+
+    def _declared_summary(self, func: cst.FunctionDef, decl: declared.Declaration) -> Summary:
+        """The summary of a free function registered as an op: it writes what its declaration
+        says (and what its body is seen to write); the result is new, or may alias what it
+        writes (decl.returns). Its body's collectives, RNG and stream work count, and the callees
+        in it not seen into are its `unseen_work`."""
+        params, vararg, kwarg = _signature(None, func)
+        every = [*params, *(n for n in (vararg, kwarg) if n)]
+        if not decl.why and not decl.writes <= set(every):
+            decl.why = "its schema names parameters the function does not have"
+        if decl.why:
+            why = f"{func.name.value} ({decl.label}: {decl.why}; not visible to msrewrite)"
+            return Summary(
+                params=params,
+                vararg=vararg,
+                kwarg=kwarg,
+                may_write={p: [why] for p in every},
+                returns=set(every),
+                holds=_all_pairs(every),
+                unknown={why},
+            )
+        body = self._body_summary(None, func)
+        label = f"{func.name.value} ({decl.label}, declared)"
+        return Summary(
+            params=params,
+            vararg=vararg,
+            kwarg=kwarg,
+            writes=set(decl.writes) | body.writes,
+            returns=set(decl.returns),
+            state_writes=set(body.state_writes),
+            collective=body.collective,
+            rng=body.rng,
+            stream=body.stream,
+            barrier=body.barrier,
+            unseen_work={f"{label} -> {u}" for u in body.unknown | body.unseen_work},
+        )
+
+    def _declared_call(self, call: cst.Call) -> CallEffect | None:
+        """`torch.ops.ns.op(...)` (also through `from torch import ops`), or a name bound at module
+        level to `custom_op(...)(impl)`: the op's declared effect; None for any other call."""
+        func = call.func
+        if isinstance(func, cst.Name) and func.value in self.registered_ops:
+            return _apply(self.function_summary(None, self.registered_ops[func.value]), call, func.value)
+        qualified = self.qualified(dotted_name(func) or "")
+        return self._torch_op(call, qualified) if qualified.startswith("torch.ops.") else None
+
+    def _torch_op(self, call: cst.Call, named: str) -> CallEffect:
+        """`torch.ops.ns.op(...)` / `torch.ops.ns.op.default(...)`: what the op's registration
+        declares (declared.py), found in this file and in the tree of the package named `ns`;
+        an op registered nowhere msrewrite looked, or in two places that disagree, stays unknown."""
+        parts = named.split(".")[2:]
+        if len(parts) == 3 and parts[2] == "default":
+            parts = parts[:2]
+        if self._vouched(named, parts[-1] if parts else named):
+            return _vouched_effect(call)
+        if len(parts) != 2:
+            return _unknown(call, f"{named} (not visible to msrewrite: an overload msrewrite does not read)")
+        decl, why = self._op_declaration(*parts)
+        if decl is None:
+            return _unknown(call, f"{named} (not visible to msrewrite: {why})")
+        summary = Summary(
+            params=[*decl.params, *decl.kwonly],
+            writes=set(decl.writes),
+            returns=set(decl.returns),
+            collective=decl.collective,
+            rng=decl.rng,
+            stream=decl.stream,
+            barrier=decl.barrier,
+            unseen_work={f"{named} ({decl.label}, declared) -> {u}" for u in sorted(decl.unseen_work)},
+        )
+        return _apply(summary, call, named)
+
+    def _op_declaration(self, ns: str, op: str) -> tuple[declared.Declaration | None, str]:
+        """(the one declaration of op `ns::op`, "") or (None, why there is none to trust).
+        Searched: this file, and the tree of the package named `ns` (the folder of that name
+        above this file, else the one the package roots give): where a framework registers its
+        own ops (`torch.ops.vllm.*` in vllm/, `torch.ops.sglang.*` in sglang/). Every
+        registration found there must agree; one in a library msrewrite cannot name, or through
+        a helper it does not know, may be this op too and keeps it unknown."""
+        key = (ns, op, self.path)
+        cache = self._reading.ops
+        if key in cache:
+            return cache[key]
+        roots: list[Path] = [self.path.resolve()] if self.path is not None else []
+        enclosing = packages.enclosing_root(self.path, ns)
+        if enclosing is not None:
+            roots.append(enclosing / ns)
+        else:
+            init = packages.module_file(ns, near=self.path) if self.path is not None else None
+            if init is not None and init.name == "__init__.py":
+                roots.append(init.parent)
+        sites: dict[tuple[Path, int], declared.Site] = {}
+        for root in roots:
+            found, incomplete = declared.registrations(root, op)
+            if incomplete:
+                cache[key] = (None, f"the search for its registration stopped: {incomplete}")
+                return cache[key]
+            for site in found:
+                if site.namespace in (ns, "", "?"):
+                    sites.setdefault((site.file, site.line), site)
+        decls = [d for d in (self._site_declaration(s, ns) for s in sites.values()) if d is not None]
+        searched = " and ".join(str(r) for r in roots) or "no file"
+        if not decls:
+            cache[key] = (None, f"no registration of {ns}::{op} found in {searched}")
+        elif any(d.why for d in decls):
+            bad = next(d for d in decls if d.why)
+            cache[key] = (None, f"{bad.label} at {bad.where}: {bad.why}")
+        elif len({d.key() for d in decls}) > 1:
+            wheres = ", ".join(d.where for d in decls)
+            cache[key] = (None, f"{ns}::{op} is registered with different declarations ({wheres})")
+        else:
+            one = decls[0]
+            for other in decls[1:]:
+                one.collective |= other.collective
+                one.rng |= other.rng
+                one.stream |= other.stream
+                one.barrier |= other.barrier
+                one.unseen_work |= other.unseen_work
+            cache[key] = (one, "")
+        return cache[key]
+
+    def _site_declaration(self, site: declared.Site, ns: str) -> declared.Declaration | None:
+        """What one registration found by the search declares (`why` set when it cannot be
+        read exactly); None when it registers into another library than `ns`."""
+        mine = self.path is not None and site.file == self.path.resolve()
+        module = self if mine else self._read(site.file, package=True)
+        named = f"{site.namespace}::{site.op}" if site.namespace not in ("", "?") else site.op
+        label = f"{site.helper}({named})"
+        if module is None:
+            decl = declared.Declaration(label=label, why="its registering file is past the reading bounds")
+        elif site.kind in ("schema", "library"):
+            decl = _schema_site(module, site, label)
+        else:
+            found = module.find_function(site.op_func) if site.op_func else None
+            func = found[0].functions[found[1]] if found is not None else None
+            if site.kind == "custom_op":
+                decl = _custom_op_site(module, site, label, func)
+            else:
+                library = module.helper_library(site.helper)
+                if library is not None and site.namespace == "?" and library != ns:
+                    return None
+                decl = _helper_site(site, label, func, library)
+            if func is not None and found is not None and not decl.why:
+                # what the implementing function does besides its declared writes
+                body = found[0].function_summary(None, func)
+                decl.collective, decl.rng, decl.stream, decl.barrier = (
+                    body.collective,
+                    body.rng,
+                    body.stream,
+                    body.barrier,
+                )
+                decl.unseen_work = {f"{func.name.value} -> {u}" for u in body.unknown} | body.unseen_work
+        decl.where = f"{site.file.name}:{site.line}"
+        return decl
 
     def _body_summary(self, cls: str | None, func: cst.FunctionDef) -> Summary:
         """Summary of `func`'s own body (function_summary without its decorators)."""
@@ -820,12 +1089,15 @@ class ModuleSummaries:
             path = scope.modules[func.value][len("self.") :]
         if path is not None and owner is not None:
             return owner[0]._resolve_self(call, owner[1], path)
+        declared_op = self._declared_call(call)
+        if declared_op is not None:
+            return declared_op
         if isinstance(func, cst.Name):
             name = func.value
             if name in self.functions:
                 if self._vouched(name):
                     return _vouched_effect(call)
-                return _apply(self.function_summary(None, self.functions[name]), call, name, strict=self.package)
+                return _apply(self.call_summary(self.functions[name], call), call, name, strict=self.package)
             if self.find_class(name) is not None:
                 return CallEffect()  # constructing a module does not touch tensors
         named = dotted_name(func)
@@ -859,7 +1131,7 @@ class ModuleSummaries:
         if found is not None:
             owner_module, fname = found
             return _apply(
-                owner_module.function_summary(None, owner_module.functions[fname]),
+                owner_module.call_summary(owner_module.functions[fname], call),
                 call,
                 named,
                 strict=owner_module.package,
@@ -1153,6 +1425,214 @@ class ModuleSummaries:
         return _union([own, *patched]) if patched else own
 
 
+def _custom_op_site(
+    module: ModuleSummaries, site: declared.Site, label: str, func: cst.FunctionDef | None
+) -> declared.Declaration:
+    """`@torch.library.custom_op("ns::op", mutates_args=...)` / `custom_op(...)(fn)` found by the search."""
+    if module.qualified(site.helper) not in declared.TORCH_CUSTOM_OP:
+        return declared.Declaration(label=label, why=f"{site.helper} is not torch.library.custom_op")
+    if site.schema:
+        return declared.from_schema(label, f"op{site.schema}")[1]
+    if func is None:
+        return declared.Declaration(label=label, why=f"its function {site.op_func or '?'} is not found")
+    if not site.mutates_given:
+        return declared.Declaration(label=label, why="mutates_args is not given")
+    names, why = declared.ast_names(site.mutates, True)
+    return declared.from_mutates(label, func, names, why, helper=False)
+
+
+def _helper_site(
+    site: declared.Site, label: str, func: cst.FunctionDef | None, library: str | None
+) -> declared.Declaration:
+    """A framework helper's registration (declared.FRAMEWORK_HELPERS) found by the search."""
+    if library is None:
+        return declared.Declaration(label=label, why=f"{site.helper} is no registration helper msrewrite knows")
+    if site.namespace == "":
+        return declared.Declaration(label=label, why="it registers into a library passed as target_lib")
+    if func is None:
+        return declared.Declaration(label=label, why=f"its function {site.op_func or '?'} is not found")
+    names, why = declared.ast_names(site.mutates, site.mutates_given)
+    return declared.from_mutates(label, func, names, why, helper=True)
+
+
+def _schema_site(module: ModuleSummaries, site: declared.Site, label: str) -> declared.Declaration:
+    """`torch.library.define("ns::op", "(...) -> ...")` or `<Library>.define("op(...) -> ...")`."""
+    ctor = module.qualified(site.helper)
+    if site.kind == "schema" and ctor not in declared.TORCH_DEFINE:
+        return declared.Declaration(label=label, why=f"{site.helper} is not torch.library.define")
+    if site.kind == "library" and ctor not in declared.TORCH_LIBRARY:
+        return declared.Declaration(label=label, why="its library is not a torch.library.Library msrewrite can name")
+    name, decl = declared.from_schema(label, site.schema)
+    if not decl.why and name != site.op:
+        decl.why = f"it defines the overload {name}, not the op itself"
+    decl.unseen_work = {"its implementation, registered apart from the schema (not read)"}
+    return decl
+
+
+def flag_params(func: cst.FunctionDef) -> frozenset[str]:
+    """Parameters of `func` its body tests (`if inplace:`) and never rebinds."""
+    params = {p.name.value for p in (*func.params.posonly_params, *func.params.params, *func.params.kwonly_params)}
+    tested = params & _tested_names(func)
+    return frozenset(tested - _rebound_names(func)) if tested else frozenset()
+
+
+def flag_literals(func: cst.FunctionDef, call: cst.Call, wanted: frozenset[str]) -> dict[str, bool]:
+    """Of the parameters `wanted` (flag_params), those the call fixes to a literal truth value
+    (`True`, `False`, `None`, an integer), passed or by their default. None when the call
+    spreads `*args` / `**kwargs` (any of them may be set there)."""
+    if any(a.star for a in call.args):
+        return {}
+    params = [*func.params.posonly_params, *func.params.params]
+    named = {p.name.value: p for p in (*params, *func.params.kwonly_params)}
+    values: dict[str, cst.BaseExpression | None] = {p: named[p].default for p in named}
+    for param, given in zip(params, positional(call), strict=False):  # extra ones go to *args
+        values[param.name.value] = given
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value in values:
+            values[arg.keyword.value] = arg.value
+    flags: dict[str, bool] = {}
+    for name, value in values.items():
+        truth = _literal_truth(value) if name in wanted else None
+        if truth is not None:
+            flags[name] = truth
+    return flags
+
+
+def _literal_truth(node: cst.BaseExpression | None) -> bool | None:
+    if isinstance(node, cst.Name) and node.value in ("True", "False", "None"):
+        return node.value == "True"
+    if isinstance(node, cst.Integer):
+        return int(node.value, 0) != 0
+    return None
+
+
+def _tested_names(func: cst.FunctionDef) -> set[str]:
+    """Names that are (part of) an `if` test in the body."""
+    found: set[str] = set()
+
+    class _Tests(Visitor):
+        def visit_If(self, node: cst.If) -> None:
+            found.update(n.value for n in _names_in(node.test))
+
+    func.body.visit(_Tests())
+    return found
+
+
+def _names_in(node: cst.CSTNode) -> list[cst.Name]:
+    out: list[cst.Name] = []
+
+    class _Names(Visitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            out.append(n)
+
+    node.visit(_Names())
+    return out
+
+
+def _rebound_names(func: cst.FunctionDef) -> set[str]:
+    """Names the body binds anywhere (assignment, loop, `with ... as`, walrus, `del`, an inner
+    def, `global`/`nonlocal`): a flag bound there may not hold the call's value at its test."""
+    found: set[str] = set()
+
+    class _Binds(Visitor):
+        def _targets(self, node: cst.CSTNode | None) -> None:
+            if node is not None:
+                found.update(n.value for n in _names_in(node))
+
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            self._targets(node.target)
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            self._targets(node.target)
+
+        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+            self._targets(node.target)
+
+        def visit_For(self, node: cst.For) -> None:
+            self._targets(node.target)
+
+        def visit_CompFor(self, node: cst.CompFor) -> None:
+            self._targets(node.target)
+
+        def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+            self._targets(node.target)
+
+        def visit_AsName(self, node: cst.AsName) -> None:
+            self._targets(node.name)
+
+        def visit_Del(self, node: cst.Del) -> None:
+            self._targets(node.target)
+
+        def visit_Global(self, node: cst.Global) -> None:
+            found.update(n.name.value for n in node.names)
+
+        def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
+            found.update(n.name.value for n in node.names)
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+            found.add(node.name.value)
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> None:
+            found.add(node.name.value)
+
+    func.body.visit(_Binds())
+    return found
+
+
+def _test_truth(test: cst.BaseExpression, flags: dict[str, bool]) -> bool | None:
+    """The value of an `if` test the flags decide: `flag`, `not flag`, and `a and b` / `a or b`
+    whose left side decides it (`inplace and not disabled()` with inplace False); else None."""
+    if isinstance(test, cst.Name) and test.value in flags:
+        return flags[test.value]
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        inner = _test_truth(test.expression, flags)
+        return None if inner is None else not inner
+    if isinstance(test, cst.BooleanOperation):
+        left = _test_truth(test.left, flags)
+        if isinstance(test.operator, cst.And) and left is False:
+            return False
+        if isinstance(test.operator, cst.Or) and left is True:
+            return True
+    return None
+
+
+class _FlagBranches(cst.CSTTransformer):
+    """A function body with the `if` statements its flags decide replaced by the branch that
+    runs (an `elif` chain is left whole: only a decided `if` with a plain `else` or none goes)."""
+
+    def __init__(self, flags: dict[str, bool]) -> None:
+        super().__init__()
+        self.flags = flags
+        self.elifs: set[int] = set()
+
+    def visit_If(self, node: cst.If) -> None:
+        if isinstance(node.orelse, cst.If):
+            self.elifs.add(id(node.orelse))
+
+    def visit_FunctionDef(self, _node: cst.FunctionDef) -> bool:
+        return False  # a nested function's parameters may shadow the flags
+
+    def visit_Lambda(self, _node: cst.Lambda) -> bool:
+        return False
+
+    def visit_ClassDef(self, _node: cst.ClassDef) -> bool:
+        return False
+
+    def leave_If(self, original: cst.If, updated: cst.If):  # type: ignore[override]
+        truth = _test_truth(updated.test, self.flags)
+        if truth is None or id(original) in self.elifs or isinstance(updated.orelse, cst.If):
+            return updated
+        if truth:
+            branch = updated.body
+        elif updated.orelse is not None:
+            branch = updated.orelse.body
+        else:
+            return cst.FlattenSentinel([cst.SimpleStatementLine([cst.Pass()])])
+        if isinstance(branch, cst.SimpleStatementSuite):  # `if flag: x.add_(1)` on one line
+            return cst.FlattenSentinel([cst.SimpleStatementLine(list(branch.body))])
+        return cst.FlattenSentinel(list(branch.body))
+
+
 # Decorators that leave what the function does to its arguments as its body says (they change
 # grad mode, compilation, binding or documentation only); any other one wraps the body in code
 # msrewrite does not follow. Matched on the decorator's last dotted name (`torch.no_grad()`).
@@ -1204,6 +1684,7 @@ def _note_kinds(summary: Summary, facts: list[StatementFacts]) -> None:
         summary.rng |= f.rng
         summary.stream |= f.stream
         summary.barrier |= f.barrier
+        summary.unseen_work |= f.unseen_work
 
 
 def _signature(cls: str | None, func: cst.FunctionDef) -> tuple[list[str], str | None, str | None]:
@@ -1723,6 +2204,7 @@ def _apply(
     bound = _bind_args(summary, call)
     effect = CallEffect(
         unknown=sorted(summary.unknown),
+        unseen_work=sorted(summary.unseen_work),
         collective=summary.collective,
         rng=summary.rng,
         stream=summary.stream,
@@ -1928,6 +2410,7 @@ def _union(effects: list[CallEffect]) -> CallEffect:
         out.may_writes += e.may_writes
         out.stores += e.stores
         out.unknown += [u for u in e.unknown if u not in out.unknown]
+        out.unseen_work += [u for u in e.unseen_work if u not in out.unseen_work]
         out.collective |= e.collective
         out.rng |= e.rng
         out.stream |= e.stream

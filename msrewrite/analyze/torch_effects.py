@@ -544,6 +544,10 @@ class CallEffect:
     returns: list[cst.BaseExpression] = field(default_factory=list)
     may_writes: list[tuple[cst.BaseExpression, str]] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)
+    # callees whose tensor effects are declared (a custom op's registration: analyze/declared.py)
+    # but whose other work is not seen: they may run a collective, draw random numbers or order
+    # streams, which the checks of that work count as they count `unknown` callees
+    unseen_work: list[str] = field(default_factory=list)
     # (container, value): after the call the object `container` names holds `value` (`put(buf, x)`
     # doing `buf[0] = x`, `setattr(obj, "a", x)`): a later write through the container writes value
     stores: list[tuple[cst.BaseExpression, cst.BaseExpression]] = field(default_factory=list)
