@@ -1093,13 +1093,9 @@ class ModuleSummaries:
         if declared_op is not None:
             return declared_op
         if isinstance(func, cst.Name):
-            name = func.value
-            if name in self.functions:
-                if self._vouched(name):
-                    return _vouched_effect(call)
-                return _apply(self.call_summary(self.functions[name], call), call, name, strict=self.package)
-            if self.find_class(name) is not None:
-                return CallEffect()  # constructing a module does not touch tensors
+            own = self._resolve_own_name(call, func.value)
+            if own is not None:
+                return own
         named = dotted_name(func)
         if named and named.split(".")[0] in (*self.imports, *self.module_imports) and named not in scope.modules:
             imported = self._resolve_imported(call, named)
@@ -1121,6 +1117,16 @@ class ModuleSummaries:
         if self._vouched(callee, callee.split(".")[-1]):
             return _vouched_effect(call)
         return _unknown(call, f"{callee} (not visible to msrewrite)")
+
+    def _resolve_own_name(self, call: cst.Call, name: str) -> CallEffect | None:
+        """`name(...)` for a function this file defines, or a class it can find; None otherwise."""
+        if name in self.functions:
+            if self._vouched(name):
+                return _vouched_effect(call)
+            return _apply(self.call_summary(self.functions[name], call), call, name, strict=self.package)
+        if self.find_class(name) is not None:
+            return CallEffect()  # constructing a module does not touch tensors
+        return None
 
     def _resolve_imported(self, call: cst.Call, named: str) -> CallEffect | None:
         """An imported function or class, read from its module's source (never imported); None
