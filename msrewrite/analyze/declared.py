@@ -34,6 +34,7 @@ from pathlib import Path
 
 import libcst as cst
 
+from msrewrite.analyze import packages
 from msrewrite.records import record
 
 # torch's own op decorator / function, as the file's imports name it (qualified)
@@ -299,13 +300,7 @@ def _marked_files(root: Path) -> tuple[list[tuple[Path, bytes]], str]:
 
 
 def _dotted(node: ast.expr) -> str:
-    parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        return ".".join([node.id, *reversed(parts)])
-    return ""
+    return packages.ast_dotted(node) or ""
 
 
 def _kwarg(call: ast.Call, name: str, at: int | None = None) -> tuple[ast.expr | None, bool]:

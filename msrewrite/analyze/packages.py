@@ -232,7 +232,8 @@ def index_file(path: Path) -> SourceIndex | None:
     return _parsed[key]
 
 
-def _dotted(node) -> str | None:
+def ast_dotted(node) -> str | None:
+    """'a.b.c' for an `ast` Name / Attribute chain, else None."""
     import ast
 
     parts: list[str] = []
@@ -275,7 +276,7 @@ def _index(text: str) -> SourceIndex:
                 index.functions.discard(stmt.name)
                 (index.classes if isinstance(stmt, ast.ClassDef) else index.functions).add(stmt.name)
                 if isinstance(stmt, ast.ClassDef):
-                    index.bases[stmt.name] = [n for n in (_dotted(b) for b in stmt.bases) if n]
+                    index.bases[stmt.name] = [n for n in (ast_dotted(b) for b in stmt.bases) if n]
             elif isinstance(stmt, ast.ImportFrom):
                 for alias in stmt.names:
                     if alias.name != "*":
