@@ -472,3 +472,10 @@ def test_container_and_local_import_edits_verify(tmp_path, monkeypatch):
         edited.write_text(step.new)
         result = verify_files(edited, original=path, schedule_source=ScheduleSource(step.old, step.plans))
         assert result.ok and not result.findings, (name, result.problems)
+
+
+def test_a_nested_function_rebinding_a_local_nonlocal_leaves_it_unknown():
+    func = _func("def f():\n    cls = A\n    def swap():\n        nonlocal cls\n        cls = B\n    return cls\n")
+    assert reach.local_values(func, "cls") is None
+    plain = _func("def f():\n    cls = A\n    def other():\n        cls = B\n    return cls\n")
+    assert [cst.Module([]).code_for_node(v) for v in reach.local_values(plain, "cls")] == ["A"]  # type: ignore[union-attr]

@@ -149,9 +149,14 @@ class _LocalBinds(Visitor):
             self.other = True
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        if node is not self.func:
-            self.bind(node.name, None)
-        return node is self.func
+        if node is self.func:
+            return True
+        self.bind(node.name, None)
+        # a nested function binds its own locals, except a name it declares `nonlocal`
+        nested = _Nonlocals(self.name)
+        node.body.visit(nested)
+        self.other = self.other or nested.found
+        return False
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         self.bind(node.name, None)
@@ -212,6 +217,17 @@ class _LocalBinds(Visitor):
 
     def visit_Del(self, node: cst.Del) -> None:
         self.bind(node.target, None)
+
+
+class _Nonlocals(Visitor):
+    """Whether a nested function's body declares `nonlocal <name>` (at any depth)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name, self.found = name, False
+
+    def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
+        self.found = self.found or any(n.name.value == self.name for n in node.names)
 
 
 def local_values(
