@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from msrewrite.analyze.reach import local_values
 from msrewrite.analyze.torch_effects import dotted
 from msrewrite.analyze.walk import Visitor, walk
 
@@ -85,45 +86,10 @@ def _test_platform(expr: cst.BaseExpression, names: dict[str, str]) -> str | Non
     return _helper_platform(expr)
 
 
-def _stores(func: cst.FunctionDef) -> dict[str, int]:
-    """How many times each name is bound in `func` (assignments, loops, `with ... as`, walrus, imports)."""
-    counts: dict[str, int] = {}
-
-    def add(target: cst.CSTNode) -> None:
-        for node in _nodes(target, cst.Name):
-            counts[node.value] = counts.get(node.value, 0) + 1
-
-    class Stores(Visitor):
-        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-            add(node.target)
-
-        def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            add(node.target)
-
-        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-            add(node.target)
-
-        def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-            add(node.target)
-
-        def visit_For(self, node: cst.For) -> None:
-            add(node.target)
-
-        def visit_AsName(self, node: cst.AsName) -> None:
-            add(node.name)
-
-        def visit_Param(self, node: cst.Param) -> None:
-            add(node.name)
-
-    walk(func, Stores())
-    return counts
-
-
 def _local_platform_names(func: cst.FunctionDef, names: dict[str, str]) -> dict[str, str]:
     """Locals bound once, at the function's top level, to a platform test (`flag = _is_npu and ...`)."""
     if not isinstance(func.body, cst.IndentedBlock):
         return {}
-    counts = _stores(func)
     found: dict[str, str] = {}
     for stmt in func.body.body:
         if not isinstance(stmt, cst.SimpleStatementLine):
@@ -131,10 +97,12 @@ def _local_platform_names(func: cst.FunctionDef, names: dict[str, str]) -> dict[
         for small in stmt.body:
             if isinstance(small, cst.Assign) and len(small.targets) == 1:
                 target = small.targets[0].target
-                if isinstance(target, cst.Name) and counts.get(target.value) == 1 and target.value not in names:
-                    kind = _test_platform(small.value, names)
-                    if kind is not None:
-                        found[target.value] = kind
+                if not isinstance(target, cst.Name) or target.value in names:
+                    continue
+                bound = local_values(func, target.value)  # bound here only, by this assignment
+                kind = _test_platform(small.value, names) if isinstance(bound, list) and len(bound) == 1 else None
+                if kind is not None:
+                    found[target.value] = kind
     return found
 
 
