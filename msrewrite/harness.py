@@ -94,6 +94,11 @@ class Harness:
     init_kwargs: dict = field(default_factory=dict)
     seed: int = 0
     source: str = ""  # how it was built: "harness", "transformers" or "module"
+    # A user harness is run again on the other file (`rebuild_from`), so what make() does after
+    # construction (binding a method, setting a switch) reaches the rebuilt module too.
+    make_file: Path | None = None
+    make_name: str = ""
+    model_name: str = ""  # the name the harness imports the model file by ("": make() is in it)
 
     def run(self) -> Any:
         with torch.no_grad():
@@ -105,10 +110,12 @@ class Harness:
         if not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):
             raise BadInput(f"{getattr(other_module, '__file__', other_module)} has no nn.Module class {self.target}")
         manual_seed(self.seed)
-        try:
-            module = cls(*self.init_args, **self.init_kwargs)
-        except Exception as exc:  # user code: report, do not crash
-            raise BadInput(f"cannot build {self.target} from the other file: {one_line(exc)}") from None
+        module = self._remade(other_module, cls)
+        if module is None:
+            try:
+                module = cls(*self.init_args, **self.init_kwargs)
+            except Exception as exc:  # user code: report, do not crash
+                raise BadInput(f"cannot build {self.target} from the other file: {one_line(exc)}") from None
         state = self.module.state_dict()
         result = module.load_state_dict(state, strict=False)
         missing_old = [k for k in result.missing_keys if k in state]
@@ -126,7 +133,63 @@ class Harness:
             init_kwargs=self.init_kwargs,
             seed=self.seed,
             source=self.source,
+            make_file=self.make_file,
+            make_name=self.make_name,
+            model_name=self.model_name,
         )
+
+    def _remade(self, other_module: types.ModuleType, cls: type) -> torch.nn.Module | None:
+        """`cls` built by the user's make() run against `other_module`; None when the harness does
+        not build it from there (a harness that imports the model some other way): the caller then
+        calls the constructor with the recorded arguments, as before."""
+        if self.make_file is None:
+            return None
+        if not self.model_name:
+            make = getattr(other_module, self.make_name, None)  # make() in the model file itself
+        else:
+            make = self._external_make(other_module)
+        if not callable(make):
+            return None
+        try:
+            result = make()
+        except Exception as exc:  # user code: report, do not crash
+            raise BadInput(
+                f"cannot build {self.target} from the other file: {self.make_name}() failed: {one_line(exc)}"
+            ) from None
+        built = result[0] if isinstance(result, tuple) and len(result) == 2 else None
+        return built if type(built) is cls else None
+
+    def _external_make(self, other_module: types.ModuleType) -> Callable[[], Any] | None:
+        """The harness file's make, loaded afresh while its model import names `other_module`."""
+        assert self.make_file is not None
+        name = self.model_name
+        saved = sys.modules.get(name)
+        sys.modules[name] = other_module
+        try:
+            harness_module = load_module(self.make_file, name=f"_msrewrite_harness_{next(_unique)}")
+        except BadInput:
+            return None
+        finally:
+            if saved is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = saved
+        make = getattr(harness_module, self.make_name, None)
+        if not callable(make):
+            return None
+
+        def run_with_model() -> Any:
+            saved = sys.modules.get(name)
+            sys.modules[name] = other_module
+            try:
+                return make()
+            finally:
+                if saved is None:
+                    sys.modules.pop(name, None)
+                else:
+                    sys.modules[name] = saved
+
+        return run_with_model
 
 
 # Loading -------------------------------------------------------------------------------------
@@ -308,6 +371,10 @@ def _from_user_harness(spec: str, model_path: Path, target: str | None) -> Harne
         init_args=init_args,
         init_kwargs=init_kwargs,
         source="harness",
+        make_file=harness_path,
+        make_name=func_name,
+        # the module the harness took the class from: re-run, it is given the other file in its place
+        model_name="" if _same_file(str(harness_path), model_path) else type(module).__module__,
     )
 
 
