@@ -21,7 +21,8 @@ import libcst as cst
 import pytest
 
 from helpers import main_in_process
-from msrewrite.analyze.platforms import module_platform_names, other_platform_blocks
+from msrewrite.analyze.packages import module_platform_names
+from msrewrite.analyze.platforms import other_platform_blocks
 from msrewrite.commands.apply import case_steps
 from msrewrite.errors import NothingToDo
 from msrewrite.load import load
@@ -241,7 +242,7 @@ def test_platform_blocks():
             e = 1
 """
     )
-    names = module_platform_names(module)
+    names = module_platform_names(module.code)
     assert names == {"_is_npu": "npu", "_is_cuda": "cuda"}
     cls = next(s for s in module.body if isinstance(s, cst.ClassDef))
     func = cls.body.body[-1]

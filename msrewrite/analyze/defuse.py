@@ -277,12 +277,25 @@ _HOLDING_AUG_OPERATORS = (
 
 
 class _Collector(Visitor):
-    def __init__(self, facts: StatementFacts, scope: Scope | None = None, after_calls: Set[int] = frozenset()) -> None:
+    def __init__(
+        self,
+        facts: StatementFacts,
+        scope: Scope | None = None,
+        after_calls: Set[int] = frozenset(),
+        skip: Set[int] = frozenset(),
+    ) -> None:
         self.facts = facts
         self.scope = scope or Scope()
         self.after_calls = after_calls  # calls whose own effect is left out (they run after the hoisted call)
+        self.skip = skip  # blocks that never run where the edit runs (another platform's branch)
         self._label = "a call"  # the call whose effect is being recorded
         self._called: set[int] = set()  # Name nodes that are the callee of a nested function's call
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> bool:
+        return id(node) not in self.skip
+
+    def visit_SimpleStatementSuite(self, node: cst.SimpleStatementSuite) -> bool:
+        return id(node) not in self.skip
 
     def _roots(self, node: cst.BaseExpression) -> set[str]:
         return alias_roots(node, self.scope)
@@ -767,10 +780,13 @@ def is_docstring(stmt: cst.BaseStatement) -> bool:
     )
 
 
-def node_facts(node: cst.CSTNode, scope: Scope | None = None, after_calls: Set[int] = frozenset()) -> StatementFacts:
-    """Loads, stores and mutations of any node, without source positions."""
+def node_facts(
+    node: cst.CSTNode, scope: Scope | None = None, after_calls: Set[int] = frozenset(), skip: Set[int] = frozenset()
+) -> StatementFacts:
+    """Loads, stores and mutations of any node, without source positions; the blocks in `skip`
+    (ids of IndentedBlock / SimpleStatementSuite nodes) are left out."""
     item = StatementFacts(index=-1, node=node, first_line=0, last_line=0)  # type: ignore[arg-type]
-    node.visit(_Collector(item, scope, after_calls))
+    node.visit(_Collector(item, scope, after_calls, skip))
     item.loads.discard("self")
     return item
 

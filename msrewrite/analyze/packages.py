@@ -24,6 +24,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from msrewrite.analyze import platforms
 from msrewrite.records import record
 
 if TYPE_CHECKING:
@@ -190,6 +191,7 @@ class SourceIndex:
     # module-level names that only ever hold a builtin container built by a literal (`CONFIGS =
     # {...}`): see `container_globals`
     containers: frozenset[str] = frozenset()
+    platform_names: dict[str, str] = field(default_factory=dict)  # see module_platform_names
 
     parsed: dict = field(default_factory=dict)  # name -> its libcst node (None: does not parse alone)
 
@@ -295,6 +297,7 @@ def _index(text: str) -> SourceIndex:
 
     visit(tree.body)
     index.containers = container_globals(tree)
+    index.platform_names = platform_names_in(tree)
     return index
 
 
@@ -349,3 +352,59 @@ def container_globals(tree) -> frozenset[str]:
         elif isinstance(node, ast.ExceptHandler) and node.name:
             other.add(node.name)
     return frozenset(literal - other)
+
+
+# platform tests (analyze/platforms.py) --------------------------------------------------------
+def _bound_names(node) -> list[str]:
+    """The names an `ast` node binds (an assignment target, a `global`, an import, a parameter...)."""
+    import ast
+
+    if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+        return [node.id]
+    if isinstance(node, (ast.Global, ast.Nonlocal)):
+        return list(node.names)
+    if isinstance(node, ast.alias):
+        return [node.asname or node.name.split(".")[0]]
+    if isinstance(node, ast.arg):
+        return [node.arg]
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
+        return [node.name]
+    if isinstance(node, ast.MatchMapping) and node.rest:
+        return [node.rest]
+    return []
+
+
+def module_platform_names(text: str) -> dict[str, str]:
+    """Module-level names bound once, to a platform helper call (`_is_npu = is_npu()`), and never
+    bound again anywhere in the file: not by another assignment, a `global`, an import, a loop,
+    a parameter or a local of the same name (which would shadow it in that function)."""
+    import ast
+
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError):
+        return {}
+    return platform_names_in(tree)
+
+
+def platform_names_in(tree) -> dict[str, str]:
+    """module_platform_names of a parsed `ast.Module`."""
+    import ast
+
+    found: dict[str, str] = {}
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            value = stmt.value
+            if isinstance(value, ast.Call) and not value.args and not value.keywords:
+                kind = platforms.helper_platform(ast_dotted(value.func) or "")
+                if kind is not None:
+                    found[stmt.targets[0].id] = kind
+    if not found:
+        return {}
+    bindings: dict[str, int] = {}
+    for node in ast.walk(tree):
+        for name in _bound_names(node):
+            bindings[name] = bindings.get(name, 0) + 1
+    return {name: kind for name, kind in found.items() if bindings.get(name) == 1}

@@ -37,9 +37,12 @@ def _nodes(node: cst.CSTNode, kind: type) -> list:
     return found
 
 
-# helper callee -> the platform it tests for
+# helper callee -> the platform it tests for. An edit runs on "cuda" (NVIDIA, or ROCm, which runs
+# the torch.cuda stream API) or "npu"; the others are devices with no stream an edit uses (on
+# them the edit's helpers fall back to running everything in order).
 _HELPERS = {
     "is_npu": "npu",
+    "is_npu_arch35": "npu",
     "current_platform.is_npu": "npu",
     "is_cuda": "cuda",
     "is_cuda_alike": "cuda",
@@ -47,6 +50,14 @@ _HELPERS = {
     "current_platform.is_cuda_alike": "cuda",
     "is_hip": "cuda",  # ROCm runs the torch.cuda stream API
     "current_platform.is_rocm": "cuda",
+    "is_cpu": "cpu",
+    "current_platform.is_cpu": "cpu",
+    "is_xpu": "xpu",
+    "current_platform.is_xpu": "xpu",
+    "is_hpu": "hpu",
+    "is_musa": "musa",
+    "is_mps": "mps",
+    "current_platform.is_tpu": "tpu",
 }
 
 
@@ -55,26 +66,15 @@ def platform_of(mode: str) -> str:
     return "cuda" if mode == "cuda" else "npu"
 
 
+def helper_platform(callee: str) -> str | None:
+    """The platform a call of `callee` with no arguments tests for (`is_npu` -> "npu"), or None."""
+    return _HELPERS.get(callee)
+
+
 def _helper_platform(expr: cst.BaseExpression) -> str | None:
     if isinstance(expr, cst.Call) and not expr.args:
-        return _HELPERS.get(dotted(expr.func) or "")
+        return helper_platform(dotted(expr.func) or "")
     return None
-
-
-def module_platform_names(module: cst.Module) -> dict[str, str]:
-    """Module-level names bound exactly once, to a platform helper call (`_is_npu = is_npu()`)."""
-    bound: dict[str, list[str | None]] = {}
-    for stmt in module.body:
-        if not isinstance(stmt, cst.SimpleStatementLine):
-            continue
-        for small in stmt.body:
-            if isinstance(small, cst.Assign):
-                for target in small.targets:
-                    if isinstance(target.target, cst.Name):
-                        bound.setdefault(target.target.value, []).append(_helper_platform(small.value))
-    # a name bound anywhere else (a function's `global`, a nested block) is not counted: only
-    # top-level simple statements are read, and a second binding there drops it
-    return {name: kinds[0] for name, kinds in bound.items() if len(kinds) == 1 and kinds[0] is not None}
 
 
 def _test_platform(expr: cst.BaseExpression, names: dict[str, str]) -> str | None:
@@ -107,7 +107,7 @@ def _local_platform_names(func: cst.FunctionDef, names: dict[str, str]) -> dict[
 
 
 def other_platform_blocks(func: cst.FunctionDef, mode: str, names: dict[str, str]) -> list[cst.CSTNode]:
-    """The blocks of `func` that never run on `mode`'s platform (`names`: module_platform_names)."""
+    """The blocks of `func` that never run on `mode`'s platform (`names`: packages.module_platform_names)."""
     names = {**names, **_local_platform_names(func, names)}
     ours = platform_of(mode)
     blocks: list[cst.CSTNode] = []
@@ -136,3 +136,18 @@ def outside(calls: list[cst.Call], blocks: list[cst.CSTNode]) -> list[cst.Call]:
     """The calls that lie in none of `blocks`."""
     inside = {id(node) for block in blocks for node in _nodes(block, cst.Call)}
     return [c for c in calls if id(c) not in inside]
+
+
+def platform_tests(func: cst.FunctionDef, blocks: list[cst.CSTNode]) -> set[str]:
+    """The tests (`_is_npu`, `not _is_cpu`) of the `if`s whose branches are `blocks`."""
+    ids = {id(block) for block in blocks}
+    tests: set[str] = set()
+
+    class Ifs(Visitor):
+        def visit_If(self, node: cst.If) -> None:
+            orelse = node.orelse.body if isinstance(node.orelse, cst.Else) else None
+            if id(node.body) in ids or id(orelse) in ids:
+                tests.add(" ".join(cst.Module([]).code_for_node(node.test).split()))
+
+    walk(func, Ifs())
+    return tests

@@ -42,6 +42,7 @@ from msrewrite.analyze.defuse import (
     node_facts,
     parameter_names,
 )
+from msrewrite.analyze.platforms import other_platform_blocks, platform_tests
 from msrewrite.analyze.reach import UNSEEN_STORE, attribute_stores, instance_targets, local_import, returned_values
 from msrewrite.analyze.torch_effects import (
     ORDERING_METHODS,
@@ -160,6 +161,10 @@ class _Reading:
     bytes_read: int = 0
     # (namespace, op, the file asking) -> (its declaration, "") or (None, why none is trusted)
     ops: dict[tuple, tuple] = field(default_factory=dict)
+    # the mode the edit is for: code under another platform's test (`if _is_npu:` for a CUDA edit)
+    # never runs there and is not read (analyze/platforms.py); None reads every branch
+    mode: str | None = None
+    skipped_tests: set[str] = field(default_factory=set)  # the platform tests whose code was left out
 
 
 class ModuleSummaries:
@@ -173,6 +178,7 @@ class ModuleSummaries:
         _reading: _Reading | None = None,
         _depth: int = 0,
         _package: bool = False,
+        mode: str | None = None,
     ) -> None:
         self.assume_pure = set(assume_pure)
         self.assumed: set[str] = set()  # names the reviewer vouched for that were used
@@ -194,7 +200,8 @@ class ModuleSummaries:
         # `op = torch.library.custom_op("ns::op", mutates_args=...)(impl)` at module level: op ->
         # impl's def with that registration as its decorator (function_summary reads it so)
         self.registered_ops: dict[str, cst.FunctionDef] = {}
-        self._reading = _reading if _reading is not None else _Reading()
+        self._reading = _reading if _reading is not None else _Reading(mode=mode)
+        self._platform_names: dict[str, str] | None = None
         for stmt in _top_level(module.body):
             if isinstance(stmt, cst.ClassDef):
                 self.classes[stmt.name.value] = stmt
@@ -371,6 +378,7 @@ class ModuleSummaries:
         other._containers = index.containers
         other.patches = {k: list(v) for k, v in index.patches.items()}
         other._class_bases = {k: list(v) for k, v in index.bases.items()}
+        other._platform_names = index.platform_names
         other.assumed = self.assumed  # names vouched for anywhere count as used
         loaded[file] = other
         return other
@@ -924,6 +932,23 @@ class ModuleSummaries:
         decl.where = f"{site.file.name}:{site.line}"
         return decl
 
+    def _other_platform_blocks(self, func: cst.FunctionDef) -> frozenset[int]:
+        """Ids of `func`'s blocks that never run on the platform of the edit's mode (none when the
+        analysis is not for one mode)."""
+        mode = self._reading.mode
+        if mode is None:
+            return frozenset()
+        if self._platform_names is None:  # the user's file (a read module has its index's)
+            self._platform_names = packages.module_platform_names(self._tree.code)
+        blocks = other_platform_blocks(func, mode, self._platform_names)
+        if blocks:
+            self._reading.skipped_tests |= platform_tests(func, blocks)
+        return frozenset(id(block) for block in blocks)
+
+    def skipped_platform_code(self) -> list[str]:
+        """For the trust boundary: where code under another platform's test was not read."""
+        return sorted(self._reading.skipped_tests)
+
     def _body_summary(self, cls: str | None, func: cst.FunctionDef) -> Summary:
         """Summary of `func`'s own body (function_summary without its decorators)."""
         # keyed by the class `self` is (an inherited forward sees the subclass's submodules)
@@ -943,7 +968,8 @@ class ModuleSummaries:
         body = list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else [func.body]
         scope = self.scope_for(cls)
         scope.note_body([s for s in body if isinstance(s, cst.BaseStatement)])
-        facts = [node_facts(stmt, scope) for stmt in body]
+        skip = self._other_platform_blocks(func)
+        facts = [node_facts(stmt, scope, skip=skip) for stmt in body]
         for index, item in enumerate(facts):
             item.index = index
         open_ops = extend_pending(facts)

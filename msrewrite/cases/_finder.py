@@ -15,7 +15,8 @@ from msrewrite.analyze.branch import NoBranch, SideBranch, find_side_branch, has
 from msrewrite.analyze.budget import OverBudget, function_budget
 from msrewrite.analyze.defuse import dotted_name
 from msrewrite.analyze.outline import already_applied, iter_functions
-from msrewrite.analyze.platforms import module_platform_names, other_platform_blocks, outside
+from msrewrite.analyze.packages import module_platform_names
+from msrewrite.analyze.platforms import other_platform_blocks, outside
 from msrewrite.analyze.positions import parsed_tree, positions_for, self_calls
 from msrewrite.analyze.seeds import (
     Helpers,
@@ -115,7 +116,7 @@ def _copy_targets(
 
     if case.is_copy is None:  # our bug: a copy case names its copies
         raise TypeError(f"{case.name}: a copy case needs is_copy")
-    summaries = ModuleSummaries(module, options.assume_pure, path=path)
+    summaries = ModuleSummaries(module, options.assume_pure, path=path, mode=options.mode)
     scans = _scan_calls(module, summaries)
     copy_helpers = {
         key
@@ -173,7 +174,7 @@ class _CallFinder:
         self.seeds_of = _SeedsPerClass(
             module, branch.is_seed if branch is not None else case.is_seed, self.calls, source
         )
-        self.summaries = ModuleSummaries(module, options.assume_pure, path=path)
+        self.summaries = ModuleSummaries(module, options.assume_pure, path=path, mode=options.mode)
         self._platform_names: dict[str, str] | None = None
 
     def targets(self) -> list[Target]:
@@ -248,7 +249,7 @@ class _CallFinder:
     def _this_platform(self, func: cst.FunctionDef, calls: list[cst.Call]) -> list[cst.Call]:
         """`calls` (made in `func`) less those in blocks that never run on the edit's platform."""
         if self._platform_names is None:
-            self._platform_names = module_platform_names(self.module)
+            self._platform_names = module_platform_names(self.text if self.text is not None else self.module.code)
         blocks = other_platform_blocks(func, self.options.mode, self._platform_names)
         return outside(calls, blocks) if blocks else calls
 
@@ -268,6 +269,13 @@ class _CallFinder:
             )
         check_rng_order(side, options)
         check_main_hoists(case, side)
+        skipped = summaries.skipped_platform_code()
+        if skipped:  # what the analysis took on trust: those branches never run where the edit does
+            side.trust_boundary.append(
+                f"code under {', '.join(f'`if {test}:`' for test in skipped[:4])}"
+                f"{f' and {len(skipped) - 4} more platform tests' if len(skipped) > 4 else ''} not read: "
+                f"it runs only on another platform than {options.mode}'s"
+            )
         return side
 
     def _every_blocker(self, name, func, cls, is_seed, positions, first: NoBranch) -> Target:
@@ -293,7 +301,7 @@ class _CallFinder:
                 clone, protect = clone or lift_clone, protect or lift_clone
                 try:
                     if new:
-                        summaries = ModuleSummaries(self.module, tuple(vouched), path=self.path)
+                        summaries = ModuleSummaries(self.module, tuple(vouched), path=self.path, mode=self.options.mode)
                     self._side_branch(name, func, cls, is_seed, positions, summaries, protect)
                 except (NoBranch, OverBudget) as again:
                     if isinstance(again, NoBranch) and again.structural:
