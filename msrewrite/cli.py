@@ -177,6 +177,12 @@ def suggest(
     profile_json: Optional[Path] = Option(
         None, "--profile", help="msrewrite profile --json output: fills the report's profile acceptance section."
     ),
+    assume_pure: Optional[List[str]] = Option(
+        None,
+        "--assume-pure",
+        help="As for apply: a callee msrewrite cannot see into that writes none of its arguments (repeat).",
+    ),
+    protect: str = Option("", "--protect", help="As for apply: auto (the default), clone or none."),
 ) -> int:
     """Find independent branches worth overlapping, rank them, and name the case that applies."""
     from msrewrite.analyze.packages import set_source_path
@@ -198,6 +204,8 @@ def suggest(
         jobs=jobs,
         quiet=quiet,
         profile_json=profile_json,
+        assume_pure=tuple(assume_pure or ()),
+        protect=protect,
     )
 
 

@@ -142,3 +142,13 @@ def line_number(value: object, what: str, last: int | None = None) -> int:
         limit = f"1..{last}" if last is not None else ">= 1"
         raise ValueError(f"{what} {value} is out of range ({limit})")
     return value
+
+
+def vouching(protect: str, assume_pure: tuple[str, ...], choices: tuple[str, ...]) -> None:
+    """`--protect` one of `choices` (or "": the default) and each `--assume-pure` a class,
+    function or attribute name (dotted)."""
+    if protect not in ("", *choices):
+        raise ValueError(f"--protect must be one of {', '.join(choices)}, got {protect!r}")
+    bad_names = [n for n in assume_pure if not all(part.isidentifier() for part in n.split("."))]
+    if bad_names:
+        raise ValueError(f"--assume-pure needs a class, function or attribute name, got {bad_names[0]!r}")

@@ -71,7 +71,8 @@ def test_a_main_path_write_of_a_side_input_orders_the_dag_as_apply_refuses(tmp_p
     path = write(tmp_path, f"unsafe_{kind}", model_source(UNSAFE.format(write=write_x)))
     last = write_x.split("\n")[-1]
     edge = _edge(_forward(path), "shared = self.shared_expert(x)", last)
-    assert edge is not None and edge["kind"] == "state", edge  # the old facts had no edge here
+    # the old facts had no edge here; a write after the side reads: what a snapshot lifts
+    assert edge is not None and edge["kind"] == "war", edge
     assert "x" in refusal(path)  # apply: the main path writes the side input x
 
 

@@ -18,6 +18,9 @@ Edges of the statement DAG (`FunctionInfo.graph`), u -> v when v must stay after
   collective, RNG or stream work are also kept in order among themselves, and a statement that
   orders streams (an event wait, a synchronize: `barrier` in the facts) stays before everything
   after it;
+- "war": the write-after-read ones of those (v writes in place what u reads): a snapshot of what u
+  reads, taken at a fork, lifts them (apply's --protect auto), so suggest's choices may cross them
+  and leave the branch finder to decide;
 - "name": v rebinds a name u reads or binds (write after read/write by name), which renaming
   removes; left out with renaming=True.
 Where the facts are unsure (an unseen callee, a compound statement binding on some paths) they
@@ -146,7 +149,7 @@ class _Walk:
                 _link(dag, self.last_write[token], i, "state", name)
         for token, name in writes.items():  # write after read, by storage
             for reader in self.token_readers.get(token, []):
-                _link(dag, reader, i, "state", name)
+                _link(dag, reader, i, "war", name)
         if not self.renaming:  # rebinding after a read or a binding, by name
             for name in stmt.defs:
                 for other in [*self.name_readers.get(name, []), self.last_def.get(name)]:
@@ -179,7 +182,7 @@ def _link(dag: DiGraph, u: int, v: int, kind: str, name: str) -> None:
     """Add u -> v; a data edge wins over weaker kinds on the same pair."""
     if u == v:
         return
-    rank = {"data": 2, "state": 1, "name": 0}
+    rank = {"data": 2, "state": 1, "war": 0.5, "name": 0}
     old = dag.get_edge_data(u, v)
     if old is None or rank[kind] > rank[old["kind"]]:
         dag.add_edge(u, v, kind=kind, name=name)
@@ -260,6 +263,22 @@ def analyze_source(text: str, path: Path = Path("<memory>"), whole: cst.Module |
     return ModuleInfo(path=path, functions=functions, classes=classes, module_names=frozenset(globals_))
 
 
+# what the reviewer vouched for (`suggest --assume-pure`, `--protect`): the same as apply is given,
+# so that a candidate is what `apply --plan` re-derives; one setting per process, as --source-path
+_vouched: tuple[tuple[str, ...], str] = ((), "auto")
+
+
+def set_vouched(assume_pure: tuple[str, ...], protect: str) -> None:
+    """`suggest --assume-pure NAME ... --protect MODE` for every file this process analyzes."""
+    global _vouched
+    _vouched = (tuple(assume_pure), protect)
+
+
+def vouched() -> tuple[tuple[str, ...], str]:
+    """(the --assume-pure names, the --protect mode) suggest analyzes with."""
+    return _vouched
+
+
 class _Summaries:
     """The file's summaries, made when the first function asks for its scope."""
 
@@ -269,9 +288,9 @@ class _Summaries:
         self._summaries: ModuleSummaries | None = None
 
     def scope_for(self, qualname: str) -> Scope:
-        """The scope `apply` gives `qualname` (plancheck.summaries_scope, no --assume-pure)."""
+        """The scope `apply` gives `qualname` (plancheck.summaries_scope, with suggest's --assume-pure)."""
         if self._summaries is None:
-            self._summaries = ModuleSummaries(self.module, (), path=self.path)
+            self._summaries = ModuleSummaries(self.module, _vouched[0], path=self.path)
         cls, _, name = qualname.rpartition(".")
         return self._summaries.scope_for(cls or None, name)
 

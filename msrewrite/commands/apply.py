@@ -485,11 +485,10 @@ def _check_args(args: ApplyArgs) -> None:
     ):
         if value is not None:
             _checked(check, value, option)
-    if args.protect not in ("", *PROTECT_CHOICES):
-        raise BadInput(f"--protect must be one of {', '.join(PROTECT_CHOICES)}, got {args.protect!r}")
-    bad_names = [n for n in args.assume_pure if not all(part.isidentifier() for part in n.split("."))]
-    if bad_names:
-        raise BadInput(f"--assume-pure needs a class, function or attribute name, got {bad_names[0]!r}")
+    try:
+        validate.vouching(args.protect, args.assume_pure, PROTECT_CHOICES)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
 
 
 def case_request(args: ApplyArgs, chosen_mode: str) -> tuple[Case, Options]:

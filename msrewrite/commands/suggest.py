@@ -51,8 +51,19 @@ def run_suggest(
     quiet: bool = False,
     timeout: float = 300.0,
     profile_json: Path | None = None,
+    assume_pure: tuple[str, ...] = (),
+    protect: str = "",
 ) -> int:
+    from msrewrite import validate
+    from msrewrite.analyze.stmtgraph import set_vouched
+    from msrewrite.plan import PROTECT_CHOICES, protect_choice
     from msrewrite.suggest.profiles import profile
+
+    try:
+        validate.vouching(protect, assume_pure, PROTECT_CHOICES)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    set_vouched(assume_pure, protect_choice(protect))
 
     try:
         device_profile = profile(device)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from msrewrite.analyze import digraph
 from msrewrite.analyze.digraph import DiGraph
-from msrewrite.analyze.stmtgraph import FunctionInfo, ModuleInfo, Statement
+from msrewrite.analyze.stmtgraph import FunctionInfo, ModuleInfo, Statement, vouched
 from msrewrite.plan import OverlapPlan
 from msrewrite.records import record
 from msrewrite.suggest import graph as g
@@ -258,8 +258,10 @@ def _candidate(
     memo[seeds] = True
     scope = _scope_of(info, file, memo)
     try:
-        # apply's default --protect auto: an input the main path may write is snapshot, as apply would
-        protect = Options(protect="auto")
+        # as apply is given them: --protect (default auto: an input the main path may write is
+        # snapshot) and --assume-pure, which the plan carries for `apply --plan` to re-check with
+        assume_pure, protect_mode = vouched()
+        protect = Options(protect=protect_mode, assume_pure=assume_pure)
         branch, plan = derive_plan(GENERIC, file, info.qualname, info.node, info.positions, calls, protect, scope)
         if ("shapes", info.qualname) not in memo:
             callees = {c.callee for s in info.statements for c in s.calls}
@@ -324,7 +326,7 @@ def _scope_of(info: FunctionInfo, file: str, memo: dict):
         return None
     key = ("scope", info.qualname)
     if key not in memo:
-        memo[key] = summaries_scope(memo["module"], info.qualname, (), Path(file))
+        memo[key] = summaries_scope(memo["module"], info.qualname, vouched()[0], Path(file))
     return memo[key]
 
 
@@ -403,6 +405,9 @@ def static_candidates(module: ModuleInfo, file: str, refused: list[dict] | None 
 def _static_choices(info: FunctionInfo) -> list[SideChoice]:
     """Exclusive-ancestor pairs on the statement DAG, with inline self-calls as their own nodes."""
     dag = info.graph(renaming=True)
+    # a snapshot may lift a write after the side reads (--protect auto): the finder decides, and
+    # with --protect none its refusal says why, as apply's would
+    dag.remove_edges_from([(u, v) for u, v, data in dag.edges(data=True) if data["kind"] == "war"])
     for stmt in info.statements:
         inline = [c for c in stmt.calls if not c.whole]
         if stmt.compound or (len(stmt.calls) < 2 and not inline):

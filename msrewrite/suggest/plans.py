@@ -7,7 +7,7 @@ same branch.
 
 from __future__ import annotations
 
-from msrewrite.analyze.stmtgraph import CallSite, FunctionInfo, Statement
+from msrewrite.analyze.stmtgraph import CallSite, FunctionInfo, Statement, vouched
 from msrewrite.plan import OverlapPlan
 from msrewrite.records import record
 
@@ -19,9 +19,17 @@ class SideChoice:
 
 
 def apply_command(case: str, qualname: str, file: str, rank: int) -> str:
+    # what the reviewer vouched for goes with the command: without it, apply would refuse
+    names, protect = vouched()
+    given = "".join(
+        [*(f" --assume-pure {name}" for name in names), f" --protect {protect}" if protect != "auto" else ""]
+    )
     if case == "generic":
-        return f"msrewrite suggest --json {file} > plans.json && msrewrite apply --plan plans.json --candidate {rank} {file}"
-    return f"msrewrite apply --case {case} --target {qualname} {file}"
+        return (
+            f"msrewrite suggest --json{given} {file} > plans.json && "
+            f"msrewrite apply --plan plans.json --candidate {rank} {file}"
+        )
+    return f"msrewrite apply --case {case} --target {qualname}{given} {file}"
 
 
 def window_statements(info: FunctionInfo, plan: OverlapPlan) -> list[Statement]:
