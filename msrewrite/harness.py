@@ -157,7 +157,7 @@ class Harness:
                 f"cannot build {self.target} from the other file: {self.make_name}() failed: {one_line(exc)}"
             ) from None
         built = result[0] if isinstance(result, tuple) and len(result) == 2 else None
-        return built if type(built) is cls else None
+        return built if isinstance(built, torch.nn.Module) and type(built) is cls else None
 
     def _external_make(self, other_module: types.ModuleType) -> Callable[[], Any] | None:
         """The harness file's make, loaded afresh while its model import names `other_module`."""
