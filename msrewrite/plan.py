@@ -31,6 +31,9 @@ PLAN_FILE_STREAM_TAG = "shared_expert"
 
 
 PROTECT_CHOICES = ("auto", "none", "clone")
+# every name an edit adds at module level starts with it (`_ms_side_stream`, `_MS_SIDE_STREAMS`
+# aside): how the analysis tells an edit's helpers from the user's code
+HELPER_PREFIX = "_ms_"
 
 
 def protects(protect: str) -> bool:

@@ -14,8 +14,7 @@ import libcst as cst
 from msrewrite.analyze.definitions import kept_method, shadowed_defs
 from msrewrite.analyze.defuse import dotted_name, node_facts
 from msrewrite.analyze.walk import Visitor
-from msrewrite.emit.helpers import HELPER_PREFIX
-from msrewrite.plan import OverlapPlan
+from msrewrite.plan import HELPER_PREFIX, OverlapPlan
 
 _EMPTY = cst.Module(body=[])
 

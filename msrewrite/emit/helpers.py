@@ -7,8 +7,6 @@ the flag is off or the backend is missing: no stream (None), the tensor itself, 
 
 from __future__ import annotations
 
-HELPER_PREFIX = "_ms_"
-
 # Module-level guarded imports, keyed by the name they bind.
 GUARDED_IMPORTS = {
     "torch_npu": """\

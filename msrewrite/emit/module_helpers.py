@@ -21,6 +21,7 @@ from msrewrite.emit.strategies import Emission
 from msrewrite.emit.templates import code_of, comment, leading_lines, strip_leading
 from msrewrite.emit.torchair_config import record_torchair_config
 from msrewrite.errors import BadInput
+from msrewrite.plan import HELPER_PREFIX
 
 
 def _is_future(stmt: cst.BaseStatement) -> bool:
@@ -109,9 +110,7 @@ def _insert_helpers(module: cst.Module, body: list[cst.BaseStatement], parts: li
         for i, s in enumerate(block)
     ]
     existing_helper = [
-        i
-        for i, s in enumerate(body)
-        if isinstance(s, cst.FunctionDef) and s.name.value.startswith(helper_text.HELPER_PREFIX)
+        i for i, s in enumerate(body) if isinstance(s, cst.FunctionDef) and s.name.value.startswith(HELPER_PREFIX)
     ]
     if existing_helper:
         at = existing_helper[-1] + 1

@@ -1,0 +1,1 @@
+"""The emitter: plans into edited source (codemods per mode, helpers, markers, schedules)."""
