@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import field
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -296,8 +297,9 @@ def _index(text: str) -> SourceIndex:
                 _note_patch(index, stmt)
 
     visit(tree.body)
-    index.containers = container_globals(tree)
-    index.platform_names = platform_names_in(tree)
+    counts = binding_counts(tree)
+    index.containers = container_globals(tree, counts)
+    index.platform_names = platform_names_in(tree, counts)
     return index
 
 
@@ -305,13 +307,15 @@ _CONTAINER_DISPLAYS = ("Dict", "List", "Set", "Tuple", "DictComp", "ListComp", "
 _CONTAINER_CALLS = frozenset({"dict", "list", "set", "tuple"})
 
 
-def container_globals(tree) -> frozenset[str]:
+def container_globals(tree, counts: dict[str, int] | None = None) -> frozenset[str]:
     """Names the module binds only at its top level, only to a dict, list, set or tuple display or
     comprehension (or a bare `dict()`...), and that nothing else in the file binds, deletes,
     declares `global` or takes as a parameter: wherever the file reads such a name it is that
-    container, so its read methods (`CONFIGS.get(key)`) touch no tensor."""
+    container, so its read methods (`CONFIGS.get(key)`) touch no tensor. `counts`: the tree's
+    binding_counts, when already made."""
     import ast
 
+    counts = binding_counts(tree) if counts is None else counts
     top = []
     todo = list(tree.body)
     while todo:  # top-level statements, also inside top-level if/try (guarded tables)
@@ -320,8 +324,7 @@ def container_globals(tree) -> frozenset[str]:
             todo += stmt.body + stmt.orelse
         else:
             top.append(stmt)
-    literal: set[str] = set()
-    display_targets: set[int] = set()  # ids of the Name nodes bound to a display
+    displays: dict[str, int] = {}  # name -> how many of its bindings are to a display
     for stmt in top:
         if not isinstance(stmt, (ast.Assign, ast.AnnAssign)) or stmt.value is None:
             continue
@@ -330,28 +333,40 @@ def container_globals(tree) -> frozenset[str]:
             isinstance(value, ast.Call)
             and isinstance(value.func, ast.Name)
             and value.func.id in _CONTAINER_CALLS
+            and not counts.get(value.func.id)  # `dict = ...` rebinding the builtin: nothing is known
             and not value.args
             and not value.keywords
         ):
             for target in stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]:
                 if isinstance(target, ast.Name):
-                    literal.add(target.id)
-                    display_targets.add(id(target))
-    other: set[str] = set(_CONTAINER_CALLS)  # `dict = ...` rebinding the builtin: nothing is known
+                    displays[target.id] = displays.get(target.id, 0) + 1
+    return frozenset(name for name, n in displays.items() if counts.get(name) == n)
+
+
+def binding_counts(tree) -> dict[str, int]:
+    """How many times the file binds each name, anywhere (an assignment, `global`, import,
+    parameter, definition, `except ... as`, a match capture): one walk of an `ast` tree."""
+    import ast
+
+    counts: dict[str, int] = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load) and id(node) not in display_targets:
-            other.add(node.id)
-        elif isinstance(node, (ast.Global, ast.Nonlocal)):
-            other.update(node.names)
-        elif isinstance(node, ast.arg):
-            other.add(node.arg)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            other.add(node.name)
-        elif isinstance(node, ast.alias):
-            other.add((node.asname or node.name).split(".")[0])
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            other.add(node.name)
-    return frozenset(literal - other)
+        for name in _bound_names(node):
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+@lru_cache(maxsize=8)
+def text_facts(text: str) -> tuple[frozenset[str], dict[str, str]]:
+    """(container_globals, module_platform_names) of a file's text; nothing for a text `ast`
+    cannot parse."""
+    import ast
+
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError):
+        return frozenset(), {}
+    counts = binding_counts(tree)
+    return container_globals(tree, counts), platform_names_in(tree, counts)
 
 
 # platform tests (analyze/platforms.py) --------------------------------------------------------
@@ -380,17 +395,11 @@ def module_platform_names(text: str) -> dict[str, str]:
     """Module-level names bound once, to a platform helper call (`_is_npu = is_npu()`), and never
     bound again anywhere in the file: not by another assignment, a `global`, an import, a loop,
     a parameter or a local of the same name (which would shadow it in that function)."""
-    import ast
-
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError):
-        return {}
-    return platform_names_in(tree)
+    return text_facts(text)[1]
 
 
-def platform_names_in(tree) -> dict[str, str]:
-    """module_platform_names of a parsed `ast.Module`."""
+def platform_names_in(tree, counts: dict[str, int] | None = None) -> dict[str, str]:
+    """module_platform_names of a parsed `ast.Module` (`counts`: its binding_counts)."""
     import ast
 
     found: dict[str, str] = {}
@@ -403,8 +412,5 @@ def platform_names_in(tree) -> dict[str, str]:
                     found[stmt.targets[0].id] = kind
     if not found:
         return {}
-    bindings: dict[str, int] = {}
-    for node in ast.walk(tree):
-        for name in _bound_names(node):
-            bindings[name] = bindings.get(name, 0) + 1
-    return {name: kind for name, kind in found.items() if bindings.get(name) == 1}
+    counts = binding_counts(tree) if counts is None else counts
+    return {name: kind for name, kind in found.items() if counts.get(name) == 1}

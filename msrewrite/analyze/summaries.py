@@ -202,6 +202,7 @@ class ModuleSummaries:
         self.registered_ops: dict[str, cst.FunctionDef] = {}
         self._reading = _reading if _reading is not None else _Reading(mode=mode)
         self._platform_names: dict[str, str] | None = None
+        self._text: str | None = None  # see _code
         for stmt in _top_level(module.body):
             if isinstance(stmt, cst.ClassDef):
                 self.classes[stmt.name.value] = stmt
@@ -256,13 +257,14 @@ class ModuleSummaries:
         """Module-level names that only ever hold a dict/list/set/tuple built by a literal
         (packages.container_globals), from an `ast` pass over this file made when first asked."""
         if self._containers is None:
-            import ast
-
-            try:
-                self._containers = packages.container_globals(ast.parse(self._tree.code))
-            except (SyntaxError, ValueError, RecursionError):
-                self._containers = frozenset()
+            self._containers = packages.text_facts(self._code())[0]
         return self._containers
+
+    def _code(self) -> str:
+        """The user's file as text (rendered once from its tree)."""
+        if self._text is None:
+            self._text = self._tree.code
+        return self._text
 
     def _note_registered_op(self, small: cst.Assign) -> None:
         """`op = torch.library.custom_op("ns::op", mutates_args=...)(impl)` (or SGLang's
@@ -939,7 +941,7 @@ class ModuleSummaries:
         if mode is None:
             return frozenset()
         if self._platform_names is None:  # the user's file (a read module has its index's)
-            self._platform_names = packages.module_platform_names(self._tree.code)
+            self._platform_names = packages.text_facts(self._code())[1]
         blocks = other_platform_blocks(func, mode, self._platform_names)
         if blocks:
             self._reading.skipped_tests |= platform_tests(func, blocks)
