@@ -222,6 +222,25 @@ def test_a_cuda_overlap_does_not_block_the_npu_path(tmp_path):
     assert "with torch.npu.stream(shared_expert_stream):" in new
 
 
+HANDED = """\
+    def forward(self, x):
+        s = self.shared_experts(x)
+        y = self.run_experts(self.gate(x), alt_stream=STREAM)
+        return y + s
+
+    def run_experts(self, h, alt_stream=None):
+        return self.experts(h)
+"""
+
+
+def test_a_stream_handed_to_a_callee_is_already_overlapped(tmp_path):
+    """SGLang's `execute_sbo(..., alt_stream=self.alt_stream)`: the callee overlaps on it."""
+    why = refusal(write(tmp_path, "handed", HANDED.replace("STREAM", "self.alt_stream")), "cuda")
+    assert "hands a stream to `self.run_experts` (`alt_stream=`)" in why, why
+    new = edit(write(tmp_path, "handed_none", HANDED.replace("STREAM", "None")), "cuda").new
+    assert "with torch.cuda.stream(shared_expert_stream):" in new  # `alt_stream=None` hands none
+
+
 def test_platform_blocks():
     module = cst.parse_module(
         HEAD

@@ -69,6 +69,22 @@ def stream_calls(node: cst.CSTNode, calls: list[cst.Call] | None = None) -> list
     return [c for c in calls if _STREAM_CALL.search(_last_name(c.func)) and not _own_method(c.func)]
 
 
+def stream_handing_calls(calls: list[cst.Call]) -> list[tuple[cst.Call, str]]:
+    """(call, keyword) of each call that hands a stream to its callee (`execute_sbo(...,
+    alt_stream=self.alt_stream)`): the callee overlaps work of its own on it, so the caller is
+    already overlapped."""
+    if any((dotted_name(c.func) or "").startswith(_EMITTED_PREFIX) for c in calls):
+        return []
+    return [
+        (c, arg.keyword.value)
+        for c in calls
+        for arg in c.args
+        if arg.keyword is not None
+        and _STREAM_CALL.search(arg.keyword.value)
+        and not (isinstance(arg.value, cst.Name) and arg.value.value == "None")
+    ]
+
+
 def most_telling(calls: list[cst.Call]) -> cst.Call:
     """The call that shows the overlap best: a stream switch or wait, not the `current_stream()` lookup."""
     return next((c for c in calls if _last_name(c.func) != "current_stream"), calls[0])

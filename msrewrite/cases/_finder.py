@@ -27,6 +27,7 @@ from msrewrite.analyze.seeds import (
     free_function_candidates,
     most_telling,
     stream_calls,
+    stream_handing_calls,
     uses_api,
 )
 from msrewrite.analyze.summaries import ModuleSummaries
@@ -228,6 +229,14 @@ class _CallFinder:
         ]
         if existing:
             return Target(name, reason=_already_overlapped(most_telling(existing), cls, func))
+        handed = stream_handing_calls(func_calls)
+        if handed:
+            call, keyword = handed[0]
+            return Target(
+                name,
+                reason=f"already overlapped: this function hands a stream to `{code_of(call.func).strip()}` "
+                f"(`{keyword}=`), which runs work of its own on it; msrewrite does not stack a second side stream on it",
+            )
         family = _other_family(func_calls, options.mode)
         if family:
             return Target(name, reason=family)
