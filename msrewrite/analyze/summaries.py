@@ -30,7 +30,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from msrewrite.analyze import declared, packages
+from msrewrite.analyze import catalogue, declared, packages
 from msrewrite.analyze.definitions import last_def
 from msrewrite.analyze.defuse import (
     Scope,
@@ -827,6 +827,11 @@ class ModuleSummaries:
         if len(parts) != 2:
             return _unknown(call, f"{named} (not visible to msrewrite: an overload msrewrite does not read)")
         decl, why = self._op_declaration(*parts)
+        if decl is None and why.startswith("no registration of "):
+            # registered in C++ (torch_npu, sgl-kernel, vLLM's _C): what the catalogue says
+            found = _catalogued(call, named, f"torch.ops.{parts[0]}.{parts[1]}")
+            if found is not None:
+                return found
         if decl is None:
             return _unknown(call, f"{named} (not visible to msrewrite: {why})")
         summary = Summary(
@@ -1101,6 +1106,12 @@ class ModuleSummaries:
             imported = self._resolve_imported(call, named)
             if imported is not None:
                 return imported
+            # a native function (no Python source found) or a standard-library one, by the name
+            # the file's imports give it: what the catalogue says
+            qualified = self.qualified(named)
+            found = _catalogued(call, named, qualified) if qualified else None
+            if found is not None:
+                return found
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call):
             if dotted_name(func.value.func) == "super" and cls is not None:
                 inherited = self._resolve_super(call, func.attr.value, cls)
@@ -2327,6 +2338,42 @@ def state_accessor_effect(call: cst.Call, receiver: cst.BaseExpression) -> CallE
             effect.stores.append((destination, receiver))
             effect.returns.append(destination)
     return effect
+
+
+def _catalogued(call: cst.Call, named: str, qualified: str) -> CallEffect | None:
+    """`call` of `qualified`, a native op or standard-library function msrewrite's catalogue
+    knows (analyze/catalogue.py): its effect, the union over the entry's version ranges (which
+    one runs is not known here); None when the catalogue has no entry. A native op's kernel is
+    not read: the call counts as unseen work, which names the catalogue in the trust boundary."""
+    entries = catalogue.lookup(qualified)
+    effects = []
+    for entry in entries:
+        decl = entry.declaration()
+        if decl.why:
+            why = f"its catalogue entry ({entry.package} {entry.version}) does not read: {decl.why}"
+            return _unknown(call, f"{named} (not visible to msrewrite: {why})")
+        effects.append(_apply(_catalogue_summary(entry, decl, named), call, named))
+    return _union(effects) if effects else None
+
+
+def _catalogue_summary(entry: catalogue.Entry, decl: declared.Declaration, named: str) -> Summary:
+    """The summary a catalogue entry gives: a schema's arguments bind by position or keyword
+    (as `_torch_op` binds a declared op's); a Python function's keyword-only parameters bind only
+    by keyword (through its `**` parameter, or a stand-in for them when it has none)."""
+    star, double = entry.variadic()
+    keywords = double or ("**" if decl.kwonly and not entry.schema else None)
+    params = [*decl.params, *decl.kwonly] if entry.schema else list(decl.params)
+    through = lambda names: {n if n in params or n == star else keywords or n for n in names}  # noqa: E731
+    label = f"{named} (effects from msrewrite's catalogue: {entry.package} {entry.version}; its kernel is not read)"
+    return Summary(
+        params=params,
+        vararg=star,
+        kwarg=keywords,
+        writes=through(decl.writes),
+        returns=through(decl.returns),
+        collective=entry.collective,
+        unseen_work=set() if entry.package == "python" else {label},
+    )
 
 
 def _apply_template(template: CallEffect, call: cst.Call) -> CallEffect:
