@@ -16,6 +16,7 @@ itself (`torch_npu-2.9.0-*.whl`). A package not found there is skipped, by name.
 from __future__ import annotations
 
 import inspect
+import json
 import mmap
 import os
 import sys
@@ -188,6 +189,13 @@ def test_every_entry_has_provenance_and_an_effect_that_reads(entry):
         assert parsed is not None, why
     else:
         assert all(n.split(".")[-1].isidentifier() for n in entry.names)
+
+
+def test_the_schemas_parse_kept_ahead_is_current():
+    """native_ops_parsed.json is torch's parse of every catalogue schema (a run reads it instead
+    of importing torch): after an edit of native_ops.toml, `python -m msrewrite.analyze.catalogue`."""
+    kept = json.loads(catalogue.PARSED_FILE.read_text())["schemas"]
+    assert kept == catalogue.regenerate()["schemas"], "run `python -m msrewrite.analyze.catalogue`"
 
 
 def _signature_names(func) -> list[str] | None:

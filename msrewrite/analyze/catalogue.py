@@ -17,6 +17,8 @@ effect is their union, since msrewrite cannot tell which version runs. An entry 
 read (a field missing, a schema that does not parse, one that declares no result and no write,
 so must write something it does not declare) leaves the op unknown, and says why.
 
+The schemas' parse by torch is kept in native_ops_parsed.json (made by running this module), so
+that a run does not import torch for them; a schema missing there is parsed with torch.
 The file is read once per process, on the first lookup (stdlib `tomllib`; `tomli` on Python 3.10;
 without either the catalogue is empty and every such call stays unknown).
 """
@@ -24,6 +26,7 @@ without either the catalogue is empty and every such call stays unknown).
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import field
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,8 @@ from msrewrite.analyze import declared
 from msrewrite.records import record
 
 CATALOGUE_FILE = Path(__file__).with_name("native_ops.toml")
+# torch's parse of every schema in it, made ahead (regenerate(); tests/test_catalogue.py checks it is current)
+PARSED_FILE = Path(__file__).with_name("native_ops_parsed.json")
 
 # the fields an entry may have; REQUIRED ones must be there (PROVENANCE: non-empty strings)
 FIELDS = frozenset(
@@ -86,15 +91,56 @@ class Entry:
 
 @functools.lru_cache(maxsize=512)
 def _schema_declaration(label: str, schema: str) -> declared.Declaration:
-    _name, decl = declared.from_schema(label, schema)
-    if not decl.why and not decl.writes and _declares_nothing(schema):
+    """What `schema` declares: from PARSED_FILE, torch's parse of every catalogue schema made
+    ahead (importing torch costs seconds a run); a schema not in it is parsed now."""
+    known = _parsed(PARSED_FILE).get(schema)
+    fields = known if known is not None else parse(schema)
+    decl = declared.Declaration(
+        label=label,
+        params=list(fields["params"]),
+        kwonly=list(fields["kwonly"]),
+        writes=set(fields["writes"]),
+        returns=set(fields["returns"]),
+        why=fields["why"],
+    )
+    if not decl.why and not decl.writes and fields["declares_nothing"]:
         decl.why = "its schema declares no result and no write (it must write something it does not declare)"
     return decl
 
 
-def _declares_nothing(schema: str) -> bool:
+def parse(schema: str) -> dict[str, Any]:
+    """torch's parse of a catalogue schema, as PARSED_FILE keeps it."""
+    name, decl = declared.from_schema("", schema)
     parsed, _ = declared.parse_schema(schema.strip())
-    return parsed is not None and not parsed.returns
+    return {
+        "name": name,
+        "params": decl.params,
+        "kwonly": decl.kwonly,
+        "writes": sorted(decl.writes),
+        "returns": sorted(decl.returns),
+        "why": decl.why,
+        "declares_nothing": parsed is not None and not parsed.returns,
+    }
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed(path: Path) -> dict[str, dict[str, Any]]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))["schemas"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}  # every schema is parsed with torch instead
+
+
+def regenerate(path: Path = CATALOGUE_FILE) -> dict[str, Any]:
+    """PARSED_FILE's content for the catalogue at `path`: torch's parse of each of its schemas."""
+    import torch
+
+    schemas = sorted({e.schema for es in _load(path)[0].values() for e in es if e.schema})
+    return {
+        "note": f"generated from {path.name} by `python -m msrewrite.analyze.catalogue`: do not edit",
+        "torch": torch.__version__.split("+")[0],
+        "schemas": {schema: parse(schema) for schema in schemas},
+    }
 
 
 def lookup(name: str) -> list[Entry]:
@@ -180,3 +226,8 @@ def _fields_problem(raw: dict, entry: Entry) -> str:
         if named:
             return f"`{key}` names {named[0]!r}, which is no parameter"
     return ""
+
+
+if __name__ == "__main__":
+    PARSED_FILE.write_text(json.dumps(regenerate(), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    print(f"wrote {PARSED_FILE}")
