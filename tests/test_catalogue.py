@@ -293,11 +293,26 @@ def test_a_name_imported_from_the_package_is_answered(tmp_path):
         ("", "shlex.quote(x)", "shlex = object()"),
         # a relative import of a sibling module named like the standard library's
         ("from . import shlex", "shlex.quote(x)", ""),
+        # the module's name bound again in the file: a parameter, a loop target, an assignment
+        ("import shlex", "shlex.quote(x)", "def _pick(shlex=None):\n    return shlex\n"),
+        ("import shlex", "shlex.quote(x)", "for shlex in ():\n    pass\n"),
+        ("import torch_npu", "torch_npu.npu_swiglu(x)", "torch_npu = None\n"),
+        ("", "torch.ops.npu.npu_swiglu(x)", "def _pick(torch=None):\n    return torch\n"),
     ],
 )
 def test_a_lookalike_name_is_not_answered(tmp_path, imports, call, extra):
     plans, refusal = _apply(_model(tmp_path, imports, call, extra))
     assert not plans and "may write 'x'" in refusal, refusal
+
+
+def test_names_a_package_module_binds_are_read_from_its_source(tmp_path):
+    from msrewrite.analyze.summaries import _ast_bound_names
+
+    path = tmp_path / "mod.py"
+    path.write_text("import re\nimport shlex as sh\ndef f(re, *a, **k):\n    for s in a:\n        pass\n    q = 1\n")
+    assert _ast_bound_names(path) == {"f", "re", "a", "k", "s", "q"}
+    path.write_text("def (:\n")
+    assert "anything" in _ast_bound_names(path)  # a file that does not parse may bind any name
 
 
 def test_a_registration_in_source_wins_over_the_catalogue(tmp_path):
