@@ -332,6 +332,25 @@ def test_a_registration_in_source_wins_over_the_catalogue(tmp_path):
     assert not plans and "writes 'x' in place" in refusal, refusal
 
 
+@pytest.mark.parametrize(
+    ("op", "args", "edits"),
+    [("npu_interleave_rope", "x, x, x", True), ("npu_scatter_nd_update_", "x, self.rows, h[:1]", False)],
+)
+def test_an_op_stored_on_the_module_is_that_op(tmp_path, op, args, edits):
+    """vLLM's CustomOp shape: `self.op = torch.ops._C.silu_and_mul` in __init__, `self.op(out, x)`."""
+    path = _model(tmp_path, "", f"self.op({args})")
+    text = path.read_text().replace(
+        "        self.gate = nn.Linear(16, 16)\n",
+        f'        self.gate = nn.Linear(16, 16)\n        self.op = torch.ops.npu.{op}\n        self.register_buffer("rows", torch.tensor([[1]]))\n',
+    )
+    path.write_text(text)
+    plans, refusal = _apply(path)
+    if edits:
+        assert plans and not refusal, refusal
+    else:
+        assert not plans and "writes 'x' in place" in refusal and "inside self.op(...)" in refusal, refusal
+
+
 def test_a_malformed_entry_keeps_the_call_unknown(tmp_path, monkeypatch):
     broken = catalogue.read_entry({"names": ["torch_npu.npu_swiglu"], "schema": "npu_swiglu(Tensor x) -> ()"})
     monkeypatch.setattr(catalogue, "lookup", lambda name: [broken] if name == "torch_npu.npu_swiglu" else [])

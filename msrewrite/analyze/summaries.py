@@ -1309,6 +1309,9 @@ class ModuleSummaries:
             known = torch_call_effect(call.with_changes(func=value))
             if known is not None:
                 return known
+            qualified = self.qualified(dotted_name(value) or "")
+            if qualified.startswith("torch.ops."):  # self.op = torch.ops._C.silu_and_mul: that op
+                return self._torch_op(call.with_changes(func=value), qualified)
         if rest in _CONTAINER_READS and not element and _container_display(value):
             return CallEffect(returns=[call.func.value])  # type: ignore[attr-defined]  # self.cache.get(k)
         if isinstance(value, cst.Call) and dotted_name(value.func) == UNSEEN_STORE:
