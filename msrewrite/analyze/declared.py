@@ -9,7 +9,7 @@ declaration (torch.compile's functionalization reorders and copies around it):
   - schema strings, `torch.library.define("ns::op", "(Tensor(a!) x, Tensor y) -> ()")` and
     `Library("ns", "FRAGMENT").define("op(Tensor(a!) x) -> Tensor(a)")`: `(a!)` arguments are
     written, a result annotated `Tensor(a)` aliases the argument with that annotation, any other
-    result is new;
+    result is new (read with torch's own parser, `torch._C.parse_schema`, imported on first use);
   - the frameworks' registration helpers (FRAMEWORK_HELPERS), which define the op from the
     function's signature and `mutates_args` (`infer_schema`) and register the function itself as
     its implementation, with no check of its result: the result may alias the arguments it
