@@ -322,6 +322,13 @@ def test_names_a_package_module_binds_are_read_from_its_source(tmp_path):
     assert "anything" in _ast_bound_names(path)  # a file that does not parse may bind any name
 
 
+@pytest.mark.parametrize("call", ["os.readv(3, [x.numpy()])", "os.preadv(3, [x.numpy()], 0)"])
+def test_os_functions_that_read_into_a_buffer_are_not_pure(tmp_path, call):
+    """`os` is a pure module for msrewrite but for these: they write the buffers they are given."""
+    plans, refusal = _apply(_model(tmp_path, "import os", f"{call} and 0"))
+    assert not plans and "may write 'x'" in refusal, refusal
+
+
 def test_a_registration_in_source_wins_over_the_catalogue(tmp_path):
     """A file that registers an op of that name itself is read, not the catalogue."""
     extra = (
