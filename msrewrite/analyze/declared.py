@@ -9,7 +9,7 @@ declaration (torch.compile's functionalization reorders and copies around it):
   - schema strings, `torch.library.define("ns::op", "(Tensor(a!) x, Tensor y) -> ()")` and
     `Library("ns", "FRAGMENT").define("op(Tensor(a!) x) -> Tensor(a)")`: `(a!)` arguments are
     written, a result annotated `Tensor(a)` aliases the argument with that annotation, any other
-    result is new;
+    result is new (read with torch's own parser, `torch._C.parse_schema`, imported on first use);
   - the frameworks' registration helpers (FRAMEWORK_HELPERS), which define the op from the
     function's signature and `mutates_args` (`infer_schema`) and register the function itself as
     its implementation, with no check of its result: the result may alias the arguments it
@@ -28,9 +28,11 @@ or touches streams is what its body says; a body msrewrite cannot see all of is 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from dataclasses import field
 from pathlib import Path
+from typing import Any
 
 import libcst as cst
 
@@ -150,73 +152,86 @@ def ast_names(node: ast.expr | None, given: bool) -> tuple[list[str] | None, str
 
 # ---- schema strings -----------------------------------------------------------------------
 
-_ANNOTATION = re.compile(r"\(\s*([a-z0-9]+)\s*(!?)\s*(?:->\s*\*\s*)?\)")
+# an alias annotation in a schema's text: `(a)`, `(a!)`, `(a -> *)`, `(*)`; and a bare `!`
+_ANNOTATION = re.compile(r"\(\s*[a-z0-9*]+\s*!?\s*(?:->\s*\*\s*)?\)")
 
 
-def _split_top(text: str) -> list[str]:
-    """`text` split at the commas outside brackets."""
-    parts, depth, cur = [], 0, ""
-    for ch in text:
-        if ch in "([":
-            depth += 1
-        elif ch in ")]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    if cur.strip():
-        parts.append(cur)
-    return parts
+@functools.lru_cache(maxsize=4096)
+def parse_schema(schema: str) -> tuple[Any, str]:
+    """(torch's parse of `schema`, "") or (None, why it does not parse). torch's own parser, the
+    one `Library.define` uses, imported here on first use: the analysis does not import torch
+    for files that declare no schema."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency; a broken install reads nothing
+        return None, "torch is not importable to read the schema"
+    try:
+        return torch._C.parse_schema(schema), ""
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "it does not parse"
+        return None, f"the schema does not parse ({first})"
+
+
+def _top_arrow(text: str) -> int:
+    """Where the `->` that separates a schema's arguments from its results is (-1: none)."""
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += ch in "(["
+        depth -= ch in ")]"
+        if depth == 0 and text.startswith("->", i) and i > 0 and text[:i].rstrip().endswith(")"):
+            return i
+    return -1
 
 
 def from_schema(label: str, schema: str) -> tuple[str, Declaration]:
-    """(the op name the schema gives, or "" when it has none, and its declaration) for
-    `name.overload(Tensor(a!) x, Tensor y, *, Tensor(b!) out) -> Tensor(a)` or `(args) -> ret`."""
+    """(the op name the schema gives, with its overload, and its declaration) for
+    `name.overload(Tensor(a!) x, Tensor y, *, Tensor(b!) out) -> Tensor(a)`, read with torch's
+    parser: `!` arguments are written; a result annotated with an argument's alias set may alias
+    that argument; a wildcard `(*)` result may alias any argument; any other result is new.
+    An annotation the parser keeps out of sight (inside a list or optional) is taken at its
+    widest: a `!` msrewrite cannot place leaves the op unread, a result annotation it cannot
+    place may alias every annotated argument."""
     decl = Declaration(label=label)
     text = schema.strip()
-    head, paren, rest = text.partition("(")
-    name = head.strip()
-    if not paren or ")" not in rest or "->" not in text:
-        decl.why = "the schema does not parse"
+    name = text.split("(")[0].strip()
+    parsed, why = parse_schema(text)
+    if parsed is None:
+        decl.why = why
         return name, decl
-    depth, close = 1, -1
-    for i, ch in enumerate(rest):
-        depth += ch == "("
-        depth -= ch == ")"
-        if depth == 0:
-            close = i
-            break
-    if close < 0:
-        decl.why = "the schema does not parse"
-        return name, decl
-    args_text, after = rest[:close], rest[close + 1 :].strip()
-    if not after.startswith("->"):
-        decl.why = "the schema does not parse"
-        return name, decl
-    sets: dict[str, str] = {}  # alias set -> the argument annotated with it
-    keyword = False
-    for arg in _split_top(args_text):
-        arg = arg.strip()
-        if arg == "*":
-            keyword = True
+    name = parsed.name + (f".{parsed.overload_name}" if parsed.overload_name else "")
+    sets: dict[str, set[str]] = {}  # alias set -> the arguments annotated with it
+    annotated: list[str] = []
+    for arg in parsed.arguments:
+        (decl.kwonly if arg.kwarg_only else decl.params).append(arg.name)
+        info = arg.alias_info
+        if info is None:
             continue
-        words = arg.split("=")[0].split()
-        if len(words) < 2 or not words[-1].isidentifier():
-            decl.why = f"the schema argument {arg!r} does not parse"
-            return name, decl
-        param = words[-1]
-        (decl.kwonly if keyword else decl.params).append(param)
-        for alias, bang in _ANNOTATION.findall(" ".join(words[:-1])):
-            if bang:
-                decl.writes.add(param)
-            sets.setdefault(alias, param)
-    for alias, _bang in _ANNOTATION.findall(after[2:]):
-        if alias not in sets:
-            decl.why = f"its result's alias set ({alias}) names no argument"
-            return name, decl
-        decl.returns.add(sets[alias])
+        annotated.append(arg.name)
+        if info.is_write:
+            decl.writes.add(arg.name)
+        for alias in info.before_set:
+            sets.setdefault(alias, set()).add(arg.name)
+    arrow = _top_arrow(text)
+    args_text, results_text = (text[:arrow], text[arrow + 2 :]) if arrow >= 0 else (text, "")
+    if args_text.count("!") > len(decl.writes):
+        decl.why = "it marks a write msrewrite cannot place on an argument"
+        return name, decl
+    placed = False
+    for result in parsed.returns:
+        info = result.alias_info
+        if info is None or not info.before_set:  # `Tensor(a)[]`: torch keeps the element's set out of sight
+            continue
+        placed = True
+        for alias in info.before_set:
+            if alias == "*":
+                decl.returns |= set(decl.params) | set(decl.kwonly)
+            elif alias not in sets:
+                decl.why = f"its result's alias set ({alias}) names no argument"
+                return name, decl
+            else:
+                decl.returns |= sets[alias]
+    if not placed and _ANNOTATION.search(results_text):
+        decl.returns |= set(annotated)  # `-> Tensor(a)[]`: the list's elements alias its argument
     return name, decl
 
 

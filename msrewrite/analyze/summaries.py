@@ -23,6 +23,7 @@ arguments", and the summary names it so a refusal can say what msrewrite could n
 
 from __future__ import annotations
 
+import ast
 import builtins
 import dataclasses
 from dataclasses import field
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from msrewrite.analyze import declared, packages
+from msrewrite.analyze import catalogue, declared, packages
 from msrewrite.analyze.definitions import last_def
 from msrewrite.analyze.defuse import (
     Scope,
@@ -215,6 +216,7 @@ class ModuleSummaries:
         # (id of a function, its flag literals) -> the function without the branches they rule out
         self._specialized: dict[tuple, cst.FunctionDef] = {}
         self._flag_params: dict[int, frozenset[str]] = {}  # id of a function -> flag_params
+        self._bound: frozenset[str] | None = None  # bound_names(), once per file
         self._method_reads: dict[tuple[str, str], frozenset[str] | None] = {}
         self._class_hooks: dict[str, dict[str, list[str]]] = {}
         self._attrs: dict[str, dict[str, list[cst.BaseExpression]]] = {}
@@ -837,6 +839,12 @@ class ModuleSummaries:
         if len(parts) != 2:
             return _unknown(call, f"{named} (not visible to msrewrite: an overload msrewrite does not read)")
         decl, why = self._op_declaration(*parts)
+        if decl is None and why.startswith("no registration of "):
+            # registered in C++ (torch_npu, sgl-kernel, vLLM's _C): what the catalogue says
+            head = (dotted_name(call.func) or "").split(".")[0]
+            found = None if head in self.bound_names() else _catalogued(call, named, f"torch.ops.{parts[0]}.{parts[1]}")
+            if found is not None:
+                return found
         if decl is None:
             return _unknown(call, f"{named} (not visible to msrewrite: {why})")
         summary = Summary(
@@ -850,6 +858,17 @@ class ModuleSummaries:
             unseen_work={f"{named} ({decl.label}, declared) -> {u}" for u in sorted(decl.unseen_work)},
         )
         return _apply(summary, call, named)
+
+    def bound_names(self) -> frozenset[str]:
+        """Names the file binds anywhere other than by an import (an assignment, a parameter, a
+        loop or `with` target, a def): such a name may not be the module it imports, so a
+        catalogue answer for `name.f(...)` is not taken (the call stays unknown)."""
+        if self._bound is None:
+            if self._tree.body or self.path is None:
+                self._bound = frozenset(_bound_besides_imports(self._tree))
+            else:  # a package's module, read as an index: its source, once
+                self._bound = _ast_bound_names(self.path)
+        return self._bound
 
     def _op_declaration(self, ns: str, op: str) -> tuple[declared.Declaration | None, str]:
         """(the one declaration of op `ns::op`, "") or (None, why there is none to trust).
@@ -1129,6 +1148,12 @@ class ModuleSummaries:
             imported = self._resolve_imported(call, named)
             if imported is not None:
                 return imported
+            # a native function (no Python source found) or a standard-library one, by the name
+            # the file's imports give it: what the catalogue says
+            qualified = self.qualified(named) if named.split(".")[0] not in self.bound_names() else ""
+            found = _catalogued(call, named, qualified) if qualified else None
+            if found is not None:
+                return found
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call):
             if dotted_name(func.value.func) == "super" and cls is not None:
                 inherited = self._resolve_super(call, func.attr.value, cls)
@@ -1312,6 +1337,9 @@ class ModuleSummaries:
             known = torch_call_effect(call.with_changes(func=value))
             if known is not None:
                 return known
+            qualified = self.qualified(dotted_name(value) or "")
+            if qualified.startswith("torch.ops."):  # self.op = torch.ops._C.silu_and_mul: that op
+                return self._torch_op(call.with_changes(func=value), qualified)
         if rest in _CONTAINER_READS and not element and _container_display(value):
             return CallEffect(returns=[call.func.value])  # type: ignore[attr-defined]  # self.cache.get(k)
         if isinstance(value, cst.Call) and dotted_name(value.func) == UNSEEN_STORE:
@@ -1611,6 +1639,109 @@ def _rebound_names(func: cst.FunctionDef) -> set[str]:
 
     func.body.visit(_Binds())
     return found
+
+
+def _ast_bound_names(path: Path) -> frozenset[str]:
+    """`_bound_besides_imports` for a file read with `ast` (every name when it does not parse)."""
+    try:
+        tree = ast.parse(path.read_bytes())
+    except (OSError, SyntaxError, ValueError, RecursionError):
+        return _EVERY_NAME
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            found.add(node.id)
+        elif isinstance(node, ast.arg):
+            found.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.add(node.name)
+        elif isinstance(node, ast.Global):
+            found.update(node.names)
+        elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
+            found.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            found.add(node.rest)
+    return frozenset(found)
+
+
+class _EveryName(frozenset):
+    """Holds every name (a file that does not parse may bind any)."""
+
+    def __contains__(self, _name: object) -> bool:
+        return True
+
+
+_EVERY_NAME = _EveryName()
+
+
+def _bound_besides_imports(module: cst.Module) -> set[str]:
+    """Every name `module` binds at any depth other than by an import statement."""
+    binds = _NameBinds()
+    module.visit(binds)
+    return binds.found
+
+
+class _NameBinds(Visitor):
+    """The names a tree binds (see _bound_besides_imports), in `found`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: set[str] = set()
+
+    def _targets(self, node: cst.CSTNode | None) -> None:
+        if node is not None:
+            self.found.update(n.value for n in _names_in(node))
+
+    def visit_Import(self, _node: cst.Import) -> bool:
+        return False
+
+    def visit_ImportFrom(self, _node: cst.ImportFrom) -> bool:
+        return False
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self._targets(node.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._targets(node.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._targets(node.target)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._targets(node.target)
+
+    def visit_CompFor(self, node: cst.CompFor) -> None:
+        self._targets(node.target)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._targets(node.target)
+
+    def visit_AsName(self, node: cst.AsName) -> None:  # `with ... as n`, `except E as n`
+        self._targets(node.name)
+
+    def visit_Param(self, node: cst.Param) -> None:
+        self.found.add(node.name.value)
+
+    def visit_MatchAs(self, node: cst.MatchAs) -> None:
+        if node.name is not None:
+            self.found.add(node.name.value)
+
+    def visit_MatchStar(self, node: cst.MatchStar) -> None:
+        if node.name is not None:
+            self.found.add(node.name.value)
+
+    def visit_MatchMapping(self, node: cst.MatchMapping) -> None:
+        if node.rest is not None:
+            self.found.add(node.rest.value)
+
+    def visit_Global(self, node: cst.Global) -> None:
+        self.found.update(n.name.value for n in node.names)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.found.add(node.name.value)
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.found.add(node.name.value)
 
 
 def _test_truth(test: cst.BaseExpression, flags: dict[str, bool]) -> bool | None:
@@ -2355,6 +2486,42 @@ def state_accessor_effect(call: cst.Call, receiver: cst.BaseExpression) -> CallE
             effect.stores.append((destination, receiver))
             effect.returns.append(destination)
     return effect
+
+
+def _catalogued(call: cst.Call, named: str, qualified: str) -> CallEffect | None:
+    """`call` of `qualified`, a native op or standard-library function msrewrite's catalogue
+    knows (analyze/catalogue.py): its effect, the union over the entry's version ranges (which
+    one runs is not known here); None when the catalogue has no entry. A native op's kernel is
+    not read: the call counts as unseen work, which names the catalogue in the trust boundary."""
+    entries = catalogue.lookup(qualified)
+    effects = []
+    for entry in entries:
+        decl = entry.declaration()
+        if decl.why:
+            why = f"its catalogue entry ({entry.package} {entry.version}) does not read: {decl.why}"
+            return _unknown(call, f"{named} (not visible to msrewrite: {why})")
+        effects.append(_apply(_catalogue_summary(entry, decl, named), call, named))
+    return _union(effects) if effects else None
+
+
+def _catalogue_summary(entry: catalogue.Entry, decl: declared.Declaration, named: str) -> Summary:
+    """The summary a catalogue entry gives: a schema's arguments bind by position or keyword
+    (as `_torch_op` binds a declared op's); a Python function's keyword-only parameters bind only
+    by keyword (through its `**` parameter, or a stand-in for them when it has none)."""
+    star, double = entry.variadic()
+    keywords = double or ("**" if decl.kwonly and not entry.schema else None)
+    params = [*decl.params, *decl.kwonly] if entry.schema else list(decl.params)
+    through = lambda names: {n if n in params or n == star else keywords or n for n in names}  # noqa: E731
+    label = f"{named} (effects from msrewrite's catalogue: {entry.package} {entry.version}; its kernel is not read)"
+    return Summary(
+        params=params,
+        vararg=star,
+        kwarg=keywords,
+        writes=through(decl.writes),
+        returns=through(decl.returns),
+        collective=entry.collective,
+        unseen_work=set() if entry.package == "python" else {label},
+    )
 
 
 def _apply_template(template: CallEffect, call: cst.Call) -> CallEffect:

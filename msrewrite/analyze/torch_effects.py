@@ -432,6 +432,9 @@ PURE_BUILTINS = frozenset(
     }
 )
 PURE_MODULES = ("math", "logger", "logging", "warnings", "os")
+# os functions that are not pure: they read into buffers they are given (a tensor's memory through
+# the buffer protocol) or call a function they are given (os.walk's onerror)
+OS_NOT_PURE = frozenset({"readv", "preadv", "readinto", "walk", "fwalk"})
 # Modules whose calls build iterators, partials or reductions over their arguments: the result
 # may hold (alias) any argument; they write nothing themselves (a function handed to them is
 # followed where it is passed: defuse's _functions_passed).
@@ -858,7 +861,9 @@ def _other_module_effect(call: cst.Call, module: str, leaf: str) -> CallEffect |
     """Device stream modules, pure modules and builtins; None when the name is none of those."""
     if module in ("torch.cuda", "torch.npu", "torch_npu.npu", "torchair.scope", "torchair.ops", "torch.accelerator"):
         return CallEffect(stream=True, barrier=leaf in BARRIER_FUNCTIONS)
-    if module in PURE_MODULES or module.startswith(("math.", "torch.compiler")):
+    if (module in PURE_MODULES or module.startswith(("math.", "torch.compiler"))) and not (
+        module == "os" and leaf in OS_NOT_PURE
+    ):
         return CallEffect.pure()
     if module in ALIASING_MODULES:
         return CallEffect(returns=list(tensor_args(call)))
