@@ -169,6 +169,10 @@ class Scope:
     # locals bound to an asynchronous collective's work or result (`work = dist.all_reduce(x,
     # async_op=True)`): `work.wait()` ends its buffer's write (extend_pending) and orders streams
     work_locals: set[str] = field(default_factory=set)
+    # every name the function binds (parameters, assignments, loops, `with`/`except` targets,
+    # nested defs, at any depth): a call of such a name is of that local, never of the module's
+    # function or import of the same name (summaries.function_locals)
+    local_names: frozenset[str] = frozenset()
     # id(call) -> its arguments with the `*seq` / `**mapping` the function builds written out
     # (analyze/spreads.py); None until a function body is seen
     spreads: dict[int, tuple[cst.Arg, ...]] | None = None
@@ -185,11 +189,11 @@ class Scope:
         expanded = self.spreads.get(id(call)) if self.spreads else None
         if expanded is not None:
             call = call.with_changes(args=expanded)
-        known = torch_call_effect(call)
-        if known is not None:
-            return known
         if isinstance(call.func, cst.Name) and call.func.value in self.closures:
             return CallEffect()  # its writes are added at the call site (free variables)
+        known = torch_call_effect(call, self.local_names)
+        if known is not None:
+            return known
         if is_ordering_call(call):
             receiver = call.func.value  # type: ignore[attr-defined]
             if _root_name(receiver) in self.work_locals:

@@ -988,6 +988,7 @@ class ModuleSummaries:
         )
         body = list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else [func.body]
         scope = self.scope_for(cls)
+        scope.local_names = function_locals(func)
         scope.note_body([s for s in body if isinstance(s, cst.BaseStatement)])
         skip = self._other_platform_blocks(func)
         facts = [node_facts(stmt, scope, skip=skip) for stmt in body]
@@ -1050,8 +1051,13 @@ class ModuleSummaries:
             for name, found in values.items()
             if found and all(isinstance(v, cst.Call) and (dotted_name(v.func) or "").startswith("_ms_") for v in found)
         )
+        node = None
+        if function is not None:
+            found = self._method(cls, function) if cls is not None else None
+            node = found[1] if found is not None else (self.functions.get(function) if cls is None else None)
         return Scope(
             resolver=lambda call, scope: self.resolve(call, scope, owner),
+            local_names=function_locals(node) if node is not None else frozenset(),
             state_attrs=attrs,
             own_stream_attrs=own,
             module_names=frozenset((*self.module_imports, *self.classes, *self.functions)),
@@ -1136,9 +1142,10 @@ class ModuleSummaries:
             path = scope.modules[func.value][len("self.") :]
         if path is not None and owner is not None:
             return owner[0]._resolve_self(call, owner[1], path)
-        declared_op = self._declared_call(call)
-        if declared_op is not None:
-            return declared_op
+        # a local or parameter of that name first, then an op the file declares
+        known = self._local_call(call, scope) or self._declared_call(call)
+        if known is not None:
+            return known
         if isinstance(func, cst.Name):
             own = self._resolve_own_name(call, func.value)
             if own is not None:
@@ -1170,6 +1177,18 @@ class ModuleSummaries:
         if self._vouched(callee, callee.split(".")[-1]):
             return _vouched_effect(call)
         return _unknown(call, f"{callee} (not visible to msrewrite)")
+
+    def _local_call(self, call: cst.Call, scope: Scope) -> CallEffect | None:
+        """A call of a parameter or local of the function (`def forward(self, x, scale=None):
+        scale(x)`): whatever the caller passed, never the module's function or import of the same
+        name; None for any other call."""
+        named = dotted_name(call.func) or ""
+        head = named.split(".")[0]
+        if not head or head == "self" or head not in scope.local_names:
+            return None
+        if self._vouched(named, named.split(".")[-1]):
+            return _vouched_effect(call)
+        return _unknown(call, f"{named} (a local or parameter `{head}` of the function: not visible to msrewrite)")
 
     def _resolve_own_name(self, call: cst.Call, name: str) -> CallEffect | None:
         """`name(...)` for a function this file defines, or a class it can find; None otherwise."""
@@ -1672,6 +1691,16 @@ class _EveryName(frozenset):
 
 
 _EVERY_NAME = _EveryName()
+
+
+def function_locals(func: cst.FunctionDef) -> frozenset[str]:
+    """Every name `func` binds, its parameters and its body at any depth (nested functions too:
+    a name bound there is taken as local everywhere, which only makes more calls unknown), less
+    its own name (a recursive call is of the module's function)."""
+    binds = _NameBinds()
+    func.params.visit(binds)
+    func.body.visit(binds)
+    return frozenset(binds.found)
 
 
 def _bound_besides_imports(module: cst.Module) -> set[str]:

@@ -694,15 +694,19 @@ _TORCH_FUNCTION_MODULES = (
 )
 
 
-def torch_call_effect(call: cst.Call) -> CallEffect | None:
+def torch_call_effect(call: cst.Call, local_names: frozenset[str] = frozenset()) -> CallEffect | None:
     """The effect of a call when the table knows it, else None.
 
     Knows: torch.* / F.* / nn.functional.* functions, torch.distributed collectives, tensor
-    methods on any receiver (by name), Python builtins and a few pure modules."""
+    methods on any receiver (by name), Python builtins and a few pure modules. A call whose head
+    is one of the function's `local_names` (a parameter `torch`, a local `F`) is of that local:
+    no module's or builtin's entry answers for it."""
     func = call.func
     args = positional(call)
     first = args[0] if args else None
     name = dotted(func)
+    if name is not None and name.split(".")[0] in local_names:
+        name = None
     if name is not None:
         module, _, leaf = name.rpartition(".")
         if name.startswith("_ms_"):
