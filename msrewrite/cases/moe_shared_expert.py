@@ -10,8 +10,8 @@ and the main stream waits for it right before the first consumer. An inline call
 `--side routed` swaps the streams: the router and routed experts run on the side stream (the
 model's own `self.alt_stream` where it has one) while the shared expert stays on the current
 stream, as SGLang's engineers write it; `--side shared` is the form above (vLLM, vllm-ascend). By
-default the file's own convention decides: routed for SGLang files and for a class that already runs
-routed work on its stream, else shared (cases/_placement.py).
+default the file's own convention decides: routed for a CUDA edit of an SGLang file and for a class
+that already runs routed work on its stream, else shared (cases/_placement.py).
 
 Seen in DeepSeek-V3/V3.2/R1, GLM-4.5/5, Qwen2/3-MoE, Qwen3-Next, Hunyuan, Kimi-K2 and others.
 Modes: eager, npugraph-ex, ge-graph, cuda.
@@ -107,7 +107,7 @@ SIDE = CaseOption(
                 "--side",
                 help="moe-shared-expert: shared (the shared expert on the side stream) or routed (the router and "
                 "routed experts on it, the shared expert on the current stream); default: the file's convention "
-                "(SGLang: routed), else shared.",
+                "(SGLang, --mode cuda: routed), else shared.",
             ),
         ),
     ),
@@ -115,16 +115,17 @@ SIDE = CaseOption(
 )
 
 
-def framework_convention(module: cst.Module, function: str, is_seed) -> str:
-    """Why the file's own convention puts the routed experts on the side stream, or "": the file
-    is SGLang's (its engineers run the router and routed experts on `self.alt_stream`), or the
-    function's class already runs work other than the shared expert on a stream of its own."""
+def framework_convention(module: cst.Module, function: str, is_seed, mode: str) -> str:
+    """Why the file's own convention puts the routed experts on the side stream, or "": a CUDA edit
+    of an SGLang file (its engineers run the router and routed experts on `self.alt_stream` in
+    their CUDA paths), or the function's class already runs work other than the shared expert on a
+    stream of its own."""
     import libcst as cst
 
     from msrewrite.analyze.outline import iter_functions
     from msrewrite.analyze.walk import Visitor
 
-    for stmt in module.body:
+    for stmt in module.body if mode == "cuda" else ():
         imports = stmt.body if isinstance(stmt, cst.SimpleStatementLine) else []
         for item in imports:
             if isinstance(item, cst.ImportFrom) and item.relative == () and item.module is not None:
@@ -214,7 +215,7 @@ class SharedExpertCase(SeedCase):
             if plan is None or asked == "shared":
                 placed.append(target)
                 continue
-            why_routed = "" if asked else framework_convention(module, plan.function, self.is_seed)
+            why_routed = "" if asked else framework_convention(module, plan.function, self.is_seed, options.mode)
             if not asked and not why_routed:
                 placed.append(target)  # no convention in the file: the shared expert moves, as before
                 continue
