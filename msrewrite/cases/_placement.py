@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from msrewrite.analyze.defuse import StatementFacts, statement_facts
+from msrewrite.analyze.defuse import Scope, StatementFacts, statement_facts
 from msrewrite.analyze.outline import bound_on_every_path, iter_functions
 from msrewrite.analyze.positions import positions_for
 from msrewrite.analyze.walk import Visitor
@@ -30,9 +30,12 @@ from msrewrite.emit.templates import code_of, strip_leading
 from msrewrite.plan import OverlapPlan, SideStatement
 
 
-def routed_plan(plan: OverlapPlan, module: cst.Module, text: str | None) -> tuple[OverlapPlan | None, str]:
+def routed_plan(
+    plan: OverlapPlan, module: cst.Module, text: str | None, scope: Scope | None = None
+) -> tuple[OverlapPlan | None, str]:
     """(`plan` with the window's work on the side stream and the seed calls on the current one,
-    ""), or (None, why that placement is not possible for it)."""
+    ""), or (None, why that placement is not possible for it). `scope`: the file's summaries for
+    the function, so that what its callees change is seen too."""
     why = _unsupported_shape(plan)
     if why:
         return None, why
@@ -43,7 +46,7 @@ def routed_plan(plan: OverlapPlan, module: cst.Module, text: str | None) -> tupl
         return None, "an async function's window may suspend while the side stream is current"
     body = list(func.body.body)
     positions = positions_for(module, plan.function, func, text)
-    facts = statement_facts(body, positions)
+    facts = statement_facts(body, positions, scope)
     starts = {f.first_line: f.index for f in facts}
     fork = starts.get(plan.fork_line)
     join = len(facts) if plan.join_line == facts[-1].last_line + 1 else starts.get(plan.join_line)
@@ -60,7 +63,9 @@ def routed_plan(plan: OverlapPlan, module: cst.Module, text: str | None) -> tupl
             "stay on the current stream"
         )
     window = [f for f in facts[fork:join] if f.index not in seed_idx]
-    why = _cannot_move(window)
+    why = _cannot_move(window) or _rebinds_before_read(
+        [facts[i] for i in sorted(seed_idx)], window, set(plan.protect_inputs)
+    )
     if why:
         return None, why
     routed_hoists = list(plan.main_hoists)
@@ -216,6 +221,58 @@ def _outer(f: StatementFacts) -> set[str]:
     found = _OuterNames()
     f.node.visit(found)
     return found.names
+
+
+def _rebinds_before_read(seeds: list[StatementFacts], window: list[StatementFacts], snapshots: set[str]) -> str:
+    """Why issuing the window's statements at the fork, before side statements that precede them,
+    would change what a name holds: a window statement after a side statement binds a name that
+    side statement reads (it would read the new binding; a snapshot input reads its copy, bound at
+    the fork) or binds itself (the last binding would change)."""
+    for seed in seeds:
+        reads = (seed.loads & _outer(seed)) - snapshots
+        binds = seed.stores & _outer(seed)
+        state = _self_paths(seed.node)
+        for f in window:
+            if f.index < seed.index:
+                continue
+            clash = sorted(f.stores & _outer(f) & (reads | binds))
+            if clash:
+                return (
+                    f"line {f.first_line} rebinds '{clash[0]}', which line {seed.first_line} (kept on the current "
+                    f"stream) {'reads' if clash[0] in reads else 'binds'} first; issued at the fork, line "
+                    f"{f.first_line} would run before it"
+                )
+            changed = sorted(
+                path
+                for path in f.self_stores | f.rebinds
+                if any(path == used or path.startswith(used + ".") or used.startswith(path + ".") for used in state)
+            )
+            if changed:
+                return (
+                    f"line {f.first_line} changes {changed[0]}, which line {seed.first_line} (kept on the current "
+                    f"stream) uses first; issued at the fork, line {f.first_line} would run before it"
+                )
+    return ""
+
+
+def _self_paths(node: cst.CSTNode) -> set[str]:
+    """The `self.a.b` attribute paths a statement mentions (its module state), longest first."""
+    found: set[str] = set()
+
+    class _Paths(Visitor):
+        def visit_Attribute(self, attr: cst.Attribute) -> bool:
+            parts = [attr.attr.value]
+            value = attr.value
+            while isinstance(value, cst.Attribute):
+                parts.append(value.attr.value)
+                value = value.value
+            if isinstance(value, cst.Name) and value.value == "self":
+                found.add(".".join(["self", *reversed(parts)]))
+                return False
+            return True
+
+    node.visit(_Paths())
+    return found
 
 
 class _Deleted(Visitor):

@@ -205,9 +205,11 @@ class SharedExpertCase(SeedCase):
     ) -> list[Target]:
         import dataclasses
 
+        from msrewrite.analyze.summaries import ModuleSummaries
         from msrewrite.cases._placement import routed_plan
 
         targets = super().find(path, module, options, text, branch)
+        summaries: ModuleSummaries | None = None
         asked = options.extra.get("side")
         placed = []
         for target in targets:
@@ -219,7 +221,10 @@ class SharedExpertCase(SeedCase):
             if not asked and not why_routed:
                 placed.append(target)  # no convention in the file: the shared expert moves, as before
                 continue
-            routed, why_not = routed_plan(plan, module, text)
+            if summaries is None:  # read once per file, only when a routed placement is tried
+                summaries = ModuleSummaries(module, options.assume_pure, path=path)
+            cls, _, name = plan.function.rpartition(".")
+            routed, why_not = routed_plan(plan, module, text, summaries.scope_for(cls or None, name))
             if routed is None and asked:
                 reason = f"--side routed: {why_not}; --side shared moves the shared expert instead"
                 placed.append(dataclasses.replace(target, plan=None, reason=reason))
