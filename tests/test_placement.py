@@ -248,12 +248,16 @@ def test_the_default_placement_follows_the_files_convention_and_says_why(tmp_pat
     if said:
         assert said in plan.summary and "--side shared moves the shared expert instead" in plan.summary
     else:
-        assert plan.summary.startswith("shared expert on a side stream") and "--side" not in plan.summary
+        assert plan.summary.startswith("shared expert on a side stream")
+        assert plan.summary.endswith(
+            "--side shared (the default: the file shows no convention of its own; --side routed runs the router "
+            "and routed experts there instead)"
+        )
 
 
 def test_side_shared_on_an_sglang_file_keeps_the_shared_expert_on_the_side(tmp_path):
     step, edited, _ = edit(tmp_path, with_sglang_import(ROUTED_MOE), side="shared")
-    assert step.plans[0].placement == "shared"
+    assert step.plans[0].placement == "shared" and "--side shared (as asked;" in step.plans[0].summary
     assert "shared_expert_stream = self.alt_stream if" in edited.read_text()
 
 
@@ -449,3 +453,23 @@ def test_unknown_case_options_of_a_plan_are_refused(tmp_path):
     plans.write_text(step.plans[0].to_json())
     done = run_main("apply", "--plan", str(plans), "--side", "routed", str(original))
     assert done.returncode == 2 and "--side" in done.stderr, done.stderr
+
+
+def test_the_codemod_takes_side_as_apply_does(tmp_path):
+    """msrewrite/codemods: the case's own options are the codemod's arguments too."""
+    import argparse
+
+    import libcst as cst
+    from libcst.codemod import CodemodContext
+
+    from msrewrite.codemods.moe_shared_expert import MoeSharedExpert
+
+    parser = argparse.ArgumentParser()
+    MoeSharedExpert.add_args(parser)
+    args = vars(parser.parse_args(["--mode", "cuda", "--side", "routed"]))
+    path = tmp_path / "block.py"
+    path.write_text(ROUTED_MOE)
+    command = MoeSharedExpert(CodemodContext(filename=str(path)), **args)
+    new = command.transform_module(cst.parse_module(ROUTED_MOE)).code
+    step, _, _ = edit(tmp_path, ROUTED_MOE)
+    assert new == step.new and "with torch.cuda.stream(routed_experts_stream):" in new

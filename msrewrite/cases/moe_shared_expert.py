@@ -214,12 +214,14 @@ class SharedExpertCase(SeedCase):
         placed = []
         for target in targets:
             plan = target.plan
-            if plan is None or asked == "shared":
+            if plan is None:
                 placed.append(target)
                 continue
             why_routed = "" if asked else framework_convention(module, plan.function, self.is_seed, options.mode)
-            if not asked and not why_routed:
-                placed.append(target)  # no convention in the file: the shared expert moves, as before
+            if asked == "shared" or not why_routed and not asked:
+                chosen = "as asked" if asked else "the default: the file shows no convention of its own"
+                note = f"; --side shared ({chosen}; --side routed runs the router and routed experts there instead)"
+                placed.append(dataclasses.replace(target, plan=plan.with_changes(summary=plan.summary + note)))
                 continue
             if summaries is None:  # read once per file, only when a routed placement is tried
                 summaries = ModuleSummaries(module, options.assume_pure, path=path)
