@@ -238,7 +238,7 @@ def _rebinds_before_read(seeds: list[StatementFacts], window: list[StatementFact
             clash = sorted(f.stores & _outer(f) & (reads | binds))
             if clash:
                 return (
-                    f"line {f.first_line} rebinds '{clash[0]}', which line {seed.first_line} (kept on the current "
+                    f"line {f.first_line} rebinds {clash[0]!r}, which line {seed.first_line} (kept on the current "
                     f"stream) {'reads' if clash[0] in reads else 'binds'} first; issued at the fork, line "
                     f"{f.first_line} would run before it"
                 )

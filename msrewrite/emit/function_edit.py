@@ -365,7 +365,6 @@ def _context(
 ) -> Context:
     """The strategies' Context: every user value in it comes from `plan` (validated on
     construction); the others are names read from the source or made by the emitter."""
-    routed = plan.placement == "routed"
     return Context(
         case=plan.case,
         tag=plan.stream_tag,
@@ -377,8 +376,8 @@ def _context(
         init_config_param=config_param,
         init_sets_flag=init_sets_flag,
         # routed: the snapshots are read on the current stream; the side stream reads the originals
-        inputs=[n if routed else snapshots.get(n, n) for n in plan.side_inputs],
-        rebound_inputs=[n for n in plan.inputs_rebound_before_join if routed or n not in snapshots],
+        inputs=[n if plan.placement == "routed" else snapshots.get(n, n) for n in plan.side_inputs],
+        rebound_inputs=[n for n in plan.inputs_rebound_before_join if plan.placement == "routed" or n not in snapshots],
         outputs=list(plan.side_outputs),
         maybe_unbound=list(plan.outputs_maybe_unbound),
         token_input=plan.side_inputs[0] if plan.side_inputs else None,
