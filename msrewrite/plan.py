@@ -34,6 +34,10 @@ PROTECT_CHOICES = ("auto", "none", "clone")
 # every name an edit adds at module level starts with it (`_ms_side_stream`, `_MS_SIDE_STREAMS`
 # aside): how the analysis tells an edit's helpers from the user's code
 HELPER_PREFIX = "_ms_"
+# Which branch runs on the side stream: "shared", the case's side work (the seed calls: the shared
+# expert), or "routed", the rest of the window (the router and routed experts) while the seed calls
+# stay on the current stream (SGLang's own convention with `self.alt_stream`).
+PLACEMENTS = ("shared", "routed")
 
 
 def protects(protect: str) -> bool:
@@ -235,6 +239,11 @@ class OverlapPlan:
     # (_ms_runs_as_inlined: no subclass, patch or hook); otherwise the original call runs. Left out
     # of the JSON when empty.
     inline_guards: tuple[str, ...] = ()
+    # "routed": `side` holds the window's other work (the router and routed experts), moved onto the
+    # side stream, and `main_hoists` the case's own calls hoisted out of the join; the case's
+    # statements in the window stay on the current stream and read the snapshots (protect_inputs),
+    # since it is the side stream that may write them. Left out of the JSON when "shared".
+    placement: str = "shared"
 
     @property
     def label(self) -> str:
@@ -347,6 +356,13 @@ class OverlapPlan:
             validate.case_name(self.case_branch, "case_branch")
         _boolean(self.markers, "markers")
         _boolean(self.non_blocking, "non_blocking")
+        _enum(self.placement, PLACEMENTS, "placement")
+        if self.placement == "routed" and (
+            self.phase_anchors or self.guard or self.start_gates or self.core_limits or self.sync == "async-comm"
+        ):
+            raise ValueError(
+                "a routed placement cannot be combined with phases, a guard, start gates, core limits or async-comm"
+            )
         if self.core_limits is not None and (
             len(self.core_limits) != 4
             or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= 4096 for n in self.core_limits)
@@ -384,6 +400,8 @@ class OverlapPlan:
             del data["main_hoists"]
         if not self.inline_guards:
             del data["inline_guards"]
+        if self.placement == "shared":
+            del data["placement"]
         for hoist in data.get("main_hoists", ()):
             del hoist["inner_phases"], hoist["phase"]
         data["version"] = PLAN_VERSION
@@ -666,6 +684,7 @@ _PLAN_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "markers": ((bool,), False),
     "main_hoists": ((list, tuple), False),
     "inline_guards": ((list, tuple), False),
+    "placement": ((str,), False),
 }
 _PART_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "side": {

@@ -159,6 +159,11 @@ def check_plan_in(
     from msrewrite.cases import get_case
 
     case = get_case(plan.case)
+    if plan.placement == "routed":  # the finder derives the case's own branch; the swap is the case's
+        raise BadInput(
+            f"plan for {plan.function}: a --side routed plan is carried out by apply --case {plan.case} --side routed, "
+            "not by apply --plan"
+        )
     if case is not None and (case.analysis != "calls" or case.sync == "async-comm"):
         raise NoBranch(f"{plan.case} plans are not submodule-call branches; run apply --case {plan.case}")
     calls = calls_of_plan(func, positions, plan)

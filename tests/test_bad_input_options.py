@@ -580,6 +580,7 @@ PLAN_FIELD_HOSTILE = {
     "case_branch": [v for v in HOSTILE_TEXT if v] + [3, "1x"],
     "non_blocking": ["yes", 1],
     "markers": ["yes", 1, None],
+    "placement": ["middle", "routed\nx", 1, None, True],
     "core_limits": [[1, 2], [1, 2, 3, "4"], [-1, 0, 0, 0], "8/16"],
     # a guard is emitted as code: the emitter also requires it to be its `if`'s own condition
     # (tests/test_guards.py::test_guard_that_is_not_the_if_condition_is_refused)

@@ -22,15 +22,17 @@ from msrewrite.plan import MicrobatchPlan, OverlapPlan
 __all__ = ["PlannedEdit", "apply_plans", "case_words", "plan_edit"]
 
 
-def case_words(case_name: str, branch: str = "") -> tuple[str, str]:
-    """(side work, main work) as the case's comments name them."""
+def case_words(case_name: str, branch: str = "", placement: str = "shared") -> tuple[str, str]:
+    """(side work, main work) as the case's comments name them; a routed placement (plan.py) puts
+    the case's main work on the side stream and its own side work on the current one."""
     from msrewrite.cases import get_case
 
     case = get_case(case_name)
     if case is None:
         return ("the side branch", "the main path")
     spec = next((b for b in case.branches if b.name == branch), None)
-    return (spec.what, case.what[1]) if spec is not None else case.what
+    what = (spec.what, case.what[1]) if spec is not None else case.what
+    return (f"{what[1]}' work" if what[1].endswith("s") else what[1], what[0]) if placement == "routed" else what
 
 
 class _ReplaceFunctions(cst.CSTTransformer):
@@ -109,7 +111,7 @@ def _apply_overlap_plans(
     for plan in plans:
         located = locate(module, plan.function)
         positions = positions_for(module, plan.function, located.func, text)
-        edits.append(plan_edit(module, positions, plan, text, case_words(plan.case, plan.case_branch)))
+        edits.append(plan_edit(module, positions, plan, text, case_words(plan.case, plan.case_branch, plan.placement)))
         if reschedule is not None:
             edits[-1].new_func = reschedule(edits[-1])
     functions = [e.old_func for e in edits]

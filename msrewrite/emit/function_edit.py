@@ -151,6 +151,8 @@ def plan_edit(
     work = flattened(func, *wrapped[:2]) if wrapped is not None else func
     where = layout(work, positions, plan)
     e = _prepare(module, work, located.cls, where, positions, plan, words)
+    if plan.placement == "routed":
+        _read_snapshots_on_main(e)
     phase_nodes, hoist_assigns = _side_statements(e)
     side_nodes = phase_nodes.get(0, [])
     phase_blocks, phase_issued = _phase_blocks(e, phase_nodes)
@@ -373,8 +375,9 @@ def _context(
         has_init=init is not None,
         init_config_param=config_param,
         init_sets_flag=init_sets_flag,
-        inputs=[snapshots.get(n, n) for n in plan.side_inputs],
-        rebound_inputs=[n for n in plan.inputs_rebound_before_join if n not in snapshots],
+        # routed: the snapshots are read on the current stream; the side stream reads the originals
+        inputs=[n if plan.placement == "routed" else snapshots.get(n, n) for n in plan.side_inputs],
+        rebound_inputs=[n for n in plan.inputs_rebound_before_join if plan.placement == "routed" or n not in snapshots],
         outputs=list(plan.side_outputs),
         maybe_unbound=list(plan.outputs_maybe_unbound),
         token_input=plan.side_inputs[0] if plan.side_inputs else None,
@@ -406,7 +409,8 @@ def _side_statements(e: _Edit) -> tuple[dict[int, list[cst.BaseStatement]], list
             phase_nodes.setdefault(where.phase_of[i], []).append(strip_leading(where.body[i]))
     for k, stmt in enumerate(hoist_assigns, start=1):
         phase_nodes.setdefault(where.phase_of[-k], []).append(stmt)
-    rewrites: list[cst.CSTTransformer] = [Rename(old, new) for old, new in e.snapshots.items()]
+    # a routed placement's snapshots are read by the case's own statements on the current stream
+    rewrites: list[cst.CSTTransformer] = _snapshot_renames(e) if plan.placement == "shared" else []
     if plan.mode == "ge-graph":
         rewrites += [Rename(old, new) for old, new in e.renames.items()]
     if plan.non_blocking:
@@ -421,6 +425,23 @@ def _side_statements(e: _Edit) -> tuple[dict[int, list[cst.BaseStatement]], list
         sends = [h for kind, h in made.handles if kind == "send"]
         e.em.join = [f"{h}.wait()" for h in recvs + sends]
     return phase_nodes, hoist_assigns
+
+
+def _snapshot_renames(e: _Edit) -> list[cst.CSTTransformer]:
+    return [Rename(old, new) for old, new in e.snapshots.items()]
+
+
+def _read_snapshots_on_main(e: _Edit) -> None:
+    """A routed placement: the side stream may write the snapshot inputs, so the case's own
+    statements in the window (on the current stream) read the copies. They run on both paths: the
+    flag-off path binds each copy's name to the original itself (no copy), see _fork_block."""
+    where, renames = e.where, _snapshot_renames(e)
+    if not renames:
+        return
+    for i in range(where.fork, where.join):
+        if i not in where.whole:
+            for rename in renames:
+                where.body[i] = rewritten(where.body[i], rename)
 
 
 # Phases --------------------------------------------------------------------------------------------
@@ -539,7 +560,17 @@ def _fork_block(e: _Edit, side_nodes: list[cst.BaseStatement], runs: _Runs):
             for old, new in e.snapshots.items()
         ]
     )
-    if clones:
+    off_nodes = _off_nodes(where.body, runs.fork_run)
+    if clones and plan.placement == "routed":
+        note = (
+            f"msrewrite({e.label}): {e.what} on the side stream may write {', '.join(e.snapshots)} before the "
+            f"join: {e.main} reads a copy."
+        )
+        clones = with_leading(clones, [comment(note)])
+        # with the flag off the same statements read the originals, under the copies' names
+        aliases = parse_block([f"{new} = {old}" for old, new in e.snapshots.items()])
+        off_nodes = [*aliases, *off_nodes]
+    elif clones:
         note = (
             f"msrewrite({e.label}): the main path may write {', '.join(e.snapshots)} before the join: "
             "the side stream reads a copy."
@@ -548,7 +579,7 @@ def _fork_block(e: _Edit, side_nodes: list[cst.BaseStatement], runs: _Runs):
     on_branch = [*clones, *parse_block(em.on_head), *with_block(em.with_open, inner)]
     prelude = _prelude(e)
     fork_cond = conjoin(em.on_cond, plan.guard) if plan.guard else em.on_cond
-    fork_block = if_block(fork_cond, on_branch, em.off_cond, _off_nodes(where.body, runs.fork_run))
+    fork_block = if_block(fork_cond, on_branch, em.off_cond, off_nodes)
     if e.prelude_at == where.fork:
         fork_block = prelude + fork_block
     if runs.fork_run:
@@ -565,6 +596,9 @@ def _join_block(e: _Edit, runs: _Runs, hoist_assigns: list[cst.BaseStatement]):
     join_cond = conjoin(em.on_cond, runs.join_guard) if runs.join_guard else em.on_cond
     join_stmt = body[join] if join < len(body) else cst.SimpleStatementLine(body=[cst.Pass()])
     main_assigns: list[cst.BaseStatement] = [assign(temp, call) for call, temp in where.main_hoisted]
+    if e.plan.placement == "routed":  # the case's own calls, on the current stream: they read the copies
+        for rename in _snapshot_renames(e):
+            main_assigns = [rewritten(node, rename) for node in main_assigns]
     if (
         where.hoists or where.main_hoisted
     ):  # every hoisted call in one pass (a deep_replace rebuilds the tree, losing the others)

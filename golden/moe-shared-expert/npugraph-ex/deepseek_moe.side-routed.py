@@ -1,0 +1,163 @@
+"""A DeepSeek-V3-style MoE block: routed experts plus an always-on shared expert.
+
+Small enough to run on a CPU; `make()` builds it with example inputs for `msrewrite verify`.
+"""
+
+import os
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# msrewrite: multi-stream helpers (npugraph-ex mode). With the flag off, or without
+# the backend, each one falls back to the original single-stream behaviour.
+try:
+    import torch_npu  # noqa: F401  (registers torch.npu)
+except ImportError:  # no NPU stack: the side stream stays off
+    torch_npu = None
+
+_MS_SIDE_STREAMS = {}  # tag -> stream, one per process, shared by every layer
+
+
+def _ms_env_flag(name, default):
+    """A boolean switch from the environment: 1/true/yes/on enable it, 0/false/no/off disable it."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    return value in ("1", "true", "yes", "on")
+
+
+def _ms_side_stream(tag, enabled=True):
+    """The side stream for `tag`, created on first use and shared by every layer; None when off."""
+    if not enabled or not hasattr(torch, "npu"):
+        return None
+    stream = _MS_SIDE_STREAMS.get(tag)
+    if stream is None:
+        stream = _MS_SIDE_STREAMS[tag] = torch.npu.Stream()
+    return stream
+
+
+def _ms_stream_events(stream):
+    """The (fork, join) event pair of one module, made once and reused by every eager call (a compiled
+    npugraph_ex graph replaces each event with a tagged event of its own)."""
+    if stream is None:
+        return None
+    return torch.npu.Event(), torch.npu.Event()
+
+
+def _ms_capture_safe(stream):
+    """`stream`, or None (the original single-stream path) inside a compiled graph whose
+    record_stream would not reach it.
+
+    torch_npu 2.10 traces Tensor.record_stream as torch.npu.fake_record_stream, which npugraph_ex
+    lowers to record_tagged_stream_(t, <FX node name>): a stream made for that name, not this one,
+    so buffers used across the streams would lose their protection. torch_npu 2.14 lowers it by
+    stream id (record_tagged_on_stream_) and keeps the side stream; so does eager code, everywhere.
+    """
+    if stream is not None and torch.compiler.is_compiling() and hasattr(torch.npu, "fake_record_stream"):
+        return None
+    return stream
+
+
+def _ms_record_stream(stream, *values):
+    """Mark tensors (also inside tuples and lists) as in use on `stream`, so the caching allocator
+    cannot hand their memory out early."""
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            value.record_stream(stream)
+        elif isinstance(value, (tuple, list)):
+            _ms_record_stream(stream, *value)
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden_size, intermediate_size):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class TopKRouter(nn.Module):
+    def __init__(self, hidden_size, num_experts, top_k):
+        super().__init__()
+        self.top_k = top_k
+        self.weight = nn.Parameter(torch.randn(num_experts, hidden_size) * 0.02)
+
+    def forward(self, hidden_states):
+        hidden_states = hidden_states.view(-1, hidden_states.shape[-1])
+        logits = F.linear(hidden_states, self.weight)
+        scores = logits.sigmoid()
+        topk_weights, topk_indices = torch.topk(scores, self.top_k, dim=-1)
+        topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
+        return logits, topk_weights, topk_indices
+
+
+class Experts(nn.Module):
+    def __init__(self, hidden_size, intermediate_size, num_experts):
+        super().__init__()
+        self.experts = nn.ModuleList(MLP(hidden_size, intermediate_size) for _ in range(num_experts))
+
+    def forward(self, hidden_states, topk_indices, topk_weights):
+        out = torch.zeros_like(hidden_states)
+        for expert_idx, expert in enumerate(self.experts):
+            token_idx, slot = torch.where(topk_indices == expert_idx)
+            if token_idx.numel() == 0:
+                continue
+            weighted = expert(hidden_states[token_idx]) * topk_weights[token_idx, slot, None]
+            out.index_add_(0, token_idx, weighted)
+        return out
+
+
+class DeepseekMoE(nn.Module):
+    """Routed experts plus shared experts, summed at the end."""
+
+    def __init__(self, hidden_size=64, intermediate_size=32, num_experts=8, top_k=2, n_shared_experts=1):
+        super().__init__()
+        self.gate = TopKRouter(hidden_size, num_experts, top_k)
+        self.experts = Experts(hidden_size, intermediate_size, num_experts)
+        self.shared_experts = MLP(hidden_size, intermediate_size * n_shared_experts)
+        # msrewrite(moe-shared-expert): ENABLE_MOE_SHARED_EXPERT_STREAM=0 turns the side stream off.
+        self.enable_moe_shared_expert_stream = _ms_env_flag("ENABLE_MOE_SHARED_EXPERT_STREAM", True)
+        # Made once per module: eager calls reuse them; a compiled graph resolves the stream by id and
+        # swaps each event for a tagged event of its own.
+        self.routed_experts_stream = _ms_side_stream("routed_experts", self.enable_moe_shared_expert_stream)
+        self.routed_experts_events = _ms_stream_events(self.routed_experts_stream)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        residuals = hidden_states
+        # msrewrite(moe-shared-expert): the routed experts' work runs on side stream "routed_experts" during the shared expert.
+        routed_experts_stream = _ms_capture_safe(self.routed_experts_stream)
+        if routed_experts_stream is not None:
+            fork_event, join_event = self.routed_experts_events
+            _ms_record_stream(routed_experts_stream, hidden_states)
+            fork_event.record()
+            with torch.npu.stream(routed_experts_stream):
+                fork_event.wait()
+                orig_shape = hidden_states.shape
+                _, topk_weights, topk_indices = self.gate(hidden_states)
+                hidden_states = hidden_states.view(-1, hidden_states.shape[-1])
+                hidden_states = self.experts(hidden_states, topk_indices, topk_weights).view(*orig_shape)
+                join_event.record()
+        else:
+            orig_shape = hidden_states.shape
+            # route every token to its top-k experts
+            _, topk_weights, topk_indices = self.gate(hidden_states)
+            hidden_states = hidden_states.view(-1, hidden_states.shape[-1])
+            hidden_states = self.experts(hidden_states, topk_indices, topk_weights).view(*orig_shape)
+        # msrewrite(moe-shared-expert): with the flag on, self.shared_experts runs here, during the routed experts' work, then
+        # the side stream is joined before the first use of hidden_states.
+        if routed_experts_stream is not None:
+            shared_experts_output = self.shared_experts(residuals)
+            join_event.wait()
+            _ms_record_stream(torch.npu.current_stream(), hidden_states)
+            hidden_states = hidden_states + shared_experts_output  # shared experts see every token
+        else:
+            hidden_states = hidden_states + self.shared_experts(residuals)  # shared experts see every token
+        return hidden_states
+
+
+def make():
+    torch.manual_seed(0)
+    return DeepseekMoE().eval(), (torch.randn(2, 8, 64),)
