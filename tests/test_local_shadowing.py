@@ -113,3 +113,38 @@ def test_the_protected_edit_verifies_and_the_unprotected_one_races(tmp_path, kin
     edited.write_text(step.new)
     result = verify_files(edited, original=path, schedule_source=ScheduleSource(step.old, step.plans))
     assert result.ok and not result.findings, result.problems
+
+
+MODULE_CALL = """import torch
+from torch import nn
+
+import shadow_ops as ops
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.shared_experts = nn.Linear(16, 16)
+        self.experts = nn.Linear(16, 16)
+
+    def forward(self, x):
+        s = self.shared_experts(x)
+        y = self.experts(x)
+        ops.add(x, y)
+        return y + s
+"""
+
+
+@pytest.mark.parametrize("writes", [True, False])
+def test_a_modules_function_named_like_a_tensor_method_is_read_not_guessed(tmp_path, writes):
+    """`ops.add(out, x)` is the module's `add` (vLLM's `_custom_ops` style), not `Tensor.add`."""
+    body = "out.add_(x)" if writes else "return out + x"
+    (tmp_path / "shadow_ops.py").write_text(f"def add(out, x):\n    {body}\n")
+    path = tmp_path / "module_call_block.py"
+    path.write_text(MODULE_CALL)
+    if writes:
+        with pytest.raises(NothingToDo) as refused:
+            edit(path)
+        assert "writes 'x' in place while the side stream reads it" in str(refused.value), refused.value
+    else:
+        assert edit(path).plans[0].protect_inputs == ()

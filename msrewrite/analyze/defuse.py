@@ -191,7 +191,7 @@ class Scope:
             call = call.with_changes(args=expanded)
         if isinstance(call.func, cst.Name) and call.func.value in self.closures:
             return CallEffect()  # its writes are added at the call site (free variables)
-        known = torch_call_effect(call, self.local_names)
+        known = torch_call_effect(call, self.local_names, self.module_names)
         if known is not None:
             return known
         if is_ordering_call(call):

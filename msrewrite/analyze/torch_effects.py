@@ -694,13 +694,17 @@ _TORCH_FUNCTION_MODULES = (
 )
 
 
-def torch_call_effect(call: cst.Call, local_names: frozenset[str] = frozenset()) -> CallEffect | None:
+def torch_call_effect(
+    call: cst.Call, local_names: frozenset[str] = frozenset(), module_names: frozenset[str] = frozenset()
+) -> CallEffect | None:
     """The effect of a call when the table knows it, else None.
 
     Knows: torch.* / F.* / nn.functional.* functions, torch.distributed collectives, tensor
     methods on any receiver (by name), Python builtins and a few pure modules. A call whose head
     is one of the function's `local_names` (a parameter `torch`, a local `F`) is of that local:
-    no module's or builtin's entry answers for it."""
+    no module's or builtin's entry answers for it. A method of one of the file's `module_names`
+    (an imported module, a class, a function: `ops.add(out, x)`) is not a tensor method: the
+    caller's resolver reads it."""
     func = call.func
     args = positional(call)
     first = args[0] if args else None
@@ -724,6 +728,9 @@ def torch_call_effect(call: cst.Call, local_names: frozenset[str] = frozenset())
         if effect is not None:
             return effect
     if isinstance(func, cst.Attribute):
+        root = dotted(func.value)
+        if root is not None and root.split(".")[0] in module_names and root.split(".")[0] not in local_names:
+            return None  # `ops.add(out, x)`: a module's function, not Tensor.add
         effect = _method_effect(call, func)
         if effect is not None and func.attr.value not in ORDERING_METHODS:
             positions = any(at > 0 for at in _INPLACE_AT.get(func.attr.value, ()))
