@@ -57,7 +57,8 @@ def _argparse_result(name, func, argv):
     from msrewrite.cliargs import UsageError, parser_for
 
     try:
-        return vars(parser_for(name, func).parse_intermixed_args(argv))
+        # as `parse` builds it: a case's own options for the command line that names the case
+        return vars(parser_for(name, func, argv).parse_intermixed_args(argv))
     except UsageError:
         return "usage error"
 

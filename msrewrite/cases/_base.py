@@ -788,6 +788,8 @@ class MicrobatchCase(Case):
                     second_group=options.second_group,
                     assume_pure=options.assume_pure,
                     text=text,
+                    split_args=tuple(options.extra.get("split_arg", ())),
+                    shared_args=tuple(options.extra.get("shared_arg", ())),
                 )
         except OverBudget as exc:
             raise NothingToDo(str(exc)) from None
