@@ -227,3 +227,45 @@ def test_the_first_loop_shape_inside_no_grad_with_computed_hidden_states_verifie
     edited.write_text(code)
     result = verify_files(edited, original=original)
     assert result.ok, result.problems
+
+
+def test_layers_built_in_a_method_init_calls_are_found():
+    """cann-recipes build self.layers in `init_modules`, which `__init__` calls."""
+    text = _changed(
+        "        self.layers = nn.ModuleList(DecoderLayer(hidden_size) for _ in range(num_layers))\n",
+        "        self.init_modules(hidden_size, num_layers)\n",
+    )
+    text = _changed(
+        "    def forward(self, input_ids, position_ids, is_prefill: bool = True):\n",
+        "    def init_modules(self, hidden_size, num_layers):\n"
+        "        self.layers = nn.ModuleList(DecoderLayer(hidden_size) for _ in range(num_layers))\n\n"
+        "    def forward(self, input_ids, position_ids, is_prefill: bool = True):\n",
+        text,
+    )
+    assert _plan(text, **DECLARED).layer == "DecoderLayer.forward"
+
+
+def test_a_layer_forward_with_an_if_is_refused_naming_the_class_on_one_line():
+    branching = _changed(
+        "        routed = hidden_states * 1.0\n",
+        "        if is_prefill:\n            hidden_states = hidden_states * 1.0\n        routed = hidden_states * 1.0\n",
+    )
+    with pytest.raises(
+        NothingToDo,
+        match=r"^DecoderLayer.forward: micro-batching needs a straight-line layer forward \(it holds an `if`\)$",
+    ):
+        _plan(branching, **DECLARED)
+
+
+def test_a_refusal_quoting_a_multi_line_statement_stays_one_line():
+    unseen = _changed(
+        "        weights = self.router(hidden_states).softmax(dim=-1)\n",
+        "        weights = _router_kernel(\n            self.router(hidden_states),\n            dim=-1,\n        )\n",
+    )
+    unseen = _changed(
+        "from torch import nn\n", 'from torch import nn\n\n_router_kernel = getattr(torch, "softmax")\n', unseen
+    )
+    with pytest.raises(NothingToDo) as refused:
+        _plan(unseen, **DECLARED)
+    assert "\n" not in str(refused.value)
+    assert "`weights = _router_kernel(self.router(hidden_states), dim=-1,)` calls _router_kernel" in str(refused.value)

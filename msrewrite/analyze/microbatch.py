@@ -78,6 +78,12 @@ def statement_source(stmt: cst.BaseStatement | cst.BaseSmallStatement) -> str:
     return _code(stmt).strip()
 
 
+def shown_statement(stmt: cst.BaseStatement | cst.BaseSmallStatement, limit: int = 120) -> str:
+    """A statement for a one-line message: its text on one line, cut at `limit` characters."""
+    text = " ".join(statement_source(stmt).split()).replace("( ", "(").replace(" )", ")")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _indented(func: cst.FunctionDef) -> list[cst.BaseStatement]:
     """The statements of a function's indented body ([] for a one-line body)."""
     return list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else []
@@ -97,7 +103,11 @@ def stages_of(func: cst.FunctionDef, deep: DeepCollectives | None = None) -> lis
     body = _indented(func)
     if not body or not all(isinstance(s, cst.SimpleStatementLine) for s in body):
         error = NothingToDo if _has_collective(func) else NotApplicable
-        raise error(f"{func.name.value}: micro-batching needs a straight-line layer forward")
+        label = f"{deep.cls}.{func.name.value}" if deep is not None else func.name.value
+        compound = next((s for s in body if not isinstance(s, cst.SimpleStatementLine)), None)
+        kind = _CONTROL_FLOW.get(type(compound).__name__, "") if compound is not None else ""
+        where = f" (it holds {kind})" if kind else ""
+        raise error(f"{label}: micro-batching needs a straight-line layer forward{where}")
     stages: list[Stage] = []
     for stmt in body:
         comm = _has_collective(stmt) or (deep is not None and deep.statement_communicates(stmt))
@@ -134,7 +144,7 @@ class DeepCollectives:
         if not facts.collective:
             if facts.unknown_callees or facts.unseen_work:
                 raise NothingToDo(
-                    f"{self.cls}.{self.func.name.value}: `{statement_source(stmt)}` calls "
+                    f"{self.cls}.{self.func.name.value}: `{shown_statement(stmt)}` calls "
                     f"{sorted(facts.unknown_callees | facts.unseen_work)[0]}: a collective in it would run on the compute stream, "
                     "out of order with the comm stream"
                 )
@@ -237,7 +247,7 @@ def shared_write(
             written, where = deep.state_writes(stmt)
         if written:
             raise NothingToDo(
-                f"{label}: `{statement_source(stmt)}` writes {written[0]}{where}, which both micro-batches share: "
+                f"{label}: `{shown_statement(stmt)}` writes {written[0]}{where}, which both micro-batches share: "
                 "each would write it, one beside the other's comm stage"
             )
 
@@ -556,11 +566,14 @@ def layer_classes(model_cls: cst.ClassDef, attr: str, classes: dict[str, cst.Cla
     """The file's classes whose instances fill self.<attr> (nn.ModuleList(Layer(...) for ...)):
     exactly one for an edit, since only that class gets a forward_microbatch."""
     init = kept_method(model_cls, "__init__")
-    return _classes_assigned(init, attr, classes) if init is not None else []
+    found = _classes_assigned(init, attr, classes) if init is not None else []
+    # cann-recipes build the layers in a method __init__ calls (`self.init_modules(config)`)
+    return found or _classes_assigned(model_cls, attr, classes)
 
 
-def _classes_assigned(init: cst.FunctionDef, attr: str, classes: dict[str, cst.ClassDef]) -> list[str]:
-    """The classes of `classes` called in the values `init` assigns to self.<attr>, sorted."""
+def _classes_assigned(init: cst.CSTNode, attr: str, classes: dict[str, cst.ClassDef]) -> list[str]:
+    """The classes of `classes` called in the values `init` (a method, or a whole class) assigns to
+    self.<attr>, sorted."""
     found: list[str] = []
 
     class _Assign(Visitor):
