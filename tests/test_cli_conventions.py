@@ -56,8 +56,7 @@ def test_every_command_builds_a_parser():
 def _argparse_result(name, func, argv):
     from msrewrite.cliargs import UsageError, parser_for
 
-    try:
-        # as `parse` builds it: a case's own options for the command line that names the case
+    try:  # the parser for argv, as cliargs.parse builds it (a case's own options only with its --case)
         return vars(parser_for(name, func, argv).parse_intermixed_args(argv))
     except UsageError:
         return "usage error"
