@@ -519,6 +519,10 @@ class MicrobatchPlan:
     # deeper), and callees the analysis could not see into inside comm stages; printed, not emitted.
     trust_boundary: tuple[str, ...] = ()
     assume_pure: tuple[str, ...] = ()
+    # values the layer loop passes beside the hidden states that the user said hold one row per
+    # sequence (--split-arg) or are the same for every sequence (--shared-arg)
+    split_args: tuple[str, ...] = ()
+    shared_args: tuple[str, ...] = ()
     kind: str = MICROBATCH_KIND
 
     # What the commands ask of every plan, with the values a micro-batch fork has.
@@ -575,6 +579,11 @@ class MicrobatchPlan:
                 raise ValueError(f"{what} must be a list")
             for name in getattr(self, what):
                 validate.comment_text(name, f"{what} entry")
+        for what in ("split_args", "shared_args"):  # emitted as names: identifiers only
+            if not isinstance(getattr(self, what), tuple):
+                raise ValueError(f"{what} must be a list")
+            for name in getattr(self, what):
+                validate.identifier(name, f"{what} entry")
 
     @property
     def statements(self) -> list[SourceSpan]:
@@ -591,6 +600,9 @@ class MicrobatchPlan:
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
+        for what in ("split_args", "shared_args"):  # written only when given, as before they existed
+            if not data[what]:
+                del data[what]
         data["version"] = PLAN_VERSION
         return data
 
@@ -611,6 +623,8 @@ class MicrobatchPlan:
                     "flag": FlagSpec(**data.get("flag", {"name": "ENABLE_PREFILL_MICROBATCH"})),
                     "trust_boundary": tuple(data.get("trust_boundary", ())),
                     "assume_pure": tuple(data.get("assume_pure", ())),
+                    "split_args": tuple(data.get("split_args", ())),
+                    "shared_args": tuple(data.get("shared_args", ())),
                 }
             )
         except ValueError as exc:
@@ -780,6 +794,8 @@ _MICROBATCH_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "summary": ((str,), False),
     "trust_boundary": ((list, tuple), False),
     "assume_pure": ((list, tuple), False),
+    "split_args": ((list, tuple), False),
+    "shared_args": ((list, tuple), False),
 }
 _SPAN_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "first_line": ((int,), True),
@@ -809,7 +825,7 @@ def microbatch_plan_errors(data: Any) -> list[str]:
         if not found:
             for j, st in enumerate(stage["statements"]):
                 errors += _type_errors(st, _SPAN_FIELDS, f"stages[{k}].statements[{j}]: ")
-    for part in ("trust_boundary", "assume_pure"):
+    for part in ("trust_boundary", "assume_pure", "split_args", "shared_args"):
         errors += [
             f"{part}[{k}] must be str, got {validate.shown(v)}"
             for k, v in enumerate(data.get(part) or ())

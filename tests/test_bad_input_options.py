@@ -669,6 +669,8 @@ MICROBATCH_FIELD_HOSTILE = {
     "summary": [3, "a\x00b", "a\x1b[31m"],
     "trust_boundary": [["a\nb"], [3], "abc"],
     "assume_pure": [["a\nb"], [None], "abc"],
+    "split_args": [[v] for v in HOSTILE] + [[3], [None], "abc"],
+    "shared_args": [[v] for v in HOSTILE] + [[3], [None], "abc"],
 }
 SPAN_FIELD_HOSTILE = {
     "first_line": [0, -1, "3", True, None],

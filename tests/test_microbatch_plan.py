@@ -387,7 +387,7 @@ def test_a_layer_writing_shared_state_is_refused_and_verify_catches_the_forced_e
     # forced past the analysis (the split the analysis would make without the rule): verify sees it
     import msrewrite.analyze.microbatch as analysis
 
-    keep, analysis.shared_write = analysis.shared_write, lambda _func, _label, _deep=None: None
+    keep, analysis.shared_write = analysis.shared_write, lambda _func, _label, _deep=None, **_shared: None
     try:
         forced = microbatch_edit(cst.parse_module(COUNTER), _plan(COUNTER)).code
     finally:

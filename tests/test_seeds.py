@@ -396,3 +396,58 @@ def test_deepep_helper_without_a_shared_expert_runs_the_phased_edit(tmp_path, mo
     result = verify_files(edited, original=original)
     # outputs equal, sanitizer clean; only `shared_output = None` is left for the side stream
     assert result.problems == ["flag on: no op ran on a side stream (is the flag wired?)"], result.problems
+
+
+def twin_methods(api: str) -> str:
+    """A decode/prefill pair (cann-recipes' `mla_prolog_decode` / `mla_prolog_prefill` shape): the
+    decode twin already runs the shared expert on a stream of its own."""
+    return f"""
+    def forward(self, x):
+        if x.shape[0] > 4:
+            return self.forward_prefill(x)
+        return self.forward_decode(x)
+
+    def forward_decode(self, x):
+        current_stream = torch.{api}.current_stream()
+        self.alt_stream.wait_stream(current_stream)
+        with torch.{api}.stream(self.alt_stream):
+            shared = self.shared_experts(x)
+        logits = self.gate(x)
+        out = self.experts(x) * logits.sum()
+        current_stream.wait_stream(self.alt_stream)
+        return out + shared
+
+    def forward_prefill(self, x):
+        shared = self.shared_experts(x)
+        logits = self.gate(x)
+        return self.experts(x) * logits.sum() + shared
+    """
+
+
+@pytest.mark.slow  # runs the model through verify
+@pytest.mark.parametrize("mode", ["eager", "npugraph-ex", "ge-graph", "cuda"])
+def test_an_overlap_in_the_decode_twin_leaves_the_prefill_twin_a_target(tmp_path, mode):
+    """An existing overlap blocks only the function it is in: the prefill twin gets its own edit,
+    the decode twin (its own stream code) is still refused."""
+    path = block_file(tmp_path, twin_methods("cuda" if mode == "cuda" else "npu"))
+    with pytest.raises(NothingToDo, match=r"Block.forward_decode: already overlapped: this function runs it"):
+        src = load(path)
+        case_steps(path, src.text, src.module, "moe-shared-expert", mode, "Block.forward_decode", FLAG, None)
+    text = edit(path, mode=mode)
+    prefill = text[text.index("def forward_prefill") :]
+    assert "# msrewrite(moe-shared-expert): the shared expert runs on side stream" in prefill
+    assert text.count("self.alt_stream.wait_stream(current_stream)") == 1  # the decode twin as written
+    edited = tmp_path / "block_ms.py"
+    edited.write_text(text)
+    result = verify_files(edited, original=path)
+    assert result.ok, result.problems
+
+
+def test_phase_twins_are_told_apart_from_other_variants():
+    from msrewrite.cases._finder import phase_twins
+
+    assert phase_twins("mla_prolog_decode", "mla_prolog_prefill")
+    assert phase_twins("mlaprolog_prefill", "mlaprolog_decode")
+    assert not phase_twins("_forward_dual_stream", "_forward_single_stream")
+    assert not phase_twins("forward_decode", "forward_decode_graph_decode")  # no single phase: not twins
+    assert not phase_twins("forward", "forward_decode")

@@ -215,13 +215,17 @@ class Scope:
 MODULE_STATE_TABLES = frozenset({"_buffers", "_parameters", "_modules", "__dict__"})
 
 
+CONSTANT_NAMES = frozenset({"None", "True", "False"})
+
+
 def alias_roots(node: cst.BaseExpression, scope: Scope) -> set[str]:
     """Names whose storage the value of `node` may share: `x` for `x.view(-1)[:4]`, `torch.flatten(x)`,
     `(x, y)`, `a if c else x`; `self.last` for an attribute of self; `self` (all module state) for
     `self._buffers` or `self.parameters()`; what its getter returns for a @property of self;
     nothing for fresh results."""
     if isinstance(node, cst.Name):
-        return {node.value}
+        # None, True and False are constants, not storage: nothing can write them
+        return set() if node.value in CONSTANT_NAMES else {node.value}
     if isinstance(node, cst.Attribute):
         name = dotted_name(node)
         if name is not None and name.startswith("self."):

@@ -18,6 +18,7 @@ when it is the plan the analysis makes (`check_microbatch_plan`).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import libcst as cst
@@ -28,6 +29,7 @@ from msrewrite.analyze.defuse import all_calls, dotted_name, node_facts
 from msrewrite.analyze.positions import positions_for
 from msrewrite.analyze.torch_effects import torch_call_effect
 from msrewrite.analyze.walk import Visitor
+from msrewrite.analyze.wrappers import is_transparent, opaque_context
 from msrewrite.errors import BadInput, NothingToDo
 from msrewrite.plan import FlagSpec, MicrobatchPlan, MicrobatchStage, SourceSpan, microbatch_flag_error
 from msrewrite.records import record
@@ -76,6 +78,12 @@ def statement_source(stmt: cst.BaseStatement | cst.BaseSmallStatement) -> str:
     return _code(stmt).strip()
 
 
+def shown_statement(stmt: cst.BaseStatement | cst.BaseSmallStatement, limit: int = 120) -> str:
+    """A statement for a one-line message: its text on one line, cut at `limit` characters."""
+    text = " ".join(statement_source(stmt).split()).replace("( ", "(").replace(" )", ")")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _indented(func: cst.FunctionDef) -> list[cst.BaseStatement]:
     """The statements of a function's indented body ([] for a one-line body)."""
     return list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else []
@@ -95,7 +103,11 @@ def stages_of(func: cst.FunctionDef, deep: DeepCollectives | None = None) -> lis
     body = _indented(func)
     if not body or not all(isinstance(s, cst.SimpleStatementLine) for s in body):
         error = NothingToDo if _has_collective(func) else NotApplicable
-        raise error(f"{func.name.value}: micro-batching needs a straight-line layer forward")
+        label = f"{deep.cls}.{func.name.value}" if deep is not None else func.name.value
+        compound = next((s for s in body if not isinstance(s, cst.SimpleStatementLine)), None)
+        kind = _CONTROL_FLOW.get(type(compound).__name__, "") if compound is not None else ""
+        where = f" (it holds {kind})" if kind else ""
+        raise error(f"{label}: micro-batching needs a straight-line layer forward{where}")
     stages: list[Stage] = []
     for stmt in body:
         comm = _has_collective(stmt) or (deep is not None and deep.statement_communicates(stmt))
@@ -132,7 +144,7 @@ class DeepCollectives:
         if not facts.collective:
             if facts.unknown_callees or facts.unseen_work:
                 raise NothingToDo(
-                    f"{self.cls}.{self.func.name.value}: `{statement_source(stmt)}` calls "
+                    f"{self.cls}.{self.func.name.value}: `{shown_statement(stmt)}` calls "
                     f"{sorted(facts.unknown_callees | facts.unseen_work)[0]}: a collective in it would run on the compute stream, "
                     "out of order with the comm stream"
                 )
@@ -219,20 +231,23 @@ _CONTROL_FLOW = {
 }
 
 
-def shared_write(func: cst.FunctionDef, label: str, deep: DeepCollectives | None = None) -> None:
+def shared_write(
+    func: cst.FunctionDef, label: str, deep: DeepCollectives | None = None, shared: tuple[str, ...] = ()
+) -> None:
     """NothingToDo when a statement of the layer's forward writes state both micro-batches share:
     an attribute (`self.cache[i] = x`, `self.buf.copy_(x)`, `self.last = x`), also inside a method
     or submodule it calls (seen through `deep`'s summaries, e.g. a MoE block's expert counter), or a
     name it does not bind itself (a global). Run per micro-batch, it would be written twice, and one
     micro-batch's write would run beside the other's comm stage."""
+    local = _locals(func) - set(shared)  # a parameter both micro-batches get whole is theirs to share
     for stmt in _indented(func):  # stages_of refused a one-line body before
-        written = shared_writes(stmt, _locals(func))
+        written = shared_writes(stmt, local)
         where = ""
         if not written and deep is not None:
             written, where = deep.state_writes(stmt)
         if written:
             raise NothingToDo(
-                f"{label}: `{statement_source(stmt)}` writes {written[0]}{where}, which both micro-batches share: "
+                f"{label}: `{shown_statement(stmt)}` writes {written[0]}{where}, which both micro-batches share: "
                 "each would write it, one beside the other's comm stage"
             )
 
@@ -285,50 +300,280 @@ def _attribute_stores(stmt: cst.CSTNode) -> set[tuple[str, str]]:
 # The model: its layer loop -----------------------------------------------------------------------
 @record
 class LayerLoop:
-    index: int  # body index of the `for` statement
+    index: int  # body index of the top-level statement holding the loop (the `for`, or a `with` around it)
     var: str  # the loop variable (`layer`)
     attr: str  # self.<attr> iterated (`layers`)
-    carried: str  # the value threaded through the layers (`hidden_states`)
+    carried: str  # the hidden states: the call's first argument, threaded through the layers
+    node: cst.For | None = None  # the `for` statement
+    call: cst.Call | None = None  # the layer call in its body
+    targets: tuple[str, ...] = ()  # the names the call assigns, in order (`residual, hidden_states`)
+    tuple_target: bool = False  # `a, b = layer(...)` rather than `a = layer(...)`
+    withs: tuple[cst.With, ...] = ()  # the `with` blocks around the loop, outermost first
+
+    @property
+    def simple(self) -> bool:
+        """`for layer in self.layers: hidden_states = layer(hidden_states)` at the top of the
+        function: the shape forked into a copy of the model's forward."""
+        assert self.call is not None
+        return not self.tuple_target and not self.withs and len(self.call.args) == 1
 
 
 def find_layer_loop(func: cst.FunctionDef) -> LayerLoop | None:
-    """`for layer in self.layers: hidden_states = layer(hidden_states)` at the top of `func`."""
-    for index, stmt in enumerate(func.body.body):
-        if not (isinstance(stmt, cst.For) and isinstance(stmt.target, cst.Name)):
-            continue
-        iterated = dotted_name(stmt.iter) or ""
-        if not iterated.startswith("self.") or iterated.count(".") != 1 or len(stmt.body.body) != 1:
-            continue
-        line = stmt.body.body[0]
-        if not (isinstance(line, cst.SimpleStatementLine) and isinstance(line.body[0], cst.Assign)):
-            continue
-        assign = line.body[0]
-        value, target = assign.value, assign.targets[0].target
-        if (
-            isinstance(value, cst.Call)
-            and isinstance(value.func, cst.Name)
-            and value.func.value == stmt.target.value
-            and len(value.args) == 1
-            and value.args[0].keyword is None
-            and not value.args[0].star
-            and isinstance(value.args[0].value, cst.Name)
-            and isinstance(target, cst.Name)
-            and target.value == value.args[0].value.value
-            and len(assign.targets) == 1
-        ):
-            return LayerLoop(index, stmt.target.value, iterated[len("self.") :], target.value)
+    """`for layer in self.layers: <targets> = layer(<hidden_states>, ...)` in `func`, at its top or
+    inside `with` blocks (cann-recipes' `with superkernel_scope(...)`): the call's first argument is
+    one of the names it assigns (the hidden states); the other names it assigns are state threaded
+    through the layers (`residual, hidden_states = layer(hidden_states, past_residual=residual)`)."""
+    for index, stmt in enumerate(_indented(func)):
+        found = _loop_in(stmt, ())
+        if found is not None:
+            return dataclasses.replace(found, index=index)
     return None
+
+
+def _loop_in(stmt: cst.BaseStatement, withs: tuple[cst.With, ...]) -> LayerLoop | None:
+    if isinstance(stmt, cst.With) and stmt.asynchronous is None and isinstance(stmt.body, cst.IndentedBlock):
+        for inner in stmt.body.body:
+            found = _loop_in(inner, (*withs, stmt))
+            if found is not None:
+                return found
+        return None
+    if not (isinstance(stmt, cst.For) and isinstance(stmt.target, cst.Name)) or stmt.asynchronous is not None:
+        return None
+    iterated = dotted_name(stmt.iter) or ""
+    if not iterated.startswith("self.") or iterated.count(".") != 1 or len(stmt.body.body) != 1:
+        return None
+    if stmt.orelse is not None:
+        return None
+    line = stmt.body.body[0]
+    if not (isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 and isinstance(line.body[0], cst.Assign)):
+        return None
+    assign = line.body[0]
+    value, target = assign.value, assign.targets[0].target
+    if len(assign.targets) != 1 or not isinstance(value, cst.Call):
+        return None
+    if not (isinstance(value.func, cst.Name) and value.func.value == stmt.target.value):
+        return None
+    if isinstance(target, cst.Name):
+        names: tuple[str, ...] = (target.value,)
+    elif isinstance(target, (cst.Tuple, cst.List)) and all(isinstance(e, cst.Element) for e in target.elements):
+        if not all(isinstance(e.value, cst.Name) for e in target.elements):
+            return None
+        names = tuple(e.value.value for e in target.elements)  # type: ignore[attr-defined]
+    else:
+        return None
+    first = value.args[0] if value.args else None
+    if (
+        first is None
+        or first.keyword is not None
+        or first.star
+        or not isinstance(first.value, cst.Name)
+        or first.value.value not in names
+        or len(set(names)) != len(names)
+    ):
+        return None
+    return LayerLoop(
+        0,
+        stmt.target.value,
+        iterated[len("self.") :],
+        first.value.value,
+        node=stmt,
+        call=value,
+        targets=names,
+        tuple_target=not isinstance(target, cst.Name),
+        withs=withs,
+    )
+
+
+@record
+class LayerArgs:
+    """What the layer loop hands each layer, by the layer's parameter: `split` ones get one half per
+    micro-batch (the hidden states first, then threaded state and --split-arg values), `shared`
+    ones the same value for both (a constant, a scalar parameter, a --shared-arg value)."""
+
+    split: tuple[tuple[str, str], ...]  # (layer parameter, the value's source at the call)
+    shared: tuple[tuple[str, str], ...]  # (layer parameter or **kwargs key, the value's source)
+    kwargs_keys: tuple[str, ...] = ()  # shared keys that land in the layer's **kwargs
+
+    def split_source(self, param: str) -> str:
+        return dict(self.split)[param]
+
+
+_SCALAR_ANNOTATIONS = frozenset({"bool", "int", "float", "str"})
+
+
+def _scalar_parameter(name: str, forward: cst.FunctionDef) -> bool:
+    """`name` is a parameter of the model's forward annotated as a scalar (`is_prefill: bool`,
+    `Optional[int]`): the same value for every sequence."""
+    params = forward.params
+    for param in (*params.posonly_params, *params.params, *params.kwonly_params):
+        if param.name.value != name or param.annotation is None:
+            continue
+        text = _code(param.annotation.annotation).replace(" ", "")
+        for wrapper in ("Optional[", "typing.Optional["):
+            if text.startswith(wrapper) and text.endswith("]"):
+                text = text[len(wrapper) : -1]
+        return text in _SCALAR_ANNOTATIONS or all(part in _SCALAR_ANNOTATIONS | {"None"} for part in text.split("|"))
+    return False
+
+
+def _constant(expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, (cst.Integer, cst.Float, cst.SimpleString)):
+        return True
+    return isinstance(expr, cst.Name) and expr.value in ("None", "True", "False")
+
+
+def layer_arguments(
+    loop: LayerLoop,
+    layer_forward: cst.FunctionDef,
+    model_forward: cst.FunctionDef,
+    label: str,
+    split_args: tuple[str, ...] = (),
+    shared_args: tuple[str, ...] = (),
+) -> LayerArgs:
+    """Each argument of the layer call matched to the layer's parameter and sorted into split or
+    shared (LayerArgs). The hidden states and every other threaded name are split; any other value
+    is split or shared only as `split_args` / `shared_args` say (by the layer's parameter or the
+    variable passed), unless it is a constant or a scalar parameter: msrewrite cannot tell from the
+    source whether a tensor holds one row per sequence. NothingToDo names every value it would have
+    to guess about, at once; BadInput for a declared name the loop does not pass."""
+    sorter = _ArgSorter(loop, model_forward, label, split_args, shared_args)
+    for param, arg, to_kwargs in _matched_parameters(loop, layer_forward, label):
+        sorter.add(param, arg, to_kwargs)
+    return sorter.result()
+
+
+def _matched_parameters(loop: LayerLoop, layer_forward: cst.FunctionDef, label: str) -> list[tuple[str, cst.Arg, bool]]:
+    """(the layer's parameter, the argument, whether it lands in **kwargs) for each argument of the call."""
+    assert loop.call is not None
+    params = layer_forward.params
+    if params.posonly_params or isinstance(params.star_arg, cst.Param):
+        raise NotApplicable(
+            f"{label}: micro-batching needs a layer forward whose parameters have names (no / or *args)"
+        )
+    positional = [p.name.value for p in params.params[1:]]
+    named = set(positional) | {p.name.value for p in params.kwonly_params}
+    matched = []
+    for k, arg in enumerate(loop.call.args):
+        if arg.star:
+            raise NotApplicable(
+                f"{label}: the layer call unpacks `{arg.star}`: micro-batching needs every argument by name"
+            )
+        if arg.keyword is None:
+            if k >= len(positional):
+                raise NotApplicable(f"{label}: the layer call passes more positional arguments than the layer takes")
+            matched.append((positional[k], arg, False))
+            continue
+        param = arg.keyword.value
+        if param not in named and params.star_kwarg is None:
+            raise NotApplicable(f"{label}: the layer call passes {param}=, which the layer does not take")
+        matched.append((param, arg, param not in named))
+    return matched
+
+
+class _ArgSorter:
+    """layer_arguments' bookkeeping: the split and shared values so far, what was declared and
+    used, and what would have to be guessed."""
+
+    def __init__(self, loop: LayerLoop, model_forward: cst.FunctionDef, label: str, split_args, shared_args) -> None:
+        self.loop, self.model_forward, self.label = loop, model_forward, label
+        self.split_args, self.shared_args = set(split_args), set(shared_args)
+        self.split: list[tuple[str, str]] = []
+        self.shared: list[tuple[str, str]] = []
+        self.kwargs_keys: list[str] = []
+        self.undeclared: list[str] = []  # values passed to every layer
+        self.undeclared_state: list[str] = []  # state threaded through the layers
+        self.used: set[str] = set()
+        self.threaded: set[str] = set()
+
+    def add(self, param: str, arg: cst.Arg, to_kwargs: bool) -> None:
+        value, loop, label = arg.value, self.loop, self.label
+        source = _code(value).strip()
+        variable = value.value if isinstance(value, cst.Name) else None
+        names = {param, *([variable] if variable else [])}
+        if to_kwargs:
+            self.kwargs_keys.append(param)
+        if variable is not None and variable in loop.targets:
+            self._threaded(param, variable, source, names, to_kwargs)
+        elif node_facts(value).loads & (set(loop.targets) | {loop.var}):
+            raise NothingToDo(
+                f"{label}: the layer call computes `{param}={source}` from the layer or the state it threads; "
+                "micro-batching splits only values passed by name"
+            )
+        elif names & self.split_args:
+            if dotted_name(value) is None:  # halved as `None if v is None else v.chunk(...)`: read twice
+                raise NothingToDo(
+                    f"{label}: --split-arg {param}: the layer call computes it (`{source}`); pass it by name"
+                )
+            self.used |= names & self.split_args
+            self.split.append((param, source))
+        elif names & self.shared_args:
+            self.used |= names & self.shared_args
+            self.shared.append((param, source))
+        elif _constant(value) or (variable is not None and _scalar_parameter(variable, self.model_forward)):
+            self.shared.append((param, source))
+        else:
+            self.undeclared.append(_shown_arg(param, source))
+
+    def _threaded(self, param: str, variable: str, source: str, names: set[str], to_kwargs: bool) -> None:
+        if to_kwargs:
+            raise NotApplicable(f"{self.label}: the layer call passes {variable} through **kwargs")
+        if variable in self.threaded:
+            raise NotApplicable(f"{self.label}: the layer call passes {variable} twice")
+        self.threaded.add(variable)
+        if names & self.shared_args:
+            raise BadInput(
+                f"--shared-arg {sorted(names & self.shared_args)[0]}: {variable} comes back from every layer "
+                "into the next, so each micro-batch threads its own (--split-arg)"
+            )
+        if variable != self.loop.carried and not names & self.split_args:
+            self.undeclared_state.append(variable)
+            return
+        self.used |= names & self.split_args
+        self.split.append((param, source))
+
+    def result(self) -> LayerArgs:
+        loop = self.loop
+        missing = [name for name in loop.targets if name not in self.threaded]
+        if missing:
+            raise NotApplicable(
+                f"{self.label}: the layer loop assigns {missing[0]} but does not pass it back to the next layer"
+            )
+        for option, given in (("--split-arg", self.split_args), ("--shared-arg", self.shared_args)):
+            unknown = sorted(given - self.used)
+            if unknown:
+                raise BadInput(
+                    f"{option} {unknown[0]}: the layer loop passes no such argument (or it is the hidden states)"
+                )
+        if self.undeclared or self.undeclared_state:
+            what = []
+            if self.undeclared_state:
+                what.append(f"threads {', '.join(self.undeclared_state)} through the layers beside {loop.carried}")
+            if self.undeclared:
+                what.append(f"passes {', '.join(self.undeclared)} to every layer")
+            raise NothingToDo(
+                f"{self.label}: the layer loop {' and '.join(what)}; msrewrite cannot tell from the source whether "
+                "each holds one row per sequence (each micro-batch then needs its half: --split-arg NAME) or is the "
+                "same for every sequence (both get it whole: --shared-arg NAME; threaded state cannot be)"
+            )
+        return LayerArgs(tuple(self.split), tuple(self.shared), tuple(self.kwargs_keys))
+
+
+def _shown_arg(param: str, source: str) -> str:
+    return f"`{source}`" if param == source else f"`{param}={source}`"
 
 
 def layer_classes(model_cls: cst.ClassDef, attr: str, classes: dict[str, cst.ClassDef]) -> list[str]:
     """The file's classes whose instances fill self.<attr> (nn.ModuleList(Layer(...) for ...)):
     exactly one for an edit, since only that class gets a forward_microbatch."""
     init = kept_method(model_cls, "__init__")
-    return _classes_assigned(init, attr, classes) if init is not None else []
+    found = _classes_assigned(init, attr, classes) if init is not None else []
+    # cann-recipes build the layers in a method __init__ calls (`self.init_modules(config)`)
+    return found or _classes_assigned(model_cls, attr, classes)
 
 
-def _classes_assigned(init: cst.FunctionDef, attr: str, classes: dict[str, cst.ClassDef]) -> list[str]:
-    """The classes of `classes` called in the values `init` assigns to self.<attr>, sorted."""
+def _classes_assigned(init: cst.CSTNode, attr: str, classes: dict[str, cst.ClassDef]) -> list[str]:
+    """The classes of `classes` called in the values `init` (a method, or a whole class) assigns to
+    self.<attr>, sorted."""
     found: list[str] = []
 
     class _Assign(Visitor):
@@ -447,6 +692,8 @@ def microbatch_plan(
     second_group: str | None = None,
     assume_pure: tuple[str, ...] = (),
     text: str | None = None,
+    split_args: tuple[str, ...] = (),
+    shared_args: tuple[str, ...] = (),
 ) -> MicrobatchPlan:
     """The micro-batch plan for the file's layer loop, or NothingToDo/BadInput with the reason."""
     from msrewrite.analyze.summaries import ModuleSummaries
@@ -460,21 +707,25 @@ def microbatch_plan(
         raise BadInput(str(exc)) from None
     found = locate_model(module, target)
     layer_label = f"{found.layer}.forward"
-    params = found.layer_forward.params
-    if (
-        len(params.params) != 2
-        or params.star_arg not in (None, cst.MaybeSentinel.DEFAULT)
-        or params.kwonly_params
-        or params.posonly_params
-        or params.star_kwarg is not None
-    ):
-        raise NotApplicable(f"{layer_label}: micro-batching needs a layer forward(self, hidden_states)")
+    if found.loop.simple:
+        params = found.layer_forward.params
+        if (
+            len(params.params) != 2
+            or params.star_arg not in (None, cst.MaybeSentinel.DEFAULT)
+            or params.kwonly_params
+            or params.posonly_params
+            or params.star_kwarg is not None
+        ):
+            raise NotApplicable(f"{layer_label}: micro-batching needs a layer forward(self, hidden_states)")
     if second_group is not None:
         second_group = existing_attribute(found.layer_cls, second_group, "--second-comm-group")
     deep = DeepCollectives(
         ModuleSummaries(module, assume_pure, path=Path(path) if path else None), found.layer, found.layer_forward
     )
     stages = stages_of(found.layer_forward, deep)
+    args = layer_arguments(
+        found.loop, found.layer_forward, found.forward, f"{found.model}.forward", split_args, shared_args
+    )
     if second_group and deep.deep_calls:
         raise NothingToDo(
             f"forward: --second-comm-group moves micro-batch 1's collectives to self.{second_group}, "
@@ -484,11 +735,24 @@ def microbatch_plan(
     ret = last.body[0] if isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1 else None
     if not isinstance(ret, cst.Return) or ret.value is None:
         raise NothingToDo(f"{layer_label}: micro-batching needs the layer to end with `return <tensor>`")
-    shared_write(found.layer_forward, layer_label, deep)
+    shared_write(found.layer_forward, layer_label, deep, shared=tuple(p for p, _ in args.shared))
     source = text if text is not None else module.code
     layer_positions = positions_for(module, layer_label, found.layer_forward, source)
     model_positions = positions_for(module, f"{found.model}.forward", found.forward, source)
-    loop_stmt = found.forward.body.body[found.loop.index]
+    loop_stmt = found.loop.node
+    assert loop_stmt is not None
+    # A `with` around the loop stays around both paths: the micro-batch loop is entered and left
+    # where the original is, and the streams meet at the end of every layer, so nothing of it is
+    # pending on the comm stream when the block exits. What the context manager does is still not
+    # seen: named with the callees not seen into.
+    contexts = [
+        f"{_context_name(w)} (the `with` around the layer loop)" for w in found.loop.withs if not is_transparent(w)
+    ]
+    threaded = [name for name in found.loop.targets if name != found.loop.carried]
+    split_note = [source_ for param, source_ in args.split[1:] if source_ not in threaded]
+    state_note = f"; each micro-batch threads its own {', '.join(threaded)}" if threaded else ""
+    state_note += f"; split with the batch: {', '.join(split_note)}" if split_note else ""
+    state_note += f"; shared by both: {', '.join(p for p, _ in args.shared)}" if args.shared else ""
     deep_note = f"; comm stages through {', '.join(dict.fromkeys(deep.deep_calls))}()" if deep.deep_calls else ""
     group_note = f"; micro-batch 1 over self.{second_group}" if second_group else ""
     return MicrobatchPlan(
@@ -507,11 +771,20 @@ def microbatch_plan(
         second_group=second_group or "",
         summary=(
             f"{found.model} runs self.{found.loop.attr} as two micro-batches: {len(stages)} stages per "
-            f"{found.layer}, {sum(s.comm for s in stages)} on the comm stream{deep_note}{group_note}"
+            f"{found.layer}, {sum(s.comm for s in stages)} on the comm stream{deep_note}{group_note}{state_note}"
         ),
-        trust_boundary=tuple(sorted(deep.unseen)),
+        trust_boundary=tuple(sorted(deep.unseen)) + tuple(contexts),
         assume_pure=tuple(assume_pure),
+        split_args=tuple(split_args),
+        shared_args=tuple(shared_args),
     )
+
+
+def _context_name(node: cst.With) -> str:
+    """`superkernel_scope` for `with superkernel_scope(...):`, else the item as written."""
+    text = opaque_context(node)
+    item = next(i.item for i in node.items if " ".join(_code(i.item).split()) == text)
+    return (dotted_name(item.func) or text) if isinstance(item, cst.Call) else text
 
 
 def check_microbatch_plan(
@@ -532,6 +805,8 @@ def check_microbatch_plan(
         second_group=plan.second_group or None,
         assume_pure=plan.assume_pure,
         text=text,
+        split_args=plan.split_args,
+        shared_args=plan.shared_args,
     )
     if derived.layer != plan.layer or derived.loop != plan.loop:  # stale_plan saw the same file: a bug
         raise NothingToDo(
@@ -572,7 +847,8 @@ def stale_plan(module: cst.Module, plan: MicrobatchPlan, text: str | None = None
         )
     source = text if text is not None else module.code
     model_positions = positions_for(module, plan.function, found.forward, source)
-    loop = _span(found.forward.body.body[found.loop.index], model_positions)
+    assert found.loop.node is not None
+    loop = _span(found.loop.node, model_positions)
     if loop.source != plan.loop.source.strip() or loop.first_line != plan.loop.first_line:
         raise BadInput(
             f"stale plan for {plan.function}: line {plan.loop.first_line} is not its layer loop "

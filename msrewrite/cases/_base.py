@@ -322,6 +322,8 @@ class EditStep:
     # what the case does to apply_plans' output for this step (phased: the flag-off path calls the
     # shared expert again); verify's schedule variants, made by apply_plans too, get it as well
     finish: Callable[[str], str] | None = None
+    # what the case could not do alongside this step (a branch refused), said with the edit
+    notes: tuple[str, ...] = ()
 
 
 def match_target(name: str, target: str) -> bool:
@@ -681,7 +683,14 @@ class BranchesCase(SeedCase):
         if target:
             if not _has_function(module, target):
                 raise BadInput(f"--target {target}: no such function in {path}")
+            elsewhere = [t.function for t in targets if t.plan is not None and not match_target(t.function, target)]
             targets = [t for t in targets if match_target(t.function, target)]
+            if not targets and elsewhere:  # said instead of "no side call found"
+                from msrewrite.cases._finder import Target
+
+                found_in = ", ".join(elsewhere)
+                reason = f"its side call is in {found_in}, not beside the other branches in {target}"
+                targets = [Target(target, reason=reason)]
         plans = [t.plan for t in targets if t.plan is not None]
         if len(plans) > 1:
             names = ", ".join(p.function for p in plans)
@@ -697,6 +706,7 @@ class BranchesCase(SeedCase):
         target: str | None,
     ) -> list[EditStep]:
         from msrewrite.emit.engine import apply_plans
+        from msrewrite.plan import OverlapPlan
 
         self.check_mode(options.mode)
         options = Options(
@@ -708,25 +718,37 @@ class BranchesCase(SeedCase):
             extra=options.extra,
         )
         steps: list[EditStep] = []
-        reasons: list[str] = []
+        said: dict[str, list[str]] = {}  # "Function: reason" -> the branches refused for it, each said once
+        refused: list[str] = []  # what each refused branch would have moved
         applied = 0
         for spec in self.branches:
             plans, targets = self._branch_plans(spec, path, module, options, target, text)
             applied += sum(t.applied for t in targets)
             if not plans:
                 if not spec.optional and not any(t.applied for t in targets):
-                    reasons += [f"{spec.name}: {t.reason}" for t in targets] or [f"{spec.name}: no side call found"]
+                    # each function named (twins refuse alike), each sentence once
+                    for why in [f"{t.function}: {t.reason}" for t in targets] or ["no side call found"]:
+                        said.setdefault(why, []).append(spec.name)
+                    refused.append(spec.what)
                 continue
             target = target or plans[0].function  # every later branch edits the same function
             new_text = apply_plans(module, plans, text).code
             steps.append(plan_step(plans[0], text, new_text))
             text, module = new_text, parse_own_edit(new_text, f"the {spec.name} edit")
+        reasons = [f"{', '.join(dict.fromkeys(names))}: {why}" for why, names in said.items()]
         if not steps:
             if applied:
                 raise NothingToDo(f"{self.name}: already applied, nothing to do")
             raise NothingToDo(f"no safe {self.name} edit: {'; '.join(reasons) or 'no target found'}")
-        if reasons:
-            raise NothingToDo(f"{self.name}: only part of the case applies ({'; '.join(reasons)}); nothing written")
+        if reasons:  # the branches it could move are moved (each its own stream); the rest is said
+            last = steps[-1]
+            plan = last.plans[0]
+            assert isinstance(plan, OverlapPlan)
+            noted = plan.with_changes(summary=f"{plan.summary}; not moved: {', '.join(refused)}")
+            step = plan_step(noted, last.old, last.new)
+            body = step.body + "\n\nNot moved:\n" + "".join(f"- {reason}\n" for reason in reasons)
+            notes = tuple(f"{self.name}: not moved: {reason}" for reason in reasons)
+            steps[-1] = dataclasses.replace(step, body=body.rstrip("\n"), finish=last.finish, notes=notes)
         return steps
 
 
@@ -788,6 +810,8 @@ class MicrobatchCase(Case):
                     second_group=options.second_group,
                     assume_pure=options.assume_pure,
                     text=text,
+                    split_args=tuple(options.extra.get("split_arg", ())),
+                    shared_args=tuple(options.extra.get("shared_arg", ())),
                 )
         except OverBudget as exc:
             raise NothingToDo(str(exc)) from None

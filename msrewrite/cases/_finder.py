@@ -446,8 +446,30 @@ class _SeedsPerClass:
         return [
             s
             for s in cls.body.body
-            if isinstance(s, cst.FunctionDef) and s is not func and s.name.value in seeded and stream_calls(s)
+            if isinstance(s, cst.FunctionDef)
+            and s is not func
+            and s.name.value in seeded
+            and not phase_twins(s.name.value, func.name.value)
+            and stream_calls(s)
         ]
+
+
+PHASE_WORDS = ("decode", "prefill")
+
+
+def phase_twins(first: str, second: str) -> bool:
+    """`mla_prolog_decode` and `mla_prolog_prefill`: the same work for two phases, each run on its own
+    path. An overlap written into one is not an overlap of the other, so each is its own target
+    (a sibling that is another variant of the same path, `_forward_dual_stream` beside
+    `_forward_single_stream`, still counts as an overlap of it)."""
+
+    def phase(name: str) -> str | None:
+        words = name.lower().split("_")
+        found = [w for w in words if w in PHASE_WORDS]
+        return found[0] if len(found) == 1 else None
+
+    one, other = phase(first), phase(second)
+    return one is not None and other is not None and one != other
 
 
 def _already_overlapped(call: cst.Call, cls: cst.ClassDef | None, func: cst.FunctionDef) -> str:

@@ -8,6 +8,9 @@ quantizes q (`q_quant`), that step re-enters the q stream after the join, next t
 quantization on main. This is prolog sub-chain overlap, not whole-module parallelism.
 
 The branches are applied in order, one patch each (q, weights, then the optional q quantization).
+A branch that cannot move (the weights projection inside a helper such as `forward_normal`, a q
+path whose input the k path writes) is reported with its reason and the others are still made:
+each side stream is an overlap of its own, proved on its own.
 
 Modes: eager, npugraph-ex, ge-graph, cuda.
 """
@@ -54,7 +57,9 @@ def make():
     torch.manual_seed(0)
     return Indexer().eval(), (torch.randn(4, 16), torch.randn(4, 16))
 """
-# INVALID: no weights projection: only part of the case applies, and nothing is written.
+# INVALID: the q path writes its input in place, which the k path reads, and there is no weights
+# projection: neither branch can move, so nothing is written (one that can moves alone, the other
+# is reported).
 INVALID = """import torch
 from torch import nn
 
@@ -67,8 +72,8 @@ class Indexer(nn.Module):
         self.wk = nn.Linear(hidden, head_dim, bias=False)
 
     def forward(self, x, qr):
-        q = self.wq_b(qr).view(x.shape[0], self.heads, self.head_dim)
-        k = self.wk(x)
+        q = self.wq_b(qr.relu_()).view(x.shape[0], self.heads, self.head_dim)
+        k = self.wk(x + qr)
         return torch.einsum("shd,td->sht", q, k)
 """
 
@@ -87,5 +92,10 @@ CASE = BranchesCase(
     mutant_modes=("eager",),
     mutant_examples=("indexer_prolog",),
     valid=(VALID,),
-    invalid=(Invalid(INVALID, "only part of the case applies (weights: no side call found)"),),
+    invalid=(
+        Invalid(
+            INVALID,
+            "the side branch writes its input 'qr' in place, which line 14 on the main path reads; weights: no side call found",
+        ),
+    ),
 )

@@ -32,7 +32,9 @@ capture and replay; not ge-graph: the graph compiler schedules the collectives.
 
 from __future__ import annotations
 
-from msrewrite.cases._base import Invalid, MicrobatchCase
+from msrewrite import validate
+from msrewrite.cases._base import CaseOption, Invalid, MicrobatchCase
+from msrewrite.cliargs import Option
 
 # Declared examples (tests/test_case_examples.py runs them; docs/cases.md shows them).
 # VALID: a straight-line layer with its collectives, under a layer loop.
@@ -100,6 +102,43 @@ class Model(nn.Module):
 """
 
 
+# What the layer loop passes beside the hidden states: msrewrite cannot tell from the source whether
+# a value holds one row per sequence, so the user says so (constants and scalar parameters need not).
+SPLIT_ARG = CaseOption(
+    "--split-arg",
+    "--split-arg is for prefill-microbatch; {case} has no micro-batches",
+    (
+        (
+            "split_arg",
+            list[str] | None,
+            Option(
+                None,
+                "--split-arg",
+                help="prefill-microbatch: a value the layer loop passes (the layer's parameter or the variable) "
+                "that holds one row per sequence: each micro-batch gets its half (repeat).",
+            ),
+        ),
+    ),
+    check=validate.identifier,
+)
+SHARED_ARG = CaseOption(
+    "--shared-arg",
+    "--shared-arg is for prefill-microbatch; {case} has no micro-batches",
+    (
+        (
+            "shared_arg",
+            list[str] | None,
+            Option(
+                None,
+                "--shared-arg",
+                help="prefill-microbatch: a value the layer loop passes that is the same for every sequence: "
+                "both micro-batches get it whole (repeat).",
+            ),
+        ),
+    ),
+    check=validate.identifier,
+)
+
 CASE = MicrobatchCase(
     name="prefill-microbatch",
     summary="two micro-batches through every layer, collectives on a comm stream one micro-batch behind",
@@ -113,4 +152,5 @@ CASE = MicrobatchCase(
     golden_examples=("microbatch_moe", "microbatch_moe_submodule"),
     valid=(VALID,),
     invalid=(Invalid(INVALID, "micro-batching needs a straight-line layer forward"),),
+    options=(SPLIT_ARG, SHARED_ARG),
 )

@@ -454,7 +454,7 @@ def run_apply(**kwargs) -> int:
     _compile_check(args.file, src, new_text)
     if new_text == src.text:
         raise NothingToDo(f"{args.file}: nothing to change")
-    _report(plans, new_text)
+    _report(plans, new_text, steps)
     if args.verify:  # before anything is written: a failed proof leaves every file as it was
         code = _verify(args, src, plans, plain_steps, new_text)
         if code != EXIT_OK:
@@ -754,7 +754,7 @@ def _note_sources_read() -> None:
         _note(f"package sources read (never imported): {where}")
 
 
-def _report(plans: list, new_text: str) -> None:
+def _report(plans: list, new_text: str, steps: list[EditStep] | None = None) -> None:
     for plan in plans:
         _note(f"{plan.function}: {plan.summary or plan.case} [{plan.mode}, flag {plan.flag.describe()}]")
         for line in trust_lines(plan):
@@ -767,6 +767,9 @@ def _report(plans: list, new_text: str) -> None:
             "get_npu_backend(compiler_config=<this module>._ms_torchair_config(config)) so that "
             "reduce-overhead, npugraph_ex and debug.run_eagerly compiles keep the side stream off"
         )
+    for step in steps or ():  # what the case could not do beside the edit (a branch it could not move)
+        for note in step.notes:
+            _note(note)
 
 
 def _verify(args: ApplyArgs, src, plans: list, plain_steps: list[EditStep], new_text: str) -> int:

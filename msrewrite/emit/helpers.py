@@ -70,6 +70,11 @@ def _ms_limited_side_stream(tag, enabled, aicore_num, vectorcore_num):
         torch.npu.set_stream_limit(stream, aicore_num, vectorcore_num)
     return stream
 ''',
+    "_ms_same_batch": '''\
+def _ms_same_batch(hidden_states, *values):
+    """Every value split with the batch is None or has the hidden states' rows: else the original loop runs."""
+    return all(value is None or value.shape[0] == hidden_states.shape[0] for value in values)
+''',
     "_ms_microbatch:npu": '''\
 def _ms_microbatch(enabled, hidden_states):
     """Micro-batching needs the NPU stream backend and at least two sequences to split."""

@@ -27,7 +27,7 @@ import libcst as cst
 
 from msrewrite.analyze.definitions import kept_method
 from msrewrite.analyze.defuse import is_docstring, node_facts
-from msrewrite.analyze.microbatch import Stage, assigned_attributes, is_collective, stale_plan
+from msrewrite.analyze.microbatch import Stage, assigned_attributes, is_collective, layer_arguments, stale_plan
 from msrewrite.analyze.positions import positions_for
 from msrewrite.emit import frameworks
 from msrewrite.emit.module_helpers import add_helpers
@@ -77,19 +77,42 @@ def layer_microbatch_method(
     stream_tag: str,
     stages: list[Stage],
     second_group: str | None = None,
+    split: tuple[str, ...] | None = None,
 ) -> cst.FunctionDef:
     """`forward_microbatch(self, x_mb0, x_mb1)` for a layer whose forward is `forward(self, x)`, its
-    body split into `stages` (the plan's).
+    body split into `stages` (the plan's). With `split` (the parameters each micro-batch gets its
+    own half of: the hidden states first, then threaded state such as `past_residual`), each comes
+    as a pair `p_mb0, p_mb1` and every other parameter as in the layer's forward, shared by both.
 
     With `second_group` (a process group the layer holds), micro-batch 1 communicates over that
     group on a second communication stream, so the two micro-batches' collectives may overlap."""
-    x = func.params.params[1].name.value
+    split = split or (func.params.params[1].name.value,)
     body = _body(func)
-    local = {x} | {n for s in body for n in node_facts(s).stores}
+    stores = {n for s in body for n in node_facts(s).stores}
+    local = set(split) | stores
+    params = func.params
+    kept = [
+        code_of(p.with_changes(comma=cst.MaybeSentinel.DEFAULT)).strip()
+        for p in params.params[1:]
+        if p.name.value not in split
+    ]
+    if params.kwonly_params:
+        kept.append("*")
+        kept += [code_of(p.with_changes(comma=cst.MaybeSentinel.DEFAULT)).strip() for p in params.kwonly_params]
+    if params.star_kwarg is not None:
+        kept.append(f"**{params.star_kwarg.name.value}")
+    signature = ", ".join(["self", *(f"{p}_mb{k}" for p in split for k in (0, 1)), *kept])
+    # a parameter both micro-batches share that the body rebinds: each gets its own copy to rebind
+    rebound = [
+        p.name.value
+        for p in (*params.params[1:], *params.kwonly_params, *([params.star_kwarg] if params.star_kwarg else []))
+        if p.name.value not in split and p.name.value in stores
+    ]
 
     lines = [
-        f"def forward_microbatch(self, {x}_mb0, {x}_mb1):",
+        f"def forward_microbatch({signature}):",
         '    """forward for two micro-batches: collectives on the comm stream, one micro-batch behind (msrewrite)."""',
+        *(f"    {name}_mb0 = {name}_mb1 = {name}" for name in rebound),
         f"    current_stream = {api}.current_stream()",
         f"    comm_stream = _ms_side_stream({literal(stream_tag)})",
         "    comm_stream.wait_stream(current_stream)",
@@ -211,6 +234,89 @@ def model_microbatch_method(func: cst.FunctionDef, loop, dim: int) -> cst.Functi
     )
 
 
+def inplace_fork(loop, args, condition: str, comment: list[str], dim: int) -> list[cst.BaseStatement]:
+    """The layer loop forked where it stands (inside its `with` blocks, after the statements that
+    compute the hidden states): `if <switch>: <both micro-batches through every layer> else: <the
+    original loop>`. Each micro-batch threads its own state; the threaded names are put back
+    together after the loop, as the original leaves them."""
+    h, var, attr = loop.carried, loop.var, loop.attr
+    threaded = set(loop.targets)
+    halves: list[str] = []
+    pairs: list[str] = []
+    for param, source in args.split:
+        name = source if source in threaded else param
+        whole = source
+        if name == h:
+            halves.append(f"{h}_mb0, {h}_mb1 = {h}.chunk(2, dim={dim})")
+        else:
+            halves.append(f"{name}_mb0, {name}_mb1 = (None, None) if {whole} is None else {whole}.chunk(2, dim={dim})")
+        pairs += [f"{name}_mb0", f"{name}_mb1"]
+    call = ", ".join([*pairs, *(f"{param}={source}" for param, source in args.shared)])
+    if loop.tuple_target:
+        run = [
+            f"    {var}_out_mb0, {var}_out_mb1 = {var}.forward_microbatch({call})",
+            f"    {', '.join(f'{t}_mb0' for t in loop.targets)} = {var}_out_mb0",
+            f"    {', '.join(f'{t}_mb1' for t in loop.targets)} = {var}_out_mb1",
+        ]
+    else:
+        run = [f"    {h}_mb0, {h}_mb1 = {var}.forward_microbatch({call})"]
+    joined = [
+        f"{t} = torch.cat([{t}_mb0, {t}_mb1], dim={dim})"
+        if t == h
+        else f"{t} = None if {t}_mb0 is None else torch.cat([{t}_mb0, {t}_mb1], dim={dim})"
+        for t in loop.targets
+    ]
+    text = [
+        *comment,
+        f"if {condition}:",
+        *("    " + line for line in halves),
+        f"    for {var} in self.{attr}:",
+        *("    " + line for line in run),
+        *("    " + line for line in joined),
+        "else:",
+        "    __ms_original_loop__",
+    ]
+    original = loop.node.with_changes(leading_lines=())
+    (parsed,) = parse_block(text)
+
+    class _Original(cst.CSTTransformer):
+        def leave_SimpleStatementLine(self, _old, updated):
+            if code_of(strip_leading(updated)).strip() == "__ms_original_loop__":
+                return original
+            return updated
+
+    fork = parsed.visit(_Original())
+    assert isinstance(fork, cst.If)
+    return [fork.with_changes(leading_lines=[*loop.node.leading_lines, *fork.leading_lines])]
+
+
+def _forks_in_place(found, args, function: str) -> bool:
+    """Whether the loop is forked where it stands. The loop as the first version took it (at the top
+    of the forward, over a forward parameter) is forked into a copy of the forward, as its goldens
+    show; any other, and one whose hidden states the forward computes, where it stands. BadInput
+    when the forward already binds a name the fork would bind."""
+    params = found.forward.params
+    forward_params = {p.name.value for p in (*params.params, *params.kwonly_params)}
+    if found.loop.simple and found.loop.carried in forward_params:
+        return False
+    facts = node_facts(found.forward.body)
+    clash = [
+        name for name in _introduced_names(found.loop, args) if name in facts.loads | facts.stores | forward_params
+    ]
+    if clash:
+        raise BadInput(f"{function} already binds {clash[0]}, a name the micro-batch fork would bind")
+    return True
+
+
+def _introduced_names(loop, args) -> list[str]:
+    """The names the in-place fork binds in the model's forward."""
+    threaded = set(loop.targets)
+    names = [f"{source if source in threaded else param}_mb{k}" for param, source in args.split for k in (0, 1)]
+    if loop.tuple_target:
+        names += [f"{loop.var}_out_mb0", f"{loop.var}_out_mb1"]
+    return names
+
+
 # The whole edit -----------------------------------------------------------------------------------
 def _call_args(func: cst.FunctionDef) -> str:
     p = func.params
@@ -284,12 +390,21 @@ def microbatch_edit(module: cst.Module, plan: MicrobatchPlan, text: str | None =
     by_line = {positions[s].start.line: s for s in _body(found.layer_forward)}
     stages = [Stage(stage.comm, [by_line[st.first_line] for st in stage.statements]) for stage in plan.stages]
     api = "torch.cuda" if plan.mode == "cuda" else "torch.npu"
-    layer_method = layer_microbatch_method(found.layer_forward, api, plan.stream_tag, stages, second_group)
+    args = layer_arguments(
+        found.loop, found.layer_forward, found.forward, plan.function, plan.split_args, plan.shared_args
+    )
+    split = tuple(param for param, _ in args.split)
+    layer_method = layer_microbatch_method(found.layer_forward, api, plan.stream_tag, stages, second_group, split)
+    in_place = _forks_in_place(found, args, plan.function)
 
     roots = frameworks.imported_roots(module)
     init = _model_init(found.model_cls)
     switch, init_lines, extras = _flag_lines(plan, init, roots)
     condition = f"_ms_microbatch({switch}, {found.loop.carried})"
+    others = [source for _, source in args.split[1:]]
+    if others:  # each value split with the batch must have its rows: else the original loop runs
+        condition += f" and _ms_same_batch({', '.join([found.loop.carried, *others])})"
+        extras["helpers"].append("_ms_same_batch")
     when = ""
     if plan.flag.gate is not None:  # prefill: the model forward's own phase predicate
         predicate, needed = frameworks.phase_predicate(
@@ -305,10 +420,22 @@ def microbatch_edit(module: cst.Module, plan: MicrobatchPlan, text: str | None =
         f"if {condition}:",
         f"    return self.forward_microbatch({_call_args(found.forward)})",
     ]
-    model_method = model_microbatch_method(found.forward, found.loop, dim)
+    model_method = model_microbatch_method(found.forward, found.loop, dim) if not in_place else None
+    fork_comment = [
+        f"# msrewrite({plan.case}): two micro-batches on two streams when enabled{when} (forward_microbatch",
+        "# of each layer); the loop under `else` is the original path.",
+    ]
+    forked = inplace_fork(found.loop, args, condition, fork_comment, dim) if in_place else None
+    loop_node = found.loop.node
     dispatch_nodes = list(cst.parse_module("pass\n" + "\n".join(dispatch) + "\n").body[1:])
     init_nodes = list(cst.parse_module("pass\n" + "\n".join(init_lines) + "\n").body[1:]) if init_lines else []
     model_name, layer_name = found.model, found.layer
+
+    class _ForkLoop(cst.CSTTransformer):
+        """The model's forward with its layer loop (the very node, wherever it stands) forked."""
+
+        def leave_For(self, original, updated):
+            return cst.FlattenSentinel(forked) if original is loop_node and forked else updated
 
     class _Edit(cst.CSTTransformer):
         def leave_ClassDef(self, original, updated):
@@ -321,10 +448,14 @@ def microbatch_edit(module: cst.Module, plan: MicrobatchPlan, text: str | None =
                 if id(old) not in kept:  # a def a later one replaces: dead code, left as it is
                     body.append(stmt)
                     continue
+                if name == model_name and isinstance(stmt, cst.FunctionDef) and stmt.name.value == "forward" and forked:
+                    body.append(old.visit(_ForkLoop()))  # the loop node is the original tree's
+                    continue
                 if name == model_name and isinstance(stmt, cst.FunctionDef) and stmt.name.value == "forward":
                     inner = _body(stmt)
                     at = 1 if inner and is_docstring(inner[0]) else 0
                     inner[at:at] = dispatch_nodes
+                    assert model_method is not None
                     body += [stmt.with_changes(body=stmt.body.with_changes(body=inner)), model_method]
                     continue
                 if name == model_name and isinstance(stmt, cst.FunctionDef) and stmt.name.value == "__init__":

@@ -20,7 +20,7 @@ from msrewrite.plan import MicrobatchPlan
 from msrewrite.records import record
 
 CASE = "prefill-microbatch"
-_LOOP = re.compile(r"^[ \t]*for (\w+) in self\.\w+:[ \t]*\r?\n[ \t]*(\w+) = \1\(\2\)[ \t]*(?:#.*)?$", re.M)
+_LOOP = re.compile(r"^[ \t]*for (\w+) in self\.\w+:[ \t]*\r?\n[ \t]*\(?[\w, \t]+\)?[ \t]*=[ \t]*\1\(", re.M)
 # a collective (or a named comm helper) the file itself calls, as analyze/microbatch.py knows them
 _COMM = re.compile(r"(?:all_reduce|all_to_all|all_gather|reduce_scatter|broadcast|dispatch|combine)\w*\s*\(")
 NOTE = f"no cost model for micro-batching: time it with `msrewrite bench --case {CASE}`"
