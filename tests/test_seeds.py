@@ -142,7 +142,10 @@ def test_free_function_helper_is_a_seed(tmp_path):
     )
     path.write_text(path.read_text() + "\n\ndef run_shared(block, x):\n    return block.shared_experts(x) * 2\n")
     # the effect summaries do not yet bind `block` to the caller's `self`: unseen, so refused by name
-    with pytest.raises(NothingToDo, match=r"block.shared_experts \(a local or parameter `block` of the function: not visible to msrewrite\) may write"):
+    with pytest.raises(
+        NothingToDo,
+        match=r"block.shared_experts \(a local or parameter `block` of the function: not visible to msrewrite\) may write",
+    ):
         edit(path)
     edited = tmp_path / "block_ms.py"
     edited.write_text(edit(path, assume_pure=("block.shared_experts",)))
