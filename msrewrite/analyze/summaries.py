@@ -30,7 +30,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from msrewrite.analyze import declared, packages
+from msrewrite.analyze import declared, dispatch, packages
 from msrewrite.analyze.definitions import last_def
 from msrewrite.analyze.defuse import (
     Scope,
@@ -160,6 +160,8 @@ class _Reading:
     bytes_read: int = 0
     # (namespace, op, the file asking) -> (its declaration, "") or (None, why none is trusted)
     ops: dict[tuple, tuple] = field(default_factory=dict)
+    root: ModuleSummaries | None = None  # the file analysed (analyze/dispatch.py searches its classes too)
+    checked_trees: set[Path] = field(default_factory=set)  # package trees dispatch.refresh looked at
 
 
 class ModuleSummaries:
@@ -194,7 +196,7 @@ class ModuleSummaries:
         # `op = torch.library.custom_op("ns::op", mutates_args=...)(impl)` at module level: op ->
         # impl's def with that registration as its decorator (function_summary reads it so)
         self.registered_ops: dict[str, cst.FunctionDef] = {}
-        self._reading = _reading if _reading is not None else _Reading()
+        self._reading = _reading if _reading is not None else _Reading(root=self)
         for stmt in _top_level(module.body):
             if isinstance(stmt, cst.ClassDef):
                 self.classes[stmt.name.value] = stmt
@@ -497,17 +499,18 @@ class ModuleSummaries:
     ) -> tuple[ModuleSummaries, str, cst.FunctionDef] | None:
         """Method `name` of `cls` (or a base), also from a base class imported from another
         module: (the module that defines it, its class there, the method)."""
-        if cls in seen or cls not in self.classes:
+        mine = (id(self), cls)  # a base may have the subclass's name in another module
+        if mine in seen or cls not in self.classes:
             return None
         found = self._method(cls, name)
         if found is not None:
             return self, found[0], found[1]
         for base in self._bases(cls):
             if base in self.classes:
-                hit = self._inherited(base, name, seen | {cls})
+                hit = self._inherited(base, name, seen | {mine})
             else:
                 where = self.find_class(base)
-                hit = where[0]._inherited(where[1], name, seen | {cls}) if where is not None else None
+                hit = where[0]._inherited(where[1], name, seen | {mine}) if where is not None else None
             if hit is not None:
                 return hit
         return None
@@ -1228,7 +1231,7 @@ class ModuleSummaries:
         added = self.element_values(cls, head)  # `self.layers.append(X())`, `self.routers[k] = X()`
         effects = []
         for value in self._through_self_aliases(cls, values):
-            effect = self._module_value(call, value, label, element, rest, added, cls)
+            effect = self._module_value(call, value, label, element, rest, added, cls, head)
             if effect is not None:
                 effects.append(effect)
         if not effects and rest:
@@ -1264,6 +1267,7 @@ class ModuleSummaries:
         rest: str,
         added: list[cst.BaseExpression] | None = None,
         cls: str | None = None,
+        attr: str | None = None,
     ) -> CallEffect | None:
         """Calling what `self.<attr>` holds when a method of `cls` sets it to `value` (with
         `element`, an element of it: `self.routers[k](x)`, where `added` are the values put into
@@ -1271,7 +1275,13 @@ class ModuleSummaries:
         if isinstance(value, cst.Name) and value.value == "None":
             return None
         if isinstance(value, cst.IfExp):
-            parts = [self._module_value(call, v, label, element, rest, None, cls) for v in (value.body, value.orelse)]
+            home = self._stored_in.get(id(value))
+            if home is not None:  # each branch is stored by the same method
+                self._stored_in.setdefault(id(value.body), home)
+                self._stored_in.setdefault(id(value.orelse), home)
+            parts = [
+                self._module_value(call, v, label, element, rest, None, cls, attr) for v in (value.body, value.orelse)
+            ]
             return _union([p for p in parts if p is not None])
         if isinstance(value, cst.Subscript) and dotted_name(value.value) in ACTIVATION_TABLES:
             return CallEffect()  # ACT2FN["silu"]: a functional activation
@@ -1292,8 +1302,27 @@ class ModuleSummaries:
         if isinstance(value, cst.Call):
             if is_stream_object(value) and not element and rest in ORDERING_METHODS:
                 return CallEffect(stream=True, barrier=True)  # self.comm_stream = torch.npu.Stream()
-            return self._constructed_value(call, value, label, element, rest, added or [])
+            return self._constructed_value(call, value, label, element, rest, added or [], cls, attr)
+        declared_base = self._declared_base_call(call, value, label, element, rest, cls, attr)
+        if declared_base is not None:
+            return declared_base
         return _unknown(call, f"{label} (set from {_short(value)}, not visible to msrewrite)")
+
+    def _declared_base_call(
+        self,
+        call: cst.Call,
+        value: cst.BaseExpression,
+        label: str,
+        element: bool,
+        rest: str,
+        cls: str | None,
+        attr: str | None,
+    ) -> CallEffect | None:
+        """Calling `self.<attr>` holding `value` of a class no source names, when its base is
+        declared (an annotation): the union over the base's subclasses (analyze/dispatch.py)."""
+        if element or cls is None or attr is None:
+            return None
+        return dispatch.call_through_base(self, call, value, label, rest, cls, attr, self._stored_in.get(id(value)))
 
     def _locally_imported_class(self, name: str, home: cst.FunctionDef | None) -> tuple[ModuleSummaries, str] | None:
         """A class `home` imports inside its body (`from ..unquant import UnquantizedLinearMethod`
@@ -1352,6 +1381,8 @@ class ModuleSummaries:
         element: bool,
         rest: str,
         added: list[cst.BaseExpression] | None = None,
+        cls: str | None = None,
+        attr: str | None = None,
     ) -> CallEffect:
         """Calling (or indexing, or a method of) `self.<attr>` set from a constructor call `value`;
         an element of a ModuleList / ModuleDict / Sequential is any of its items (those it is built
@@ -1404,6 +1435,9 @@ class ModuleSummaries:
                     for where, name in targets
                 ]
             )
+        declared_base = self._declared_base_call(call, value, label, element, rest, cls, attr)
+        if declared_base is not None:
+            return declared_base
         return _unknown(call, f"{label} ({ctor or _short(value.func)}, not visible to msrewrite)")
 
     def _instance_call(
