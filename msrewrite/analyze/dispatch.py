@@ -19,14 +19,17 @@ class nested in a function or class, a `Base.register(...)` virtual subclass, a 
 `Protocol` (structural: an implementation need not derive from it), a package with more than
 MAX_TREE_FILES files, a union of more than MAX_SUBCLASSES classes, or a subclass msrewrite cannot
 read (past the reading bounds).
+
+Cost: the package's text is scanned once per process for `class` statements (no parse; about a
+second for SGLang's 4,700 files), a base is matched by name (a same-named class elsewhere only makes
+the union larger), and a class is read only when the union gets to it: it stops at the first one
+that calls something msrewrite cannot see into, since the call may write already.
 """
 
 from __future__ import annotations
 
-import ast
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,37 +48,36 @@ Target = tuple["ModuleSummaries", str]
 MAX_TREE_FILES = 20_000  # a larger tree is not searched: the union stays unknown
 MAX_SUBCLASSES = 256
 
-SEARCH_BYTES = 20_000_000  # source the subclass search may read to resolve bases (its own budget)
+Site = tuple[Path, str]  # a class found by the search: its file (not read yet), its name
 
-# package folder -> (its files as _tree_files gives them, identifier -> the files that may subclass
-# a class of that name: _tree_index)
-_indexes: dict[Path, tuple[tuple[tuple[Path, int, int], ...] | None, dict[bytes, list[Path]] | None]] = {}
-# (path, size, mtime) -> the class statements of the file (see _class_statements)
-_statements: dict[tuple[Path, int, int], _FileClasses | None] = {}
-# (package folder, base file, base name) -> its subclasses there as (file, class), once all are found
-_in_tree: dict[tuple[Path, Path, str], tuple[tuple[Path, str], ...]] = {}
+# package folder -> (its files as _tree_files gives them, its class index: _tree_index)
+_indexes: dict[Path, tuple[tuple[tuple[Path, int, int], ...] | None, _TreeIndex | None]] = {}
+# (package folder, class name) -> the classes there that derive from a class of that name, or why
+# the search cannot be complete
+_in_tree: dict[tuple[Path, str], tuple[Site, ...] | str] = {}
 
 
-class _ClassStatement:
-    """One `class` statement of a file: its name, each base as a dotted name (None: an
-    expression that is not one, with the names it mentions), and whether it is at module level."""
+class _Header:
+    """One `class Name(<bases>):` statement as written: its file, name, whether it starts a line
+    (at module level, or in an `if`/`try` there: packages.py tells), and its base list's text."""
 
-    __slots__ = ("name", "bases", "odd", "top")
+    __slots__ = ("file", "name", "indented", "bases")
 
-    def __init__(self, name: str, bases: list[str], odd: set[str], top: bool) -> None:
-        self.name, self.bases, self.odd, self.top = name, bases, odd, top
+    def __init__(self, file: Path, name: str, indented: bool, bases: str) -> None:
+        self.file, self.name, self.indented, self.bases = file, name, indented, bases
 
 
-class _FileClasses:
-    """What the subclass search needs of one file: its class statements, the names `X` of its
-    `X.register(...)` calls, and its `from m import Original as local` aliases (local -> Original)."""
-
-    __slots__ = ("classes", "registers", "aliases")
+class _TreeIndex:
+    """The `class` statements of a package tree, found by reading its text (no parse): each by
+    every identifier its base list names; the names each file's `import X as Y` binds (Y -> X);
+    the names `X` of `X.register(...)` calls anywhere."""
 
     def __init__(self) -> None:
-        self.classes: list[_ClassStatement] = []
-        self.registers: set[str] = set()
-        self.aliases: dict[str, str] = {}
+        self.by_word: dict[str, list[_Header]] = {}
+        self.by_name: dict[tuple[Path, str], int] = {}  # how many `class` statements of a name a file has
+        self.aliases: dict[Path, dict[str, str]] = {}
+        self.aliased: dict[str, list[tuple[Path, str]]] = {}  # original -> (file, alias)
+        self.registered: set[str] = set()
 
 
 # annotations --------------------------------------------------------------------------------
@@ -122,12 +124,12 @@ def _union(parts: list[list[Target] | None]) -> list[Target] | None:
 
 
 class _SelfAnnotations(Visitor):
-    """`self.<attr>: T` (with or without a value) in one method; nested functions skipped."""
+    """`self.<attr>: T` (with or without a value) in one method: attr -> its annotations; nested
+    functions and classes skipped (their `self` is another object)."""
 
-    def __init__(self, method: cst.FunctionDef, attr: str) -> None:
+    def __init__(self, method: cst.FunctionDef, found: dict[str, list[cst.BaseExpression]]) -> None:
         super().__init__()
-        self.method, self.attr = method, attr
-        self.found: list[cst.BaseExpression] = []
+        self.method, self.found = method, found
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         return node is self.method
@@ -136,8 +138,9 @@ class _SelfAnnotations(Visitor):
         return False
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        if dotted_name(node.target) == f"self.{self.attr}":
-            self.found.append(node.annotation.annotation)
+        target = node.target
+        if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self":
+            self.found.setdefault(target.attr.value, []).append(node.annotation.annotation)
 
 
 def attribute_annotations(owner: ModuleSummaries, cls: str, attr: str) -> list[cst.BaseExpression]:
@@ -148,21 +151,30 @@ def attribute_annotations(owner: ModuleSummaries, cls: str, attr: str) -> list[c
     todo = [cls]
     while todo:
         name = todo.pop()
-        node = owner.classes.get(name) if name not in seen else None
-        seen.add(name)
-        if node is None or not isinstance(node.body, cst.IndentedBlock):
+        if name in seen or name not in owner.classes:
             continue
-        for stmt in node.body.body:
+        seen.add(name)
+        found += _class_annotations(owner, name).get(attr, [])
+        todo += owner._bases(name)
+    return found
+
+
+def _class_annotations(owner: ModuleSummaries, cls: str) -> dict[str, list[cst.BaseExpression]]:
+    """attr -> the annotations class `cls`'s own body and methods give `self.<attr>` (one pass
+    per class, kept with the module's other answers about its code)."""
+    key = ("annotations", cls)
+    if key not in owner.reach_cache:
+        found: dict[str, list[cst.BaseExpression]] = {}
+        node = owner.classes.get(cls)
+        for stmt in node.body.body if node is not None and isinstance(node.body, cst.IndentedBlock) else ():
             if isinstance(stmt, cst.SimpleStatementLine):
                 for small in stmt.body:
-                    if isinstance(small, cst.AnnAssign) and dotted_name(small.target) == attr:
-                        found.append(small.annotation.annotation)
+                    if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name):
+                        found.setdefault(small.target.value, []).append(small.annotation.annotation)
             elif isinstance(stmt, cst.FunctionDef):
-                visitor = _SelfAnnotations(stmt, attr)
-                stmt.visit(visitor)
-                found += visitor.found
-        todo += [b for b in owner._bases(name) if b in owner.classes]
-    return found
+                stmt.visit(_SelfAnnotations(stmt, found))
+        owner.reach_cache[key] = found
+    return owner.reach_cache[key]
 
 
 def _parameter(home: cst.FunctionDef, name: str) -> cst.Param | None:
@@ -256,63 +268,103 @@ def package_tree(path: Path | None) -> Path | None:
     return top if top is not None else path.parent
 
 
-_WORD = re.compile(rb"[A-Za-z_]\w*")
-_CLASS_HEAD = re.compile(rb"[ \t]+\w+[ \t]*\(")
+_WORD = re.compile(r"[A-Za-z_]\w*")
+_CLASS_HEAD = re.compile(rb"class[ \t]+(\w+)[ \t]*\(")
+_AFTER_AS = re.compile(rb"as[ \t]+([A-Za-z_]\w*)")
+_REGISTER_AT = re.compile(rb"[ \t]*\.[ \t]*register[ \t]*\(")
+_DOTTED = re.compile(r"[A-Za-z_]\w*(?:[ \t]*\.[ \t]*[A-Za-z_]\w*)*")
+_WORD_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+
+# The tree is read as bytes (a text search over a framework's 60 MB is what costs): only the
+# names and base lists found are decoded.
 
 
-def _class_base_words(data: bytes) -> set[bytes]:
-    """Every identifier written inside the base list of a `class X(...)` statement of `data`."""
-    words: set[bytes] = set()
+def _word_before(data: bytes, at: int) -> str:
+    """The identifier that ends right before position `at` of `data` (after spaces), or ""."""
+    end = at
+    while end > 0 and data[end - 1] in b" \t":
+        end -= 1
+    start = end
+    while start > 0 and data[start - 1] in _WORD_BYTES:
+        start -= 1
+    return data[start:end].decode("ascii", "replace")
+
+
+def _aliases(data: bytes) -> dict[str, str]:
+    """`X as Y` in `data`: Y -> X (an import alias; a `with ... as` or `except ... as` one only adds
+    names)."""
+    found: dict[str, str] = {}
+    at = data.find(b" as ")
+    while at >= 0:
+        original, alias = _word_before(data, at), _AFTER_AS.match(data, at + 1)
+        if original and alias is not None:
+            name = alias.group(1).decode("ascii", "replace")
+            if name != original:
+                found[name] = original
+        at = data.find(b" as ", at + 4)
+    return found
+
+
+def _registered(data: bytes) -> set[str]:
+    """The names `X` of the `X.register(` calls in `data`."""
+    found: set[str] = set()
+    at = data.find(b"register")
+    while at >= 0:
+        dot = data.rfind(b".", 0, at)
+        if dot >= 0 and not data[dot + 1 : at].strip() and _REGISTER_AT.match(data, dot):
+            word = _word_before(data, dot)
+            if word:
+                found.add(word)
+        at = data.find(b"register", at + 8)
+    return found
+
+
+def _class_headers(file: Path, data: bytes) -> list[_Header]:
+    """Every `class Name(...)` statement of `data`, with its base list's text (to the parenthesis
+    that closes it; a parenthesis inside a string there ends it early, which only adds words)."""
+    found: list[_Header] = []
     at = data.find(b"class ")
     while at >= 0:
         line = data.rfind(b"\n", 0, at) + 1
-        head = _CLASS_HEAD.match(data, at + 5) if not data[line:at].strip(b" \t") else None
+        head = _CLASS_HEAD.match(data, at) if not data[line:at].strip(b" \t") else None
         if head is not None:
             depth, i = 1, head.end()
-            while depth:  # to the parenthesis that closes the base list
+            while depth:
                 close = data.find(b")", i)
                 if close < 0:
                     i = len(data)
                     break
                 opened = data.find(b"(", i, close)
                 depth, i = (depth + 1, opened + 1) if opened >= 0 else (depth - 1, close + 1)
-            words.update(_WORD.findall(data, head.end(), i))
+            bases = data[head.end() : i - 1].decode("utf-8", "replace")
+            found.append(_Header(file, head.group(1).decode("ascii", "replace"), at > line, bases))
         at = data.find(b"class ", at + 6)
-    return words
-
-
-def _words_before(data: bytes, marker: bytes) -> set[bytes]:
-    """The identifier right before each `marker` in `data`: ` as ` (`import Base as B`: a base may
-    be written `B`), `.register(` (`Base.register(Other)`: a virtual subclass)."""
-    words: set[bytes] = set()
-    at = data.find(marker)
-    while at >= 0:
-        start = at
-        while start > 0 and (data[start - 1 : start].isalnum() or data[start - 1] == 95):
-            start -= 1
-        if start < at:
-            words.add(data[start:at])
-        at = data.find(marker, at + len(marker))
-    return words
+    return found
 
 
 def _tree_files(tree: Path) -> tuple[tuple[Path, int, int], ...] | None:
     """(file, size, mtime) of every `.py` file below `tree`, in a fixed order; None for more than
     MAX_TREE_FILES."""
     found: list[tuple[Path, int, int]] = []
-    for folder, dirs, files in os.walk(tree):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
-        for name in sorted(files):
-            if not name.endswith(".py"):
-                continue
-            file = Path(folder) / name
+    todo = [str(tree)]
+    while todo:
+        folder = todo.pop()
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            continue
+        for entry in entries:
             try:
-                stat = file.stat()
+                if entry.is_dir():
+                    if not entry.name.startswith(".") and entry.name != "__pycache__":
+                        todo.append(entry.path)
+                elif entry.name.endswith(".py"):
+                    stat = entry.stat()
+                    found.append((Path(entry.path), stat.st_size, stat.st_mtime_ns))
             except OSError:
                 continue
-            found.append((file, stat.st_size, stat.st_mtime_ns))
-            if len(found) > MAX_TREE_FILES:
-                return None
+        if len(found) > MAX_TREE_FILES:
+            return None
     return tuple(found)
 
 
@@ -325,14 +377,13 @@ def refresh(tree: Path) -> None:
             del _in_tree[key]
 
 
-def _tree_index(tree: Path) -> dict[bytes, list[Path]] | None:
-    """identifier -> the files of `tree` that name it in a class's base list, before an `as` or
-    before `.register(` (a file that may define a subclass of a class of that name). One pass over
-    the tree's text, kept per process; None for a tree of more than MAX_TREE_FILES files."""
+def _tree_index(tree: Path) -> _TreeIndex | None:
+    """The class index of `tree` (one pass over its text, kept per process); None for a tree of
+    more than MAX_TREE_FILES files."""
     if tree in _indexes:
         return _indexes[tree][1]
     files = _tree_files(tree)
-    index: dict[bytes, list[Path]] | None = None if files is None else {}
+    index = None if files is None else _TreeIndex()
     for file, size, _mtime in files or ():
         if size > packages.MAX_FILE_BYTES:
             continue  # packages.py reads no such file either: a class there is never resolved
@@ -340,62 +391,22 @@ def _tree_index(tree: Path) -> dict[bytes, list[Path]] | None:
             data = file.read_bytes()
         except OSError:
             continue
-        for word in _class_base_words(data) | _words_before(data, b" as ") | _words_before(data, b".register("):
-            index.setdefault(word, []).append(file)  # type: ignore[union-attr]
+        assert index is not None
+        for header in _class_headers(file, data):
+            for word in set(_WORD.findall(header.bases)):
+                index.by_word.setdefault(word, []).append(header)
+            key = (file, header.name)
+            index.by_name[key] = index.by_name.get(key, 0) + 1
+        if b" as " in data:
+            aliases = _aliases(data)
+            if aliases:
+                index.aliases[file] = aliases
+                for alias, original in aliases.items():
+                    index.aliased.setdefault(original, []).append((file, alias))
+        if b"register" in data:
+            index.registered |= _registered(data)
     _indexes[tree] = (files, index)
     return index
-
-
-def _class_statements(path: Path) -> _FileClasses | None:
-    """Every `class` statement of `path` (at any depth), its `X.register(...)` calls and its
-    import aliases; cached by path, size and mtime. None when it does not parse."""
-    try:
-        stat = path.stat()
-    except OSError:
-        return None
-    key = (path, stat.st_size, stat.st_mtime_ns)
-    if key not in _statements:
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError):
-            _statements[key] = None
-            return None
-        top = {id(s) for s in _module_level(tree.body)}
-        found = _FileClasses()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom):
-                found.aliases.update({a.asname: a.name for a in node.names if a.asname})
-            elif (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "register"
-                and (receiver := packages.ast_dotted(node.func.value)) is not None
-            ):
-                found.registers.add(receiver.split(".")[-1])  # `Base.register(Other)`: an ABC's virtual subclass
-            elif isinstance(node, ast.ClassDef):
-                bases: list[str] = []
-                odd: set[str] = set()
-                for base in node.bases:
-                    plain = base.value if isinstance(base, ast.Subscript) else base  # Generic[T], Base[T]
-                    named = packages.ast_dotted(plain)
-                    if named is not None:
-                        bases.append(named)
-                    else:
-                        odd |= {n.id for n in ast.walk(base) if isinstance(n, ast.Name)}
-                        odd |= {n.attr for n in ast.walk(base) if isinstance(n, ast.Attribute)}
-                found.classes.append(_ClassStatement(node.name, bases, odd, id(node) in top))
-        _statements[key] = found
-    return _statements[key]
-
-
-def _module_level(body: list) -> list:
-    out = []
-    for stmt in body:
-        if isinstance(stmt, (ast.If, ast.Try)):
-            out += _module_level(stmt.body) + _module_level(stmt.orelse)
-        else:
-            out.append(stmt)
-    return out
 
 
 def _same(a: Target, b: Target) -> bool:
@@ -406,10 +417,10 @@ class Incomplete(Exception):
     """The subclass search cannot be complete (its message says why)."""
 
 
-def subclasses(base: Target) -> Iterator[Target]:
-    """`base`, then every class msrewrite finds that derives from it, found lazily (a caller that
-    stops early reads no more); raises Incomplete when the search cannot be complete. See the
-    module docstring for where it looks."""
+def subclasses(base: Target) -> list[Site]:
+    """`base`, then every class msrewrite finds that derives from it, as (file, name): none of
+    them is read here (call_through_base reads those it gets to). Raises Incomplete when the
+    search cannot be complete. See the module docstring for where it looks."""
     module, name = base
     tree = package_tree(module.path)
     if tree is None or module.path is None:
@@ -417,110 +428,115 @@ def subclasses(base: Target) -> Iterator[Target]:
     node = module.classes.get(name)
     if node is not None and any((dotted_name(b.value) or "").split(".")[-1] == "Protocol" for b in node.bases):
         raise Incomplete(f"{name} is a Protocol (a class need not derive from it to match it)")
-    yield base
     if tree not in module._reading.checked_trees:
         module._reading.checked_trees.add(tree)
         refresh(tree)
-    found: list[Target] = [base]
-    key = (tree, module.path.resolve(), name)
-    pairs = _in_tree[key] if key in _in_tree else _search_tree(tree, key[1], name)
-    for file, cls in pairs:
-        reader = _reader(module, file)
-        hit = reader.find_class(cls) if reader is not None else None
-        if hit is None:
-            raise Incomplete(f"{file} is past the reading bounds")
-        found.append(hit)
-        yield hit
+    key = (tree, name)
+    if key not in _in_tree:
+        _in_tree[key] = _search_tree(tree, name)
+    in_tree = _in_tree[key]
+    if isinstance(in_tree, str):
+        raise Incomplete(in_tree)
+    found: list[Site] = [(module.path.resolve(), name)]
+    found += [site for site in in_tree if site not in found]
     # classes of the file analysed and of modules read outside the package
-    outside = [m for m in _read_modules(module) if m.path is None or not m.path.resolve().is_relative_to(tree)]
+    outside = [m for m in _read_modules(module) if m.path is not None and not m.path.resolve().is_relative_to(tree)]
     todo = list(found)
     while todo:
         parent = todo.pop(0)
         for other in outside:
             for cls_name, parents in other._all_bases().items():
-                if any(_may_name(other, b, parent[1]) and _same_hit(other, b, parent) for b in parents):
-                    child = (other, cls_name)
-                    if not any(_same(child, f) for f in found):
-                        found.append(child)
-                        todo.append(child)
-                        yield child
+                site = (other.path.resolve(), cls_name)  # type: ignore[union-attr]
+                if site not in found and any(_names(other, b, parent) for b in parents):
+                    found.append(site)
+                    todo.append(site)
         if len(found) > MAX_SUBCLASSES:
             raise Incomplete(f"{name} has more than {MAX_SUBCLASSES} subclasses")
+    return found
 
 
-def _search_tree(tree: Path, file: Path, name: str) -> Iterator[tuple[Path, str]]:
-    """The (file, class) pairs of `tree` that derive from class `name` of `file`, through each
-    other, found lazily; kept per process once all are found. Raises Incomplete when the search
-    cannot be complete. Bases are resolved through a reading of their own (the analysis' reading
-    bounds are for what it summarizes)."""
-    from msrewrite.analyze.summaries import ModuleSummaries
+def _names(module: ModuleSummaries, base: str, parent: Site) -> bool:
+    """Whether the base `base`, as written in `module`, is the class `parent`."""
+    if not _may_name(module, base, parent[1]):
+        return False
+    hit = module.find_class(base)
+    return hit is not None and hit[1] == parent[1] and hit[0].path is not None and hit[0].path.resolve() == parent[0]
 
+
+def _search_tree(tree: Path, name: str) -> tuple[Site, ...] | str:
+    """The (file, class) pairs of `tree` whose bases name a class `name`, or a class found so; or
+    why the search cannot be complete. A base is matched by its name, not resolved: a same-named
+    class of another module makes the union larger (more conservative), never smaller, and only
+    the classes the union gets to are read."""
     index = _tree_index(tree)
     if index is None:
-        raise Incomplete(f"the package {tree} has more than {MAX_TREE_FILES} files")
-    resolver = ModuleSummaries(cst.Module(body=[]), path=tree / "__msrewrite_subclass_search__.py")
-    resolver._reading.bytes_read = -SEARCH_BYTES  # a budget of its own
-    base = resolver._read(file, package=True)
-    if base is None:
-        raise Incomplete(f"{file} cannot be read")
-    found: list[tuple[Path, str]] = []
-    todo: list[Target] = [(base, name)]
+        return f"the package {tree} has more than {MAX_TREE_FILES} files"
+    found: list[Site] = []
+    todo = [name]
     while todo:
         parent = todo.pop(0)
-        for hit_file in index.get(parent[1].encode(), []):
-            before = len(found)
-            why = _subclasses_in(resolver, hit_file, parent, found, todo)
-            yield from found[before:]
+        if parent in index.registered:
+            return f"a file of the package registers a virtual subclass of {parent} (`{parent}.register(...)`)"
+        headers = list(index.by_word.get(parent, []))
+        for file, alias in index.aliased.get(parent, []):  # `from .base import Base as B`: `class X(B)`
+            headers += [h for h in index.by_word.get(alias, []) if h.file == file]
+        for header in headers:
+            why = _derives(index, header, parent)
+            if why is None:
+                continue
             if why:
-                raise Incomplete(why)
+                return why
+            site = (header.file.resolve(), header.name)
+            if site not in found:
+                found.append(site)
+                todo.append(header.name)
         if len(found) > MAX_SUBCLASSES:
-            raise Incomplete(f"{name} has more than {MAX_SUBCLASSES} subclasses")
-    _in_tree[(tree, file, name)] = tuple(found)
+            return f"{name} has more than {MAX_SUBCLASSES} subclasses"
+    return tuple(found)
 
 
-def _subclasses_in(
-    resolver: ModuleSummaries, file: Path, parent: Target, found: list[tuple[Path, str]], todo: list[Target]
-) -> str:
-    """Adds the classes of `file` that derive from `parent` to `found` (and `todo`, to search for
-    theirs); returns why the search cannot be complete, or ""."""
-    statements = _class_statements(file)
-    if statements is None:
-        return ""  # does not parse: Python could not import it either
-    if parent[1] in statements.registers:
-        return f"{file.name} registers a virtual subclass of {parent[1]} (`.register(...)`)"
-    reader = None
-    for stmt in statements.classes:
-        if parent[1] in stmt.odd:
-            return f"{file.name}: class {stmt.name} has a base msrewrite cannot name"
-        named = [b for b in stmt.bases if b.split(".")[-1] == parent[1] or statements.aliases.get(b) == parent[1]]
-        if not named:
+def _derives(index: _TreeIndex, header: _Header, parent: str) -> str | None:
+    """ "" when the class `header` writes derives from a class named `parent`, None when it does
+    not, else why that cannot be told."""
+    aliases = index.aliases.get(header.file, {})
+    named = False
+    for piece in _top_level_pieces(header.bases):
+        if "=" in piece.split("(")[0].split("[")[0]:
+            continue  # metaclass=..., a keyword
+        dotted = _DOTTED.match(piece)
+        rest = piece[dotted.end() :].strip() if dotted else piece
+        words = set(_WORD.findall(piece))
+        if parent not in words and not any(aliases.get(w) == parent for w in words):
             continue
-        if not stmt.top:
-            return f"{file.name}: class {stmt.name} is defined inside a function or class"
-        reader = reader or resolver._read(file, package=True)
-        if reader is None:
-            return f"{file} cannot be read"
-        for base_name in named:
-            hit = reader.find_class(base_name)
-            if hit is None:
-                return f"{file.name}: the base {base_name} of {stmt.name} is not found"
-            if _same(hit, parent):
-                if (
-                    sum(s.top and s.name == stmt.name for s in statements.classes) > 1
-                    or stmt.name not in reader.classes
-                ):
-                    return f"{file.name} defines {stmt.name} more than once"
-                pair = (file.resolve(), stmt.name)
-                if pair not in found:
-                    found.append(pair)
-                    todo.append((reader, stmt.name))
-                break
+        plain = "".join(dotted.group(0).split()) if dotted else ""
+        if not plain or (rest and not rest.startswith("[")):
+            return f"{header.file.name}: class {header.name} has a base msrewrite cannot name ({piece})"
+        named = named or plain.split(".")[-1] == parent or aliases.get(plain) == parent
+    if not named:
+        return None
+    if index.by_name.get((header.file, header.name), 0) > 1:
+        return f"{header.file.name} defines {header.name} more than once"
+    if header.indented:
+        readable = packages.index_file(header.file)
+        if readable is None or header.name not in readable.classes:
+            return f"{header.file.name}: class {header.name} is defined inside a function or class"
     return ""
 
 
-def _same_hit(module: ModuleSummaries, base: str, parent: Target) -> bool:
-    hit = module.find_class(base)
-    return hit is not None and _same(hit, parent)
+def _top_level_pieces(text: str) -> list[str]:
+    """`text` split at the commas outside brackets, each piece stripped of comments and space."""
+    text = "\n".join(line.split("#")[0] for line in text.splitlines())
+    pieces, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            pieces.append(text[start:i])
+            start = i + 1
+    pieces.append(text[start:])
+    return [p.strip() for p in pieces if p.strip()]
 
 
 def _may_name(module: ModuleSummaries, base: str, name: str) -> bool:
@@ -579,32 +595,43 @@ def call_through_base(
     method = rest or "forward"
     effects = []
     for base in bases:
-        count = 0
         try:
-            for module, name in subclasses(base):
+            sites = subclasses(base)
+        except Incomplete as why:
+            effects.append(
+                _unknown(call, f"{label} (an instance of {base[1]}, by {where}; {why}; not visible to msrewrite)")
+            )
+            continue
+        # the base's own file first (parsed already), then in the search's order; the union stops at
+        # the first class that calls something not seen into (the call may write already)
+        own = [site for site in sites if site[0] == sites[0][0]]
+        for file, name in own + [site for site in sites if site not in own]:
+            module = base[0] if (file, name) == sites[0] else _reader(owner, file)
+            if module is None or name not in module.classes:
+                stop = f"{file} is past the reading bounds"
+            else:
                 effect = module._instance_call(call, (module, name), label, name, rest)
                 if rest:  # the method's own labels say `self.<rest>`: name the class it runs in
                     _relabel(effect, f"self.{rest}", f"{label} ({name}.{rest})")
                 effects.append(effect)
-                count += 1
-                if effect.unknown:
-                    # "may write" already, through a callee not seen into: the other classes are not
-                    # read (a union of every quantization method would read most of the framework)
-                    why = f"the rest of its subclasses not read after {name}.{method}"
-                    raise Incomplete(why)
-        except Incomplete as stop:
+                if not effect.unknown:
+                    continue
+                # "may write" already, through a callee not seen into: the other classes are not read
+                # (a union over every quantization method would read most of the framework)
+                stop = f"the rest of its {len(sites) - 1} subclasses not read after {name}.{method}"
             effects.append(
                 _unknown(call, f"{label} (an instance of {base[1]}, by {where}; {stop}; not visible to msrewrite)")
             )
-            continue
-        subs = count - 1
-        tree = package_tree(base[0].path)
-        note = (
-            f"{label} (an instance of {base[1]}, by {where}: its {method} is the union over {base[1]} and its "
-            f"{subs} subclass{'' if subs == 1 else 'es'} in package {tree.name if tree else '?'}; a subclass "
-            "defined outside it is not seen)"
-        )
-        effects.append(CallEffect(unseen_work=[note]))
+            break
+        else:
+            subs = len(sites) - 1
+            tree = package_tree(base[0].path)
+            note = (
+                f"{label} (an instance of {base[1]}, by {where}: its {method} is the union over {base[1]} and "
+                f"its {subs} subclass{'' if subs == 1 else 'es'} in package {tree.name if tree else '?'}; a "
+                "subclass defined outside it is not seen)"
+            )
+            effects.append(CallEffect(unseen_work=[note]))
     return union_effects(effects)
 
 
