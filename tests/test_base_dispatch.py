@@ -245,3 +245,22 @@ def test_a_parameter_bound_again_says_nothing(tmp_path):
     with pytest.raises(NothingToDo) as refused:
         edit(path)
     assert "self.method.apply (set from method, not visible to msrewrite)" in str(refused.value), refused.value
+
+
+def test_the_text_index_reads_class_statements_as_written(tmp_path):
+    source = (
+        "from .base import MethodBase as MB\n"
+        "class A(MB):\n    pass\n"
+        "class B(\n    PlainMethod,  # a comment (with parentheses)\n    metaclass=Meta,\n):\n    pass\n"
+        "class C(Generic[MethodBase]):\n    pass\n"
+        "if TYPE_CHECKING:\n    class D(mod.MethodBase):\n        pass\n"
+    )
+    (tmp_path / "__init__.py").write_text("")
+    (tmp_path / "m.py").write_text(source)
+    index = dispatch._tree_index(tmp_path)
+    assert index is not None
+    heads = {h.name: h for word in index.by_word.values() for h in word}
+    assert heads["B"].bases.split("#")[0].strip() == "PlainMethod,"
+    assert index.aliases[tmp_path / "m.py"] == {"MB": "MethodBase"}
+    found = dispatch._search_tree(tmp_path, "MethodBase")
+    assert sorted(name for _, name in found) == ["A", "D"], found  # C is a Generic, not a subclass

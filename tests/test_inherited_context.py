@@ -190,3 +190,16 @@ def test_a_dispatcher_returning_anything_else_is_not_followed(tmp_path):
     with pytest.raises(NothingToDo) as refused:
         edit(path)
     assert "self._forward_method" in str(refused.value), refused.value
+
+
+def test_a_base_method_using_the_same_imports_is_read_again(tmp_path):
+    """`torch` is the same import in both files: the base's forward means the same in the subclass's."""
+    path = write(tmp_path, "dispatch", writing=False)
+    op = tmp_path / "fwop" / "op.py"
+    op.write_text(
+        op.read_text().replace(
+            "        return self._forward_method(*args, **kwargs)",
+            "        return torch.relu(self._forward_method(*args, **kwargs))",
+        )
+    )
+    assert edit(path).plans[0].trust_boundary == ()
