@@ -6,8 +6,10 @@
   anything;
 - `class_targets` / `instance_targets`: the classes a class-valued expression or a constructed
   value can be, through factories (`build_fused_moe(...)` returns one of several classes' instances),
-  class-valued variables and helpers (`moe_cls = get_moe_impl_class(cfg)`, `moe_cls(...)`) and `if`
-  expressions.
+  class-valued variables and helpers (`moe_cls = get_moe_impl_class(cfg)`, `moe_cls(...)`), `if`
+  expressions and `a or B`; a factory's parameter is what the call being followed passes
+  (`make(..., runner_cls=Cls)` with `cls = runner_cls or Default`), read in the caller's scope,
+  else its default.
 
 Every target list is complete or None: a branch msrewrite cannot follow makes the whole answer
 None, so a caller resolving a call through these unions every possible callee or calls it
