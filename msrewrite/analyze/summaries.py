@@ -597,9 +597,9 @@ class ModuleSummaries:
         local |= {p.name.value for p in (method.params.star_arg, method.params.star_kwarg) if isinstance(p, cst.Param)}
         local |= _rebound_names(method)
         for name in _loaded_names(method.body) - local - {"self"}:
-            if name in ("super", "__class__") or name in home.functions or name in home.classes:
+            if name in ("super", "__class__") or any(name in m.functions or name in m.classes for m in (home, self)):
                 return False
-            if name in BUILTIN_NAMES and name not in home.imports and name not in home.module_imports:
+            if name in BUILTIN_NAMES and not any(name in m.imports or name in m.module_imports for m in (home, self)):
                 continue
             mine, theirs = self.module_imports.get(name), home.module_imports.get(name)
             if mine is not None and mine == theirs:
