@@ -437,19 +437,28 @@ def subclasses(base: Target) -> list[Site]:
     in_tree = _in_tree[key]
     if isinstance(in_tree, str):
         raise Incomplete(in_tree)
-    found: list[Site] = [(module.path.resolve(), name)]
-    found += [site for site in in_tree if site not in found]
-    # classes of the file analysed and of modules read outside the package
-    outside = [m for m in _read_modules(module) if m.path is not None and not m.path.resolve().is_relative_to(tree)]
+    found: list[Site] = [(_resolved(module), name)]
+    found += [site for site in in_tree if site != found[0]]
+    seen = set(found)
+    # classes of the file analysed and of modules read outside the package, by the names of their bases
+    inside = str(tree) + os.sep
+    outside: dict[str, list[tuple[ModuleSummaries, str, str]]] = {}
+    for other in _read_modules(module):
+        if other.path is not None and not str(_resolved(other)).startswith(inside):
+            for cls_name, parents in other._all_bases().items():
+                for b in parents:
+                    imported = other.imports.get(b)
+                    for written in {b.split(".")[-1], imported[2] if imported else ""} - {""}:
+                        outside.setdefault(written, []).append((other, cls_name, b))
     todo = list(found)
     while todo:
         parent = todo.pop(0)
-        for other in outside:
-            for cls_name, parents in other._all_bases().items():
-                site = (other.path.resolve(), cls_name)  # type: ignore[union-attr]
-                if site not in found and any(_names(other, b, parent) for b in parents):
-                    found.append(site)
-                    todo.append(site)
+        for other, cls_name, b in outside.get(parent[1], []):
+            site = (_resolved(other), cls_name)
+            if site not in seen and _names(other, b, parent):
+                seen.add(site)
+                found.append(site)
+                todo.append(site)
         if len(found) > MAX_SUBCLASSES:
             raise Incomplete(f"{name} has more than {MAX_SUBCLASSES} subclasses")
     return found
@@ -460,7 +469,7 @@ def _names(module: ModuleSummaries, base: str, parent: Site) -> bool:
     if not _may_name(module, base, parent[1]):
         return False
     hit = module.find_class(base)
-    return hit is not None and hit[1] == parent[1] and hit[0].path is not None and hit[0].path.resolve() == parent[0]
+    return hit is not None and hit[1] == parent[1] and hit[0].path is not None and _resolved(hit[0]) == parent[0]
 
 
 def _search_tree(tree: Path, name: str) -> tuple[Site, ...] | str:
@@ -472,6 +481,7 @@ def _search_tree(tree: Path, name: str) -> tuple[Site, ...] | str:
     if index is None:
         return f"the package {tree} has more than {MAX_TREE_FILES} files"
     found: list[Site] = []
+    seen: set[Site] = set()
     todo = [name]
     while todo:
         parent = todo.pop(0)
@@ -487,7 +497,8 @@ def _search_tree(tree: Path, name: str) -> tuple[Site, ...] | str:
             if why:
                 return why
             site = (header.file.resolve(), header.name)
-            if site not in found:
+            if site not in seen:
+                seen.add(site)
                 found.append(site)
                 todo.append(header.name)
         if len(found) > MAX_SUBCLASSES:
@@ -551,11 +562,19 @@ def _may_name(module: ModuleSummaries, base: str, name: str) -> bool:
 def _reader(module: ModuleSummaries, file: Path) -> ModuleSummaries | None:
     """The summaries of `file` in the analysis `module` belongs to (read now if not yet)."""
     root = module._reading.root
-    if root is not None and root.path is not None and root.path.resolve() == file:
+    if root is not None and root.path is not None and _resolved(root) == file:
         return root
     # read as the file analysed would read one of its imports: found by the search, not through
     # the chain of imports that led to the base (whose depth would bound what it can resolve)
     return (root or module)._read(file, package=True)
+
+
+def _resolved(module: ModuleSummaries) -> Path:
+    """The module's file, resolved once (a read module's path is resolved already)."""
+    key = ("resolved path",)
+    if key not in module.reach_cache:
+        module.reach_cache[key] = module.path.resolve() if module.path is not None else Path()
+    return module.reach_cache[key]
 
 
 def _read_modules(module: ModuleSummaries) -> list[ModuleSummaries]:
