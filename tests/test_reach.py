@@ -56,6 +56,11 @@ def build_routed(kind):
     return cls() if kind else Pure()
 
 
+def make_routed(width, runner_cls=None):
+    cls = runner_cls or Pure
+    return cls()
+
+
 class Block(nn.Module):
     def __init__(self, kind="top2"):
         super().__init__()
@@ -102,6 +107,13 @@ KINDS = {
         "functools.partial(self.writing_method, factor=3.0)",
     ),
     "bound-outside-init": ("pass", "self.late(x)", "self.late = self.pure_method", "self.late = self.writing_method"),
+    # a factory's parameter bound at the call site (vLLM's `runner_cls or Default`)
+    "factory-parameter": (
+        "self.experts = make_routed(16, runner_cls=Pure)",
+        "self.experts(x)",
+        "make_routed(16, runner_cls=Pure)",
+        "make_routed(16, runner_cls=Scales)",
+    ),
 }
 
 
@@ -479,3 +491,33 @@ def test_a_nested_function_rebinding_a_local_nonlocal_leaves_it_unknown():
     assert reach.local_values(func, "cls") is None
     plain = _func("def f():\n    cls = A\n    def other():\n        cls = B\n    return cls\n")
     assert [cst.Module([]).code_for_node(v) for v in reach.local_values(plain, "cls")] == ["A"]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "make_routed(16, runner_cls=cls_from_caller)",  # a local the caller binds some other way
+        "make_routed(16, *extra)",  # any parameter may be set through the spread
+    ],
+)
+def test_a_factory_parameter_bound_to_anything_else_is_not_followed(tmp_path, call):
+    text = model_text("factory-parameter", writing=False).replace(
+        "self.experts = make_routed(16, runner_cls=Pure)",
+        f"cls_from_caller, extra = pick(), ()\n        self.experts = {call}",
+    )
+    path = tmp_path / "factory_parameter_unknown.py"
+    path.write_text(text)
+    with pytest.raises(NothingToDo) as refused:
+        edit(path)
+    assert "self.experts (make_routed, not visible to msrewrite)" in str(refused.value), refused.value
+
+
+def test_a_factory_parameter_left_to_its_default_is_the_default(tmp_path):
+    text = model_text("factory-parameter", writing=False).replace("make_routed(16, runner_cls=Pure)", "make_routed(16)")
+    path = tmp_path / "factory_parameter_default.py"
+    path.write_text(text)
+    assert edit(path).plans[0].trust_boundary == ()
+    path.write_text(text.replace("cls = runner_cls or Pure", "cls = runner_cls or Scales"))
+    with pytest.raises(NothingToDo) as refused:
+        edit(path)
+    assert "writes 'x' in place while the side stream reads it" in str(refused.value), refused.value

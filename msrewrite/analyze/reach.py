@@ -6,8 +6,10 @@
   anything;
 - `class_targets` / `instance_targets`: the classes a class-valued expression or a constructed
   value can be, through factories (`build_fused_moe(...)` returns one of several classes' instances),
-  class-valued variables and helpers (`moe_cls = get_moe_impl_class(cfg)`, `moe_cls(...)`) and `if`
-  expressions.
+  class-valued variables and helpers (`moe_cls = get_moe_impl_class(cfg)`, `moe_cls(...)`), `if`
+  expressions and `a or B`; a factory's parameter is what the call being followed passes
+  (`make(..., runner_cls=Cls)` with `cls = runner_cls or Default`), read in the caller's scope,
+  else its default.
 
 Every target list is complete or None: a branch msrewrite cannot follow makes the whole answer
 None, so a caller resolving a call through these unions every possible callee or calls it
@@ -310,34 +312,68 @@ def _is_none(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Name) and node.value == "None"
 
 
+# a factory's parameter -> what the call binds it to: the argument expression, the file and the
+# function it is written in (its default: the factory's own file, at module level), and the
+# bindings of that function when it is a factory being followed itself
+Bindings = dict[str, tuple["ModuleSummaries", cst.BaseExpression, cst.FunctionDef | None, "Bindings | None"]]
+
+
+def _bound(name: str, home: cst.FunctionDef | None, bound: Bindings | None):
+    """What the call binds the parameter `name` of `home` (the factory being followed) to, when
+    the body never binds it again; None otherwise."""
+    if bound is None or home is None or name not in bound:
+        return None
+    binds = _LocalBinds(home, name)
+    home.visit(binds)
+    return None if binds.values or binds.other or binds.imported else bound[name]
+
+
 def class_targets(
-    owner: ModuleSummaries, expr: cst.BaseExpression, home: cst.FunctionDef | None, hops: int = 0
+    owner: ModuleSummaries,
+    expr: cst.BaseExpression,
+    home: cst.FunctionDef | None,
+    hops: int = 0,
+    bound: Bindings | None = None,
 ) -> list[Target] | None:
     """The classes `expr` (evaluated in `home`, a function of `owner`'s file; None: at module
-    level) may be: a class name, a local bound only to class names, `A if c else B`, a call of a
-    function that returns only classes (`get_moe_impl_class(cfg)`). None when any possibility is
-    not a class msrewrite reads (a registry filled at import time is one: anything may be put in)."""
+    level) may be: a class name, a local bound only to class names, `A if c else B`, `a or B`, a
+    call of a function that returns only classes (`get_moe_impl_class(cfg)`), a parameter of a
+    factory that the call being followed binds to one (`bound`; `None` is no class). None when
+    any possibility is not a class msrewrite reads (a registry filled at import time is one:
+    anything may be put in)."""
     if hops > MAX_HOPS:
         return None
+    if _is_none(expr):
+        return []  # `runner_cls or Default` with runner_cls None: Default
     if isinstance(expr, cst.IfExp):
-        return _union([class_targets(owner, e, home, hops) for e in (expr.body, expr.orelse)])
+        return _union([class_targets(owner, e, home, hops, bound) for e in (expr.body, expr.orelse)])
+    if isinstance(expr, cst.BooleanOperation) and isinstance(expr.operator, cst.Or):
+        return _union([class_targets(owner, e, home, hops, bound) for e in (expr.left, expr.right)])
     if isinstance(expr, cst.Name) and home is not None:
-        bound = local_values(home, expr.value, owner.reach_cache)
-        if bound is None:
+        binding = _bound(expr.value, home, bound)
+        if binding is not None:  # a factory's parameter: what the call passes, in the caller's scope
+            where, given, caller, outer = binding
+            return class_targets(where, given, caller, hops + 1, outer)
+        bound_locally = local_values(home, expr.value, owner.reach_cache)
+        if bound_locally is None:
             return None
-        if not isinstance(bound, _NotLocal):
-            return _union([class_targets(owner, v, home, hops) for v in bound])
+        if not isinstance(bound_locally, _NotLocal):
+            return _union([class_targets(owner, v, home, hops, bound) for v in bound_locally])
     if isinstance(expr, (cst.Name, cst.Attribute)):
         named = dotted_name(expr)
         found = owner.find_class(named) if named else None
         return [found] if found is not None else None
     if isinstance(expr, cst.Call):
-        return _through_function(owner, expr, hops, class_targets)
+        return _through_function(owner, expr, home, hops, class_targets, bound)
     return None
 
 
 def instance_targets(
-    owner: ModuleSummaries, expr: cst.BaseExpression, home: cst.FunctionDef | None, hops: int = 0
+    owner: ModuleSummaries,
+    expr: cst.BaseExpression,
+    home: cst.FunctionDef | None,
+    hops: int = 0,
+    bound: Bindings | None = None,
 ) -> list[Target] | None:
     """The classes whose instance `expr` (evaluated in `home`) may be: a constructor call
     (`Cls(...)`, `moe_cls(...)`, `get_moe_impl_class(cfg)(...)`), a factory call whose every
@@ -348,23 +384,58 @@ def instance_targets(
     if _is_none(expr):
         return []
     if isinstance(expr, cst.IfExp):
-        return _union([instance_targets(owner, e, home, hops) for e in (expr.body, expr.orelse)])
+        return _union([instance_targets(owner, e, home, hops, bound) for e in (expr.body, expr.orelse)])
     if isinstance(expr, cst.Name) and home is not None:
-        bound = local_values(home, expr.value, owner.reach_cache)
-        if bound is None or isinstance(bound, _NotLocal):
+        bound_locally = local_values(home, expr.value, owner.reach_cache)
+        if bound_locally is None or isinstance(bound_locally, _NotLocal):
             return None
-        return _union([instance_targets(owner, v, home, hops) for v in bound])
+        return _union([instance_targets(owner, v, home, hops, bound) for v in bound_locally])
     if not isinstance(expr, cst.Call):
         return None
-    classes = class_targets(owner, expr.func, home, hops)
+    classes = class_targets(owner, expr.func, home, hops, bound)
     if classes is not None:
         return classes
-    return _through_function(owner, expr, hops, instance_targets)
+    return _through_function(owner, expr, home, hops, instance_targets, bound)
 
 
-def _through_function(owner: ModuleSummaries, call: cst.Call, hops: int, follow) -> list[Target] | None:
+def _bindings(
+    owner: ModuleSummaries,
+    call: cst.Call,
+    caller: cst.FunctionDef | None,
+    outer: Bindings | None,
+    where: ModuleSummaries,
+    func: cst.FunctionDef,
+) -> Bindings | None:
+    """What `call` binds each parameter of `func` to: the argument written (in `owner`, inside
+    `caller`), else the parameter's default (in `where`, at module level). None when the call
+    spreads `*args` / `**kwargs` (any parameter may be set there)."""
+    if any(a.star for a in call.args):
+        return None
+    params = func.params
+    positional = [*params.posonly_params, *params.params]
+    out: Bindings = {}
+    for p in (*positional, *params.kwonly_params):
+        if p.default is not None:
+            out[p.name.value] = (where, p.default, None, None)
+    given = [a for a in call.args if a.keyword is None]
+    for p, arg in zip(positional, given, strict=False):
+        out[p.name.value] = (owner, arg.value, caller, outer)
+    for arg in call.args:
+        if arg.keyword is not None:
+            out[arg.keyword.value] = (owner, arg.value, caller, outer)
+    return out
+
+
+def _through_function(
+    owner: ModuleSummaries,
+    call: cst.Call,
+    caller: cst.FunctionDef | None,
+    hops: int,
+    follow,
+    outer: Bindings | None = None,
+) -> list[Target] | None:
     """What a call of a free function msrewrite reads can give: `follow` over each returned value,
-    in the function's own file and scope."""
+    in the function's own file and scope, its parameters bound to what the call passes."""
     named = dotted_name(call.func)
     found = owner.find_function(named) if named else None
     if found is None:
@@ -376,4 +447,5 @@ def _through_function(owner: ModuleSummaries, call: cst.Call, hops: int, follow)
     values = returned_values(func)
     if values is None:
         return None
-    return _union([follow(where, v, func, hops + 1) for v in values if not _is_none(v)])
+    bound = _bindings(owner, call, caller, outer, where, func)
+    return _union([follow(where, v, func, hops + 1, bound) for v in values if not _is_none(v)])

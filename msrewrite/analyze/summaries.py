@@ -31,7 +31,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from msrewrite.analyze import catalogue, declared, packages
+from msrewrite.analyze import catalogue, declared, dispatch, packages
 from msrewrite.analyze.definitions import last_def
 from msrewrite.analyze.defuse import (
     Scope,
@@ -166,6 +166,8 @@ class _Reading:
     # never runs there and is not read (analyze/platforms.py); None reads every branch
     mode: str | None = None
     skipped_tests: set[str] = field(default_factory=set)  # the platform tests whose code was left out
+    root: ModuleSummaries | None = None  # the file analysed (analyze/dispatch.py searches its classes too)
+    checked_trees: set[Path] = field(default_factory=set)  # package trees dispatch.refresh looked at
 
 
 class ModuleSummaries:
@@ -201,7 +203,7 @@ class ModuleSummaries:
         # `op = torch.library.custom_op("ns::op", mutates_args=...)(impl)` at module level: op ->
         # impl's def with that registration as its decorator (function_summary reads it so)
         self.registered_ops: dict[str, cst.FunctionDef] = {}
-        self._reading = _reading if _reading is not None else _Reading(mode=mode)
+        self._reading = _reading if _reading is not None else _Reading(mode=mode, root=self)
         self._platform_names: dict[str, str] | None = None
         self._text: str | None = None  # see _code
         for stmt in _top_level(module.body):
@@ -509,17 +511,18 @@ class ModuleSummaries:
     ) -> tuple[ModuleSummaries, str, cst.FunctionDef] | None:
         """Method `name` of `cls` (or a base), also from a base class imported from another
         module: (the module that defines it, its class there, the method)."""
-        if cls in seen or cls not in self.classes:
+        mine = (id(self), cls)  # a base may have the subclass's name in another module
+        if mine in seen or cls not in self.classes:
             return None
         found = self._method(cls, name)
         if found is not None:
             return self, found[0], found[1]
         for base in self._bases(cls):
             if base in self.classes:
-                hit = self._inherited(base, name, seen | {cls})
+                hit = self._inherited(base, name, seen | {mine})
             else:
                 where = self.find_class(base)
-                hit = where[0]._inherited(where[1], name, seen | {cls}) if where is not None else None
+                hit = where[0]._inherited(where[1], name, seen | {mine}) if where is not None else None
             if hit is not None:
                 return hit
         return None
@@ -583,12 +586,40 @@ class ModuleSummaries:
             return None
         owner, base, method = hit
         clash = self._overridden(cls, owner, base)
-        if clash is not None:
-            return _unknown(
-                call, f"{label} ({base}.{name} uses self.{clash}, which {cls} overrides; not visible to msrewrite)"
-            )
         receiver = call.func if name == "forward" or not isinstance(call.func, cst.Attribute) else call.func.value
+        if clash is not None:
+            if not self._portable(method, owner):
+                return _unknown(
+                    call, f"{label} ({base}.{name} uses self.{clash}, which {cls} overrides; not visible to msrewrite)"
+                )
+            # read again as a method of `cls`: its `self.<name>`s are what `cls` makes of them
+            summary = self.function_summary(cls, method)
+            return _apply(summary, call, f"{label} ({base}.{name}, on {cls})", owner.package or self.package, receiver)
         return _apply(owner.function_summary(base, method), call, f"{label} ({base}.{name})", owner.package, receiver)
+
+    def _portable(self, method: cst.FunctionDef, home: ModuleSummaries) -> bool:
+        """Whether `method`, written in module `home`, means the same read in this module: each
+        module-level name it uses is the same import in both (`torch`), and it uses no `super()`
+        or `__class__` (they name its own class)."""
+        if opaque_decorator(method) is not None:
+            return False
+        local = {
+            p.name.value for p in (*method.params.posonly_params, *method.params.params, *method.params.kwonly_params)
+        }
+        local |= {p.name.value for p in (method.params.star_arg, method.params.star_kwarg) if isinstance(p, cst.Param)}
+        local |= _rebound_names(method)
+        for name in _loaded_names(method.body) - local - {"self"}:
+            if name in ("super", "__class__") or any(name in m.functions or name in m.classes for m in (home, self)):
+                return False
+            if name in BUILTIN_NAMES and not any(name in m.imports or name in m.module_imports for m in (home, self)):
+                continue
+            mine, theirs = self.module_imports.get(name), home.module_imports.get(name)
+            if mine is not None and mine == theirs:
+                continue
+            mine_from, theirs_from = self.imports.get(name), home.imports.get(name)
+            if mine_from is None or mine_from != theirs_from or mine_from[0] != 0:
+                return False
+        return True
 
     def _external_bases(self, cls: str) -> list[str]:
         """Bases that are neither same-file classes nor torch's nn.Module (they may define methods)."""
@@ -1286,9 +1317,16 @@ class ModuleSummaries:
         values = list(self.attribute_values(cls).get(head) or [])
         for sub in self.subclasses(cls):  # a subclass's __init__ may put another module there
             values += [v for v in self.attribute_values(sub).get(head, []) if not any(v is w for w in values)]
-        hooks = self._hooks(cls, head) if values and not rest else []
+        inherited_stores = self._external_stores(cls, head)  # what a base in another module puts there
+        hooks = self._hooks(cls, head) if (values or inherited_stores) and not rest else []
+        hooks += [h for m, base, _ in inherited_stores if not rest for h in m._hooks(base, head)]
         if hooks:
             return _unknown(call, f"{label} (a hook runs in its call, {hooks[0]}; not visible to msrewrite)")
+        if inherited_stores:
+            effects = [self._inherited_store_call(call, cls, head, label, element, rest, *s) for s in inherited_stores]
+            if values:
+                effects.append(self._resolve_stored(call, cls, head, label, element, rest, values))
+            return _union(effects)
         if not values and not element and not rest:
             inherited = self._inherited_effect(call, cls, head, label)
             if inherited is not None:
@@ -1297,17 +1335,142 @@ class ModuleSummaries:
             extra = self._external_bases(cls)
             where = f"{extra[0]}" if extra else "not assigned in __init__"
             return _unknown(call, f"{label} ({where}, not visible to msrewrite)")
+        return self._resolve_stored(call, cls, head, label, element, rest, values)
+
+    def _resolve_stored(
+        self,
+        call: cst.Call,
+        cls: str,
+        head: str,
+        label: str,
+        element: bool,
+        rest: str,
+        values: list[cst.BaseExpression],
+    ) -> CallEffect:
+        """Calling what `self.<head>` holds, when the methods of `cls` (and its same-file bases and
+        subclasses) store `values` there."""
         added = self.element_values(cls, head)  # `self.layers.append(X())`, `self.routers[k] = X()`
         effects = []
         for value in self._through_self_aliases(cls, values):
-            effect = self._module_value(call, value, label, element, rest, added, cls)
+            effect = self._module_value(call, value, label, element, rest, added, cls, head)
             if effect is not None:
                 effects.append(effect)
         if not effects and rest:
             # `self.input_ready = None` in __init__, `self.input_ready.wait()` in forward: None has
             # no methods, so the object is set elsewhere (by a caller, at run time)
             return _unknown(call, f"{label} (None in __init__, set elsewhere; not visible to msrewrite)")
-        return _union(effects)
+        return _union(effects) if effects else CallEffect()
+
+    def _external_stores(
+        self, cls: str, attr: str, seen: frozenset = frozenset()
+    ) -> list[tuple[ModuleSummaries, str, list[cst.BaseExpression]]]:
+        """(module, base, values) for each base of `cls` in another module (through same-file
+        bases, and those bases' own) whose methods store `self.<attr>`: `Base.__init__` sets it
+        before the subclass's `__init__` may set it again on some path only, so a call of it may
+        run either."""
+        out: list[tuple[ModuleSummaries, str, list[cst.BaseExpression]]] = []
+        for base in self._bases(cls):
+            key = (id(self), base)
+            if key in seen:
+                continue
+            if base in self.classes:
+                out += self._external_stores(base, attr, seen | {key})
+                continue
+            where = self.find_class(base)
+            if where is None or (id(where[0]), where[1]) in seen:
+                continue  # not read (nn.Module, or past the bounds): as before, what it stores is not known
+            module, name = where
+            stored = module.attribute_values(name).get(attr)
+            if stored:
+                out.append((module, name, list(stored)))
+            out += module._external_stores(name, attr, seen | {key, (id(module), name)})
+        return out
+
+    def _inherited_store_call(
+        self,
+        call: cst.Call,
+        cls: str,
+        head: str,
+        label: str,
+        element: bool,
+        rest: str,
+        module: ModuleSummaries,
+        base: str,
+        values: list[cst.BaseExpression],
+    ) -> CallEffect:
+        """Calling `self.<head>` of a `cls` instance as base `base` (of `module`) stores it. A value
+        naming `self.<name>` that `cls` redefines is not what the base's own context would resolve."""
+        effects: list[CallEffect] = []
+        left: list[cst.BaseExpression] = []
+        for value in values:  # a bound method of the object: looked up on `cls`, not on `base`
+            found = self._dispatched(call, value, cls) if not element and not rest else None
+            if found is not None:
+                effects.append(found)
+            else:
+                left.append(value)
+        if not left:
+            return _union(effects)
+        values = left
+        mine = self._own_names(cls, module, base)
+        for value in values:
+            used = {n.attr.value for n in _self_attributes(value)}
+            clash = sorted(used & mine)
+            if clash:
+                why = f"set by {base} from {_short(value)}, which uses self.{clash[0]}, which {cls} overrides"
+                return _unknown(call, f"{label} ({why}; not visible to msrewrite)")
+        stored = module._resolve_stored(call, base, head, f"{label} (as {base} sets it)", element, rest, values)
+        return _union([*effects, stored])
+
+    def _method_on(self, cls: str, name: str) -> tuple[ModuleSummaries, str, cst.FunctionDef] | None:
+        """Method `name` as an instance of `cls` finds it: this file's classes first, then bases
+        in other modules (the module and class that define it, the def)."""
+        found = self._method(cls, name)
+        return (self, found[0], found[1]) if found is not None else self._inherited(cls, name)
+
+    def _dispatched(self, call: cst.Call, value: cst.BaseExpression, cls: str) -> CallEffect | None:
+        """Calling `value` stored as a bound method of a `cls` instance: `self.forward_cuda`, or
+        `self.dispatch_forward()` whose every return is one (SGLang's CustomOp picks
+        `self._forward_method` per platform in its `__init__`). Each is looked up on `cls` (a
+        subclass's override is what runs) and the call is the union of calling them. None for any
+        other value, or when a method named there is not one `cls` has."""
+        if isinstance(value, cst.Attribute) and _is_name(value.value, "self"):
+            targets = [value.attr.value]
+        elif (
+            isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and _is_name(value.func.value, "self")
+        ):
+            found = self._method_on(cls, value.func.attr.value)
+            returned = returned_values(found[2]) if found is not None and not found[2].decorators else None
+            if not returned or not all(
+                isinstance(r, cst.Attribute) and _is_name(r.value, "self") or _is_name(r, "None") for r in returned
+            ):
+                return None
+            targets = [r.attr.value for r in returned if isinstance(r, cst.Attribute)]
+        else:
+            return None
+        if not targets or any(self._method_on(cls, t) is None for t in targets):
+            return None
+        return _union(
+            [
+                self._resolve_self(call.with_changes(func=cst.Attribute(value=_SELF, attr=cst.Name(t))), cls, t)
+                for t in targets
+            ]
+        )
+
+    def _own_names(self, cls: str, module: ModuleSummaries, base: str, seen: frozenset = frozenset()) -> set[str]:
+        """The methods and attributes `cls` and its bases below `base` (of `module`) define, in
+        this module and the modules of bases in between: what `self.<name>` in `base` may mean
+        instead of what `base`'s own context says."""
+        key = (id(self), cls)
+        if key in seen or (self is module and cls == base) or cls not in self.classes:
+            return set()
+        node = self.classes[cls]
+        mine = set(self.attribute_values(cls))
+        mine |= {s.name.value for s in node.body.body if isinstance(s, cst.FunctionDef)} - {"__init__"}
+        for parent in self._bases(cls):
+            where = (self, parent) if parent in self.classes else self.find_class(parent)
+            if where is not None:
+                mine |= where[0]._own_names(where[1], module, base, seen | {key})
+        return mine
 
     def _through_self_aliases(self, cls: str, values: list[cst.BaseExpression]) -> list[cst.BaseExpression]:
         """`self.shared_mlp = self.shared_experts`: what the other attribute holds, followed until
@@ -1336,6 +1499,7 @@ class ModuleSummaries:
         rest: str,
         added: list[cst.BaseExpression] | None = None,
         cls: str | None = None,
+        attr: str | None = None,
     ) -> CallEffect | None:
         """Calling what `self.<attr>` holds when a method of `cls` sets it to `value` (with
         `element`, an element of it: `self.routers[k](x)`, where `added` are the values put into
@@ -1343,7 +1507,13 @@ class ModuleSummaries:
         if isinstance(value, cst.Name) and value.value == "None":
             return None
         if isinstance(value, cst.IfExp):
-            parts = [self._module_value(call, v, label, element, rest, None, cls) for v in (value.body, value.orelse)]
+            home = self._stored_in.get(id(value))
+            if home is not None:  # each branch is stored by the same method
+                self._stored_in.setdefault(id(value.body), home)
+                self._stored_in.setdefault(id(value.orelse), home)
+            parts = [
+                self._module_value(call, v, label, element, rest, None, cls, attr) for v in (value.body, value.orelse)
+            ]
             return _union([p for p in parts if p is not None])
         if isinstance(value, cst.Subscript) and dotted_name(value.value) in ACTIVATION_TABLES:
             return CallEffect()  # ACT2FN["silu"]: a functional activation
@@ -1367,8 +1537,28 @@ class ModuleSummaries:
         if isinstance(value, cst.Call):
             if is_stream_object(value) and not element and rest in ORDERING_METHODS:
                 return CallEffect(stream=True, barrier=True)  # self.comm_stream = torch.npu.Stream()
-            return self._constructed_value(call, value, label, element, rest, added or [])
+            return self._constructed_value(call, value, label, element, rest, added or [], cls, attr)
+        declared_base = self._declared_base_call(call, value, label, element, rest, cls, attr)
+        if declared_base is not None:
+            return declared_base
         return _unknown(call, f"{label} (set from {_short(value)}, not visible to msrewrite)")
+
+    def _declared_base_call(
+        self,
+        call: cst.Call,
+        value: cst.BaseExpression,
+        label: str,
+        element: bool,
+        rest: str,
+        cls: str | None,
+        attr: str | None,
+    ) -> CallEffect | None:
+        """Calling `self.<attr>` holding `value` of a class no source names, when its base is
+        declared (an annotation): the union over the base's subclasses (analyze/dispatch.py)."""
+        if element or cls is None or attr is None:
+            return None
+        home = self._stored_in.get(id(value))
+        return dispatch.call_through_base(self, call, value, label, rest, cls, attr, home, _union, _unknown)
 
     def _locally_imported_class(self, name: str, home: cst.FunctionDef | None) -> tuple[ModuleSummaries, str] | None:
         """A class `home` imports inside its body (`from ..unquant import UnquantizedLinearMethod`
@@ -1388,6 +1578,9 @@ class ModuleSummaries:
         self.forward_a8w8`) or to `functools.partial` of one or of a function msrewrite reads,
         whose bound arguments are constants or `self.<chain>`s (anything else may be a local of
         the binding method, which the call site cannot name). None: not such a value."""
+        dispatched = self._dispatched(call, value, cls)
+        if dispatched is not None:
+            return dispatched
         args: list[cst.Arg] = []
         if isinstance(value, cst.Call) and self._is_partial(value.func):
             if not value.args or value.args[0].star or value.args[0].keyword is not None:
@@ -1427,6 +1620,8 @@ class ModuleSummaries:
         element: bool,
         rest: str,
         added: list[cst.BaseExpression] | None = None,
+        cls: str | None = None,
+        attr: str | None = None,
     ) -> CallEffect:
         """Calling (or indexing, or a method of) `self.<attr>` set from a constructor call `value`;
         an element of a ModuleList / ModuleDict / Sequential is any of its items (those it is built
@@ -1479,6 +1674,9 @@ class ModuleSummaries:
                     for where, name in targets
                 ]
             )
+        declared_base = self._declared_base_call(call, value, label, element, rest, cls, attr)
+        if declared_base is not None:
+            return declared_base
         return _unknown(call, f"{label} ({ctor or _short(value.func)}, not visible to msrewrite)")
 
     def _instance_call(
@@ -2698,3 +2896,36 @@ def _self_chains(func: cst.FunctionDef) -> tuple[set[str], set[str]] | None:
 
     func.body.visit(_Chains())
     return None if bare else (chains, calls)
+
+
+def _self_attributes(node: cst.CSTNode) -> list[cst.Attribute]:
+    """Every `self.<name>` in `node`."""
+    found: list[cst.Attribute] = []
+
+    class _Attrs(Visitor):
+        def visit_Attribute(self, n: cst.Attribute) -> None:
+            if isinstance(n.value, cst.Name) and n.value.value == "self":
+                found.append(n)
+
+    node.visit(_Attrs())
+    return found
+
+
+def _loaded_names(node: cst.CSTNode) -> set[str]:
+    """The variable names `node` mentions (not attribute fields, not keyword names)."""
+    found: set[str] = set()
+
+    class _Names(Visitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            found.add(n.value)
+
+        def visit_Attribute(self, n: cst.Attribute) -> bool:
+            n.value.visit(self)
+            return False
+
+        def visit_Arg(self, n: cst.Arg) -> bool:
+            n.value.visit(self)
+            return False
+
+    node.visit(_Names())
+    return found
