@@ -680,6 +680,42 @@ def _span(stmt: cst.BaseStatement | cst.BaseSmallStatement, positions) -> Source
     return SourceSpan(where.start.line, where.end.line, statement_source(stmt))
 
 
+def _check_simple_layer(found, layer_label: str) -> None:
+    """The first loop shape (`h = layer(h)`) forks a copy of the forward: the layer takes the
+    hidden states alone."""
+    if not found.loop.simple:
+        return
+    params = found.layer_forward.params
+    if (
+        len(params.params) != 2
+        or params.star_arg not in (None, cst.MaybeSentinel.DEFAULT)
+        or params.kwonly_params
+        or params.posonly_params
+        or params.star_kwarg is not None
+    ):
+        raise NotApplicable(f"{layer_label}: micro-batching needs a layer forward(self, hidden_states)")
+
+
+def _check_layer_returns(layer_forward: cst.FunctionDef, layer_label: str) -> None:
+    last = layer_forward.body.body[-1]
+    ret = last.body[0] if isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1 else None
+    if not isinstance(ret, cst.Return) or ret.value is None:
+        raise NothingToDo(f"{layer_label}: micro-batching needs the layer to end with `return <tensor>`")
+
+
+def _plan_notes(found, args, deep, second_group: str | None) -> str:
+    """The summary's notes: comm stages one module deeper, the second group, threaded, split and
+    shared values."""
+    threaded = [name for name in found.loop.targets if name != found.loop.carried]
+    split_note = [source_ for _param, source_ in args.split[1:] if source_ not in threaded]
+    notes = f"; comm stages through {', '.join(dict.fromkeys(deep.deep_calls))}()" if deep.deep_calls else ""
+    notes += f"; micro-batch 1 over self.{second_group}" if second_group else ""
+    notes += f"; each micro-batch threads its own {', '.join(threaded)}" if threaded else ""
+    notes += f"; split with the batch: {', '.join(split_note)}" if split_note else ""
+    notes += f"; shared by both: {', '.join(p for p, _ in args.shared)}" if args.shared else ""
+    return notes
+
+
 def microbatch_plan(
     module: cst.Module,
     *,
@@ -707,16 +743,7 @@ def microbatch_plan(
         raise BadInput(str(exc)) from None
     found = locate_model(module, target)
     layer_label = f"{found.layer}.forward"
-    if found.loop.simple:
-        params = found.layer_forward.params
-        if (
-            len(params.params) != 2
-            or params.star_arg not in (None, cst.MaybeSentinel.DEFAULT)
-            or params.kwonly_params
-            or params.posonly_params
-            or params.star_kwarg is not None
-        ):
-            raise NotApplicable(f"{layer_label}: micro-batching needs a layer forward(self, hidden_states)")
+    _check_simple_layer(found, layer_label)
     if second_group is not None:
         second_group = existing_attribute(found.layer_cls, second_group, "--second-comm-group")
     deep = DeepCollectives(
@@ -731,10 +758,7 @@ def microbatch_plan(
             f"forward: --second-comm-group moves micro-batch 1's collectives to self.{second_group}, "
             f"but those inside {deep.deep_calls[0]}() take their group from the submodule"
         )
-    last = found.layer_forward.body.body[-1]
-    ret = last.body[0] if isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1 else None
-    if not isinstance(ret, cst.Return) or ret.value is None:
-        raise NothingToDo(f"{layer_label}: micro-batching needs the layer to end with `return <tensor>`")
+    _check_layer_returns(found.layer_forward, layer_label)
     shared_write(found.layer_forward, layer_label, deep, shared=tuple(p for p, _ in args.shared))
     source = text if text is not None else module.code
     layer_positions = positions_for(module, layer_label, found.layer_forward, source)
@@ -748,13 +772,7 @@ def microbatch_plan(
     contexts = [
         f"{_context_name(w)} (the `with` around the layer loop)" for w in found.loop.withs if not is_transparent(w)
     ]
-    threaded = [name for name in found.loop.targets if name != found.loop.carried]
-    split_note = [source_ for param, source_ in args.split[1:] if source_ not in threaded]
-    state_note = f"; each micro-batch threads its own {', '.join(threaded)}" if threaded else ""
-    state_note += f"; split with the batch: {', '.join(split_note)}" if split_note else ""
-    state_note += f"; shared by both: {', '.join(p for p, _ in args.shared)}" if args.shared else ""
-    deep_note = f"; comm stages through {', '.join(dict.fromkeys(deep.deep_calls))}()" if deep.deep_calls else ""
-    group_note = f"; micro-batch 1 over self.{second_group}" if second_group else ""
+    notes = _plan_notes(found, args, deep, second_group)
     return MicrobatchPlan(
         case=case,
         file=str(path) if path is not None else "",
@@ -771,7 +789,7 @@ def microbatch_plan(
         second_group=second_group or "",
         summary=(
             f"{found.model} runs self.{found.loop.attr} as two micro-batches: {len(stages)} stages per "
-            f"{found.layer}, {sum(s.comm for s in stages)} on the comm stream{deep_note}{group_note}{state_note}"
+            f"{found.layer}, {sum(s.comm for s in stages)} on the comm stream{notes}"
         ),
         trust_boundary=tuple(sorted(deep.unseen)) + tuple(contexts),
         assume_pure=tuple(assume_pure),

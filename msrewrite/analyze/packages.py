@@ -19,6 +19,7 @@ modification time.
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import field
 from functools import lru_cache
@@ -394,8 +395,15 @@ def _bound_names(node) -> list[str]:
 def module_platform_names(text: str) -> dict[str, str]:
     """Module-level names bound once, to a platform helper call (`_is_npu = is_npu()`), and never
     bound again anywhere in the file: not by another assignment, a `global`, an import, a loop,
-    a parameter or a local of the same name (which would shadow it in that function)."""
+    a parameter or a local of the same name (which would shadow it in that function). A file
+    that calls no helper (`is_npu()`, `current_platform.is_cuda()`...) is not parsed for it."""
+    if not _HELPER_CALL.search(text):
+        return {}
     return text_facts(text)[1]
+
+
+# a call of a platform helper with no arguments, as platforms.helper_platform knows them
+_HELPER_CALL = re.compile(r"is_(?:npu|npu_arch35|cuda|cuda_alike|hip|rocm|cpu|xpu|hpu|musa|mps|tpu)\(\s*\)")
 
 
 def platform_names_in(tree, counts: dict[str, int] | None = None) -> dict[str, str]:

@@ -182,7 +182,9 @@ class ModuleSummaries:
         _depth: int = 0,
         _package: bool = False,
         mode: str | None = None,
+        text: str | None = None,
     ) -> None:
+        """`text`: the file's source when the caller has it (else rendered from `module` when needed)."""
         self.assume_pure = set(assume_pure)
         self.assumed: set[str] = set()  # names the reviewer vouched for that were used
         self.path = path
@@ -205,7 +207,7 @@ class ModuleSummaries:
         self.registered_ops: dict[str, cst.FunctionDef] = {}
         self._reading = _reading if _reading is not None else _Reading(mode=mode, root=self)
         self._platform_names: dict[str, str] | None = None
-        self._text: str | None = None  # see _code
+        self._text: str | None = text  # see _code
         for stmt in _top_level(module.body):
             if isinstance(stmt, cst.ClassDef):
                 self.classes[stmt.name.value] = stmt
@@ -991,7 +993,7 @@ class ModuleSummaries:
         if mode is None:
             return frozenset()
         if self._platform_names is None:  # the user's file (a read module has its index's)
-            self._platform_names = packages.text_facts(self._code())[1]
+            self._platform_names = packages.module_platform_names(self._code())
         blocks = other_platform_blocks(func, mode, self._platform_names)
         if blocks:
             self._reading.skipped_tests |= platform_tests(func, blocks)

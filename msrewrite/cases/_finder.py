@@ -171,11 +171,12 @@ class _CallFinder:
             text,
         )
         source = text if text is not None else module.code
+        self.source = source
         self.calls = self_calls(source)
         self.seeds_of = _SeedsPerClass(
             module, branch.is_seed if branch is not None else case.is_seed, self.calls, source
         )
-        self.summaries = ModuleSummaries(module, options.assume_pure, path=path, mode=options.mode)
+        self.summaries = ModuleSummaries(module, options.assume_pure, path=path, mode=options.mode, text=source)
         self._platform_names: dict[str, str] | None = None
 
     def targets(self) -> list[Target]:
@@ -258,7 +259,7 @@ class _CallFinder:
     def _this_platform(self, func: cst.FunctionDef, calls: list[cst.Call]) -> list[cst.Call]:
         """`calls` (made in `func`) less those in blocks that never run on the edit's platform."""
         if self._platform_names is None:
-            self._platform_names = module_platform_names(self.text if self.text is not None else self.module.code)
+            self._platform_names = module_platform_names(self.source)
         blocks = other_platform_blocks(func, self.options.mode, self._platform_names)
         return outside(calls, blocks) if blocks else calls
 
@@ -310,7 +311,9 @@ class _CallFinder:
                 clone, protect = clone or lift_clone, protect or lift_clone
                 try:
                     if new:
-                        summaries = ModuleSummaries(self.module, tuple(vouched), path=self.path, mode=self.options.mode)
+                        summaries = ModuleSummaries(
+                            self.module, tuple(vouched), path=self.path, mode=self.options.mode, text=self.source
+                        )
                     self._side_branch(name, func, cls, is_seed, positions, summaries, protect)
                 except (NoBranch, OverBudget) as again:
                     if isinstance(again, NoBranch) and again.structural:

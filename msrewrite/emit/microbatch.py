@@ -71,6 +71,37 @@ class _Group(cst.CSTTransformer):
         return updated.with_changes(args=[*args, cst.Arg(keyword=cst.Name("group"), value=group, equal=equal)])
 
 
+def _microbatch_signature(params: cst.Parameters, split: tuple[str, ...], stores: set[str]) -> tuple[str, list[str]]:
+    """(forward_microbatch's parameters: a pair per split parameter, the others as the layer's
+    forward has them; the shared parameters the body rebinds, each micro-batch getting its own)."""
+    kept = [
+        code_of(p.with_changes(comma=cst.MaybeSentinel.DEFAULT)).strip()
+        for p in params.params[1:]
+        if p.name.value not in split
+    ]
+    if params.kwonly_params:
+        kept.append("*")
+        kept += [code_of(p.with_changes(comma=cst.MaybeSentinel.DEFAULT)).strip() for p in params.kwonly_params]
+    if params.star_kwarg is not None:
+        kept.append(f"**{params.star_kwarg.name.value}")
+    signature = ", ".join(["self", *(f"{p}_mb{k}" for p in split for k in (0, 1)), *kept])
+    rebound = [
+        p.name.value
+        for p in (*params.params[1:], *params.kwonly_params, *([params.star_kwarg] if params.star_kwarg else []))
+        if p.name.value not in split and p.name.value in stores
+    ]
+    return signature, rebound
+
+
+def _stage_order(count: int) -> list[tuple[int, int]]:
+    """(stage, micro-batch) in issue order: micro-batch 1 one stage behind micro-batch 0."""
+    order: list[tuple[int, int]] = [(0, 0)]
+    for i in range(1, count):
+        order += [(i, 0), (i - 1, 1)]
+    order.append((count - 1, 1))
+    return order
+
+
 def layer_microbatch_method(
     func: cst.FunctionDef,
     api: str,
@@ -90,25 +121,7 @@ def layer_microbatch_method(
     body = _body(func)
     stores = {n for s in body for n in node_facts(s).stores}
     local = set(split) | stores
-    params = func.params
-    kept = [
-        code_of(p.with_changes(comma=cst.MaybeSentinel.DEFAULT)).strip()
-        for p in params.params[1:]
-        if p.name.value not in split
-    ]
-    if params.kwonly_params:
-        kept.append("*")
-        kept += [code_of(p.with_changes(comma=cst.MaybeSentinel.DEFAULT)).strip() for p in params.kwonly_params]
-    if params.star_kwarg is not None:
-        kept.append(f"**{params.star_kwarg.name.value}")
-    signature = ", ".join(["self", *(f"{p}_mb{k}" for p in split for k in (0, 1)), *kept])
-    # a parameter both micro-batches share that the body rebinds: each gets its own copy to rebind
-    rebound = [
-        p.name.value
-        for p in (*params.params[1:], *params.kwonly_params, *([params.star_kwarg] if params.star_kwarg else []))
-        if p.name.value not in split and p.name.value in stores
-    ]
-
+    signature, rebound = _microbatch_signature(func.params, split, stores)
     lines = [
         f"def forward_microbatch({signature}):",
         '    """forward for two micro-batches: collectives on the comm stream, one micro-batch behind (msrewrite)."""',
@@ -123,10 +136,7 @@ def layer_microbatch_method(
             f"    comm_stream_mb1 = _ms_side_stream({literal(stream_tag + '_mb1')})",
             "    comm_stream_mb1.wait_stream(current_stream)",
         ]
-    order: list[tuple[int, int]] = [(0, 0)]
-    for i in range(1, len(stages)):
-        order += [(i, 0), (i - 1, 1)]
-    order.append((len(stages) - 1, 1))
+    order = _stage_order(len(stages))
     produced_on: dict[tuple[int, int], str] = {}  # (stage, mb) -> event name recorded after it
     header = cst.parse_statement("\n".join(lines) + "\n    pass\n")
     assert isinstance(header, cst.FunctionDef) and isinstance(header.body, cst.IndentedBlock)
@@ -371,9 +381,9 @@ def _model_init(model_cls: cst.ClassDef) -> cst.FunctionDef:
     return init
 
 
-def microbatch_edit(module: cst.Module, plan: MicrobatchPlan, text: str | None = None, dim: int = 0) -> cst.Module:
-    """The module with `plan` carried out: the forked micro-batch path for the model's layer loop.
-    BadInput when the plan does not match the file (stale), or cannot be emitted here."""
+def _checked_target(module: cst.Module, plan: MicrobatchPlan, text: str | None):
+    """The plan's loop and layer in `module` (stale_plan), or BadInput: inside a fullgraph region, or
+    a second group the layer never sets."""
     found = stale_plan(module, plan, text)
     for qualified in (plan.function, plan.layer):
         compiled = frameworks.fullgraph_region(module, qualified, text)
@@ -382,27 +392,17 @@ def microbatch_edit(module: cst.Module, plan: MicrobatchPlan, text: str | None =
                 f"{qualified} runs inside a torch.compile fullgraph region ({compiled}): stream code there "
                 "would be traced into the graph; vLLM keeps its own stream code inside a custom op"
             )
-    second_group = plan.second_group or None
-    if second_group is not None and second_group not in assigned_attributes(found.layer_cls):
-        raise BadInput(f"plan for {plan.function}: {found.layer} never sets self.{second_group} (second_group)")
-    source = text if text is not None else module.code
-    positions = positions_for(module, plan.layer, found.layer_forward, source)
-    by_line = {positions[s].start.line: s for s in _body(found.layer_forward)}
-    stages = [Stage(stage.comm, [by_line[st.first_line] for st in stage.statements]) for stage in plan.stages]
-    api = "torch.cuda" if plan.mode == "cuda" else "torch.npu"
-    args = layer_arguments(
-        found.loop, found.layer_forward, found.forward, plan.function, plan.split_args, plan.shared_args
-    )
-    split = tuple(param for param, _ in args.split)
-    layer_method = layer_microbatch_method(found.layer_forward, api, plan.stream_tag, stages, second_group, split)
-    in_place = _forks_in_place(found, args, plan.function)
+    if plan.second_group and plan.second_group not in assigned_attributes(found.layer_cls):
+        raise BadInput(f"plan for {plan.function}: {found.layer} never sets self.{plan.second_group} (second_group)")
+    return found
 
-    roots = frameworks.imported_roots(module)
-    init = _model_init(found.model_cls)
-    switch, init_lines, extras = _flag_lines(plan, init, roots)
+
+def _fork_condition(module, plan: MicrobatchPlan, found, args, switch: str, roots, extras) -> tuple[str, str]:
+    """(the test that takes the micro-batch path, ", in <gate>" or ""): the switch, the rows of every
+    value split with the batch (else the original loop runs), and the framework's phase predicate."""
     condition = f"_ms_microbatch({switch}, {found.loop.carried})"
     others = [source for _, source in args.split[1:]]
-    if others:  # each value split with the batch must have its rows: else the original loop runs
+    if others:
         condition += f" and _ms_same_batch({', '.join([found.loop.carried, *others])})"
         extras["helpers"].append("_ms_same_batch")
     when = ""
@@ -413,6 +413,26 @@ def microbatch_edit(module: cst.Module, plan: MicrobatchPlan, text: str | None =
         extras["from_imports"] += [i for i in needed if i not in extras["from_imports"]]
         condition += f" and {predicate}"
         when = f", in {plan.flag.gate}"
+    return condition, when
+
+
+def microbatch_edit(module: cst.Module, plan: MicrobatchPlan, text: str | None = None, dim: int = 0) -> cst.Module:
+    """The module with `plan` carried out: the forked micro-batch path for the model's layer loop.
+    BadInput when the plan does not match the file (stale), or cannot be emitted here."""
+    found = _checked_target(module, plan, text)
+    positions = positions_for(module, plan.layer, found.layer_forward, text if text is not None else module.code)
+    by_line = {positions[s].start.line: s for s in _body(found.layer_forward)}
+    stages = [Stage(stage.comm, [by_line[st.first_line] for st in stage.statements]) for stage in plan.stages]
+    api = "torch.cuda" if plan.mode == "cuda" else "torch.npu"
+    args = layer_arguments(
+        found.loop, found.layer_forward, found.forward, plan.function, plan.split_args, plan.shared_args
+    )
+    split = tuple(param for param, _ in args.split)
+    layer_method = layer_microbatch_method(found.layer_forward, api, plan.stream_tag, stages, plan.second_group, split)
+    in_place = _forks_in_place(found, args, plan.function)
+    roots = frameworks.imported_roots(module)
+    switch, init_lines, extras = _flag_lines(plan, _model_init(found.model_cls), roots)
+    condition, when = _fork_condition(module, plan, found, args, switch, roots, extras)
     frameworks.check_own_bindings(module, extras["from_imports"])
     dispatch = [
         f"# msrewrite({plan.case}): two micro-batches on two streams when enabled{when} (forward_microbatch);",
