@@ -49,12 +49,14 @@ class FusedMoE(nn.Module):
 class SparseMoeBlock(nn.Module):
     def __init__(self, hidden_size=64, intermediate_size=32, num_experts=8, top_k=2):
         super().__init__()
+        self.post_attention_layernorm = nn.LayerNorm(hidden_size)
         self.gate = nn.Linear(hidden_size, num_experts, bias=False)
         self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size)
         self.shared_expert = SharedExpert(hidden_size, 2 * intermediate_size)
 
     def forward(self, hidden_states):
         num_tokens, hidden_dim = hidden_states.shape
+        hidden_states = self.post_attention_layernorm(hidden_states)
         router_logits = self.gate(hidden_states)
         shared_output = self.shared_expert(hidden_states)
         # the fused routed experts overwrite hidden_states with their output

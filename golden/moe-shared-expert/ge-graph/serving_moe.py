@@ -29,39 +29,6 @@ def _ms_env_flag(name, default):
     return value in ("1", "true", "yes", "on")
 
 
-def _ms_can_snapshot(*values):
-    """True when _ms_snapshot copies all of `values` that could be written: tensors, immutable
-    values (None, numbers, strings, dtypes, devices) and plain tuples, lists and dicts of these.
-    Any other object may hold state a snapshot cannot copy: the original single-stream code runs."""
-    for value in values:
-        if type(value) in (tuple, list) or (isinstance(value, tuple) and hasattr(value, "_fields")):
-            if not _ms_can_snapshot(*value):
-                return False
-        elif type(value) is dict:
-            if not _ms_can_snapshot(*value.values()):
-                return False
-        elif not isinstance(
-            value, (torch.Tensor, type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
-        ):
-            return False
-    return True
-
-
-def _ms_snapshot(value):
-    """A copy of `value` for the side stream to read while the main path may write the original:
-    tensors are cloned, also inside tuples, lists and dicts; immutable values are returned as they
-    are (_ms_can_snapshot has checked there is nothing else)."""
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple keeps its type
-        return type(value)(*(_ms_snapshot(v) for v in value))
-    if type(value) in (tuple, list):
-        return type(value)(_ms_snapshot(v) for v in value)
-    if type(value) is dict:
-        return {k: _ms_snapshot(v) for k, v in value.items()}
-    return value
-
-
 def _ms_torchair_config(config):
     """Record whether torchair compiles GE graphs with `config`, and return it:
     torchair.get_npu_backend(compiler_config=_ms_torchair_config(config)).
@@ -126,6 +93,7 @@ class FusedMoE(nn.Module):
 class SparseMoeBlock(nn.Module):
     def __init__(self, hidden_size=64, intermediate_size=32, num_experts=8, top_k=2):
         super().__init__()
+        self.post_attention_layernorm = nn.LayerNorm(hidden_size)
         self.gate = nn.Linear(hidden_size, num_experts, bias=False)
         self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size)
         self.shared_expert = SharedExpert(hidden_size, 2 * intermediate_size)
@@ -133,14 +101,15 @@ class SparseMoeBlock(nn.Module):
         self.enable_moe_shared_expert_stream = _ms_env_flag("ENABLE_MOE_SHARED_EXPERT_STREAM", True)
 
     def forward(self, hidden_states):
+        num_tokens, hidden_dim = hidden_states.shape
+        hidden_states = self.post_attention_layernorm(hidden_states)
         # msrewrite(moe-shared-expert): the shared expert runs on side stream "shared_expert" during the routed experts.
-        use_shared_expert_stream = _ms_graph_streams(self.enable_moe_shared_expert_stream and _ms_can_snapshot(hidden_states))
+        use_shared_expert_stream = _ms_graph_streams(self.enable_moe_shared_expert_stream)
         if use_shared_expert_stream:
             # msrewrite(moe-shared-expert): the main path may write hidden_states before the join: the side stream reads a copy.
-            hidden_states_side = _ms_snapshot(hidden_states)
+            hidden_states_side = hidden_states.clone()
             with torchair.scope.npu_stream_switch("shared_expert", 0):
                 shared_output = self.shared_expert(hidden_states_side)
-        num_tokens, hidden_dim = hidden_states.shape
         router_logits = self.gate(hidden_states)
         if not use_shared_expert_stream:
             shared_output = self.shared_expert(hidden_states)

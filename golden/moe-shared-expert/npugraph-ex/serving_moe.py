@@ -69,39 +69,6 @@ def _ms_record_stream(stream, *values):
             _ms_record_stream(stream, *value)
 
 
-def _ms_can_snapshot(*values):
-    """True when _ms_snapshot copies all of `values` that could be written: tensors, immutable
-    values (None, numbers, strings, dtypes, devices) and plain tuples, lists and dicts of these.
-    Any other object may hold state a snapshot cannot copy: the original single-stream code runs."""
-    for value in values:
-        if type(value) in (tuple, list) or (isinstance(value, tuple) and hasattr(value, "_fields")):
-            if not _ms_can_snapshot(*value):
-                return False
-        elif type(value) is dict:
-            if not _ms_can_snapshot(*value.values()):
-                return False
-        elif not isinstance(
-            value, (torch.Tensor, type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
-        ):
-            return False
-    return True
-
-
-def _ms_snapshot(value):
-    """A copy of `value` for the side stream to read while the main path may write the original:
-    tensors are cloned, also inside tuples, lists and dicts; immutable values are returned as they
-    are (_ms_can_snapshot has checked there is nothing else)."""
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple keeps its type
-        return type(value)(*(_ms_snapshot(v) for v in value))
-    if type(value) in (tuple, list):
-        return type(value)(_ms_snapshot(v) for v in value)
-    if type(value) is dict:
-        return {k: _ms_snapshot(v) for k, v in value.items()}
-    return value
-
-
 def fused_experts(hidden_states, w13, w2, topk_weights, topk_ids, inplace=False):
     """Every routed expert in one call; with `inplace=True` the result overwrites `hidden_states`."""
     out = torch.zeros_like(hidden_states)
@@ -142,6 +109,7 @@ class FusedMoE(nn.Module):
 class SparseMoeBlock(nn.Module):
     def __init__(self, hidden_size=64, intermediate_size=32, num_experts=8, top_k=2):
         super().__init__()
+        self.post_attention_layernorm = nn.LayerNorm(hidden_size)
         self.gate = nn.Linear(hidden_size, num_experts, bias=False)
         self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size)
         self.shared_expert = SharedExpert(hidden_size, 2 * intermediate_size)
@@ -153,11 +121,13 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert_events = _ms_stream_events(self.shared_expert_stream)
 
     def forward(self, hidden_states):
+        num_tokens, hidden_dim = hidden_states.shape
+        hidden_states = self.post_attention_layernorm(hidden_states)
         # msrewrite(moe-shared-expert): the shared expert runs on side stream "shared_expert" during the routed experts.
-        shared_expert_stream = _ms_capture_safe(self.shared_expert_stream) if _ms_can_snapshot(hidden_states) else None
+        shared_expert_stream = _ms_capture_safe(self.shared_expert_stream)
         if shared_expert_stream is not None:
             # msrewrite(moe-shared-expert): the main path may write hidden_states before the join: the side stream reads a copy.
-            hidden_states_side = _ms_snapshot(hidden_states)
+            hidden_states_side = hidden_states.clone()
             fork_event, join_event = self.shared_expert_events
             _ms_record_stream(shared_expert_stream, hidden_states_side)
             fork_event.record()
@@ -165,7 +135,6 @@ class SparseMoeBlock(nn.Module):
                 fork_event.wait()
                 shared_output = self.shared_expert(hidden_states_side)
                 join_event.record()
-        num_tokens, hidden_dim = hidden_states.shape
         router_logits = self.gate(hidden_states)
         if shared_expert_stream is None:
             shared_output = self.shared_expert(hidden_states)
