@@ -1221,7 +1221,10 @@ class ModuleSummaries:
             return None
         if self._vouched(named, named.split(".")[-1]):
             return _vouched_effect(call)
-        return _unknown(call, f"{named} (a local or parameter `{head}` of the function: not visible to msrewrite)")
+        module_level = (*self.functions, *self.classes, *self.imports, *self.module_imports, *self.registered_ops)
+        if head in module_level:  # say why the module's own `head` was not read
+            return _unknown(call, f"{named} (a local or parameter `{head}` of the function: not visible to msrewrite)")
+        return _unknown(call, f"{named} (not visible to msrewrite)")
 
     def _resolve_own_name(self, call: cst.Call, name: str) -> CallEffect | None:
         """`name(...)` for a function this file defines, or a class it can find; None otherwise."""
