@@ -128,7 +128,9 @@ def test_qwen3_next_and_longcat_plan_details(analyses) -> None:
         None,
         text=src.text,
     )
-    assert qwen.with_changes(file=case_plan.file) == case_plan
+    # the same plan; apply's summary also says which --side placement it chose
+    assert case_plan.summary.startswith(qwen.summary + "; --side shared")
+    assert qwen.with_changes(file=case_plan.file, summary=case_plan.summary) == case_plan
     longcat = analyses["longcat"].candidates[0].plan
     assert longcat.side_outputs == ("shortcut_mlp_output",)
     assert longcat.inputs_rebound_before_join == ("hidden_states",)
