@@ -169,13 +169,24 @@ def test_plan_differing_from_the_finder_is_refused_and_lifetimes_come_from_the_a
 
 
 def test_suggest_never_proposes_what_apply_refuses() -> None:
-    analysis = analyze(FIXTURE, device=profile("a3"), static=True)
+    from msrewrite.analyze.stmtgraph import set_vouched
+
+    try:
+        set_vouched((), "none")  # as apply --protect none: no snapshot lifts the view's write
+        analysis = analyze(FIXTURE, device=profile("a3"), static=True)
+    finally:
+        set_vouched((), "auto")
     functions = {c.plan.function for c in analysis.candidates}
     assert functions == {"Safe.forward"}  # every unsafe shape above is refused, with a reason
     # (ForkIsJoin's calls are all in one statement: not even a choice; these two reach the finder)
     assert {r["function"] for r in analysis.refused} >= {"ConditionalShared.forward", "ViewAlias.forward"}
     (top,) = analysis.candidates
     assert top.case == "moe-shared-expert"
+    # with apply's default (--protect auto) the view's write is lifted by a snapshot, as apply does
+    protected = analyze(FIXTURE, device=profile("a3"), static=True)
+    (view,) = [c.plan for c in protected.candidates if c.plan.function == "ViewAlias.forward"]
+    assert view.protect_inputs == ("x",)
+    assert "ConditionalShared.forward" not in {c.plan.function for c in protected.candidates}
 
 
 def _statically_suggested(files: list[Path]):
@@ -202,7 +213,9 @@ def test_generic_plan_through_apply_plan_verifies(tmp_path: Path) -> None:
     analysis = analyze(FIXTURE, device=profile("a3"), static=True)
     plan_file = tmp_path / "plans.json"
     plan_file.write_text(json.dumps({"candidates": [c.to_dict() for c in analysis.candidates]}))
-    result = run_main("apply", "--plan", str(plan_file), "--candidate", "1", str(FIXTURE), "--verify")
+    # the fixture's make() builds Safe: verify runs that one
+    rank = 1 + [c.plan.function for c in analysis.candidates].index("Safe.forward")
+    result = run_main("apply", "--plan", str(plan_file), "--candidate", str(rank), str(FIXTURE), "--verify")
     assert result.returncode == 0, result.stderr
     assert "+            with torch.npu.stream(" in result.stdout
 
