@@ -49,8 +49,16 @@ def _apply(case: str, mode: str, path: Path) -> str | None:
 
     src = load(path)
     try:
-        steps = case_steps(
-            path, src.text, src.module, case, mode, None, FlagSpec(name=require_case(case).flag_name), None
+        steps = case_steps(  # apply's default --protect auto, as the codemod has
+            path,
+            src.text,
+            src.module,
+            case,
+            mode,
+            None,
+            FlagSpec(name=require_case(case).flag_name),
+            None,
+            protect="auto",
         )
     except NothingToDo:
         return None
