@@ -312,14 +312,15 @@ def test_a_lookalike_name_is_not_answered(tmp_path, imports, call, extra):
     assert not plans and "may write 'x'" in refusal, refusal
 
 
-def test_names_a_package_module_binds_are_read_from_its_source(tmp_path):
-    from msrewrite.analyze.summaries import _ast_bound_names
+def test_names_a_package_module_binds_are_read_from_its_index(tmp_path):
+    from msrewrite.analyze import packages
 
     path = tmp_path / "mod.py"
     path.write_text("import re\nimport shlex as sh\ndef f(re, *a, **k):\n    for s in a:\n        pass\n    q = 1\n")
-    assert _ast_bound_names(path) == {"f", "re", "a", "k", "s", "q"}
+    index = packages.index_file(path)
+    assert index is not None and index.bound_besides_imports == {"f", "re", "a", "k", "s", "q"}
     path.write_text("def (:\n")
-    assert "anything" in _ast_bound_names(path)  # a file that does not parse may bind any name
+    assert packages.index_file(path) is None  # a file that does not parse is not read at all
 
 
 @pytest.mark.parametrize("call", ["os.readv(3, [x.numpy()])", "os.preadv(3, [x.numpy()], 0)"])

@@ -24,7 +24,7 @@ import sys
 from dataclasses import field
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from msrewrite.analyze import platforms
 from msrewrite.records import record
@@ -194,6 +194,8 @@ class SourceIndex:
     # {...}`): see `container_globals`
     containers: frozenset[str] = frozenset()
     platform_names: dict[str, str] = field(default_factory=dict)  # see module_platform_names
+    # names the module binds anywhere other than by an import (summaries.bound_names)
+    bound_besides_imports: frozenset[str] = frozenset()
 
     parsed: dict = field(default_factory=dict)  # name -> its libcst node (None: does not parse alone)
 
@@ -298,9 +300,10 @@ def _index(text: str) -> SourceIndex:
                 _note_patch(index, stmt)
 
     visit(tree.body)
-    counts = binding_counts(tree)
+    counts, imported = binding_walk(tree)
     index.containers = container_globals(tree, counts)
     index.platform_names = platform_names_in(tree, counts)
+    index.bound_besides_imports = frozenset(name for name, n in counts.items() if n > imported.get(name, 0))
     return index
 
 
@@ -347,13 +350,51 @@ def container_globals(tree, counts: dict[str, int] | None = None) -> frozenset[s
 def binding_counts(tree) -> dict[str, int]:
     """How many times the file binds each name, anywhere (an assignment, `global`, import,
     parameter, definition, `except ... as`, a match capture): one walk of an `ast` tree."""
+    return binding_walk(tree)[0]
+
+
+def binding_walk(tree) -> tuple[dict[str, int], dict[str, int]]:
+    """(binding_counts, the same counted for import statements alone): one walk, dispatched on the
+    node's type (the walk visits every node of every module a run reads)."""
     import ast
 
     counts: dict[str, int] = {}
+    imported: dict[str, int] = {}
+    node: Any  # dispatched on its exact type below
     for node in ast.walk(tree):
-        for name in _bound_names(node):
+        kind = type(node)
+        if kind is ast.Name:
+            if type(node.ctx) is not ast.Load:
+                counts[node.id] = counts.get(node.id, 0) + 1
+            continue
+        names: list[str] | tuple[str, ...] = ()
+        if kind is ast.alias:
+            name = node.asname or node.name.split(".")[0]
+            imported[name] = imported.get(name, 0) + 1
+            names = (name,)
+        elif kind is ast.arg:
+            names = (node.arg,)
+        elif kind in _DEFINITIONS:
+            names = (node.name,)
+        elif kind is ast.Global or kind is ast.Nonlocal:
+            names = node.names
+        elif kind in _CAPTURES and node.name:
+            names = (node.name,)
+        elif kind is ast.MatchMapping and node.rest:
+            names = (node.rest,)
+        for name in names:
             counts[name] = counts.get(name, 0) + 1
-    return counts
+    return counts, imported
+
+
+def _ast_kinds(*names: str) -> tuple[type, ...]:
+    import ast
+
+    return tuple(getattr(ast, n) for n in names)
+
+
+_DEFINITIONS = _ast_kinds("FunctionDef", "AsyncFunctionDef", "ClassDef")
+_CAPTURES = _ast_kinds("ExceptHandler", "MatchAs", "MatchStar")
 
 
 @lru_cache(maxsize=8)
@@ -371,27 +412,6 @@ def text_facts(text: str) -> tuple[frozenset[str], dict[str, str]]:
 
 
 # platform tests (analyze/platforms.py) --------------------------------------------------------
-def _bound_names(node) -> list[str]:
-    """The names an `ast` node binds (an assignment target, a `global`, an import, a parameter...)."""
-    import ast
-
-    if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
-        return [node.id]
-    if isinstance(node, (ast.Global, ast.Nonlocal)):
-        return list(node.names)
-    if isinstance(node, ast.alias):
-        return [node.asname or node.name.split(".")[0]]
-    if isinstance(node, ast.arg):
-        return [node.arg]
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return [node.name]
-    if isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
-        return [node.name]
-    if isinstance(node, ast.MatchMapping) and node.rest:
-        return [node.rest]
-    return []
-
-
 def module_platform_names(text: str) -> dict[str, str]:
     """Module-level names bound once, to a platform helper call (`_is_npu = is_npu()`), and never
     bound again anywhere in the file: not by another assignment, a `global`, an import, a loop,
@@ -403,7 +423,7 @@ def module_platform_names(text: str) -> dict[str, str]:
 
 
 # a call of a platform helper with no arguments, as platforms.helper_platform knows them
-_HELPER_CALL = re.compile(r"is_(?:npu|npu_arch35|cuda|cuda_alike|hip|rocm|cpu|xpu|hpu|musa|mps|tpu)\(\s*\)")
+_HELPER_CALL = re.compile(r"\bis_(?:npu|npu_arch35|cuda|cuda_alike|hip|rocm|cpu|xpu|hpu|musa|mps|tpu)\(\s*\)")
 
 
 def platform_names_in(tree, counts: dict[str, int] | None = None) -> dict[str, str]:

@@ -23,7 +23,6 @@ arguments", and the summary names it so a refusal can say what msrewrite could n
 
 from __future__ import annotations
 
-import ast
 import builtins
 import dataclasses
 from dataclasses import field
@@ -899,8 +898,9 @@ class ModuleSummaries:
         if self._bound is None:
             if self._tree.body or self.path is None:
                 self._bound = frozenset(_bound_besides_imports(self._tree))
-            else:  # a package's module, read as an index: its source, once
-                self._bound = _ast_bound_names(self.path)
+            else:  # a package's module, read as an index: what the index counted
+                index = packages.index_file(self.path)
+                self._bound = index.bound_besides_imports if index is not None else _EVERY_NAME
         return self._bound
 
     def _op_declaration(self, ns: str, op: str) -> tuple[declared.Declaration | None, str]:
@@ -1861,29 +1861,6 @@ def _rebound_names(func: cst.FunctionDef) -> set[str]:
 
     func.body.visit(_Binds())
     return found
-
-
-def _ast_bound_names(path: Path) -> frozenset[str]:
-    """`_bound_besides_imports` for a file read with `ast` (every name when it does not parse)."""
-    try:
-        tree = ast.parse(path.read_bytes())
-    except (OSError, SyntaxError, ValueError, RecursionError):
-        return _EVERY_NAME
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            found.add(node.id)
-        elif isinstance(node, ast.arg):
-            found.add(node.arg)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            found.add(node.name)
-        elif isinstance(node, ast.Global):
-            found.update(node.names)
-        elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
-            found.add(node.name)
-        elif isinstance(node, ast.MatchMapping) and node.rest:
-            found.add(node.rest)
-    return frozenset(found)
 
 
 class _EveryName(frozenset):
