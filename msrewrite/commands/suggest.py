@@ -55,15 +55,52 @@ def run_suggest(
     protect: str = "",
 ) -> int:
     from msrewrite import validate
-    from msrewrite.analyze.stmtgraph import set_vouched
+    from msrewrite.analyze.stmtgraph import set_vouched, vouched
     from msrewrite.plan import PROTECT_CHOICES, protect_choice
-    from msrewrite.suggest.profiles import profile
 
     try:
         validate.vouching(protect, assume_pure, PROTECT_CHOICES)
     except ValueError as exc:
         raise BadInput(str(exc)) from None
+    previous = vouched()  # this run's, not the process's: a caller's next analysis is its own
     set_vouched(assume_pure, protect_choice(protect))
+    try:
+        return _suggest(
+            files=files,
+            static=static,
+            harness=harness,
+            target=target,
+            input_shape=input_shape,
+            device=device,
+            json_out=json_out,
+            report=report,
+            phase=phase,
+            jobs=jobs,
+            quiet=quiet,
+            timeout=timeout,
+            profile_json=profile_json,
+        )
+    finally:
+        set_vouched(*previous)
+
+
+def _suggest(
+    *,
+    files: list[Path],
+    static: bool,
+    harness: str | None,
+    target: str | None,
+    input_shape: str | None,
+    device: str,
+    json_out: bool,
+    report: Path | None,
+    phase: str,
+    jobs: int,
+    quiet: bool,
+    timeout: float,
+    profile_json: Path | None,
+) -> int:
+    from msrewrite.suggest.profiles import profile
 
     try:
         device_profile = profile(device)
