@@ -11,13 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from msrewrite.emit.engine import apply_plans
-from msrewrite.emit.schedules import ScheduleSource
-from msrewrite.load import load
-from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement
 from msrewrite.verify import verify_files
-
-FLAG = FlagSpec(kind="env", name="ENABLE_MOE_SHARED_EXPERT_STREAM")
+from test_reach import forced  # the shared expert beside the routed call, as `apply --plan` forces it
 
 MODEL = """import torch
 from torch import nn
@@ -76,27 +71,6 @@ def make():
     block.experts.inplace = INPLACE
     return block, (torch.randn(2, 8, 16),)
 """
-
-
-def forced(path: Path) -> tuple[str, ScheduleSource]:
-    """The shared expert beside the routed call, as a reviewer could force it with `apply --plan`."""
-    src = load(path)
-    lines = src.text.splitlines()
-    side = next(i for i, line in enumerate(lines, 1) if "s = self.shared_experts(x)" in line)
-    plan = OverlapPlan(
-        case="generic",
-        file=str(path),
-        function="Block.forward",
-        side=(SideStatement(side, side, lines[side - 1].strip()),),
-        fork_line=side,
-        join_line=side + 2,
-        side_inputs=("x",),
-        side_outputs=("s",),
-        stream_tag="side",
-        flag=FLAG,
-        mode="eager",
-    )
-    return apply_plans(src.module, [plan], src.text).code, ScheduleSource(src.text, [plan])
 
 
 def verify_forced(tmp_path: Path, inplace: bool, harness_file: bool):
