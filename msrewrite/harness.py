@@ -36,6 +36,7 @@ from typing import Any, NoReturn
 import torch
 
 from msrewrite.errors import BadInput, MsrewriteError
+from msrewrite.registrations import kept_registrations
 
 TOKENS = 8  # sequence length of the example input
 _unique = itertools.count()
@@ -235,12 +236,14 @@ def load_module(path: Path, package: str | None = None, name: str | None = None)
     if folder is not None:
         sys.path.insert(0, folder)
     try:
-        spec.loader.exec_module(module)
+        with kept_registrations():
+            spec.loader.exec_module(module)
     except BaseException as exc:
         sys.modules.pop(name, None)
         if isinstance(exc, KeyboardInterrupt):
             raise
-        raise BadInput(f"cannot import {path}: {one_line(exc)}") from None
+        reason = str(exc) if isinstance(exc, BadInput) else one_line(exc)
+        raise BadInput(f"cannot import {path}: {reason}") from None
     finally:
         if folder is not None and folder in sys.path:
             sys.path.remove(folder)
