@@ -271,6 +271,8 @@ SNAPSHOT_FIXES = [
     "inplace_relu_submodule",
     "inplace_torch_fn",
     "list_element_alias",
+    "local_attribute_method",
+    "local_object_method",
     "out_argument",
     "outlier_clamp",
     "router_clamps_input",

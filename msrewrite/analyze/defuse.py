@@ -27,10 +27,12 @@ from msrewrite.analyze.torch_effects import (
     METADATA_ATTRS,
     CallEffect,
     dotted,
+    is_inplace_name,
     is_ordering_call,
     is_stream_object,
     torch_call_effect,
 )
+from msrewrite.analyze.torch_names import TENSOR_METHODS
 from msrewrite.analyze.walk import Visitor
 from msrewrite.records import record
 
@@ -148,6 +150,11 @@ class Scope:
     # nested def -> (its parameters in order, those it may write in place): bound at each call
     closure_params: dict[str, tuple[tuple[str, ...], frozenset[str]]] = field(default_factory=dict)
     modules: dict[str, str] = field(default_factory=dict)  # local name -> "self.experts[]"
+    # locals that may hold an object other than a tensor, with the value they were bound to:
+    # `acc = self.acc`, `acc = get_acc()`, `ops = Ops()`. A method called on one is that object's
+    # method (`acc.add(x, h)` may be `Acc.add`, which may write x), never a tensor method by name.
+    # Flow-insensitive: once bound so, a later tensor binding of the name does not clear it.
+    receivers: dict[str, cst.BaseExpression] = field(default_factory=dict)
     # `self.<attr>` names the class's `__init__` assigns (submodules, tensors, config); None when
     # there is no class: `self.<other>(...)` is then a method, whose reads of module state are unseen
     state_attrs: frozenset[str] | None = None
@@ -191,6 +198,9 @@ class Scope:
             call = call.with_changes(args=expanded)
         if isinstance(call.func, cst.Name) and call.func.value in self.closures:
             return CallEffect()  # its writes are added at the call site (free variables)
+        receiver = self._object_receiver(call) if self.resolver is not None else None
+        if receiver is not None:
+            return self._object_method_effect(call, receiver)
         known = torch_call_effect(call, self.local_names, self.module_names)
         if known is not None:
             return known
@@ -209,6 +219,39 @@ class Scope:
         if self.resolver is None:
             return CallEffect()
         return self.resolver(call, self)
+
+    def _object_receiver(self, call: cst.Call) -> cst.BaseExpression | None:
+        """What `name` was bound to, for `name.method(...)` on a local that may hold an object."""
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)):
+            return None
+        name = func.value.value
+        if name in self.stream_locals or name in self.work_locals or name in self.modules:
+            return None
+        return self.receivers.get(name)
+
+    def _object_method_effect(self, call: cst.Call, receiver: cst.BaseExpression) -> CallEffect:
+        """`acc.add(x, h)` with `acc = self.acc`: the call `self.acc.add(x, h)`, which the resolver
+        reads (a tensor attribute's method or the attribute's class's method); with `acc = get_acc()`
+        the method of whatever the call returned, which only the resolver may know."""
+        func = cst.ensure_type(call.func, cst.Attribute)
+        rewritten = call.with_changes(func=func.with_changes(value=receiver))
+        if isinstance(receiver, cst.Attribute):
+            return self.effect_of(rewritten)
+        assert self.resolver is not None
+        resolved = self.resolver(rewritten, self)
+        method = func.attr.value
+        if not (resolved.unknown and is_inplace_name(method) and method in TENSOR_METHODS):
+            return resolved
+        # `out = fused_experts(x); out.mul_(2)`: whatever `out` is, the call writes it in place, as
+        # the tensor method does; what else it may write is its arguments
+        effect = torch_call_effect(call, self.local_names, self.module_names) or CallEffect()
+        values = {id(arg.value) for arg in call.args}
+        extra = [(e, why) for e, why in resolved.may_writes if id(e) in values]
+        effect.may_writes.extend(extra)
+        if extra:
+            effect.unknown.extend(resolved.unknown)
+        return effect
 
 
 # nn.Module's own tables of its state: `self._buffers["bias"]` is module state, any of it
@@ -409,6 +452,7 @@ class _Collector(Visitor):
                 if isinstance(node.value, cst.Call) and (dotted(node.value.func) or "").startswith("_ms_"):
                     self.scope.own_streams.add(name)
             self._store_target(target.target, node.value)
+            self._bind_receiver(target.target, node.value)
             if isinstance(node.value, cst.Call) and isinstance(target.target, (cst.Name, cst.Tuple)):
                 effect = self.scope.effect_of(node.value)
                 if effect.pending_writes or effect.pending_reads:
@@ -428,6 +472,33 @@ class _Collector(Visitor):
         if node.value is not None:
             node.value.visit(self)
         return False
+
+    def _bind_receiver(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+        """Note a local that may hold an object other than a tensor (Scope.receivers): one bound to
+        `self.<attr>` (the resolver knows the attribute), or to a call that is not a known torch
+        function or tensor method and not a call of a submodule (`Acc()`, `get_acc()`)."""
+        if not isinstance(target, cst.Name) or target.value in self.scope.receivers:
+            return
+        if isinstance(value, cst.Attribute):
+            name = dotted_name(value)
+            if name is not None and name.startswith("self.") and value.attr.value not in METADATA_ATTRS:
+                self.scope.receivers[target.value] = value
+        elif isinstance(value, cst.Call) and self._object_call(value):
+            self.scope.receivers[target.value] = value
+
+    def _object_call(self, call: cst.Call) -> bool:
+        """A call whose result may be an object: a function or class (`get_acc()`, `Acc()`,
+        `fused_experts(x)` msrewrite cannot see), or a method not named like a tensor method
+        (`pool.get_buffer()`), that no torch table knows."""
+        func = call.func
+        name = dotted(func)
+        if name is not None and (name.startswith("_ms_") or (name.startswith("self.") and name.count(".") == 1)):
+            return False  # msrewrite's own helpers; a submodule or method of self
+        if isinstance(func, cst.Name) and func.value in self.scope.modules:
+            return False  # expert(x), with expert = self.experts[i]
+        if isinstance(func, cst.Attribute) and func.attr.value in TENSOR_METHODS:
+            return False  # self.scale.view(-1): the receiver's method, read where it is called
+        return torch_call_effect(call, self.scope.local_names, self.scope.module_names) is None
 
     def _rebind(self, target: cst.BaseExpression) -> None:
         """`obj.a = v` / `obj.a += v` / `del obj.a` rebinds attribute `a` of the object."""
