@@ -231,20 +231,19 @@ class Scope:
         return self.receivers.get(name)
 
     def _object_method_effect(self, call: cst.Call, receiver: cst.BaseExpression) -> CallEffect:
-        """`acc.add(x, h)` with `acc = self.acc`: the call `self.acc.add(x, h)`, which the resolver
-        reads (a tensor attribute's method or the attribute's class's method); with `acc = get_acc()`
-        the method of whatever the call returned, which only the resolver may know."""
+        """`acc.add(x, h)` with `acc = self.acc` is the call `self.acc.add(x, h)`, which the resolver
+        reads (a tensor attribute's method or the attribute's class's method). With `acc = get_acc()`
+        it is a method of whatever the call returned: the resolver's answer for a local's method
+        (unknown, named `acc.add`, which --assume-pure takes). An in-place tensor method
+        (`out.mul_(2)`) writes `out` all the same; what else it may write is its arguments."""
         func = cst.ensure_type(call.func, cst.Attribute)
-        rewritten = call.with_changes(func=func.with_changes(value=receiver))
         if isinstance(receiver, cst.Attribute):
-            return self.effect_of(rewritten)
+            return self.effect_of(call.with_changes(func=func.with_changes(value=receiver)))
         assert self.resolver is not None
-        resolved = self.resolver(rewritten, self)
+        resolved = self.resolver(call, self)
         method = func.attr.value
         if not (resolved.unknown and is_inplace_name(method) and method in TENSOR_METHODS):
             return resolved
-        # `out = fused_experts(x); out.mul_(2)`: whatever `out` is, the call writes it in place, as
-        # the tensor method does; what else it may write is its arguments
         effect = torch_call_effect(call, self.local_names, self.module_names) or CallEffect()
         values = {id(arg.value) for arg in call.args}
         extra = [(e, why) for e, why in resolved.may_writes if id(e) in values]
