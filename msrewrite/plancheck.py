@@ -196,10 +196,45 @@ def check_plan(
 ) -> OverlapPlan:
     """`check_plan_in` for the plan's function in `module` (whose source is `text` when known,
     read from `path`, whose sibling modules the summaries may read)."""
+    if plan.placement == "routed":
+        return _check_routed(module, plan, text, path, protect)
     located = locate(module, plan.function)
     scope = summaries_scope(module, plan.function, plan.assume_pure, path)
     positions = positions_for(module, plan.function, located.func, text)
     return check_plan_in(located.func, positions, plan, scope=scope, protect=protect)
+
+
+def _check_routed(
+    module: cst.Module, plan: OverlapPlan, text: str | None, path: Path | None, protect: bool | None
+) -> OverlapPlan:
+    """A --side routed plan, derived again the way `apply --case CASE --side routed` derives it
+    (the case finds its shared-expert branch, cases/_placement.py swaps the two sets) and held
+    against the plan like any other: the plan chooses only what a user may choose."""
+    from msrewrite.cases import get_case
+
+    case = get_case(plan.case)
+    if case is None or "--side" not in {option.name for option in case.options}:
+        raise NoBranch(f"plan for {plan.function}: --side routed plans belong to a case that takes --side")
+    locate(module, plan.function)  # a stale plan: BadInput, as for any other
+    options = Options(
+        mode=plan.mode,
+        flag=plan.flag,
+        stream_tag=plan.stream_tag,
+        start_gates=plan.start_gates,
+        phase_anchors=plan.phase_anchors,
+        core_limits=plan.core_limits,
+        protect="auto" if (plan.protect_inputs if protect is None else protect) else "none",
+        assume_pure=plan.assume_pure,
+        allow_rng_reorder=plan.allow_rng_reorder,
+        extra={"side": "routed"},
+    )
+    targets = [t for t in case.find(path or Path(plan.file), module, options, text) if t.function == plan.function]
+    derived = next((t.plan for t in targets if t.plan is not None), None)
+    if derived is None:
+        reason = next((t.reason for t in targets if t.reason), "")
+        raise NoBranch(reason or f"{plan.case} finds no shared-expert branch in {plan.function}")
+    _same_shape(plan, derived)
+    return derived.with_changes(file=plan.file, case_branch=plan.case_branch, summary=plan.summary or derived.summary)
 
 
 def _same_shape(plan: OverlapPlan, derived: OverlapPlan) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers import ROOT, run_main
+from msrewrite.analyze.branch import NoBranch
 from msrewrite.commands.apply import case_steps
 from msrewrite.emit.schedules import ScheduleSource
 from msrewrite.errors import NothingToDo
@@ -384,14 +385,33 @@ def test_apply_prints_the_placement_and_why(tmp_path):
     assert "--side routed (as asked; --side shared moves the shared expert instead)" in done.stderr
 
 
-def test_a_routed_plan_file_is_not_carried_out_as_a_shared_one(tmp_path):
-    """apply --plan re-derives a plan through the branch finder, which finds the shared expert's
-    branch: a routed plan is refused there in one line rather than carried out another way."""
+def test_a_routed_plan_file_is_carried_out_as_apply_side_routed_makes_it(tmp_path):
+    """apply --plan derives a routed plan again the way `apply --case --side routed` does (the
+    case's shared-expert branch, swapped) and holds the file's plan against it: the same edit."""
+    from msrewrite.plancheck import check_plan
+
     step, _, original = edit(tmp_path, ROUTED_MOE)
+    plan = step.plans[0]
+    src = load(original)
+    checked = check_plan(src.module, OverlapPlan.from_json(plan.to_json()), src.text, original)
+    assert checked.placement == "routed" and checked.side == plan.side and checked.protect_inputs == ("hidden_states",)
     plans = tmp_path / "plans.json"
-    plans.write_text(step.plans[0].to_json())
+    plans.write_text(plan.to_json())
     done = run_main("apply", "--plan", str(plans), str(original))
-    assert done.returncode == 2 and "--side routed" in done.stderr, done.stderr
+    assert done.returncode == 0, done.stderr
+    assert "self.shared_experts(hidden_states_side)" in done.stdout
+
+
+def test_a_routed_plan_that_moves_other_work_is_refused(tmp_path):
+    from msrewrite.plancheck import check_plan
+
+    step, _, original = edit(tmp_path, ROUTED_MOE)
+    plan = step.plans[0]
+    src = load(original)
+    with pytest.raises(NoBranch, match="is not side work|also needs"):
+        check_plan(src.module, plan.with_changes(side=plan.side[:-1]), src.text, original)
+    with pytest.raises(NoBranch, match="forks at line"):
+        check_plan(src.module, plan.with_changes(fork_line=plan.fork_line - 1), src.text, original)
 
 
 # --- every routed edit verifies ---------------------------------------------------------------------------
