@@ -34,6 +34,10 @@ def get_acc():
     return Acc()
 
 
+def get_pair():
+    return Acc(), None
+
+
 class Block(nn.Module):
     def __init__(self):
         super().__init__()
@@ -74,6 +78,12 @@ def test_a_local_bound_to_an_attribute_is_read_as_the_attributes_method(tmp_path
     assert "writes 'x' in place while the side stream reads it" in str(refused.value), refused.value
     step = edit(tmp_path, "acc = self.acc", PURE)  # Acc.add seen into: pure, no snapshot, no boundary
     assert step.plans[0].protect_inputs == () and step.plans[0].trust_boundary == ()
+
+
+def test_each_part_of_an_unpacked_call_is_an_object(tmp_path):
+    with pytest.raises(NothingToDo) as refused:
+        edit(tmp_path, "acc, _unused = get_pair()", PURE)
+    assert "acc.add (not visible to msrewrite)" in str(refused.value), refused.value
 
 
 def test_a_rebinding_through_its_own_method_ends(tmp_path):

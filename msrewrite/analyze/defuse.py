@@ -476,6 +476,13 @@ class _Collector(Visitor):
         """Note a local that may hold an object other than a tensor (Scope.receivers): one bound to
         `self.<attr>` (the resolver knows the attribute), or to a call that is not a known torch
         function or tensor method and not a call of a submodule (`Acc()`, `get_acc()`)."""
+        if isinstance(target, (cst.Tuple, cst.List)):  # `cache, meta = make_cache()`: each part
+            if isinstance(value, cst.Call) and self._object_call(value):
+                for element in target.elements:
+                    part = element.value
+                    if isinstance(part, cst.Name) and part.value not in self.scope.receivers:
+                        self.scope.receivers[part.value] = value
+            return
         if not isinstance(target, cst.Name) or target.value in self.scope.receivers:
             return
         if isinstance(value, cst.Attribute):
