@@ -125,6 +125,9 @@ def test_adversarial_model(tmp_path, name):
         return
     assert not result.ok, f"{name} ({how}) verified clean"
     assert any(re.search(expect, p) for p in result.problems), (how, result.problems)
+    # the analysis saw it too: apply refused (with --protect none) and the marked plan was forced;
+    # an unsafe edit apply made itself is the worst bug, even when verify catches it
+    assert how == "forced", f"{name}: apply edited an unsafe model (caught by verify only)"
     # when a schedule shows the race, it names the main statement whose effect leaked
     text = (MODELS / f"{name}.py").read_text()
     named = [p for p in result.problems if "main statement at line" in p]
@@ -255,6 +258,7 @@ def test_rng_model_refused_without_the_option_and_caught_when_forced(tmp_path):
 # clean where the forced plan without the copy does not (test_adversarial_model).
 SNAPSHOT_FIXES = [
     "annotated_alias",
+    "annotated_object_parameter",
     "closure_mutation",
     "copy_into_input",
     "data_assignment",
@@ -281,6 +285,7 @@ SNAPSHOT_FIXES = [
     "storage_free",
     "storage_set",
     "train_only_jitter",
+    "type_unbound_method",
     "view_inplace",
     "view_setitem",
     "walrus_alias",

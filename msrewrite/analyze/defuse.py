@@ -198,6 +198,9 @@ class Scope:
             call = call.with_changes(args=expanded)
         if isinstance(call.func, cst.Name) and call.func.value in self.closures:
             return CallEffect()  # its writes are added at the call site (free variables)
+        frame = self._frame_access(call)
+        if frame is not None:
+            return frame
         receiver = self._object_receiver(call) if self.resolver is not None else None
         if receiver is not None:
             return self._object_method_effect(call, receiver)
@@ -220,6 +223,24 @@ class Scope:
             return CallEffect()
         return self.resolver(call, self)
 
+    def _frame_access(self, call: cst.Call) -> CallEffect | None:
+        """`exec(...)` / `eval(...)` run code msrewrite cannot read: they may write any name of the
+        function (and module state through `self`). `locals()` / `vars()` return the function's
+        names in a dict: `locals()["x"].mul_(2)` writes x."""
+        func = call.func
+        if not isinstance(func, cst.Name) or func.value in self.local_names or func.value in self.module_names:
+            return None
+        names = [cst.Name(n) for n in sorted(self.local_names)]
+        if func.value in ("exec", "eval"):
+            resolved = self.resolver(call, self) if self.resolver is not None else None
+            if resolved is not None and not resolved.unknown:
+                return resolved  # --assume-pure exec
+            why = f"{func.value} (not visible to msrewrite: the code it runs may write any name of the function)"
+            return CallEffect(returns=list(names), may_writes=[(n, why) for n in names], unknown=[why])
+        if func.value in ("locals", "vars") and not call.args:
+            return CallEffect(returns=list(names))
+        return None
+
     def _object_receiver(self, call: cst.Call) -> cst.BaseExpression | None:
         """What `name` was bound to, for `name.method(...)` on a local that may hold an object."""
         func = call.func
@@ -233,11 +254,11 @@ class Scope:
     def _object_method_effect(self, call: cst.Call, receiver: cst.BaseExpression) -> CallEffect:
         """`acc.add(x, h)` with `acc = self.acc` is the call `self.acc.add(x, h)`, which the resolver
         reads (a tensor attribute's method or the attribute's class's method). With `acc = get_acc()`
-        it is a method of whatever the call returned: the resolver's answer for a local's method
+        (or a parameter annotated `acc: Acc`) it is a method of whatever the call returned: the resolver's answer for a local's method
         (unknown, named `acc.add`, which --assume-pure takes). An in-place tensor method
         (`out.mul_(2)`) writes `out` all the same; what else it may write is its arguments."""
         func = cst.ensure_type(call.func, cst.Attribute)
-        if isinstance(receiver, cst.Attribute):
+        if isinstance(receiver, cst.Attribute) and (dotted_name(receiver) or "").startswith("self."):
             return self.effect_of(call.with_changes(func=func.with_changes(value=receiver)))
         assert self.resolver is not None
         resolved = self.resolver(call, self)

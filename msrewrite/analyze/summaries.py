@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import re
 from dataclasses import field
 from pathlib import Path
 
@@ -45,6 +46,7 @@ from msrewrite.analyze.defuse import (
 from msrewrite.analyze.platforms import other_platform_blocks, platform_tests
 from msrewrite.analyze.reach import UNSEEN_STORE, attribute_stores, instance_targets, local_import, returned_values
 from msrewrite.analyze.torch_effects import (
+    MODULE_PLACEHOLDER,
     ORDERING_METHODS,
     TENSOR_METHODS,
     CallEffect,
@@ -1090,6 +1092,7 @@ class ModuleSummaries:
             node = found[1] if found is not None else (self.functions.get(function) if cls is None else None)
         return Scope(
             resolver=lambda call, scope: self.resolve(call, scope, owner),
+            receivers=object_parameters(node) if node is not None else {},
             local_names=function_locals(node) if node is not None else frozenset(),
             state_attrs=attrs,
             own_stream_attrs=own,
@@ -1871,6 +1874,42 @@ class _EveryName(frozenset):
 
 
 _EVERY_NAME = _EveryName()
+
+
+# names an annotation may use for a tensor parameter (`x: torch.Tensor`, `Optional[Tensor]`,
+# `Tensor | None`): any other name in it (a class, int, Any, list) makes the parameter an object
+_TENSOR_ANNOTATION_NAMES = frozenset({"torch", "Tensor", "None", "Optional", "Union", "typing"})
+
+
+def object_parameters(func: cst.FunctionDef) -> dict[str, cst.BaseExpression]:
+    """Parameters annotated with something other than a tensor (`acc: Acc`, `meta: Metadata`),
+    each with its annotation: a method called on one is that object's method (Scope.receivers),
+    never a tensor method by name. An unannotated parameter is read as a tensor."""
+    found: dict[str, cst.BaseExpression] = {}
+    params = func.params
+    for param in (*params.posonly_params, *params.params, *params.kwonly_params):
+        annotation = param.annotation.annotation if param.annotation is not None else None
+        if annotation is None or param.name.value == "self":
+            continue
+        if isinstance(annotation, (cst.SimpleString, cst.ConcatenatedString)):
+            text = annotation.evaluated_value if isinstance(annotation, cst.SimpleString) else None
+            names = set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", text)) if isinstance(text, str) else {"?"}
+        else:
+            names = expression_loads(annotation) | {n.attr.value for n in _attributes(annotation)}
+        if names - _TENSOR_ANNOTATION_NAMES:
+            found[param.name.value] = annotation
+    return found
+
+
+def _attributes(node: cst.CSTNode) -> list[cst.Attribute]:
+    found: list[cst.Attribute] = []
+
+    class _Collect(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> None:
+            found.append(node)
+
+    node.visit(_Collect())
+    return found
 
 
 def function_locals(func: cst.FunctionDef) -> frozenset[str]:
@@ -2738,8 +2777,9 @@ def _apply_template(template: CallEffect, call: cst.Call) -> CallEffect:
     first = args[0] if args and not (call.args and call.args[0].star) else None
     # `self.act(*args)`, `self.act(**kw)`: the input is somewhere in what the spreads hold
     inputs = [first] if first is not None else [a.value for a in call.args if a.star]
-    pick = lambda exprs: [i for e in exprs for i in inputs]  # noqa: E731 - the placeholder is the input
-    return CallEffect(writes=pick(template.writes), returns=pick(template.returns), rng=template.rng)
+    pick = lambda exprs: [i for e in exprs if not _is_name(e, MODULE_PLACEHOLDER) for i in inputs]  # noqa: E731 - the placeholder is the input
+    module = [call.func for e in template.writes if _is_name(e, MODULE_PLACEHOLDER)]  # its running statistics
+    return CallEffect(writes=pick(template.writes) + module, returns=pick(template.returns), rng=template.rng)
 
 
 def _unknown(call: cst.Call, why: str) -> CallEffect:

@@ -727,6 +727,10 @@ def torch_call_effect(
         effect = _other_module_effect(call, module, leaf)
         if effect is not None:
             return effect
+    if isinstance(func, cst.Attribute) and _type_of_first_argument(call, local_names):
+        # type(x).mul_(x, 2): the unbound method, called on its first argument
+        bound = call.with_changes(func=func.with_changes(value=call.args[0].value), args=call.args[1:])
+        return torch_call_effect(bound, local_names, module_names)
     if isinstance(func, cst.Attribute):
         root = dotted(func.value)
         if root is not None and root.split(".")[0] in module_names and root.split(".")[0] not in local_names:
@@ -737,6 +741,16 @@ def torch_call_effect(
             effect = spread_may_writes(call, effect, f"{dotted(func.value) or '<tensor>'}.{func.attr.value}", positions)
         return effect
     return None
+
+
+def _type_of_first_argument(call: cst.Call, local_names: frozenset[str]) -> bool:
+    """`type(x).method(x, ...)`: the receiver is the class of the call's first argument."""
+    receiver = cst.ensure_type(call.func, cst.Attribute).value
+    if not (isinstance(receiver, cst.Call) and dotted(receiver.func) == "type" and "type" not in local_names):
+        return False
+    if len(receiver.args) != 1 or receiver.args[0].star or not call.args or call.args[0].star or call.args[0].keyword:
+        return False
+    return receiver.args[0].value.deep_equals(call.args[0].value)
 
 
 def spread_may_writes(call: cst.Call, effect: CallEffect, label: str, positions: bool) -> CallEffect:
@@ -1001,4 +1015,42 @@ def nn_module_effect(constructor: cst.Call) -> CallEffect | None:
         effect.writes.append(placeholder)
     if leaf in IDENTITY_MODULES or inplace:
         effect.returns.append(placeholder)
+    if _tracks_running_stats(constructor, leaf):
+        # in training each call updates running_mean / running_var / num_batches_tracked: the
+        # module's own state, which another call of the same module on the other stream also writes
+        effect.writes.append(cst.Name(MODULE_PLACEHOLDER))
     return effect
+
+
+MODULE_PLACEHOLDER = "__module__"  # in an nn_module_effect template: the called module itself
+_RUNNING_STATS = frozenset(
+    {
+        "BatchNorm1d",
+        "BatchNorm2d",
+        "BatchNorm3d",
+        "SyncBatchNorm",
+        "LazyBatchNorm1d",
+        "LazyBatchNorm2d",
+        "LazyBatchNorm3d",
+    }
+)
+_OPTIONAL_RUNNING_STATS = frozenset(
+    {
+        "InstanceNorm1d",
+        "InstanceNorm2d",
+        "InstanceNorm3d",
+        "LazyInstanceNorm1d",
+        "LazyInstanceNorm2d",
+        "LazyInstanceNorm3d",
+    }
+)
+
+
+def _tracks_running_stats(constructor: cst.Call, leaf: str) -> bool:
+    """BatchNorm tracks running statistics unless `track_running_stats=False`; InstanceNorm only
+    with `track_running_stats=` anything but a literal False."""
+    flag = _keyword(constructor, "track_running_stats")
+    literal_false = isinstance(flag, cst.Name) and flag.value == "False"
+    if leaf in _RUNNING_STATS:
+        return not literal_false
+    return leaf in _OPTIONAL_RUNNING_STATS and flag is not None and not literal_false
