@@ -258,7 +258,9 @@ def test_rng_model_refused_without_the_option_and_caught_when_forced(tmp_path):
 # clean where the forced plan without the copy does not (test_adversarial_model).
 SNAPSHOT_FIXES = [
     "annotated_alias",
+    "attribute_table_store",
     "annotated_object_parameter",
+    "closure_default_write",
     "closure_mutation",
     "copy_into_input",
     "data_assignment",
@@ -275,6 +277,7 @@ SNAPSHOT_FIXES = [
     "inplace_relu_submodule",
     "inplace_torch_fn",
     "list_element_alias",
+    "map_unbound_inplace",
     "local_attribute_method",
     "local_object_method",
     "out_argument",

@@ -274,6 +274,22 @@ class Scope:
         return effect
 
 
+def _attribute_table_key(target: cst.Subscript) -> str | None:
+    """ "k" for `self.__dict__["k"]` / `vars(self)["k"]` (an identifier key), else None."""
+    table = target.value
+    is_table = (isinstance(table, cst.Attribute) and table.attr.value == "__dict__" and _is_self(table.value)) or (
+        isinstance(table, cst.Call)
+        and dotted(table.func) == "vars"
+        and len(table.args) == 1
+        and _is_self(table.args[0].value)
+    )
+    if not is_table or len(target.slice) != 1 or not isinstance(target.slice[0].slice, cst.Index):
+        return None
+    key = target.slice[0].slice.value
+    named = key.evaluated_value if isinstance(key, cst.SimpleString) else None
+    return named if isinstance(named, str) and named.isidentifier() else None
+
+
 # nn.Module's own tables of its state: `self._buffers["bias"]` is module state, any of it
 MODULE_STATE_TABLES = frozenset({"_buffers", "_parameters", "_modules", "__dict__"})
 
@@ -435,6 +451,9 @@ class _Collector(Visitor):
                 self._store_target(element.value, value)  # unpacking: each name may hold any part
         elif isinstance(target, cst.StarredElement):
             self._store_target(target.value, value)
+        elif isinstance(target, cst.Subscript) and (named := _attribute_table_key(target)) is not None:
+            # self.__dict__["k"] = v, vars(self)["k"] = v: the store `self.k = v`
+            self._store_target(cst.Attribute(value=cst.Name("self"), attr=cst.Name(named)), value)
         elif isinstance(target, (cst.Attribute, cst.Subscript)):
             # x[i] = v, x.view(-1)[:4] = v, x.data = v write into the object x names; self.last = x
             # and lst[0] = x make the attribute or container hold x.
@@ -711,6 +730,8 @@ class _Collector(Visitor):
         written = frozenset((inner.mutates | set(inner.may_write)) & (set(named) | star))
         # a write through *args / **kwargs reaches every argument
         self.scope.closure_params[name] = (named, written | ({"*"} if written & star else set()))
+        # `def f(t=x): t.mul_(2)`: a call that does not pass t writes the default, x
+        inner.mutates |= self._written_defaults(params, written)
         own = set(named) | star | inner.stores
         inner.mutates -= own
         inner.may_write = {k: v for k, v in inner.may_write.items() if k not in own}
@@ -743,7 +764,19 @@ class _Collector(Visitor):
                 self.facts.unknown_callees |= inner.unknown_callees
                 self.facts.unseen_work |= inner.unseen_work
                 self.facts.barrier |= inner.barrier
-                writes_params = bool((inner.mutates | set(inner.may_write)) & own)
+                written = frozenset((inner.mutates | set(inner.may_write)) & own)
+                self.facts.mutates |= self._written_defaults(value.params, written)
+                writes_params = bool(written)
+            elif (
+                isinstance(value, cst.Attribute)
+                and is_inplace_name(value.attr.value)
+                and value.attr.value in TENSOR_METHODS
+            ):
+                # map(torch.Tensor.mul_, xs, ys) writes what it is mapped over; map(x.mul_, ys) writes x
+                if dotted(value.value) not in ("torch.Tensor", "Tensor"):
+                    self._write(value.value)
+                    continue
+                writes_params = True
             elif isinstance(value, cst.Name) and value.value in self.scope.closure_params:
                 writes_params = bool(self.scope.closure_params[value.value][1])
             else:
@@ -752,6 +785,15 @@ class _Collector(Visitor):
                 for other in call.args:
                     if other is not arg:
                         self._write(other.value)
+
+    def _written_defaults(self, params: cst.Parameters, written: frozenset[str]) -> set[str]:
+        """What the default values of the parameters in `written` may share (evaluated where the
+        function is made: a call that leaves such a parameter out writes its default)."""
+        found: set[str] = set()
+        for param in (*params.posonly_params, *params.params, *params.kwonly_params):
+            if param.default is not None and param.name.value in written:
+                found |= self._roots(param.default)
+        return found
 
 
 def parameter_names(params: cst.Parameters) -> tuple[tuple[str, ...], frozenset[str]]:

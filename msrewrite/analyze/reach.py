@@ -60,6 +60,13 @@ class _AttributeStores(Visitor):
         attr = _self_attr(target)
         if attr is not None:
             self.found.append((attr, value if value is not None else _unseen(target)))
+        elif isinstance(target, cst.Subscript) and _self_dict(target.value):
+            # self.__dict__["k"] = v, vars(self)[k] = v: an attribute by its name in the table
+            key = target.slice[0].slice if len(target.slice) == 1 else None
+            key_value = key.value if isinstance(key, cst.Index) else None
+            literal = isinstance(key_value, cst.SimpleString) and isinstance(key_value.evaluated_value, str)
+            name = key_value.evaluated_value if literal else "*"  # type: ignore[union-attr]
+            self.found.append((str(name), value if value is not None else _unseen(target)))
         elif isinstance(target, (cst.Tuple, cst.List)):
             pairs = value.elements if isinstance(value, (cst.Tuple, cst.List)) else None
             same = pairs is not None and len(pairs) == len(target.elements)
@@ -97,7 +104,12 @@ class _AttributeStores(Visitor):
         self.store(node.target, None)
 
     def visit_Call(self, node: cst.Call) -> None:
-        if dotted_name(node.func) != "setattr" or len(node.args) < 3:
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value in _TABLE_FILLS and _self_dict(func.value):
+            self.found.append(("*", node))  # self.__dict__.update(d): any attribute may hold what d holds
+            return
+        # setattr(self, "k", v), and object.__setattr__(self, "k", v) with the same arguments
+        if (dotted_name(func) != "setattr" and dotted_name(func) not in _SETATTR_UNBOUND) or len(node.args) < 3:
             return
         receiver, name, value = (a.value for a in node.args[:3])
         if not (isinstance(receiver, cst.Name) and receiver.value == "self"):
@@ -106,6 +118,21 @@ class _AttributeStores(Visitor):
             self.found.append((name.evaluated_value, value))
         else:
             self.found.append(("*", value))
+
+
+# the instance's attribute table, filled by name: `self.__dict__[k] = v`, `vars(self).update(d)`
+_TABLE_FILLS = frozenset({"update", "setdefault", "__setitem__"})
+_SETATTR_UNBOUND = frozenset({"object.__setattr__", "nn.Module.__setattr__", "torch.nn.Module.__setattr__"})
+
+
+def _self_dict(node: cst.BaseExpression) -> bool:
+    """`self.__dict__` or `vars(self)`."""
+    if isinstance(node, cst.Attribute):
+        return node.attr.value == "__dict__" and isinstance(node.value, cst.Name) and node.value.value == "self"
+    if isinstance(node, cst.Call) and dotted_name(node.func) == "vars" and len(node.args) == 1:
+        arg = node.args[0].value
+        return isinstance(arg, cst.Name) and arg.value == "self"
+    return False
 
 
 def attribute_stores(method: cst.FunctionDef) -> list[tuple[str, cst.BaseExpression]]:

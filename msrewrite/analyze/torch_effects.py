@@ -900,7 +900,7 @@ def _other_module_effect(call: cst.Call, module: str, leaf: str) -> CallEffect |
         return CallEffect.pure()
     if not module and leaf in CONTAINER_BUILTINS:
         return CallEffect(returns=list(tensor_args(call)))
-    if not module and leaf == "setattr":
+    if (not module and leaf == "setattr") or (module == "object" and leaf == "__setattr__"):
         return _setattr_effect(call)
     return None
 
