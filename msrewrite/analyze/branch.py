@@ -193,6 +193,13 @@ def find_side_branch(
     joins inside it, forking inside it or (side work before it) before it, that is the branch (the
     edit goes into the `with`). Else the function is analysed as written, and when that refuses
     while a `with` msrewrite cannot see through would hold the join, the refusal names it."""
+    suspends = _suspends(func)
+    if suspends:
+        raise NoBranch(
+            f"{func.name.value}() is {suspends}: it may suspend between the fork and the join, with the side "
+            "stream's work in flight or the side stream current; msrewrite edits plain functions only",
+            structural=True,
+        )
     args = (positions, is_seed, anchors, phase_anchors, scope, protect)
     withs = top_level_withs(func)
     if not withs:
@@ -267,6 +274,31 @@ def _opaque_with_refusal(
                 structural=True,
             )
     return None
+
+
+def _suspends(func: cst.FunctionDef) -> str:
+    """ "an async function" / "a generator" (a `yield` of its own, not of a nested function), or ""."""
+    if func.asynchronous is not None:
+        return "an async function"
+
+    class _Yields(Visitor):
+        found = False
+
+        def visit_Yield(self, _node: cst.Yield) -> None:
+            self.found = True
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is func
+
+        def visit_Lambda(self, _node: cst.Lambda) -> bool:
+            return False
+
+        def visit_ClassDef(self, _node: cst.ClassDef) -> bool:
+            return False
+
+    yields = _Yields()
+    func.visit(yields)
+    return "a generator" if yields.found else ""
 
 
 def _find_in_body(
