@@ -1,7 +1,10 @@
-"""A generator or async forward may suspend between the fork and the join: the caller runs other
+"""Functions apply refuses for their form.
+
+A generator or async forward may suspend between the fork and the join: the caller runs other
 work with the side stream current or its work in flight, and verify cannot see it (it does not
-iterate or await the forward). apply refuses such functions in one line; a nested generator of an
-ordinary forward is not the forward's own `yield`."""
+iterate or await the forward); a nested generator of an ordinary forward is not the forward's
+own `yield`. A function declaring `global torch` rejects the edit's own use of torch before it.
+"""
 
 from __future__ import annotations
 
@@ -50,3 +53,9 @@ def test_a_nested_generator_is_not_the_forwards_own_yield(tmp_path):
     last = "def pieces():\n            yield h\n\n        return sum(pieces()) + s"
     step = steps(tmp_path, MODEL.replace("DEF", "def").replace("LAST", last))[-1]
     assert step.plans[0].function == "Block.forward"
+
+
+def test_a_forward_declaring_global_torch_is_refused_before_the_edit_fails_to_compile(tmp_path):
+    last = "global torch\n        return h + s"
+    with pytest.raises(NothingToDo, match="declares `global`/`nonlocal` torch, a name the edit's own code uses"):
+        steps(tmp_path, MODEL.replace("DEF", "def").replace("LAST", last))

@@ -200,6 +200,13 @@ def find_side_branch(
             "stream's work in flight or the side stream current; msrewrite edits plain functions only",
             structural=True,
         )
+    declared = _declared_emitted_names(func)
+    if declared:
+        raise NoBranch(
+            f"{func.name.value}() declares `global`/`nonlocal` {', '.join(declared)}, a name the edit's own code "
+            "uses in the function; Python rejects a use before such a declaration",
+            structural=True,
+        )
     args = (positions, is_seed, anchors, phase_anchors, scope, protect)
     withs = top_level_withs(func)
     if not withs:
@@ -274,6 +281,36 @@ def _opaque_with_refusal(
                 structural=True,
             )
     return None
+
+
+_EMITTED_NAMES = frozenset({"torch", "os", "torch_npu", "torchair"})  # and msrewrite's own `_ms_*` helpers
+
+
+def _declared_emitted_names(func: cst.FunctionDef) -> list[str]:
+    """Names the emitted code uses that the function declares `global` or `nonlocal`."""
+    found: list[str] = []
+
+    class _Declarations(Visitor):
+        def _names(self, node: cst.Global | cst.Nonlocal) -> None:
+            for item in node.names:
+                name = item.name.value
+                if name in _EMITTED_NAMES or name.startswith("_ms_"):
+                    found.append(name)
+
+        def visit_Global(self, node: cst.Global) -> None:
+            self._names(node)
+
+        def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
+            self._names(node)
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is func
+
+        def visit_ClassDef(self, _node: cst.ClassDef) -> bool:
+            return False
+
+    func.visit(_Declarations())
+    return found
 
 
 def _suspends(func: cst.FunctionDef) -> str:
