@@ -44,7 +44,9 @@ def apply(
     ),
     max_tokens: Optional[int] = Option(None, "--max-tokens", help="Overlap only for at most N tokens."),
     gate: Optional[str] = Option(
-        None, "--gate", help="capture, prefill, decode or tokens<=N: overlap only then, by the file's own predicate."
+        None,
+        "--gate",
+        help="capture, prefill, decode, always or tokens<=N: overlap only then, by the file's own predicate (graph modes default to decode where the function takes is_prefill).",
     ),
     stream_tag: Optional[str] = Option(None, "--stream-tag", help="Side stream tag (shared by every layer)."),
     # --start-after, --anchor, --cores, --core-limit, --second-comm-group, --protect, --assume-pure,

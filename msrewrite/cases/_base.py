@@ -306,6 +306,8 @@ class Options:
     assume_pure: tuple[str, ...] = ()  # callees a reviewer vouched for (class, function or attribute names)
     allow_rng_reorder: bool = False  # move side work even when the order of random draws changes
     second_group: str | None = None  # prefill-microbatch: micro-batch 1's process group (self.NAME)
+    # --gate given (`always` included): no mode's default gate (cases/_finder.graph_decode_default)
+    gate_asked: bool = False
     # a case's own options (Case.options), checked by their validators: parameter name -> value
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -6,6 +6,7 @@ reason there is none. Case.find() calls it; prefill-microbatch has its own model
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -249,7 +250,7 @@ class _CallFinder:
             return Target(name, reason=str(exc))
         except NoBranch as exc:
             return self._every_blocker(name, func, cls, is_seed, positions, exc)
-        plan = branch_plan(case, self.path, name, side, options)
+        plan = graph_decode_default(branch_plan(case, self.path, name, side, options), func, options)
         if branch is not None:
             plan = plan.with_changes(
                 stream_tag=branch.stream_tag, case_branch=branch.name, summary=f"{branch.what}: {plan.summary}"
@@ -549,6 +550,29 @@ def _has_copy(func: cst.FunctionDef, is_copy) -> bool:
 
     func.body.visit(_Copies())
     return found
+
+
+GRAPH_MODES = ("ge-graph", "npugraph-ex")
+PREFILL_PARAMS = ("is_prefill", "with_prefill")
+
+
+def graph_decode_default(plan: OverlapPlan, func: cst.FunctionDef, options: Options) -> OverlapPlan:
+    """In a graph mode, a function that takes `is_prefill` (`with_prefill`) overlaps in decode only
+    unless --gate says otherwise: the recipes switch their graph-mode overlaps on with
+    `enable_multi_streams and not is_prefill`, prefill running eagerly beside the graph."""
+    flag = plan.flag
+    if options.gate_asked or options.mode not in GRAPH_MODES or flag.gate is not None or flag.max_tokens is not None:
+        return plan
+    params = func.params
+    names = {p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)}
+    found = next((n for n in PREFILL_PARAMS if n in names), None)
+    if found is None:
+        return plan
+    note = (
+        f"; --gate decode (the default for {options.mode} where the function takes `{found}`: graph-mode "
+        "overlaps run in decode, prefill runs eagerly; --gate always overlaps prefill too)"
+    )
+    return plan.with_changes(flag=dataclasses.replace(flag, gate="decode"), summary=plan.summary + note)
 
 
 def branch_plan(case: Case, path: Path, function: str, branch: SideBranch, options: Options) -> OverlapPlan:

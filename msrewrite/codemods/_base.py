@@ -29,7 +29,7 @@ class CaseCodemod(CodemodCommand):
         arg_parser.add_argument("--flag", default="", help="enable flag: env:NAME, attr:NAME, sglang:NAME ...")
         arg_parser.add_argument("--flag-default", dest="flag_default", default="on", help="on or off")
         arg_parser.add_argument("--max-tokens", dest="max_tokens", type=int, default=None)
-        arg_parser.add_argument("--gate", default=None, help="capture, prefill, decode or tokens<=N")
+        arg_parser.add_argument("--gate", default=None, help="capture, prefill, decode, always or tokens<=N")
         arg_parser.add_argument("--stream-tag", dest="stream_tag", default=None)
         arg_parser.add_argument("--assume-pure", dest="assume_pure", action="append", default=[])
         # the case's per-case options (for AnyCase every case's, the cases' own options too: the

@@ -79,11 +79,11 @@ def parse_flag(
     if max_tokens is not None and max_tokens < 1:
         raise BadInput(f"--max-tokens must be a positive token count, got {max_tokens}")
     phase = None
-    if gate is not None:
+    if gate is not None and gate != "always":  # always: no phase gate, not even a mode's default
         kind, sep, count = gate.partition("<=")
         if sep:  # tokens<=N is --max-tokens N
             if kind.strip() != "tokens" or not count.strip().isdigit() or int(count) < 1:
-                raise BadInput(f"--gate must be capture, prefill, decode or tokens<=N (N >= 1), got {gate!r}")
+                raise BadInput(f"--gate must be capture, prefill, decode, always or tokens<=N (N >= 1), got {gate!r}")
             if max_tokens is not None and max_tokens != int(count):
                 raise BadInput(f"--gate {gate} and --max-tokens {max_tokens} disagree; give one")
             max_tokens = int(count)
@@ -527,6 +527,7 @@ def case_request(args: ApplyArgs, chosen_mode: str) -> tuple[Case, Options]:
             assume_pure=args.assume_pure,
             allow_rng_reorder=args.allow_rng_reorder,
             second_group=args.second_comm_group,
+            gate_asked=args.gate is not None,
         ),
         args.extra,
     )
@@ -554,25 +555,8 @@ def _case_edit(args: ApplyArgs, src, chosen_mode: str, why: str) -> list[EditSte
 
 def _requested_steps(args: ApplyArgs, src, chosen_mode: str) -> list[EditStep]:
     """The case's steps with every option `args` asks for (case_request settles them)."""
-    _case, options = case_request(args, chosen_mode)
-    return case_steps(
-        args.file,
-        src.text,
-        src.module,
-        args.case or "",
-        chosen_mode,
-        args.target,
-        options.flag,
-        options.stream_tag,
-        options.start_gates,
-        options.phase_anchors,
-        options.core_limits,
-        options.second_group,
-        protect=options.protect,
-        assume_pure=options.assume_pure,
-        allow_rng_reorder=options.allow_rng_reorder,
-        extra=options.extra,
-    )
+    case, options = case_request(args, chosen_mode)
+    return case.steps(args.file, src.text, src.module, options, args.target)
 
 
 def _edit_command(args: ApplyArgs, src, chosen_mode: str, refused: Refused) -> str:
