@@ -187,3 +187,43 @@ def test_sglang_silu_and_mul_is_read_through_the_model(mode):
     assert f"the union of SiluAndMul.forward_native, {picked};" in note, note
     assert "_aiter_silu_and_mul (not visible to msrewrite)" in effect.unknown, effect.unknown
     assert not any("BaseFusedOp.forward uses" in u for u in effect.unknown), effect.unknown
+
+
+LONG_TESTS = """import torch
+from torch import nn
+
+from fw_utils import is_cuda
+
+_is_cuda = is_cuda()
+
+
+class Routed(nn.Module):
+    def forward(self, x):
+        y = x * 2
+        BRANCHES
+        return y
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.shared_experts = nn.Linear(16, 16)
+        self.experts = Routed()
+
+    def forward(self, x):
+        s = self.shared_experts(x)
+        h = self.experts(x)
+        return h + s
+"""
+
+
+def test_a_long_platform_test_note_is_clipped_not_a_crash(tmp_path):
+    """Reading more of a framework meets longer platform tests: the trust boundary's note quoting
+    them stays one valid line (it made an invalid plan before: a traceback)."""
+    branch = "if _is_cuda and (\n            {name}_{i}_is_a_rather_long_flag_name_for_a_fused_kernel_path\n        ):\n            y = y + {i}"
+    branches = "\n        ".join(branch.format(name="option" * 6, i=i) for i in range(5))
+    path = tmp_path / "long_tests.py"
+    path.write_text(LONG_TESTS.replace("BRANCHES", branches))
+    boundary = edit(path, "eager").plans[0].trust_boundary
+    (note,) = [n for n in boundary if n.startswith("code under")]
+    assert len(note) <= 500 and "and 1 more platform tests" in note, note
