@@ -137,6 +137,17 @@ def test_a_base_that_differs_from_the_modelled_source_stays_unknown(tmp_path):
             "    def _torch_compile_forward(self, num_tokens):\n        return PICKED[0]\n",
             "PinnedInplaceSiluMul._torch_compile_forward returns something other than a method of the op",
         ),
+        (  # a method bound in the class body by an assignment: not a def msrewrite reads
+            "    def forward_native(self, x):\n        gate, up = _halves(x)\n        return F.silu(gate) * up\n\n"
+            "    def forward_inplace",
+            "    forward_cuda = PICKED\n\n    def forward_inplace",
+            "PinnedInplaceSiluMul binds forward_cuda other than by a def in its body",
+        ),
+        (
+            "    def forward_inplace(self, x):",
+            "    if PIN_INPLACE:\n\n        def forward_npu(self, x):\n            return x\n\n    def forward_inplace(self, x):",
+            "PinnedInplaceSiluMul binds forward_npu other than by a def in its body",
+        ),
     ],
 )
 @pytest.mark.usefixtures("modelled")

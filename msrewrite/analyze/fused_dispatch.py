@@ -44,9 +44,11 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from msrewrite.analyze import dispatch
+from msrewrite.analyze.defuse import dotted_name
 from msrewrite.analyze.platforms import helper_platform, platform_of
 from msrewrite.analyze.reach import returned_values
 from msrewrite.analyze.torch_effects import CallEffect
+from msrewrite.analyze.walk import Visitor, walk
 from msrewrite.records import record
 
 if TYPE_CHECKING:
@@ -164,6 +166,71 @@ def _self_methods(value: cst.BaseExpression) -> list[str] | None:
     return None
 
 
+class _ClassBindings(Visitor):
+    """The names a class body binds (not inside its methods or nested classes), and the defs that
+    are not top-level statements of the body."""
+
+    def __init__(self, node: cst.ClassDef) -> None:
+        super().__init__()
+        self.node = node
+        body = node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
+        self.top = {id(s) for s in body if isinstance(s, cst.FunctionDef)}
+        self.other: list[str] = []
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        if node is not self.node:
+            self.other.append(node.name.value)
+        return node is self.node
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        if id(node) not in self.top:
+            self.other.append(node.name.value)
+        return False
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self.other += _bound_names(node.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self.other += _bound_names(node.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self.other += _bound_names(node.target)
+
+    def visit_For(self, node: cst.For) -> None:
+        self.other += _bound_names(node.target)
+
+    def visit_AsName(self, node: cst.AsName) -> None:
+        self.other += _bound_names(node.name)
+
+    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
+        if node.asname is None:
+            self.other.append((dotted_name(node.name) or "").split(".")[0])
+
+    def visit_ImportStar(self, _node: cst.ImportStar) -> None:
+        self.other.append("*")
+
+
+def _bound_names(target: cst.BaseExpression) -> list[str]:
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for element in target.elements for n in _bound_names(element.value)]
+    if isinstance(target, cst.StarredElement):
+        return _bound_names(target.value)
+    return []
+
+
+def _other_bindings(node: cst.ClassDef, entry: Dispatcher) -> str:
+    """The first name the dispatch may look up (`forward`, a `forward_<name>`, the pin attribute,
+    the hooks) that class `node`'s body binds other than by a `def` at its top level (`forward_cuda
+    = _impl`, a def under an `if`, `from x import *`): msrewrite reads methods by their defs. ""
+    when there is none."""
+    wanted = {entry.method, entry.native, entry.attribute, entry.compile_hook, entry.gate, "*"}
+    bindings = _ClassBindings(node)
+    walk(node, bindings)
+    return next((n for n in bindings.other if n.startswith(entry.prefix) or n in wanted), "")
+
+
 def candidates(
     entry: Dispatcher, module: ModuleSummaries, cls: str, stop: tuple[ModuleSummaries, str]
 ) -> tuple[list[str], str]:
@@ -172,6 +239,9 @@ def candidates(
     names: list[str] = [entry.native]
     for where, name in _chain(module, cls, stop):
         node = where.classes[name]
+        other = _other_bindings(node, entry)
+        if other:
+            return [], f"{name} binds {other} other than by a def in its body"
         defined = [s.name.value for s in node.body.body if isinstance(s, cst.FunctionDef)]
         if entry.gate in defined:
             return [], f"{name} overrides {entry.gate}, a per-call gate msrewrite's model does not read"
