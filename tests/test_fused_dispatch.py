@@ -137,6 +137,11 @@ def test_a_base_that_differs_from_the_modelled_source_stays_unknown(tmp_path):
             "    def _torch_compile_forward(self, num_tokens):\n        return PICKED[0]\n",
             "PinnedInplaceSiluMul._torch_compile_forward returns something other than a method of the op",
         ),
+        (  # a base msrewrite cannot read may define any forward_<name>
+            "class PinnedInplaceSiluMul(FusedBase):",
+            "class PinnedInplaceSiluMul(UnreadMixin, FusedBase):",
+            "PinnedInplaceSiluMul derives from UnreadMixin, which msrewrite does not read",
+        ),
         (  # a method bound in the class body by an assignment: not a def msrewrite reads
             "    def forward_native(self, x):\n        gate, up = _halves(x)\n        return F.silu(gate) * up\n\n"
             "    def forward_inplace",

@@ -134,23 +134,34 @@ def dispatcher_of(module: ModuleSummaries, base: str) -> tuple[Dispatcher | None
     return None, ""
 
 
-def _chain(module: ModuleSummaries, cls: str, stop: tuple[ModuleSummaries, str]) -> list[tuple[ModuleSummaries, str]]:
-    """`cls` and its bases, through the modules they are defined in, down to the class `stop`
-    (not included): the classes whose definitions the dispatch looks up before the base's."""
+# bases that define no method the dispatch looks up (by name, or as the file's imports spell them)
+_INERT_BASES = frozenset({"object", "ABC", "abc.ABC", "Generic", "typing.Generic"})
+_INERT_QUALIFIED = frozenset({"abc.ABC", "typing.Generic", "torch.nn.Module", "torch.nn.modules.module.Module"})
+
+
+def _chain(
+    module: ModuleSummaries, cls: str, stop: tuple[ModuleSummaries, str]
+) -> tuple[list[tuple[ModuleSummaries, str]], str]:
+    """(`cls` and its bases, through the modules they are defined in, down to the class `stop`
+    (not included): the classes whose definitions the dispatch looks up before the base's, "");
+    or ([], the first base msrewrite cannot read, which may define any of them)."""
     out: list[tuple[ModuleSummaries, str]] = []
     todo = [(module, cls)]
     while todo:
         where, name = todo.pop(0)
         if (where is stop[0] and name == stop[1]) or any(w is where and n == name for w, n in out):
             continue
-        if name not in where.classes:
-            continue
         out.append((where, name))
-        for base in where._bases(name):
-            found = (where, base) if base in where.classes else where.find_class(base)
-            if found is not None:
-                todo.append(found)
-    return out
+        for arg in where.classes[name].bases:
+            value = arg.value.value if isinstance(arg.value, cst.Subscript) else arg.value
+            base = dotted_name(value) or ""
+            if base in _INERT_BASES and base not in where.classes or where.qualified(base) in _INERT_QUALIFIED:
+                continue
+            found = (where, base) if base in where.classes else where.find_class(base) if base else None
+            if found is None:
+                return [], base or " ".join(cst.Module([]).code_for_node(arg.value).split())
+            todo.append(found)
+    return out, ""
 
 
 def _self_methods(value: cst.BaseExpression) -> list[str] | None:
@@ -237,7 +248,10 @@ def candidates(
     """(the methods the dispatch may pick on a `cls` instance, in a fixed order, "") or ([], why
     they cannot be told)."""
     names: list[str] = [entry.native]
-    for where, name in _chain(module, cls, stop):
+    chain, unread = _chain(module, cls, stop)
+    if unread:
+        return [], f"{cls} derives from {unread}, which msrewrite does not read"
+    for where, name in chain:
         node = where.classes[name]
         other = _other_bindings(node, entry)
         if other:
