@@ -16,8 +16,13 @@ on that subclass, every method the model says the dispatch can pick:
   - `forward_native`;
   - every `self.<method>` the subclass's classes store in the dispatch attribute (the pins);
   - every `self.<method>` an override of `_torch_compile_forward` returns.
-A pin or a compile hook returning anything else, or an override of the per-call gate
-(`backend_eligible`, called with the op's arguments), keeps the call unknown.
+A pin or a compile hook returning anything else, an override of the per-call gate
+(`backend_eligible`, called with the op's arguments), a dispatched name bound in a class body
+other than by a top-level `def`, or a base msrewrite cannot read, keeps the call unknown.
+What the model takes on trust, read by hand in the modelled source: the selection code and the
+debug decorator (`debug_kernel_api`: it logs and dumps the arguments, reading them) write no
+tensor; the selection code is not read by msrewrite, so the call's note is unseen work (the RNG
+and collective checks count it, as they count a catalogue entry's kernel).
 
 For an edit in one mode, the platform methods the base picks only on another platform's key
 (`forward_npu` for a CUDA edit; the base's own table says which method each key picks: the
