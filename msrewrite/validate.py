@@ -125,6 +125,11 @@ def comment_text(value: object, what: str) -> str:
     return value
 
 
+def clipped(text: str, limit: int = MAX_TEXT) -> str:
+    """`text` cut to `limit` characters (its end replaced by "..."), for a note comment_text takes."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def literal(value: str) -> str:
     """`value` as a Python string literal: repr, with double quotes when that needs no escapes
     (the house style of the emitted code). Never paste a string between quotes by hand."""

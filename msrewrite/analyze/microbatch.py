@@ -791,7 +791,7 @@ def microbatch_plan(
             f"{found.model} runs self.{found.loop.attr} as two micro-batches: {len(stages)} stages per "
             f"{found.layer}, {sum(s.comm for s in stages)} on the comm stream{notes}"
         ),
-        trust_boundary=tuple(sorted(deep.unseen)) + tuple(contexts),
+        trust_boundary=tuple(validate.clipped(note) for note in (*sorted(deep.unseen), *contexts)),
         assume_pure=tuple(assume_pure),
         split_args=tuple(split_args),
         shared_args=tuple(shared_args),

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from msrewrite.analyze import catalogue, declared, dispatch, packages
+from msrewrite.analyze import catalogue, declared, dispatch, fused_dispatch, packages
 from msrewrite.analyze.definitions import last_def
 from msrewrite.analyze.defuse import (
     Scope,
@@ -588,6 +588,10 @@ class ModuleSummaries:
         if hit is None or hit[0] is self:
             return None
         owner, base, method = hit
+        if name == "forward":  # a base that runs one of the op's own methods, picked per platform
+            fused = fused_dispatch.dispatch_call(self, call, cls, (owner, base), label, _union, _unknown)
+            if fused is not None:
+                return fused
         clash = self._overridden(cls, owner, base)
         receiver = call.func if name == "forward" or not isinstance(call.func, cst.Attribute) else call.func.value
         if clash is not None:

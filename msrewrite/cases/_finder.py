@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from msrewrite import validate
 from msrewrite.analyze.branch import NoBranch, SideBranch, find_side_branch, has_seed
 from msrewrite.analyze.budget import OverBudget, function_budget
 from msrewrite.analyze.defuse import dotted_name
@@ -283,7 +284,7 @@ class _CallFinder:
         skipped = summaries.skipped_platform_code()
         if skipped:  # what the analysis took on trust: those branches never run where the edit does
             side.trust_boundary.append(
-                f"code under {', '.join(f'`if {test}:`' for test in skipped[:4])}"
+                f"code under {', '.join(f'`if {validate.clipped(test, 60)}:`' for test in skipped[:4])}"
                 f"{f' and {len(skipped) - 4} more platform tests' if len(skipped) > 4 else ''} not read: "
                 f"it runs only on another platform than {options.mode}'s"
             )
@@ -619,7 +620,7 @@ def branch_plan(case: Case, path: Path, function: str, branch: SideBranch, optio
         guard=branch.guard.condition if branch.guard else "",
         guard_line=branch.guard.line if branch.guard else 0,
         protect_inputs=tuple(branch.protected_inputs),
-        trust_boundary=tuple(branch.trust_boundary),
+        trust_boundary=tuple(validate.clipped(note) for note in branch.trust_boundary),  # a note may quote long code
         assume_pure=tuple(options.assume_pure),
         allow_rng_reorder=options.allow_rng_reorder and bool(branch.rng_reorder),
         rng_reorder=branch.rng_reorder if options.allow_rng_reorder else "",
