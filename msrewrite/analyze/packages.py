@@ -448,24 +448,23 @@ def platform_names_in(tree, counts: dict[str, int] | None = None) -> dict[str, s
                     return platforms.implied(kind)
         return None
 
-    assigns = [
-        stmt
+    assigns = [  # (name, value) of each `name = value` at the top level, in order
+        (stmt.targets[0].id, stmt.value)
         for stmt in tree.body
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
     ]
     found: dict[str, str] = {}
-    for stmt in assigns:
-        kind = helper_kind(stmt.value)
+    for name, value in assigns:
+        kind = helper_kind(value)
         if kind is not None:
-            found[stmt.targets[0].id] = kind
+            found[name] = kind
     if not found:
         return {}
     counts = binding_counts(tree) if counts is None else counts
     exact = {name: kind for name, kind in found.items() if counts.get(name) == 1}
     names = dict(exact)
-    for stmt in assigns:  # in order: a name found before may be the test
-        name = stmt.targets[0].id
-        kind = implied_kind(stmt.value, names) if name not in exact and counts.get(name) == 1 else None
+    for name, value in assigns:  # in order: a name found before may be the test
+        kind = implied_kind(value, names) if name not in exact and counts.get(name) == 1 else None
         if kind is not None:
             names[name] = kind
     return names
