@@ -1212,9 +1212,10 @@ class ModuleSummaries:
         """`super().m(...)`, a read of a container global (`CONFIGS.get(key)`), or `Cls.m(...)`
         for a class-level method; None for any other call."""
         if isinstance(func.value, cst.Call):
-            if dotted_name(func.value.func) == "super" and cls is not None:
-                return self._resolve_super(call, func.attr.value, cls)
-            return None
+            if dotted_name(func.value.func) == "super":
+                return self._resolve_super(call, func.attr.value, cls) if cls is not None else None
+            # get_backend().is_fast(): by the classes get_backend declares it returns
+            return dispatch.call_on_returned(self, call, _short(func.value), _union, _unknown)
         if not isinstance(func.value, cst.Name):
             return None
         if func.attr.value in _CONTAINER_READS and func.value.value in self.container_globals():
