@@ -131,3 +131,25 @@ def test_verify_agrees(tmp_path, monkeypatch):
     raced.write_text(text)
     result = verify_files(raced, original=writing, schedule_source=source)
     assert not result.ok, "the forced overlap of the writing twin verified clean"
+
+
+def test_a_vouched_method_name_is_still_the_reviewers(tmp_path):
+    from msrewrite.commands.apply import case_steps
+    from msrewrite.load import load
+    from test_reach import FLAG
+
+    path = write(tmp_path, writing=True)
+    src = load(path)
+    step = case_steps(
+        path,
+        src.text,
+        src.module,
+        "moe-shared-expert",
+        "eager",
+        None,
+        FLAG,
+        None,
+        protect="none",
+        assume_pure=("get_backend().run",),
+    )[-1]
+    assert step.plans[0].assume_pure == ("get_backend().run",), step.plans[0]

@@ -1214,7 +1214,10 @@ class ModuleSummaries:
         if isinstance(func.value, cst.Call):
             if dotted_name(func.value.func) == "super":
                 return self._resolve_super(call, func.attr.value, cls) if cls is not None else None
-            # get_backend().is_fast(): by the classes get_backend declares it returns
+            # get_backend().is_fast(): by the classes get_backend declares it returns (a name
+            # the reviewer vouched for, as written or by its method, stays theirs)
+            if self._vouched(_short(func), func.attr.value):
+                return _vouched_effect(call)
             return dispatch.call_on_returned(self, call, _short(func.value), _union, _unknown)
         if not isinstance(func.value, cst.Name):
             return None
