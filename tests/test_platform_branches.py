@@ -90,6 +90,18 @@ def test_another_platforms_write_is_no_hazard(tmp_path, test, mode):
     assert f"`if {test}:`" in boundary and mode in boundary
 
 
+# a module-level name bound once to `<anything> and <platform test>` (SGLang's `_use_aiter =
+# get_bool_env_var("SGLANG_USE_AITER") and _is_hip`) is true only on that platform
+DERIVED = "_use_other = bool(len('on')) and _is_npu"
+
+
+@pytest.mark.parametrize(("test", "mode"), [("_use_other", "cuda"), ("_use_other and x.is_contiguous()", "cuda")])
+def test_a_name_implying_another_platform_hides_its_write(tmp_path, test, mode):
+    step = edit(write(tmp_path, test, DERIVED), mode)
+    (boundary,) = [line for line in step.plans[0].trust_boundary if "platform" in line]
+    assert f"`if {test}:`" in boundary and mode in boundary
+
+
 @pytest.mark.parametrize(
     ("test", "mode", "rebind"),
     [
@@ -99,6 +111,11 @@ def test_another_platforms_write_is_no_hazard(tmp_path, test, mode):
         ("_is_npu", "cuda", "_is_npu = True"),  # bound twice: no longer the helper's answer
         ("_is_npu", "cuda", "def flip(_is_npu=True):\n    return _is_npu"),  # a parameter of that name
         ("_is_npu", "cuda", "def reset():\n    global _is_npu\n    _is_npu = True"),
+        # `X and <npu test>` may be false on NPU: its `not` runs there
+        ("not (_is_npu and x.is_contiguous())", "eager", ""),
+        ("not _use_other", "eager", DERIVED),
+        ("_use_other", "eager", DERIVED),  # true on NPU (when X is)
+        ("_use_other", "cuda", DERIVED + "\n_use_other = True"),  # bound twice
     ],
 )
 def test_this_platforms_write_is_still_seen(tmp_path, test, mode, rebind):
@@ -115,9 +132,29 @@ def test_only_a_name_bound_once_to_a_helper_counts():
     assert module_platform_names("def f(:\n") == {}
 
 
+def test_a_name_bound_to_and_with_a_test_only_implies_its_platform():
+    text = "from u import is_hip, env\n_is_hip = is_hip()\n_use_aiter = env('A') and _is_hip\n"
+    text += (
+        "_gfx = _is_hip and env('B')\n_deep = env('C') and (env('D') and _use_aiter)\n_either = env('E') or _is_hip\n"
+    )
+    found = module_platform_names(text)
+    assert found == {"_is_hip": "cuda", "_use_aiter": "cuda?", "_gfx": "cuda?", "_deep": "cuda?"}
+    assert "_use_aiter" not in module_platform_names(text + "_use_aiter = True\n")
+    assert module_platform_names(text + "_is_hip = False\n") == {}  # the test itself bound twice
+
+
+def test_an_else_after_an_implied_npu_test_runs_on_npu(tmp_path):
+    path = write(tmp_path, "_is_npu and x.is_contiguous()")
+    path.write_text(path.read_text().replace("x.mul_(2)  #", "pass\n        else:\n            x.mul_(2)  #"))
+    with pytest.raises(NothingToDo) as refused:
+        edit(path, "eager")
+    assert "writes 'x' in place while the side stream reads it" in str(refused.value), refused.value
+
+
 @pytest.mark.slow  # runs verify
-def test_verify_agrees(tmp_path):
-    path = write(tmp_path, "_is_npu")
+@pytest.mark.parametrize(("test", "rebind"), [("_is_npu", ""), ("_use_other", DERIVED)])
+def test_verify_agrees(tmp_path, test, rebind):
+    path = write(tmp_path, test, rebind)
     step = edit(path, "cuda")
     edited = tmp_path / "platform_block_ms.py"
     edited.write_text(step.new)

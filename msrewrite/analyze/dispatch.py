@@ -611,6 +611,40 @@ def call_through_base(
     declared = declared_bases(owner, cls, attr, value, home)
     if declared is None:
         return None
+    return _union_over(owner, call, declared, label, rest, union_effects, unknown)
+
+
+def call_on_returned(
+    owner: ModuleSummaries,
+    call: cst.Call,
+    label: str,
+    union_effects: Callable[[list[CallEffect]], CallEffect],
+    unknown: Callable[[cst.Call, str], CallEffect],
+):
+    """The effect of `call`, a method called on what a call returns (`get_backend().is_fast()`),
+    when the function called first declares the classes it returns (`def get_backend() ->
+    Backend`): the union, over those classes and every subclass of them the search finds, of
+    that method. None when the function declares no class (or is not a function msrewrite reads)."""
+    func = call.func
+    if not isinstance(func, cst.Attribute) or not isinstance(func.value, cst.Call):
+        return None
+    declared = _returned_by(owner, func.value, None)
+    if declared is None or not declared[0]:
+        return None
+    return _union_over(owner, call, declared, label, func.attr.value, union_effects, unknown)
+
+
+def _union_over(
+    owner: ModuleSummaries,
+    call: cst.Call,
+    declared: tuple[list[Target], str],
+    label: str,
+    rest: str,
+    union_effects: Callable[[list[CallEffect]], CallEffect],
+    unknown: Callable[[cst.Call, str], CallEffect],
+):
+    """The union over the declared bases and their subclasses of calling method `rest` (or the
+    object itself) on an instance of one (call_through_base)."""
     bases, where = declared
     method = rest or "forward"
     effects = []

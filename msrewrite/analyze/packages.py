@@ -427,18 +427,44 @@ _HELPER_CALL = re.compile(r"\bis_(?:npu|npu_arch35|cuda|cuda_alike|hip|rocm|cpu|
 
 
 def platform_names_in(tree, counts: dict[str, int] | None = None) -> dict[str, str]:
-    """module_platform_names of a parsed `ast.Module` (`counts`: its binding_counts)."""
+    """module_platform_names of a parsed `ast.Module` (`counts`: its binding_counts). A name bound
+    once to `X and <test>` (`_use_aiter = get_bool_env_var("SGLANG_USE_AITER") and _is_hip`,
+    the test a helper call or a name found before it) is true only on that test's platform: its
+    value carries platforms.IMPLIED, since it may be false there too."""
     import ast
 
-    found: dict[str, str] = {}
-    for stmt in tree.body:
-        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-            value = stmt.value
-            if isinstance(value, ast.Call) and not value.args and not value.keywords:
-                kind = platforms.helper_platform(ast_dotted(value.func) or "")
+    def helper_kind(value) -> str | None:
+        if isinstance(value, ast.Call) and not value.args and not value.keywords:
+            return platforms.helper_platform(ast_dotted(value.func) or "")
+        return None
+
+    def implied_kind(value, names: dict[str, str]) -> str | None:
+        if isinstance(value, ast.BoolOp) and isinstance(value.op, ast.And):
+            for part in value.values:
+                kind = (
+                    names.get(part.id) if isinstance(part, ast.Name) else helper_kind(part) or implied_kind(part, names)
+                )
                 if kind is not None:
-                    found[stmt.targets[0].id] = kind
+                    return platforms.implied(kind)
+        return None
+
+    assigns = [  # (name, value) of each `name = value` at the top level, in order
+        (stmt.targets[0].id, stmt.value)
+        for stmt in tree.body
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+    ]
+    found: dict[str, str] = {}
+    for name, value in assigns:
+        kind = helper_kind(value)
+        if kind is not None:
+            found[name] = kind
     if not found:
         return {}
     counts = binding_counts(tree) if counts is None else counts
-    return {name: kind for name, kind in found.items() if counts.get(name) == 1}
+    exact = {name: kind for name, kind in found.items() if counts.get(name) == 1}
+    names = dict(exact)
+    for name, value in assigns:  # in order: a name found before may be the test
+        kind = implied_kind(value, names) if name not in exact and counts.get(name) == 1 else None
+        if kind is not None:
+            names[name] = kind
+    return names

@@ -6,11 +6,15 @@ in a branch of another platform (an NPU overlap under `if _is_npu:`) is not an o
 path the edit is for, so it does not make the function "already overlapped" there.
 
 Conservative: only the tests below count, as written: a module-level name bound once to one of the
-helper calls (`_is_npu = is_npu()`), the call itself, `X and Y` with one of them a test, and a local
-bound once at the function's top level to such a test (`enable_npu_dual_stream = _is_npu and ...`).
+helper calls (`_is_npu = is_npu()`), the call itself, `X and Y` with one of them a test, and a
+name bound once (at module level, or at the function's top level) to such a test
+(`_use_aiter = get_bool_env_var("SGLANG_USE_AITER") and _is_hip`, `enable_npu_dual_stream =
+_is_npu and ...`). A helper's answer is exact: true on its platform and false elsewhere. `X and
+<test>` only implies the platform: true on it alone, but it may be false there too.
 The body of `if <npu test>:` (and the `else:` of `if not <npu test>:`) never runs for a CUDA edit;
-for an NPU edit, the body of `if <cuda test>:` (CUDA, ROCm) and of `if not <npu test>:` (and the
-`else:` of `if <npu test>:`) never run.
+for an NPU edit, the body of `if <cuda test>:` (CUDA, ROCm) never runs, and, for an exact NPU test
+only, neither do the body of `if not <npu test>:` and the `else:` of `if <npu test>:`
+(`if not (_is_npu and big):` runs on NPU whenever `big` is false).
 The CUDA side has no `not`: `not is_cuda()` still holds on ROCm, where torch.cuda streams run too.
 """
 
@@ -77,13 +81,27 @@ def _helper_platform(expr: cst.BaseExpression) -> str | None:
     return None
 
 
-def _test_platform(expr: cst.BaseExpression, names: dict[str, str]) -> str | None:
-    """The platform `expr` being true implies, or None."""
+# the mark of a name's platform that its truth only implies (`flag = env and _is_hip`: "cuda?")
+IMPLIED = "?"
+
+
+def implied(kind: str) -> str:
+    """The mark of a test true only on platform `kind`, though not always there."""
+    return kind.removesuffix(IMPLIED) + IMPLIED
+
+
+def _test_platform(expr: cst.BaseExpression, names: dict[str, str]) -> tuple[str, bool] | None:
+    """(the platform `expr` being true implies, whether it is exact: false on every other
+    platform and true on that one), or None. `names`: as module_platform_names, a value ending
+    in IMPLIED for a name whose truth only implies its platform."""
     if isinstance(expr, cst.Name):
-        return names.get(expr.value)
+        kind = names.get(expr.value)
+        return None if kind is None else (kind.removesuffix(IMPLIED), not kind.endswith(IMPLIED))
     if isinstance(expr, cst.BooleanOperation) and isinstance(expr.operator, cst.And):
-        return _test_platform(expr.left, names) or _test_platform(expr.right, names)
-    return _helper_platform(expr)
+        found = _test_platform(expr.left, names) or _test_platform(expr.right, names)
+        return None if found is None else (found[0], False)  # `_is_npu and big` may be false on NPU
+    kind = _helper_platform(expr)
+    return None if kind is None else (kind, True)
 
 
 def _local_platform_names(func: cst.FunctionDef, names: dict[str, str]) -> dict[str, str]:
@@ -100,9 +118,9 @@ def _local_platform_names(func: cst.FunctionDef, names: dict[str, str]) -> dict[
                 if not isinstance(target, cst.Name) or target.value in names:
                     continue
                 bound = local_values(func, target.value)  # bound here only, by this assignment
-                kind = _test_platform(small.value, names) if isinstance(bound, list) and len(bound) == 1 else None
-                if kind is not None:
-                    found[target.value] = kind
+                test = _test_platform(small.value, names) if isinstance(bound, list) and len(bound) == 1 else None
+                if test is not None:
+                    found[target.value] = test[0] if test[1] else implied(test[0])
     return found
 
 
@@ -116,16 +134,22 @@ def other_platform_blocks(func: cst.FunctionDef, mode: str, names: dict[str, str
         def visit_If(self, node: cst.If) -> None:
             test = node.test
             if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-                kind = _test_platform(test.expression, names)
-                if ours == "npu" and kind == "npu":
+                found = _test_platform(test.expression, names)
+                if found is None:
+                    return
+                kind, exact = found
+                if ours == "npu" and kind == "npu" and exact:
                     blocks.append(node.body)  # `if not _is_npu:` never runs on NPU
-                elif kind is not None and kind != ours and isinstance(node.orelse, cst.Else):
+                elif kind != ours and isinstance(node.orelse, cst.Else):
                     blocks.append(node.orelse.body)  # its `else:` runs on the other platform only
                 return
-            kind = _test_platform(test, names)
-            if kind is not None and kind != ours:
+            found = _test_platform(test, names)
+            if found is None:
+                return
+            kind, exact = found
+            if kind != ours:
                 blocks.append(node.body)
-            elif kind == "npu" and ours == "npu" and isinstance(node.orelse, cst.Else):
+            elif kind == "npu" and ours == "npu" and exact and isinstance(node.orelse, cst.Else):
                 blocks.append(node.orelse.body)  # only `else:`, not an `elif`: it may test for NPU again
 
     walk(func, Ifs())

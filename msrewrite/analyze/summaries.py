@@ -351,8 +351,12 @@ class ModuleSummaries:
         base = self.path.parent  # type: ignore[union-attr]
         for _ in range(max(dots - 1, 0)):
             base = base.parent
-        rel = Path(*source.split(".")) if source else Path()
-        for candidate in (base / rel.with_suffix(".py"), base / rel / "__init__.py"):
+        if not source:  # `from . import x`: the package's own `__init__.py`
+            candidates = [base / "__init__.py"]
+        else:
+            rel = Path(*source.split("."))
+            candidates = [base / rel.with_suffix(".py"), base / rel / "__init__.py"]
+        for candidate in candidates:
             if candidate.is_file():
                 return self._read(candidate, package=self.package)
         return None
@@ -1201,22 +1205,61 @@ class ModuleSummaries:
             found = _catalogued(call, named, qualified) if qualified else None
             if found is not None:
                 return found
-        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call):
-            if dotted_name(func.value.func) == "super" and cls is not None:
-                inherited = self._resolve_super(call, func.attr.value, cls)
-                if inherited is not None:
-                    return inherited
-        if (
-            isinstance(func, cst.Attribute)
-            and func.attr.value in _CONTAINER_READS
-            and isinstance(func.value, cst.Name)
-            and func.value.value in self.container_globals()
-        ):
-            return CallEffect(returns=[func.value])  # CONFIGS.get(key): a stored value, nothing written
+        on_attribute = self._resolve_attribute(call, func, scope, cls) if isinstance(func, cst.Attribute) else None
+        if on_attribute is not None:
+            return on_attribute
         callee = dotted_name(func) or _short(func)
         if self._vouched(callee, callee.split(".")[-1]):
             return _vouched_effect(call)
         return _unknown(call, f"{callee} (not visible to msrewrite)")
+
+    def _resolve_attribute(
+        self, call: cst.Call, func: cst.Attribute, scope: Scope, cls: str | None
+    ) -> CallEffect | None:
+        """`super().m(...)`, a read of a container global (`CONFIGS.get(key)`), or `Cls.m(...)`
+        for a class-level method; None for any other call."""
+        if isinstance(func.value, cst.Call):
+            if dotted_name(func.value.func) == "super":
+                return self._resolve_super(call, func.attr.value, cls) if cls is not None else None
+            # get_backend().is_fast(): by the classes get_backend declares it returns (a name
+            # the reviewer vouched for, as written or by its method, stays theirs)
+            if self._vouched(_short(func), func.attr.value):
+                return _vouched_effect(call)
+            return dispatch.call_on_returned(self, call, _short(func.value), _union, _unknown)
+        if not isinstance(func.value, cst.Name):
+            return None
+        if func.attr.value in _CONTAINER_READS and func.value.value in self.container_globals():
+            return CallEffect(returns=[func.value])  # CONFIGS.get(key): a stored value, nothing written
+        if func.value.value in scope.local_names:
+            return None
+        return self._class_level_call(call, func.value, func.attr.value)
+
+    def _class_level_call(self, call: cst.Call, receiver: cst.Name, method: str) -> CallEffect | None:
+        """`Cls.method(...)` for a @classmethod or @staticmethod of a class msrewrite reads (this
+        file's, or imported; `_DpGatheredBufferWrapper.is_dp_max_padding()`): its body, read as a
+        free function; a classmethod's `cls` is the class object, so what the body does to `cls`
+        (`cls.flag = v`, `cls.other()`) is done to that object. None for any other call (an
+        instance method called on the class, a method patched in this file, a class not read)."""
+        if receiver.value in self.imports and receiver.value in self.bound_names():
+            return None  # bound here too: it may not be the class imported
+        found = self.find_class(receiver.value)
+        if found is None or (found[1], method) in found[0].patches:
+            return None
+        hit = found[0]._inherited(found[1], method)
+        if hit is None:
+            return None
+        owner, cls, func = hit
+        kinds = _decorator_names(func) & {"classmethod", "staticmethod"}
+        if len(kinds) != 1 or opaque_decorator(func) is not None:
+            return None
+        label = f"{receiver.value}.{method}"
+        if self._vouched(label, method):
+            return _vouched_effect(call)
+        if kinds == {"classmethod"}:  # the class object is the first argument
+            call = call.with_changes(args=[cst.Arg(receiver), *call.args])
+        elif func.params.params and func.params.params[0].name.value in ("self", "cls"):
+            return None  # read as a method elsewhere (_signature): not taken here
+        return _apply(owner.function_summary(None, func), call, f"{label} ({cls})", strict=owner.package)
 
     def _local_call(self, call: cst.Call, scope: Scope) -> CallEffect | None:
         """A call of a parameter or local of the function (`def forward(self, x, scale=None):
