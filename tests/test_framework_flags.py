@@ -171,7 +171,7 @@ def test_vllm_ascend_edit_verifies_with_its_config_switched():
             "has no phase predicate: looked for a forward parameter with_prefill, is_prefill, forward_batch",
         ),
         (VLLM_ASCEND_MOE, ("--gate", "capture"), "has no capture predicate"),
-        (PLAIN_MOE, ("--gate", "tokens<=0"), "--gate must be capture, prefill, decode or tokens<=N"),
+        (PLAIN_MOE, ("--gate", "tokens<=0"), "--gate must be capture, prefill, decode, always or tokens<=N"),
         (PLAIN_MOE, ("--gate", "warmup"), "flag gate must be one of capture, prefill, decode"),
         (PLAIN_MOE, ("--gate", "tokens<=64", "--max-tokens", "32"), "disagree"),
         (PLAIN_MOE, ("--flag", "sglang:NOT-A-NAME"), "not a valid environment variable name"),

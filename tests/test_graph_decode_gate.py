@@ -72,3 +72,16 @@ def test_gate_always_keeps_prefill_and_the_default_edit_verifies(tmp_path):
     assert always.returncode == 0, always.stderr
     assert "is_prefill" not in "".join(line for line in always.stdout.splitlines() if line.startswith("+"))
     assert "--gate decode" not in always.stderr
+
+
+def test_a_function_that_reassigns_is_prefill_keeps_no_default_gate(tmp_path):
+    """The predicate is read at the fork: a reassigned parameter cannot tell the phase there."""
+    path = tmp_path / "block.py"
+    path.write_text(
+        MODEL.replace("PARAM", "is_prefill").replace(
+            "        s = self", "        is_prefill = bool(is_prefill)\n        s = self", 1
+        )
+    )
+    src = load(path)
+    plan = case_steps(path, src.text, src.module, "moe-shared-expert", "ge-graph", None, FLAG, None)[-1].plans[0]
+    assert plan.flag.gate is None

@@ -34,7 +34,7 @@ from msrewrite.analyze.seeds import (
 )
 from msrewrite.analyze.summaries import ModuleSummaries
 from msrewrite.analyze.walk import Visitor
-from msrewrite.emit.frameworks import fullgraph_refusal
+from msrewrite.emit.frameworks import assigned_names, fullgraph_refusal
 from msrewrite.emit.templates import code_of, strip_leading
 from msrewrite.plan import FlagSpec, OverlapPlan, SideStatement, StartGate, snapshots
 from msrewrite.records import record
@@ -567,7 +567,7 @@ def graph_decode_default(plan: OverlapPlan, func: cst.FunctionDef, options: Opti
     params = func.params
     names = {p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)}
     found = next((n for n in PREFILL_PARAMS if n in names), None)
-    if found is None:
+    if found is None or found in assigned_names(func):  # reassigned: it cannot tell the phase at the fork
         return plan
     note = (
         f"; --gate decode (the default for {options.mode} where the function takes `{found}`: graph-mode "

@@ -164,6 +164,7 @@ def case_steps(
     assume_pure: tuple[str, ...] = (),
     allow_rng_reorder: bool = False,
     extra: dict | None = None,
+    gate_asked: bool = False,
 ) -> list[EditStep]:
     """The edit the case named makes, as steps (Case.steps): apply's, golden/regen.py's and verify's.
     `extra`: the case's own options, already checked (Case.own_settings)."""
@@ -179,6 +180,7 @@ def case_steps(
         allow_rng_reorder=allow_rng_reorder,
         second_group=second_group,
         extra=dict(extra or {}),
+        gate_asked=gate_asked,
     )
     return get_known_case(case_name).steps(file, text, module, options, target)
 
@@ -555,8 +557,26 @@ def _case_edit(args: ApplyArgs, src, chosen_mode: str, why: str) -> list[EditSte
 
 def _requested_steps(args: ApplyArgs, src, chosen_mode: str) -> list[EditStep]:
     """The case's steps with every option `args` asks for (case_request settles them)."""
-    case, options = case_request(args, chosen_mode)
-    return case.steps(args.file, src.text, src.module, options, args.target)
+    _case, options = case_request(args, chosen_mode)
+    return case_steps(
+        args.file,
+        src.text,
+        src.module,
+        args.case or "",
+        chosen_mode,
+        args.target,
+        options.flag,
+        options.stream_tag,
+        options.start_gates,
+        options.phase_anchors,
+        options.core_limits,
+        options.second_group,
+        protect=options.protect,
+        assume_pure=options.assume_pure,
+        allow_rng_reorder=options.allow_rng_reorder,
+        extra=options.extra,
+        gate_asked=options.gate_asked,
+    )
 
 
 def _edit_command(args: ApplyArgs, src, chosen_mode: str, refused: Refused) -> str:

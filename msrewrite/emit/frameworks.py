@@ -71,7 +71,8 @@ def _require(framework: str, roots: set[str], what: str) -> None:
         )
 
 
-def _assigned_names(func: cst.FunctionDef) -> set[str]:
+def assigned_names(func: cst.FunctionDef) -> set[str]:
+    """Names the function's body assigns (a phase parameter it reassigns cannot gate)."""
     names: set[str] = set()
 
     class _Stores(Visitor):
@@ -162,7 +163,7 @@ def phase_predicate(
                 "get_is_capture_mode() (the file imports nothing from sglang)"
             )
         return f"{SGLANG_CAPTURE[1]}()", [capture_import(module, file)]
-    rebound = _assigned_names(func)
+    rebound = assigned_names(func)
     for name, prefill, decode in _PHASE_PARAMS:
         param = _param(func, name)
         if param is None:
